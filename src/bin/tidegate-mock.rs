@@ -1,0 +1,2 @@
+//! A fast standalone mock upstream for load tests (being written).
+fn main() {}

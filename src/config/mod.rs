@@ -1,0 +1,222 @@
+//! Configuration: raw serde structs (`raw`), validated into the typed [`Config`]
+//! (`validate`), with environment overrides (`env`) and the resilience settings of the
+//! spec (`resilience`). Everything is checked at load; the rest of the gateway only ever
+//! sees a valid `Config`, with providers and connections addressed by dense ids.
+
+pub mod env;
+pub mod raw;
+pub mod resilience;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use resilience::ResilienceSettings;
+
+/// Index of a provider in [`Config::providers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProviderId(pub u16);
+
+/// Index of a connection in [`Config::connections`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionId(pub u32);
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub client_keys: Vec<ClientKey>,
+    /// Indexed by `ProviderId.0`.
+    pub providers: Vec<Provider>,
+    /// Indexed by `ConnectionId.0`.
+    pub connections: Vec<Connection>,
+    pub combos: Vec<Combo>,
+    pub resilience: ResilienceSettings,
+}
+
+impl Config {
+    pub fn provider(&self, id: ProviderId) -> &Provider {
+        &self.providers[usize::from(id.0)]
+    }
+
+    pub fn connection(&self, id: ConnectionId) -> &Connection {
+        &self.connections[id.0 as usize]
+    }
+
+    pub fn provider_by_name(&self, name: &str) -> Option<&Provider> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Shard count; 0 in the file means one per available core and is resolved at start.
+    pub workers: usize,
+    pub state_dir: PathBuf,
+    /// Name of the env variable holding the admin bearer token.
+    pub admin_token_env: Option<String>,
+    /// The admin token, read from `admin_token_env` at load.
+    pub admin_token: Option<String>,
+    pub max_request_body_bytes: usize,
+    /// Time allowed for a request head to arrive once its first byte has.
+    pub header_timeout_ms: u64,
+    /// Idle keep-alive time of a client connection between requests.
+    pub idle_timeout_ms: u64,
+    /// Upstream TCP + TLS connect budget.
+    pub connect_timeout_ms: u64,
+    /// Upstream: request fully written → response head received.
+    pub response_header_timeout_ms: u64,
+    /// Upstream: longest gap between two body reads.
+    pub body_idle_timeout_ms: u64,
+    /// Idle upstream pooled connections are closed after this.
+    pub pool_idle_timeout_ms: u64,
+    /// Idle upstream connections kept per (scheme, host, port) per shard.
+    pub pool_max_idle_per_host: usize,
+    /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
+    pub shutdown_grace_ms: u64,
+    pub snapshot_interval_ms: u64,
+}
+
+/// How a client key is matched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySecret {
+    Plain(String),
+    Sha256([u8; 32]),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Inference endpoints (`/v1/...`). Granted when a key lists no scopes.
+    Inference,
+    /// Management API.
+    Manage,
+    /// `POST /api/v1/session-leases`.
+    LeaseExclusive,
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientKey {
+    pub id: String,
+    pub secret: KeySecret,
+    pub scopes: Vec<Scope>,
+    /// `None` = every connection.
+    pub allowed_connections: Option<Vec<ConnectionId>>,
+}
+
+impl ClientKey {
+    pub fn has_scope(&self, s: Scope) -> bool {
+        self.scopes.contains(&s)
+    }
+
+    pub fn may_use(&self, c: ConnectionId) -> bool {
+        self.allowed_connections
+            .as_ref()
+            .is_none_or(|a| a.contains(&c))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderFormat {
+    Openai,
+    Anthropic,
+    /// Served in-process by `providers::mock`.
+    Mock,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthKind {
+    ApiKey,
+    OAuth,
+    Local,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// A provider's API root, e.g. `https://api.openai.com/v1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseUrl {
+    pub scheme: Scheme,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash, e.g. `/v1`; may be empty.
+    pub path: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Provider {
+    pub id: ProviderId,
+    pub name: String,
+    pub format: ProviderFormat,
+    pub auth: AuthKind,
+    /// `None` only for `format = mock`.
+    pub base_url: Option<BaseUrl>,
+    pub models: Vec<String>,
+    /// Extra headers sent on every upstream request (name lower-cased).
+    pub headers: Vec<(String, String)>,
+    /// Extra PEM CA bundle trusted for this provider's TLS (private endpoints).
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RateLimitOverrides {
+    pub max_concurrent: Option<u32>,
+    /// Exact upstream model id → concurrent cap.
+    pub model_concurrency: Vec<(String, u32)>,
+    pub max_wait_ms: Option<u64>,
+    pub execution_max_wait_ms: Option<u64>,
+    pub requests_per_minute: Option<u32>,
+    pub min_time_between_requests_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Connection {
+    pub id: ConnectionId,
+    pub name: String,
+    pub provider: ProviderId,
+    /// Name of the env variable holding the key (if any).
+    pub api_key_env: Option<String>,
+    /// The secret read from `api_key_env` at load.
+    pub api_key: Option<String>,
+    /// False when `api_key_env` names an unset variable (a warning, not an error).
+    pub enabled: bool,
+    /// Lower runs first.
+    pub priority: u32,
+    pub weight: u32,
+    pub max_concurrent: Option<u32>,
+    pub disable_cooling: bool,
+    pub egress: Option<String>,
+    pub rate_limit_overrides: RateLimitOverrides,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComboStrategy {
+    Priority,
+    Weighted,
+    RoundRobin,
+    Random,
+    LeastUsed,
+    CostOptimized,
+    StrictRandom,
+    Auto,
+    Fill,
+    QuotaShare,
+}
+
+#[derive(Clone, Debug)]
+pub struct ComboTarget {
+    pub provider: ProviderId,
+    pub model: String,
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Combo {
+    pub name: String,
+    pub strategy: ComboStrategy,
+    pub targets: Vec<ComboTarget>,
+}

@@ -1,0 +1,3 @@
+//! (being written)
+#[derive(Clone, Debug, Default)]
+pub struct ResilienceSettings {}

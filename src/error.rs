@@ -1,0 +1,269 @@
+//! The gateway's one error type. Every failure the gateway itself produces is a
+//! [`GatewayError`]: a closed [`ErrorKind`], the side it came from, and whether the
+//! request may move on to another target. `ErrorKind::status`/`code`/`error_type` are the
+//! one exhaustive mapping to HTTP; `proxy::respond` is the one place that writes it.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Where a failure originated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something we refuse.
+    Downstream,
+    /// The upstream provider failed or misbehaved.
+    Upstream,
+    /// The gateway itself (configuration, capacity, shutdown).
+    Internal,
+}
+
+/// Whether the request may be retried on another target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    Decided(bool),
+    /// Only if the failure happened on a reused (pooled) connection, which may have been
+    /// closed by the peer while idle.
+    IfReused,
+}
+
+/// Phase of an upstream exchange that ran out of time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeoutPhase {
+    Connect,
+    ResponseHeader,
+    BodyIdle,
+}
+
+impl TimeoutPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimeoutPhase::Connect => "connect",
+            TimeoutPhase::ResponseHeader => "response_header",
+            TimeoutPhase::BodyIdle => "body_idle",
+        }
+    }
+}
+
+/// The closed set of gateway-made failures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Request line or headers do not parse, or framing is contradictory.
+    MalformedRequest,
+    /// The request head did not arrive within `header_timeout_ms`.
+    HeadTimeout,
+    /// The request head exceeds the head byte or header count limit.
+    HeadTooLarge,
+    /// The request body exceeds `max_request_body_bytes`.
+    BodyTooLarge,
+    /// The body is not valid JSON, or lacks the fields the endpoint needs.
+    InvalidJson,
+    /// A transfer coding other than chunked.
+    UnsupportedTransferEncoding,
+    /// No valid client key.
+    Unauthorized,
+    /// The client key lacks the scope, or may not use any connection of the target.
+    Forbidden,
+    /// No such route.
+    RouteNotFound,
+    /// The route exists but not for this method.
+    MethodNotAllowed,
+    /// The model names no combo, provider model or catalog entry.
+    ModelNotFound,
+    /// The provider's wire format does not serve this endpoint.
+    EndpointNotSupported,
+    /// The target has no enabled connection.
+    NoConnection,
+    /// TCP or TLS connect to the upstream failed.
+    UpstreamConnect,
+    /// The upstream ran out of one of its time budgets.
+    UpstreamTimeout(TimeoutPhase),
+    /// The upstream answered with bytes that are not HTTP/1.1, or closed mid-response.
+    UpstreamProtocol,
+    /// The gateway is shutting down and takes no new requests.
+    ShuttingDown,
+    /// A bug or an exhausted internal resource.
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::MalformedRequest => 400,
+            ErrorKind::HeadTimeout => 408,
+            ErrorKind::HeadTooLarge => 431,
+            ErrorKind::BodyTooLarge => 413,
+            ErrorKind::InvalidJson => 400,
+            ErrorKind::UnsupportedTransferEncoding => 501,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::Forbidden => 403,
+            ErrorKind::RouteNotFound => 404,
+            ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::ModelNotFound => 404,
+            ErrorKind::EndpointNotSupported => 400,
+            ErrorKind::NoConnection => 503,
+            ErrorKind::UpstreamConnect => 502,
+            ErrorKind::UpstreamTimeout(_) => 504,
+            ErrorKind::UpstreamProtocol => 502,
+            ErrorKind::ShuttingDown => 503,
+            ErrorKind::Internal => 500,
+        }
+    }
+
+    /// Machine-readable code: the body's `error.code` and the `x-tidegate-error` header.
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::MalformedRequest => "bad_request",
+            ErrorKind::HeadTimeout => "request_timeout",
+            ErrorKind::HeadTooLarge => "request_header_fields_too_large",
+            ErrorKind::BodyTooLarge => "request_too_large",
+            ErrorKind::InvalidJson => "invalid_json",
+            ErrorKind::UnsupportedTransferEncoding => "unsupported_transfer_encoding",
+            ErrorKind::Unauthorized => "invalid_api_key",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::RouteNotFound => "not_found",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
+            ErrorKind::ModelNotFound => "model_not_found",
+            ErrorKind::EndpointNotSupported => "endpoint_not_supported",
+            ErrorKind::NoConnection => "no_available_connection",
+            ErrorKind::UpstreamConnect => "upstream_connect_failed",
+            ErrorKind::UpstreamTimeout(_) => "upstream_timeout",
+            ErrorKind::UpstreamProtocol => "bad_upstream_response",
+            ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Internal => "internal_server_error",
+        }
+    }
+
+    /// OpenAI-style `error.type`, following the status table of the spec (B §8.5).
+    pub fn error_type(self) -> &'static str {
+        match self.status() {
+            401 => "authentication_error",
+            402 => "billing_error",
+            403 => "permission_error",
+            429 => "rate_limit_error",
+            503 => "service_unavailable",
+            504 => "gateway_timeout",
+            s if s >= 500 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    pub fn side(self) -> Side {
+        match self {
+            ErrorKind::MalformedRequest
+            | ErrorKind::HeadTimeout
+            | ErrorKind::HeadTooLarge
+            | ErrorKind::BodyTooLarge
+            | ErrorKind::InvalidJson
+            | ErrorKind::UnsupportedTransferEncoding
+            | ErrorKind::Unauthorized
+            | ErrorKind::Forbidden
+            | ErrorKind::RouteNotFound
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::ModelNotFound
+            | ErrorKind::EndpointNotSupported => Side::Downstream,
+            ErrorKind::UpstreamConnect
+            | ErrorKind::UpstreamTimeout(_)
+            | ErrorKind::UpstreamProtocol => Side::Upstream,
+            ErrorKind::NoConnection | ErrorKind::ShuttingDown | ErrorKind::Internal => {
+                Side::Internal
+            }
+        }
+    }
+
+    /// May the proxy try the next target after this failure (before any byte reached the
+    /// client)?
+    pub fn retry(self) -> Retry {
+        match self {
+            ErrorKind::UpstreamConnect | ErrorKind::UpstreamTimeout(TimeoutPhase::Connect) => {
+                Retry::Decided(true)
+            }
+            ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader) => Retry::Decided(true),
+            ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle) => Retry::Decided(false),
+            ErrorKind::UpstreamProtocol => Retry::IfReused,
+            ErrorKind::MalformedRequest
+            | ErrorKind::HeadTimeout
+            | ErrorKind::HeadTooLarge
+            | ErrorKind::BodyTooLarge
+            | ErrorKind::InvalidJson
+            | ErrorKind::UnsupportedTransferEncoding
+            | ErrorKind::Unauthorized
+            | ErrorKind::Forbidden
+            | ErrorKind::RouteNotFound
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::ModelNotFound
+            | ErrorKind::EndpointNotSupported
+            | ErrorKind::NoConnection
+            | ErrorKind::ShuttingDown
+            | ErrorKind::Internal => Retry::Decided(false),
+        }
+    }
+
+    /// Whether the client connection must be closed after the error response (the request
+    /// stream can no longer be trusted to be in sync).
+    pub fn closes_connection(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::MalformedRequest
+                | ErrorKind::HeadTimeout
+                | ErrorKind::HeadTooLarge
+                | ErrorKind::BodyTooLarge
+                | ErrorKind::UnsupportedTransferEncoding
+        )
+    }
+}
+
+/// A gateway-made failure with a human message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayError {
+    pub kind: ErrorKind,
+    pub message: Cow<'static, str>,
+}
+
+impl GatewayError {
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.kind.code(),
+            self.kind.status(),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for GatewayError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_follow_the_status_table() {
+        assert_eq!(ErrorKind::Unauthorized.error_type(), "authentication_error");
+        assert_eq!(ErrorKind::NoConnection.error_type(), "service_unavailable");
+        assert_eq!(
+            ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle).error_type(),
+            "gateway_timeout"
+        );
+        assert_eq!(ErrorKind::UpstreamConnect.error_type(), "server_error");
+        assert_eq!(
+            ErrorKind::BodyTooLarge.error_type(),
+            "invalid_request_error"
+        );
+    }
+
+    #[test]
+    fn bad_input_closes_the_connection() {
+        assert!(ErrorKind::MalformedRequest.closes_connection());
+        assert!(!ErrorKind::ModelNotFound.closes_connection());
+    }
+}
