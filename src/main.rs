@@ -1,7 +1,137 @@
-//! The `tidegate` command line.
+//! The `tidegate` command line: `serve`, `check`. Everything else lives in the library.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
+
+use tidegate::config::{self, Config};
+use tidegate::runtime::fleet::{self, DriverChoice};
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 
-fn main() {}
+/// Exit code for an invalid configuration or command line.
+const EXIT_CONFIG: u8 = 2;
+/// Exit code for a failure to start (cannot bind, TLS setup, threads).
+const EXIT_START: u8 = 1;
+
+#[derive(Parser)]
+#[command(name = "tidegate", version, about = "Thread-per-core LLM API edge gateway (OpenAI and Anthropic formats)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway until SIGTERM or SIGINT.
+    Serve {
+        /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+    },
+    /// Validate a configuration file: exit 0, or 2 with one line per problem.
+    Check {
+        /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+    },
+}
+
+fn config_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os("TIDEGATE_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("config/tidegate.toml"))
+}
+
+fn env_lookup(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Loads and validates; on failure prints one line per problem to stderr.
+fn load(path: &PathBuf) -> Result<(Config, Vec<String>), ExitCode> {
+    match config::load_file(path, &env_lookup) {
+        Ok(outcome) => Ok((outcome.config, outcome.warnings)),
+        Err(err) => {
+            for p in &err.problems {
+                eprintln!("{}: {}: {}", path.display(), p.key, p.message);
+            }
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => {
+            let path = config_path(config);
+            match load(&path) {
+                Ok((cfg, warnings)) => {
+                    for w in &warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    println!(
+                        "{}: ok ({} providers, {} connections, {} combos, {} client keys)",
+                        path.display(),
+                        cfg.providers.len(),
+                        cfg.connections.len(),
+                        cfg.combos.len(),
+                        cfg.client_keys.len()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        Command::Serve { config } => serve(config_path(config)),
+    }
+}
+
+fn serve(path: PathBuf) -> ExitCode {
+    init_logging();
+    let (cfg, warnings) = match load(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    let choice = match DriverChoice::parse(&std::env::var("TIDEGATE_DRIVER").unwrap_or_default()) {
+        Some(c) => c,
+        None => {
+            eprintln!("TIDEGATE_DRIVER: expected auto, io_uring or epoll");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    // Handlers are installed before any shard starts; this thread waits for them.
+    let mut signals = match signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot install signal handlers: {e}");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let fleet = match fleet::start(Arc::new(cfg), choice) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("tidegate: {e}");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    println!("tidegate listening on {} (shards={}, driver={})", fleet.addr, fleet.shards, fleet.driver.as_str());
+    let signal = signals.forever().next();
+    tracing::info!(signal = ?signal, "shutting down: no new connections, draining in-flight requests");
+    fleet.stop();
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
+}

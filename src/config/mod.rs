@@ -131,7 +131,7 @@ pub enum AuthKind {
     Local,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scheme {
     Http,
     Https,

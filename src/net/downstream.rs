@@ -1,0 +1,175 @@
+//! A client connection: read a request head (idle budget before its first byte, head
+//! budget after), read its body (length or chunked, bounded, `Expect: 100-continue`),
+//! hand it to the proxy, and loop while keep-alive holds. Pipelined requests are read
+//! from the same buffer and so answered in order. Bad input gets its typed response
+//! and closes the connection; nothing here panics.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use monoio::net::TcpStream;
+
+use crate::error::{ErrorKind, GatewayError};
+use crate::http1::{self, BodyDecoder, BodyEvent, BodyKind, Decoded, HeadError, RequestHead, CONTINUE_100};
+use crate::net::io::{read_more, write_all, READ_BUF_BYTES};
+use crate::proxy::{self, After};
+use crate::shard::metrics::{bump, drop_one};
+use crate::shard::{InFlight, Shard};
+
+/// Serves one accepted client connection until it closes.
+pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
+    bump(&shard.metrics.connections_accepted);
+    bump(&shard.metrics.connections_open);
+    let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
+    loop {
+        let head = match read_head(&shard, &mut stream, &mut buf).await {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(err) => {
+                proxy::send_error(&shard, &mut stream, &err, false).await;
+                break;
+            }
+        };
+        let _in_flight = InFlight::enter(&shard);
+        bump(&shard.metrics.requests);
+        let body = match read_body(&shard, &mut stream, &mut buf, &head).await {
+            Ok(b) => b,
+            Err(Some(err)) => {
+                proxy::send_error(&shard, &mut stream, &err, false).await;
+                break;
+            }
+            Err(None) => break,
+        };
+        let after = proxy::handle(&shard, &head, body, &mut stream).await;
+        if after == After::Close || shard.draining.get() {
+            break;
+        }
+        // Keep an idle connection's buffer small: drop a grown one.
+        if buf.is_empty() && buf.capacity() > 4 * READ_BUF_BYTES {
+            buf = BytesMut::with_capacity(READ_BUF_BYTES);
+        }
+    }
+    drop_one(&shard.metrics.connections_open);
+}
+
+fn head_error(e: HeadError) -> GatewayError {
+    match e {
+        HeadError::TooLarge => GatewayError::new(ErrorKind::HeadTooLarge, "request head too large"),
+        HeadError::TooManyHeaders => GatewayError::new(ErrorKind::HeadTooLarge, "too many request headers"),
+        HeadError::Malformed(why) => GatewayError::new(ErrorKind::MalformedRequest, format!("malformed request: {why}")),
+        HeadError::BadContentLength => GatewayError::new(ErrorKind::MalformedRequest, "invalid Content-Length"),
+        HeadError::ConflictingFraming => GatewayError::new(
+            ErrorKind::MalformedRequest,
+            "both Transfer-Encoding and Content-Length are present",
+        ),
+        HeadError::UnsupportedTransferEncoding => GatewayError::new(
+            ErrorKind::UnsupportedTransferEncoding,
+            "only the chunked transfer coding is supported",
+        ),
+        HeadError::UnsupportedVersion => GatewayError::new(ErrorKind::MalformedRequest, "only HTTP/1.0 and HTTP/1.1 are served"),
+    }
+}
+
+/// Reads the next request head. `Ok(None)`: the client closed or stayed idle too long
+/// between requests (closed silently).
+async fn read_head(shard: &Shard, stream: &mut TcpStream, buf: &mut BytesMut) -> Result<Option<RequestHead>, GatewayError> {
+    let cfg = &shard.config().server;
+    let mut deadline_ns: Option<u64> = None;
+    loop {
+        match http1::decode_request_head(buf) {
+            Ok(Decoded::Complete(h)) => return Ok(Some(h)),
+            Ok(Decoded::Partial) => {}
+            Err(e) => return Err(head_error(e)),
+        }
+        let now = shard.now().mono_ns;
+        let budget_ns = if buf.is_empty() {
+            if shard.draining.get() {
+                return Ok(None);
+            }
+            cfg.idle_timeout_ms.saturating_mul(1_000_000)
+        } else {
+            let d = *deadline_ns.get_or_insert(now.saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000)));
+            d.saturating_sub(now)
+        };
+        let read = read_more(stream, std::mem::take(buf), READ_BUF_BYTES);
+        match monoio::time::timeout(Duration::from_nanos(budget_ns), read).await {
+            Ok((res, b)) => {
+                *buf = b;
+                match res {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => {}
+                }
+            }
+            Err(_) if buf.is_empty() => return Ok(None),
+            Err(_) => {
+                return Err(GatewayError::new(ErrorKind::HeadTimeout, format!(
+                    "request head not complete within {} ms",
+                    cfg.header_timeout_ms
+                )));
+            }
+        }
+    }
+}
+
+/// Reads the whole request body. `Err(None)`: the connection failed (no response possible).
+async fn read_body(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    head: &RequestHead,
+) -> Result<Bytes, Option<GatewayError>> {
+    let cfg = &shard.config().server;
+    let max = cfg.max_request_body_bytes;
+    let too_large = || {
+        Some(GatewayError::new(ErrorKind::BodyTooLarge, format!("request body exceeds {max} bytes")))
+    };
+    let kind = head.body_kind();
+    match kind {
+        BodyKind::Empty | BodyKind::CloseDelimited => return Ok(Bytes::new()),
+        BodyKind::Length(n) if n > max as u64 => return Err(too_large()),
+        BodyKind::Length(n) if buf.len() as u64 >= n => return Ok(buf.split_to(n as usize).freeze()),
+        BodyKind::Length(_) | BodyKind::Chunked => {}
+    }
+    if head.expect_continue() && buf.is_empty() {
+        write_all(stream, Bytes::from_static(CONTINUE_100)).await.map_err(|_| None)?;
+    }
+    let idle = Duration::from_millis(cfg.idle_timeout_ms);
+    let mut decoder = BodyDecoder::new(kind);
+    let mut body = match kind {
+        BodyKind::Length(n) => BytesMut::with_capacity(n as usize),
+        _ => BytesMut::new(),
+    };
+    loop {
+        match decoder.decode(buf) {
+            Ok(BodyEvent::Data(d)) => {
+                if body.len() + d.len() > max {
+                    return Err(too_large());
+                }
+                if body.is_empty() && matches!(kind, BodyKind::Length(n) if d.len() as u64 == n) {
+                    return Ok(d);
+                }
+                body.extend_from_slice(&d);
+                continue;
+            }
+            Ok(BodyEvent::Done) => return Ok(body.freeze()),
+            Ok(BodyEvent::NeedMore) => {}
+            Err(e) => {
+                return Err(Some(GatewayError::new(ErrorKind::MalformedRequest, format!("malformed request body: {e:?}"))));
+            }
+        }
+        let want = match kind {
+            BodyKind::Length(n) => (n as usize).saturating_sub(body.len()).clamp(READ_BUF_BYTES, 256 * 1024),
+            _ => READ_BUF_BYTES,
+        };
+        let read = read_more(stream, std::mem::take(buf), want);
+        match monoio::time::timeout(idle, read).await {
+            Ok((Ok(n), b)) if n > 0 => *buf = b,
+            Ok(_) => return Err(None),
+            Err(_) => {
+                return Err(Some(GatewayError::new(ErrorKind::HeadTimeout, "request body stalled")));
+            }
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Small I/O helpers over monoio's owned-buffer traits: appending reads into a
+//! `BytesMut`, and one stream type for plain and TLS upstream connections.
+
+use std::io;
+
+use bytes::BytesMut;
+use monoio::BufResult;
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use monoio_rustls::ClientTlsStream;
+
+/// Initial capacity of a connection's read buffer; it grows only when a message needs it.
+pub const READ_BUF_BYTES: usize = 4 * 1024;
+
+/// Reads more bytes into the spare capacity of `buf` (growing it by at least `min_spare`
+/// when it is nearly full), appending after what it already holds. `Ok(0)` is EOF.
+pub async fn read_more<S: AsyncReadRent>(
+    s: &mut S,
+    mut buf: BytesMut,
+    min_spare: usize,
+) -> (io::Result<usize>, BytesMut) {
+    if buf.capacity() - buf.len() < min_spare {
+        buf.reserve(min_spare);
+    }
+    let len = buf.len();
+    let cap = buf.capacity();
+    let (res, slice) = s.read(buf.slice_mut(len..cap)).await;
+    (res, slice.into_inner())
+}
+
+/// Writes the whole buffer, mapping a short write to an error.
+pub async fn write_all<S: AsyncWriteRent, T: IoBuf + 'static>(s: &mut S, buf: T) -> io::Result<T> {
+    let (res, buf) = s.write_all(buf).await;
+    res.map(|_| buf)
+}
+
+/// An upstream byte stream: plain TCP or TLS over TCP.
+pub enum UpStream {
+    Plain(TcpStream),
+    Tls(Box<ClientTlsStream<TcpStream>>),
+}
+
+impl AsyncReadRent for UpStream {
+    async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            UpStream::Plain(s) => s.read(buf).await,
+            UpStream::Tls(s) => s.read(buf).await,
+        }
+    }
+
+    async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            UpStream::Plain(s) => s.readv(buf).await,
+            UpStream::Tls(s) => s.readv(buf).await,
+        }
+    }
+}
+
+impl AsyncWriteRent for UpStream {
+    async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            UpStream::Plain(s) => s.write(buf).await,
+            UpStream::Tls(s) => s.write(buf).await,
+        }
+    }
+
+    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            UpStream::Plain(s) => s.writev(buf).await,
+            UpStream::Tls(s) => s.writev(buf).await,
+        }
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        match self {
+            UpStream::Plain(s) => s.flush().await,
+            UpStream::Tls(s) => s.flush().await,
+        }
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            UpStream::Plain(s) => s.shutdown().await,
+            UpStream::Tls(s) => s.shutdown().await,
+        }
+    }
+}

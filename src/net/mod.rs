@@ -1,0 +1,9 @@
+//! Every socket of the gateway: client connections (`downstream`), listening sockets,
+//! the upstream client and its pool, TLS, and name resolution.
+
+pub mod dns;
+pub mod downstream;
+pub mod io;
+pub mod listener;
+pub mod tls;
+pub mod upstream;

@@ -1,0 +1,67 @@
+//! TLS client configuration for upstreams: rustls with the ring provider, the webpki
+//! roots, and per provider an optional extra CA bundle for private endpoints. Built once
+//! at start-up and shared read-only by every shard.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::ClientConfig;
+use rustls::RootCertStore;
+
+use crate::config::{Config, ProviderId};
+
+/// One TLS configuration per provider (providers without an extra CA share the default).
+#[derive(Debug)]
+pub struct TlsConfigs {
+    default: Arc<ClientConfig>,
+    per_provider: Vec<Arc<ClientConfig>>,
+}
+
+impl TlsConfigs {
+    /// Builds every provider's TLS configuration; an unreadable CA file is an error naming it.
+    pub fn build(config: &Config) -> Result<Self, String> {
+        let default = Arc::new(client_config(None)?);
+        let mut per_provider = Vec::with_capacity(config.providers.len());
+        for p in &config.providers {
+            match &p.ca_file {
+                Some(path) => per_provider.push(Arc::new(
+                    client_config(Some(path)).map_err(|e| format!("providers.{}.ca_file: {e}", p.name))?,
+                )),
+                None => per_provider.push(default.clone()),
+            }
+        }
+        Ok(Self { default, per_provider })
+    }
+
+    pub fn for_provider(&self, id: ProviderId) -> Arc<ClientConfig> {
+        self.per_provider.get(usize::from(id.0)).unwrap_or(&self.default).clone()
+    }
+}
+
+fn client_config(extra_ca: Option<&Path>) -> Result<ClientConfig, String> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca {
+        let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let mut reader = BufReader::new(file);
+        let mut added = 0usize;
+        for cert in rustls_pemfile::certs(&mut reader) {
+            let cert = cert.map_err(|e| format!("bad PEM in {}: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| format!("bad certificate in {}: {e}", path.display()))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(format!("no certificate found in {}", path.display()));
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}

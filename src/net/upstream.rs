@@ -1,0 +1,360 @@
+//! The upstream HTTP/1.1 client of one shard: a keep-alive pool keyed by
+//! (scheme, host, port, TLS identity), connect with a budget, one request/response
+//! exchange with a response-head budget, and a body reader with an idle budget that
+//! hands the connection back to the pool only when the response ended cleanly.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use monoio::net::TcpStream;
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+
+use crate::config::Scheme;
+use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
+use crate::http1::{
+    self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead,
+};
+use crate::net::dns::DnsCache;
+use crate::net::io::{read_more, write_all, UpStream, READ_BUF_BYTES};
+
+/// Bodies up to this size are copied behind the head and sent in one write.
+const COALESCE_BODY_BYTES: usize = 16 * 1024;
+
+/// Identity of a reusable upstream connection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub scheme: Scheme,
+    pub host: Rc<str>,
+    pub port: u16,
+    /// Which TLS configuration the connection was made with (the provider's CA set).
+    pub tls_id: u16,
+}
+
+/// An open upstream connection with its read buffer.
+pub struct UpConn {
+    io: UpStream,
+    buf: BytesMut,
+    key: PoolKey,
+    /// Served at least one earlier request (so a failure may just be a stale socket).
+    reused: bool,
+}
+
+impl UpConn {
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+}
+
+struct Idle {
+    conn: UpConn,
+    since_ns: u64,
+}
+
+/// Per-shard pool of idle keep-alive connections.
+pub struct Pool {
+    idle: RefCell<HashMap<PoolKey, Vec<Idle>>>,
+    max_idle_per_host: usize,
+    idle_timeout_ns: u64,
+}
+
+impl Pool {
+    pub fn new(max_idle_per_host: usize, idle_timeout_ms: u64) -> Self {
+        Self {
+            idle: RefCell::new(HashMap::new()),
+            max_idle_per_host,
+            idle_timeout_ns: idle_timeout_ms.saturating_mul(1_000_000),
+        }
+    }
+
+    /// The most recently used idle connection for `key` that has not expired.
+    pub fn checkout(&self, key: &PoolKey, now_ns: u64) -> Option<UpConn> {
+        let mut idle = self.idle.borrow_mut();
+        let list = idle.get_mut(key)?;
+        while let Some(entry) = list.pop() {
+            if now_ns.saturating_sub(entry.since_ns) < self.idle_timeout_ns {
+                let mut conn = entry.conn;
+                conn.reused = true;
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Returns a connection whose last response ended cleanly.
+    pub fn checkin(&self, conn: UpConn, now_ns: u64) {
+        if self.max_idle_per_host == 0 || !conn.buf.is_empty() {
+            return;
+        }
+        let mut idle = self.idle.borrow_mut();
+        let list = idle.entry(conn.key.clone()).or_default();
+        if list.len() >= self.max_idle_per_host {
+            list.remove(0);
+        }
+        list.push(Idle { conn, since_ns: now_ns });
+    }
+
+    /// Closes idle connections past the idle timeout.
+    pub fn sweep(&self, now_ns: u64) {
+        let timeout = self.idle_timeout_ns;
+        self.idle.borrow_mut().retain(|_, list| {
+            list.retain(|e| now_ns.saturating_sub(e.since_ns) < timeout);
+            !list.is_empty()
+        });
+    }
+
+    pub fn idle_count(&self) -> usize {
+        self.idle.borrow().values().map(Vec::len).sum()
+    }
+}
+
+/// Opens a new connection (DNS, TCP, TLS) within `budget`.
+pub async fn connect(
+    dns: &DnsCache,
+    key: &PoolKey,
+    tls: Option<Arc<ClientConfig>>,
+    budget: Duration,
+    now_ms: u64,
+) -> Result<UpConn, GatewayError> {
+    let fut = async {
+        let addrs = dns.resolve(&key.host, key.port, now_ms).await.map_err(|e| {
+            GatewayError::new(ErrorKind::UpstreamConnect, format!("resolving {}: {e}", key.host))
+        })?;
+        let mut last = None;
+        let mut tcp = None;
+        for addr in addrs {
+            match TcpStream::connect_addr(addr).await {
+                Ok(s) => {
+                    tcp = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let tcp = tcp.ok_or_else(|| {
+            let why = last.map(|e| e.to_string()).unwrap_or_default();
+            GatewayError::new(
+                ErrorKind::UpstreamConnect,
+                format!("connecting to {}:{}: {why}", key.host, key.port),
+            )
+        })?;
+        let _ = tcp.set_nodelay(true);
+        let io = match (key.scheme, tls) {
+            (Scheme::Http, _) => UpStream::Plain(tcp),
+            (Scheme::Https, Some(cfg)) => {
+                let name = ServerName::try_from(key.host.to_string()).map_err(|e| {
+                    GatewayError::new(ErrorKind::UpstreamConnect, format!("bad TLS name: {e}"))
+                })?;
+                let connector = monoio_rustls::TlsConnector::from(cfg);
+                let s = connector.connect(name, tcp).await.map_err(|e| {
+                    GatewayError::new(
+                        ErrorKind::UpstreamConnect,
+                        format!("TLS handshake with {}: {e}", key.host),
+                    )
+                })?;
+                UpStream::Tls(Box::new(s))
+            }
+            (Scheme::Https, None) => {
+                return Err(GatewayError::new(ErrorKind::Internal, "https upstream without TLS config"));
+            }
+        };
+        Ok(UpConn { io, buf: BytesMut::with_capacity(READ_BUF_BYTES), key: key.clone(), reused: false })
+    };
+    match monoio::time::timeout(budget, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(GatewayError::new(
+            ErrorKind::UpstreamTimeout(TimeoutPhase::Connect),
+            format!("connect to {}:{} took longer than {} ms", key.host, key.port, budget.as_millis()),
+        )),
+    }
+}
+
+/// A failed exchange, with what the retry decision needs to know.
+#[derive(Debug)]
+pub struct ExchangeError {
+    pub error: GatewayError,
+    /// The connection came from the pool (a failure may be a stale socket).
+    pub reused: bool,
+    /// Some response bytes had arrived (the upstream did see the request).
+    pub got_response_bytes: bool,
+}
+
+/// An upstream response whose head has arrived; the body is read on demand.
+pub struct Response {
+    pub head: ResponseHead,
+    pub body: BodyReader,
+}
+
+/// Sends one request (`head` already encoded, `body` framed by its Content-Length) and
+/// waits for the response head within `header_budget`.
+pub async fn exchange(
+    mut conn: UpConn,
+    mut head: BytesMut,
+    body: Bytes,
+    header_budget: Duration,
+) -> Result<Response, ExchangeError> {
+    let reused = conn.reused;
+    let io_err = |e: std::io::Error, got: bool| ExchangeError {
+        error: GatewayError::new(ErrorKind::UpstreamProtocol, format!("upstream I/O: {e}")),
+        reused,
+        got_response_bytes: got,
+    };
+    if body.len() <= COALESCE_BODY_BYTES {
+        head.extend_from_slice(&body);
+        write_all(&mut conn.io, head).await.map_err(|e| io_err(e, false))?;
+    } else {
+        write_all(&mut conn.io, head).await.map_err(|e| io_err(e, false))?;
+        write_all(&mut conn.io, body).await.map_err(|e| io_err(e, false))?;
+    }
+    let read_head = async {
+        loop {
+            match http1::decode_response_head(&mut conn.buf, Method::Post) {
+                Ok(Decoded::Complete(h)) => return Ok(h),
+                Ok(Decoded::Partial) => {}
+                Err(e) => {
+                    return Err(ExchangeError {
+                        error: GatewayError::new(
+                            ErrorKind::UpstreamProtocol,
+                            format!("upstream response head: {e:?}"),
+                        ),
+                        reused,
+                        got_response_bytes: true,
+                    });
+                }
+            }
+            let got = !conn.buf.is_empty();
+            let buf = std::mem::take(&mut conn.buf);
+            let (res, buf) = read_more(&mut conn.io, buf, READ_BUF_BYTES).await;
+            conn.buf = buf;
+            match res {
+                Ok(0) => {
+                    return Err(ExchangeError {
+                        error: GatewayError::new(
+                            ErrorKind::UpstreamProtocol,
+                            "upstream closed the connection before a complete response head",
+                        ),
+                        reused,
+                        got_response_bytes: got,
+                    });
+                }
+                // An over-long head is reported by decode_response_head on the next turn.
+                Ok(_) => {}
+                Err(e) => return Err(io_err(e, got)),
+            }
+        }
+    };
+    let head = match monoio::time::timeout(header_budget, read_head).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(ExchangeError {
+                error: GatewayError::new(
+                    ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader),
+                    format!("no response head within {} ms", header_budget.as_millis()),
+                ),
+                reused,
+                got_response_bytes: false,
+            });
+        }
+    };
+    let keep_alive = head.keep_alive();
+    let decoder = BodyDecoder::new(head.body_kind());
+    Ok(Response { head, body: BodyReader { conn: Some(conn), decoder, keep_alive, done: false } })
+}
+
+/// Reads a response body piece by piece.
+pub struct BodyReader {
+    conn: Option<UpConn>,
+    decoder: BodyDecoder,
+    keep_alive: bool,
+    done: bool,
+}
+
+impl BodyReader {
+    /// The next piece of body, `None` at the end. Each wait for bytes is bounded by `idle`.
+    pub async fn next(&mut self, idle: Duration) -> Result<Option<Bytes>, GatewayError> {
+        if self.done {
+            return Ok(None);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        loop {
+            match self.decoder.decode(&mut conn.buf) {
+                Ok(BodyEvent::Data(b)) => return Ok(Some(b)),
+                Ok(BodyEvent::Done) => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Ok(BodyEvent::NeedMore) => {}
+                Err(e) => {
+                    self.conn = None;
+                    return Err(GatewayError::new(
+                        ErrorKind::UpstreamProtocol,
+                        format!("upstream body: {e:?}"),
+                    ));
+                }
+            }
+            let buf = std::mem::take(&mut conn.buf);
+            let read = read_more(&mut conn.io, buf, READ_BUF_BYTES);
+            let (res, buf) = match monoio::time::timeout(idle, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.conn = None;
+                    return Err(GatewayError::new(
+                        ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle),
+                        format!("upstream body idle for {} ms", idle.as_millis()),
+                    ));
+                }
+            };
+            conn.buf = buf;
+            match res {
+                Ok(0) => {
+                    return match self.decoder.on_eof() {
+                        Ok(()) => {
+                            self.done = true;
+                            self.keep_alive = false;
+                            Ok(None)
+                        }
+                        Err(e) => {
+                            self.conn = None;
+                            Err(GatewayError::new(
+                                ErrorKind::UpstreamProtocol,
+                                format!("upstream closed mid-body: {e:?}"),
+                            ))
+                        }
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.conn = None;
+                    return Err(GatewayError::new(
+                        ErrorKind::UpstreamProtocol,
+                        format!("upstream body read: {e}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Reads and discards the rest of a body up to `limit` bytes so the connection can be
+    /// reused; gives up (dropping the connection) past the limit.
+    pub async fn drain(&mut self, idle: Duration, limit: usize) {
+        let mut seen = 0usize;
+        while let Ok(Some(b)) = self.next(idle).await {
+            seen += b.len();
+            if seen > limit {
+                self.conn = None;
+                return;
+            }
+        }
+    }
+
+    /// The connection, if the response ended cleanly and it may carry another request.
+    pub fn into_reusable(self) -> Option<UpConn> {
+        if self.done && self.keep_alive { self.conn } else { None }
+    }
+}

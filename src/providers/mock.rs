@@ -1,0 +1,332 @@
+//! The `mock` provider format, served in-process so the shipped configuration works
+//! with no keys. Behaviour is chosen by the model name, so a newcomer can watch the
+//! gateway's failure handling without a real provider:
+//!
+//! | model          | behaviour                                                     |
+//! |----------------|---------------------------------------------------------------|
+//! | `echo`, other  | answers with the last user message                            |
+//! | `slow-<ms>`    | waits `<ms>` before the response head                         |
+//! | `drip-<ms>`    | streams one word every `<ms>`                                 |
+//! | `fail-<status>`| answers `<status>` with an OpenAI-shaped error body           |
+//! | `stall`        | non-stream: never answers; stream: one event, then silence    |
+//!
+//! This module only plans the reply (pure, no I/O); the proxy plays the plan.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::Endpoint;
+
+/// What the mock upstream does for one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Behavior {
+    Echo,
+    Slow(u64),
+    Drip(u64),
+    Fail(u16),
+    Stall,
+}
+
+/// Longest delay the mock accepts in a model name.
+pub const MAX_MOCK_DELAY_MS: u64 = 600_000;
+
+pub fn behavior(model: &str) -> Behavior {
+    let m = model.rsplit('/').next().unwrap_or(model);
+    let num = |s: &str| s.parse::<u64>().ok().map(|v| v.min(MAX_MOCK_DELAY_MS));
+    if let Some(ms) = m.strip_prefix("slow-").and_then(num) {
+        return Behavior::Slow(ms);
+    }
+    if let Some(ms) = m.strip_prefix("drip-").and_then(num) {
+        return Behavior::Drip(ms);
+    }
+    if let Some(code) = m.strip_prefix("fail-").and_then(|s| s.parse::<u16>().ok()) {
+        if (400..=599).contains(&code) {
+            return Behavior::Fail(code);
+        }
+    }
+    if m == "stall" {
+        return Behavior::Stall;
+    }
+    Behavior::Echo
+}
+
+/// The planned reply: head, then `frames` (each spaced by `frame_delay_ms`), then either
+/// the end of the body or, with `stall_after_frames`, silence.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Never send a head (the client's response-header budget decides).
+    pub stall_before_head: bool,
+    pub head_delay_ms: u64,
+    pub status: u16,
+    pub content_type: &'static str,
+    pub extra_headers: Vec<(&'static str, String)>,
+    /// Streamed replies are sent chunked, one frame per chunk; others as one body.
+    pub streamed: bool,
+    pub frames: Vec<Bytes>,
+    pub frame_delay_ms: u64,
+    pub stall_after_frames: bool,
+}
+
+/// Plans the reply to `body` (the JSON request) for `model` (without the provider prefix).
+pub fn plan(endpoint: Endpoint, model: &str, stream: bool, body: &[u8], seq: u64, now_s: u64) -> Plan {
+    let behavior = behavior(model);
+    let mut plan = Plan {
+        stall_before_head: false,
+        head_delay_ms: 0,
+        status: 200,
+        content_type: "application/json",
+        extra_headers: Vec::new(),
+        streamed: false,
+        frames: Vec::new(),
+        frame_delay_ms: 0,
+        stall_after_frames: false,
+    };
+    match behavior {
+        Behavior::Fail(code) => {
+            plan.status = code;
+            if code == 429 {
+                plan.extra_headers.push(("retry-after", "1".to_owned()));
+            }
+            let err = json!({"error": {"message": format!("mock upstream failure {code}"),
+                "type": if code >= 500 { "server_error" } else { "invalid_request_error" },
+                "code": format!("mock_{code}")}});
+            plan.frames.push(Bytes::from(err.to_string()));
+            return plan;
+        }
+        Behavior::Stall if !stream => {
+            plan.stall_before_head = true;
+            return plan;
+        }
+        Behavior::Slow(ms) => plan.head_delay_ms = ms,
+        Behavior::Drip(ms) => plan.frame_delay_ms = ms,
+        Behavior::Stall | Behavior::Echo => {}
+    }
+    let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let text = echo_text(endpoint, &req);
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    let prompt_tokens = count_tokens(&req.to_string());
+    let completion_tokens = words.len().max(1) as u64;
+    let id = format!("mock-{seq}");
+    let stream = stream && endpoint.streams();
+    if !stream {
+        let v = match endpoint {
+            Endpoint::ChatCompletions => json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion",
+                "created": now_s, "model": model, "choices": [{"index": 0,
+                "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}}),
+            Endpoint::Messages => json!({"id": format!("msg_{id}"), "type": "message", "role": "assistant",
+                "model": model, "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}}),
+            Endpoint::Responses => response_object(&id, model, now_s, &text, "completed", prompt_tokens, completion_tokens),
+            Endpoint::Embeddings => json!({"object": "list", "data": [{"object": "embedding", "index": 0,
+                "embedding": embedding(&text)}], "model": model,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}),
+        };
+        plan.frames.push(Bytes::from(v.to_string()));
+        return plan;
+    }
+    plan.streamed = true;
+    plan.content_type = "text/event-stream";
+    plan.stall_after_frames = behavior == Behavior::Stall;
+    let sse = |v: Value| Bytes::from(format!("data: {v}\n\n"));
+    let named = |event: &str, v: Value| Bytes::from(format!("event: {event}\ndata: {v}\n\n"));
+    match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Embeddings => {
+            let chunk = |delta: Value, finish: Value| json!({"id": format!("chatcmpl-{id}"),
+                "object": "chat.completion.chunk", "created": now_s, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
+            plan.frames.push(sse(chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
+            if plan.stall_after_frames {
+                return plan;
+            }
+            for w in &words {
+                plan.frames.push(sse(chunk(json!({"content": w}), Value::Null)));
+            }
+            plan.frames.push(sse(chunk(json!({}), json!("stop"))));
+            if include_usage(&req) {
+                plan.frames.push(sse(json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
+                    "created": now_s, "model": model, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}})));
+            }
+            plan.frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        Endpoint::Messages => {
+            plan.frames.push(named("message_start", json!({"type": "message_start", "message": {
+                "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+                "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": prompt_tokens, "output_tokens": 1}}})));
+            if plan.stall_after_frames {
+                return plan;
+            }
+            plan.frames.push(named("content_block_start", json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}})));
+            plan.frames.push(named("ping", json!({"type": "ping"})));
+            for w in &words {
+                plan.frames.push(named("content_block_delta", json!({"type": "content_block_delta",
+                    "index": 0, "delta": {"type": "text_delta", "text": w}})));
+            }
+            plan.frames.push(named("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+            plan.frames.push(named("message_delta", json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                "usage": {"output_tokens": completion_tokens}})));
+            plan.frames.push(named("message_stop", json!({"type": "message_stop"})));
+        }
+        Endpoint::Responses => {
+            let created = response_object(&id, model, now_s, "", "in_progress", 0, 0);
+            plan.frames.push(named("response.created", json!({"type": "response.created", "sequence_number": 0, "response": created})));
+            if plan.stall_after_frames {
+                return plan;
+            }
+            for (i, w) in words.iter().enumerate() {
+                plan.frames.push(named("response.output_text.delta", json!({"type": "response.output_text.delta",
+                    "sequence_number": i + 1, "item_id": format!("msg_{id}"), "output_index": 0,
+                    "content_index": 0, "delta": w})));
+            }
+            let done = response_object(&id, model, now_s, &text, "completed", prompt_tokens, completion_tokens);
+            plan.frames.push(named("response.completed", json!({"type": "response.completed",
+                "sequence_number": words.len() + 1, "response": done})));
+        }
+    }
+    plan
+}
+
+fn response_object(id: &str, model: &str, now_s: u64, text: &str, status: &str, input: u64, output: u64) -> Value {
+    let output_items = if text.is_empty() {
+        json!([])
+    } else {
+        json!([{"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}])
+    };
+    json!({"id": format!("resp_{id}"), "object": "response", "created_at": now_s, "status": status,
+        "model": model, "output": output_items,
+        "usage": {"input_tokens": input, "output_tokens": output, "total_tokens": input + output}})
+}
+
+fn include_usage(req: &Value) -> bool {
+    req.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// A rough token count (≈ 4 bytes a token), enough for plausible usage numbers.
+fn count_tokens(s: &str) -> u64 {
+    (s.len() as u64).div_ceil(4).max(1)
+}
+
+fn embedding(text: &str) -> Vec<f64> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    (0..8)
+        .map(|i| {
+            for b in text.bytes().chain([i as u8]) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x100_0000_01b3);
+            }
+            ((h % 2000) as f64 / 1000.0) - 1.0
+        })
+        .collect()
+}
+
+/// The text to echo: the last user message of a chat/messages body, the `input` of a
+/// responses or embeddings body.
+fn echo_text(endpoint: Endpoint, req: &Value) -> String {
+    let text = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Messages => req
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|msgs| msgs.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
+            .and_then(|m| m.get("content"))
+            .map(content_text),
+        Endpoint::Responses | Endpoint::Embeddings => req.get("input").map(content_text),
+    };
+    match text {
+        Some(t) if !t.is_empty() => t,
+        _ => "Hello from the Tidegate mock provider.".to_owned(),
+    }
+}
+
+/// Flattens a string, a list of content parts, or a list of input messages to text.
+fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => {
+            let last_user = items
+                .iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+            if let Some(m) = last_user {
+                return m.get("content").map(content_text).unwrap_or_default();
+            }
+            items
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str).or_else(|| p.as_str()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn behaviour_by_model_name() {
+        assert_eq!(behavior("echo"), Behavior::Echo);
+        assert_eq!(behavior("mock/slow-250"), Behavior::Slow(250));
+        assert_eq!(behavior("drip-20"), Behavior::Drip(20));
+        assert_eq!(behavior("fail-503"), Behavior::Fail(503));
+        assert_eq!(behavior("fail-200"), Behavior::Echo);
+        assert_eq!(behavior("stall"), Behavior::Stall);
+        assert_eq!(behavior("slow-99999999999"), Behavior::Slow(MAX_MOCK_DELAY_MS));
+    }
+
+    #[test]
+    fn echo_chat_non_stream() {
+        let body = br#"{"model":"echo","messages":[{"role":"system","content":"x"},{"role":"user","content":"hi there"}]}"#;
+        let p = plan(Endpoint::ChatCompletions, "echo", false, body, 1, 0);
+        assert_eq!(p.status, 200);
+        let v: Value = serde_json::from_slice(&p.frames[0]).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "hi there");
+        assert_eq!(v["object"], "chat.completion");
+    }
+
+    #[test]
+    fn chat_stream_ends_with_done() {
+        let body = br#"{"model":"echo","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a b c"}]}]}"#;
+        let p = plan(Endpoint::ChatCompletions, "echo", true, body, 1, 0);
+        assert!(p.streamed);
+        assert_eq!(p.frames.last().unwrap().as_ref(), b"data: [DONE]\n\n");
+        let text: String = p.frames[1..4]
+            .iter()
+            .map(|f| {
+                let v: Value = serde_json::from_slice(&f[6..f.len() - 2]).unwrap();
+                v["choices"][0]["delta"]["content"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(text, "a b c");
+    }
+
+    #[test]
+    fn anthropic_stream_has_the_event_sequence() {
+        let body = br#"{"model":"echo","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"yo"}]}"#;
+        let p = plan(Endpoint::Messages, "echo", true, body, 1, 0);
+        let events: Vec<String> = p
+            .frames
+            .iter()
+            .map(|f| String::from_utf8_lossy(f).lines().next().unwrap().to_owned())
+            .collect();
+        assert_eq!(events.first().unwrap(), "event: message_start");
+        assert_eq!(events.last().unwrap(), "event: message_stop");
+    }
+
+    #[test]
+    fn failures_and_stalls() {
+        let p = plan(Endpoint::ChatCompletions, "fail-429", false, b"{}", 1, 0);
+        assert_eq!(p.status, 429);
+        assert_eq!(p.extra_headers, vec![("retry-after", "1".to_owned())]);
+        assert!(plan(Endpoint::ChatCompletions, "stall", false, b"{}", 1, 0).stall_before_head);
+        let s = plan(Endpoint::ChatCompletions, "stall", true, b"{}", 1, 0);
+        assert!(s.stall_after_frames);
+        assert_eq!(s.frames.len(), 1);
+    }
+}

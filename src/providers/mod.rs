@@ -1,0 +1,91 @@
+//! Wire formats of the providers: which client endpoints each format serves, where they
+//! go upstream, and how a connection's credentials are presented.
+
+pub mod mock;
+
+use crate::config::{AuthKind, Connection, Provider, ProviderFormat};
+
+/// The client-facing inference endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Responses,
+    Embeddings,
+    Messages,
+}
+
+impl Endpoint {
+    /// The path after the API root (`base_url` includes the version segment).
+    pub fn upstream_suffix(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Responses => "/responses",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Messages => "/messages",
+        }
+    }
+
+    pub fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/responses" => Some(Endpoint::Responses),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
+            "/v1/messages" => Some(Endpoint::Messages),
+            _ => None,
+        }
+    }
+
+    /// Can this endpoint stream?
+    pub fn streams(self) -> bool {
+        !matches!(self, Endpoint::Embeddings)
+    }
+}
+
+/// Does a provider of this format serve the endpoint? (No format translation yet.)
+pub fn serves(format: ProviderFormat, endpoint: Endpoint) -> bool {
+    match format {
+        ProviderFormat::Openai => matches!(
+            endpoint,
+            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings
+        ),
+        ProviderFormat::Anthropic => matches!(endpoint, Endpoint::Messages),
+        ProviderFormat::Mock => true,
+    }
+}
+
+/// The Anthropic API version sent when the client did not name one.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// Beta flag Anthropic requires for OAuth (subscription) bearer tokens.
+pub const ANTHROPIC_OAUTH_BETA: &str = "oauth-2025-04-20";
+
+/// Headers that present the connection's credentials upstream. `client_has_version`
+/// says whether the client already sent `anthropic-version` (it is passed through).
+pub fn auth_headers(
+    provider: &Provider,
+    conn: &Connection,
+    client_has_version: bool,
+    out: &mut Vec<(&'static str, String)>,
+) {
+    let key = conn.api_key.as_deref();
+    match provider.format {
+        ProviderFormat::Openai => {
+            if let Some(k) = key {
+                out.push(("authorization", format!("Bearer {k}")));
+            }
+        }
+        ProviderFormat::Anthropic => {
+            match (provider.auth, key) {
+                (AuthKind::OAuth, Some(k)) => {
+                    out.push(("authorization", format!("Bearer {k}")));
+                    out.push(("anthropic-beta", ANTHROPIC_OAUTH_BETA.to_owned()));
+                }
+                (AuthKind::ApiKey | AuthKind::Local, Some(k)) => out.push(("x-api-key", k.to_owned())),
+                (_, None) => {}
+            }
+            if !client_has_version {
+                out.push(("anthropic-version", ANTHROPIC_VERSION.to_owned()));
+            }
+        }
+        ProviderFormat::Mock => {}
+    }
+}

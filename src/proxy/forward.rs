@@ -1,0 +1,91 @@
+//! Building the upstream request: target path under the provider's API root, the
+//! client's headers minus hop-by-hop, client-auth, session and lease headers, the
+//! provider's extra headers, and the connection's credentials.
+
+use bytes::BytesMut;
+
+use crate::config::{BaseUrl, Connection, Provider, Scheme};
+use crate::http1::{write_request_head, Framing, RequestHead};
+use crate::providers::{auth_headers, Endpoint};
+
+/// Client headers never forwarded upstream (compared lower-case). Hop-by-hop headers,
+/// the client's own credentials, the gateway's session and lease headers, and framing
+/// the gateway recomputes. `accept-encoding` is dropped so streams arrive as plain text
+/// the gateway can inspect.
+pub const STRIPPED_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+    "accept-encoding",
+    "authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "x-session-id",
+    "x-codex-session-id",
+    "x-omniroute-session",
+    "x-omniroute-lease-owner",
+    "x-omniroute-lease-generation",
+];
+
+fn listed_in_connection(head: &RequestHead, name: &str) -> bool {
+    head.header("connection").is_some_and(|v| {
+        v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+    })
+}
+
+/// Is this client header forwarded?
+pub fn forwarded(head: &RequestHead, name: &str) -> bool {
+    !STRIPPED_HEADERS.iter().any(|s| s.eq_ignore_ascii_case(name)) && !listed_in_connection(head, name)
+}
+
+/// The `Host` header value for a base URL (port only when not the scheme's default).
+pub fn host_header(base: &BaseUrl) -> String {
+    let default = matches!((base.scheme, base.port), (Scheme::Http, 80) | (Scheme::Https, 443));
+    let host = if base.host.contains(':') { format!("[{}]", base.host) } else { base.host.clone() };
+    if default { host } else { format!("{host}:{}", base.port) }
+}
+
+/// Encodes the upstream request head for a body of `body_len` bytes.
+pub fn encode_head(
+    dst: &mut BytesMut,
+    client: &RequestHead,
+    provider: &Provider,
+    base: &BaseUrl,
+    conn: &Connection,
+    endpoint: Endpoint,
+    body_len: usize,
+) {
+    let mut target = String::with_capacity(base.path.len() + 32);
+    target.push_str(&base.path);
+    target.push_str(endpoint.upstream_suffix());
+    if let Some(q) = client.query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    let mut injected: Vec<(&'static str, String)> = Vec::with_capacity(4);
+    auth_headers(provider, conn, client.header("anthropic-version").is_some(), &mut injected);
+    let overridden = |name: &str| {
+        provider.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+            || injected.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    };
+    let client_headers = client.headers().filter(|(n, _)| forwarded(client, n) && !overridden(n));
+    let extra = provider.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let auth = injected.iter().map(|(n, v)| (*n, v.as_bytes()));
+    write_request_head(
+        dst,
+        client.method_str(),
+        &target,
+        &host_header(base),
+        client_headers.chain(extra).chain(auth),
+        Framing::Length(body_len as u64),
+    );
+}

@@ -1,0 +1,205 @@
+//! `handle()`: the request phases of `docs/phases.md`, one function per phase —
+//! route, authenticate, peek, resolve, select, forward, relay — each returning an owned
+//! decision. Errors become responses only in `respond`.
+
+pub mod auth;
+pub mod forward;
+pub mod models;
+pub mod peek;
+pub mod relay;
+pub mod respond;
+
+use bytes::{Bytes, BytesMut};
+use monoio::net::TcpStream;
+
+use crate::admin;
+use crate::config::{ConnectionId, Scope};
+use crate::error::{ErrorKind, GatewayError};
+use crate::http1::{Method, RequestHead};
+use crate::net::io::write_all;
+use crate::providers::{serves, Endpoint};
+use crate::routing::resolve::{resolve, Target};
+use crate::shard::Shard;
+use auth::Caller;
+
+/// What happens to the client connection after a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    KeepAlive,
+    Close,
+}
+
+/// The routes the gateway answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Inference(Endpoint),
+    Models,
+    Admin(admin::Route),
+}
+
+fn route(head: &RequestHead) -> Result<Route, GatewayError> {
+    let path = head.path();
+    let method = head.method();
+    let want = |m: Method, r: Route| {
+        if method == m || (m == Method::Get && method == Method::Head) {
+            Ok(r)
+        } else {
+            Err(GatewayError::new(ErrorKind::MethodNotAllowed, format!("{path} does not take {}", head.method_str())))
+        }
+    };
+    if let Some(ep) = Endpoint::from_path(path) {
+        return want(Method::Post, Route::Inference(ep));
+    }
+    if path == "/v1/models" {
+        return want(Method::Get, Route::Models);
+    }
+    if let Some((m, r)) = admin::route(path) {
+        return want(m, Route::Admin(r));
+    }
+    Err(GatewayError::new(ErrorKind::RouteNotFound, format!("no route for {path}")))
+}
+
+/// Serves one request whose head and body have been read, writing the whole response.
+pub async fn handle(shard: &Shard, head: &RequestHead, body: Bytes, client: &mut TcpStream) -> After {
+    let keep_alive = head.keep_alive() && !shard.draining.get();
+    let result = match route(head) {
+        Ok(Route::Inference(ep)) => return inference(shard, head, ep, body, client, keep_alive).await,
+        Ok(Route::Models) => match authorize(shard, head, Scope::Inference) {
+            Ok(_) => Ok(models::list(shard.config())),
+            Err(e) => Err(e),
+        },
+        Ok(Route::Admin(r)) => admin::serve(shard, head, r),
+        Err(e) => Err(e),
+    };
+    let mut out = BytesMut::with_capacity(512);
+    let head_only = head.method() == Method::Head;
+    match result {
+        Ok((status, content_type, body)) => {
+            shard.metrics.response(status);
+            let b = if head_only { &[][..] } else { body.as_bytes() };
+            respond::write_body(&mut out, status, content_type, b, keep_alive);
+        }
+        Err(err) => {
+            note_error(shard, &err);
+            respond::write_error(&mut out, &err, keep_alive, head_only);
+        }
+    }
+    match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+/// Writes a gateway error as the whole response.
+pub async fn send_error(shard: &Shard, client: &mut TcpStream, err: &GatewayError, keep_alive: bool) -> After {
+    note_error(shard, err);
+    let keep_alive = keep_alive && !err.kind.closes_connection();
+    let mut out = BytesMut::with_capacity(256);
+    respond::write_error(&mut out, err, keep_alive, false);
+    match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+fn note_error(shard: &Shard, err: &GatewayError) {
+    shard.metrics.response(err.kind.status());
+    shard.metrics.gateway_error(err.kind);
+    if err.kind.status() >= 500 {
+        tracing::warn!(code = err.kind.code(), "{}", err.message);
+    } else {
+        tracing::debug!(code = err.kind.code(), "{}", err.message);
+    }
+}
+
+/// Checks the caller may use `scope`; returns the client key index when a key was used.
+fn authorize(shard: &Shard, head: &RequestHead, scope: Scope) -> Result<Option<usize>, GatewayError> {
+    match shard.shared.keys.identify(head) {
+        Caller::Open => Ok(None),
+        Caller::Admin if scope == Scope::Manage => Ok(None),
+        Caller::Admin => Err(GatewayError::new(ErrorKind::Forbidden, "the admin token is for the management API")),
+        Caller::Key(i) => {
+            let has = shard.config().client_keys.get(i).is_some_and(|k| k.has_scope(scope));
+            if has {
+                Ok(Some(i))
+            } else {
+                Err(GatewayError::new(ErrorKind::Forbidden, "this key lacks the scope for this endpoint"))
+            }
+        }
+        Caller::Denied => Err(GatewayError::new(
+            ErrorKind::Unauthorized,
+            "missing or invalid API key (Authorization: Bearer <key> or x-api-key)",
+        )),
+    }
+}
+
+async fn inference(
+    shard: &Shard,
+    head: &RequestHead,
+    endpoint: Endpoint,
+    body: Bytes,
+    client: &mut TcpStream,
+    keep_alive: bool,
+) -> After {
+    match plan(shard, head, endpoint, &body) {
+        Ok(plan) => relay::run(shard, head, endpoint, body, plan, client, keep_alive).await,
+        Err(err) => send_error(shard, client, &err, keep_alive).await,
+    }
+}
+
+/// The decided route of an inference request: what the client asked for and the
+/// candidates to try in order.
+pub struct Plan {
+    pub peek: peek::Peek,
+    pub candidates: Vec<(Target, ConnectionId)>,
+}
+
+/// Authenticate → peek → resolve → select.
+fn plan(shard: &Shard, head: &RequestHead, endpoint: Endpoint, body: &[u8]) -> Result<Plan, GatewayError> {
+    let key = authorize(shard, head, Scope::Inference)?;
+    let peek = {
+        let mut scratch = shard.scratch.borrow_mut();
+        peek::peek(body, &mut scratch).map_err(|e| GatewayError::new(ErrorKind::InvalidJson, peek_message(&e)))?
+    };
+    let config = shard.config();
+    let targets = resolve(config, &shard.shared.routes, &peek.model)?;
+    let mut candidates = Vec::new();
+    let mut any_enabled = false;
+    let mut any_format = false;
+    for t in targets {
+        let provider = config.provider(t.provider);
+        if !serves(provider.format, endpoint) {
+            continue;
+        }
+        any_format = true;
+        for c in shard.shared.routes.connections(t.provider) {
+            any_enabled = true;
+            let allowed = key.and_then(|i| config.client_keys.get(i)).is_none_or(|k| k.may_use(*c));
+            if allowed {
+                candidates.push((t.clone(), *c));
+            }
+        }
+    }
+    if candidates.is_empty() {
+        let (kind, why) = if !any_format {
+            (ErrorKind::EndpointNotSupported, format!("no provider of model {:?} serves this endpoint", peek.model))
+        } else if !any_enabled {
+            (ErrorKind::NoConnection, format!("model {:?} has no enabled connection (is its key variable set?)", peek.model))
+        } else {
+            (ErrorKind::Forbidden, format!("this key may not use any connection of model {:?}", peek.model))
+        };
+        return Err(GatewayError::new(kind, why));
+    }
+    Ok(Plan { peek, candidates })
+}
+
+fn peek_message(e: &peek::PeekError) -> String {
+    match e {
+        peek::PeekError::InvalidJson(why) => format!("request body is not valid JSON: {why}"),
+        peek::PeekError::NotAnObject => "request body must be a JSON object".to_owned(),
+        peek::PeekError::MissingModel => "request body has no \"model\"".to_owned(),
+        peek::PeekError::ModelNotString => "\"model\" must be a string".to_owned(),
+        peek::PeekError::StreamNotBool => "\"stream\" must be a boolean".to_owned(),
+    }
+}
+

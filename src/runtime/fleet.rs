@@ -1,0 +1,272 @@
+//! The fleet: one shard per worker, each a thread pinned to a CPU running its own monoio
+//! runtime (io_uring, or epoll when io_uring cannot start) and accepting on its own
+//! `SO_REUSEPORT` listener. Start-up is all-or-nothing; shutdown stops accepting, lets
+//! in-flight requests finish within the grace period, and joins every thread.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use monoio::time::TimeDriver;
+use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
+
+use crate::config::Config;
+use crate::net::downstream;
+use crate::net::listener::bind_shards;
+use crate::net::tls::TlsConfigs;
+use crate::proxy::auth::KeyIndex;
+use crate::routing::resolve::RouteTable;
+use crate::shard::metrics::ShardMetrics;
+use crate::shard::{Shard, Shared};
+
+/// Entries of each io_uring submission queue.
+const URING_ENTRIES: u32 = 4096;
+/// How often idle upstream connections are swept.
+const POOL_SWEEP_MS: u64 = 5_000;
+/// How often a draining shard checks whether its in-flight requests are done.
+const DRAIN_POLL_MS: u64 = 10;
+
+/// Which I/O driver the shards run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    IoUring,
+    Epoll,
+}
+
+impl Driver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::IoUring => "io_uring",
+            Driver::Epoll => "epoll",
+        }
+    }
+}
+
+/// What the operator asked for (`TIDEGATE_DRIVER=auto|io_uring|epoll`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverChoice {
+    Auto,
+    IoUring,
+    Epoll,
+}
+
+impl DriverChoice {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "" | "auto" => Some(DriverChoice::Auto),
+            "io_uring" | "iouring" | "uring" => Some(DriverChoice::IoUring),
+            "epoll" | "legacy" => Some(DriverChoice::Epoll),
+            _ => None,
+        }
+    }
+}
+
+/// A running fleet.
+pub struct Fleet {
+    pub addr: SocketAddr,
+    pub shards: usize,
+    pub driver: Driver,
+    stops: Vec<flume::Sender<()>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Shard count for `workers` (0 = one per available core).
+pub fn shard_count(workers: usize) -> usize {
+    if workers > 0 {
+        return workers;
+    }
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+fn choose_driver(choice: DriverChoice) -> Driver {
+    match choice {
+        DriverChoice::Epoll => Driver::Epoll,
+        DriverChoice::IoUring => Driver::IoUring,
+        DriverChoice::Auto if monoio::utils::detect_uring() => Driver::IoUring,
+        DriverChoice::Auto => {
+            tracing::warn!("io_uring is unavailable here; shards use the epoll driver");
+            Driver::Epoll
+        }
+    }
+}
+
+/// Raises the open-file soft limit to the hard limit: every client and upstream
+/// connection is a file descriptor.
+fn raise_nofile_limit() {
+    if let Ok((soft, hard)) = rlimit::Resource::NOFILE.get() {
+        if soft < hard {
+            if let Err(e) = rlimit::Resource::NOFILE.set(hard, hard) {
+                tracing::warn!("cannot raise the open-file limit to {hard}: {e}");
+            }
+        }
+    }
+}
+
+/// Binds, starts every shard, and returns once all of them accept.
+pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartError> {
+    raise_nofile_limit();
+    let shards = shard_count(config.server.workers);
+    let driver = choose_driver(choice);
+    let tls = TlsConfigs::build(&config).map_err(StartError)?;
+    let keys = KeyIndex::new(&config);
+    if keys.is_open() {
+        tracing::warn!("no [[client_keys]] configured: inference endpoints accept requests without a key");
+    }
+    let (addr, listeners) = bind_shards(config.server.listen, shards)
+        .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.server.listen)))?;
+    let shared = Arc::new(Shared {
+        routes: RouteTable::new(&config),
+        tls,
+        keys,
+        metrics: (0..shards).map(|_| Arc::new(ShardMetrics::default())).collect(),
+        shards,
+        driver: driver.as_str(),
+        config,
+    });
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let (ready_tx, ready_rx) = flume::unbounded::<Result<usize, String>>();
+    let mut stops = Vec::with_capacity(shards);
+    let mut threads = Vec::with_capacity(shards);
+    for (id, listener) in listeners.into_iter().enumerate() {
+        let (stop_tx, stop_rx) = flume::bounded::<()>(1);
+        let core = if cores.is_empty() { None } else { cores.get(id % cores.len()).copied() };
+        let shared = shared.clone();
+        let ready = ready_tx.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("tidegate-shard-{id}"))
+            .spawn(move || {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core);
+                }
+                if let Err(e) = run_shard(id, driver, listener, shared, stop_rx, &ready) {
+                    let _ = ready.send(Err(format!("shard {id}: {e}")));
+                }
+            })
+            .map_err(|e| StartError(format!("cannot start shard thread: {e}")))?;
+        stops.push(stop_tx);
+        threads.push(handle);
+    }
+    drop(ready_tx);
+    let fleet = Fleet { addr, shards, driver, stops, threads };
+    for _ in 0..shards {
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                fleet.stop();
+                return Err(StartError(e));
+            }
+            Err(_) => {
+                fleet.stop();
+                return Err(StartError("a shard did not start".into()));
+            }
+        }
+    }
+    Ok(fleet)
+}
+
+impl Fleet {
+    /// Stops accepting on every shard, waits for in-flight requests (each shard gives
+    /// them `shutdown_grace_ms`) and joins the threads.
+    pub fn stop(self) {
+        for s in &self.stops {
+            let _ = s.send(());
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run_shard(
+    id: usize,
+    driver: Driver,
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    stop: flume::Receiver<()>,
+    ready: &flume::Sender<Result<usize, String>>,
+) -> Result<(), String> {
+    let task = shard_main(id, listener, shared, stop, ready.clone());
+    match driver {
+        Driver::IoUring => {
+            let built = RuntimeBuilder::<IoUringDriver>::new().with_entries(URING_ENTRIES).enable_timer().build();
+            match built {
+                Ok(mut rt) => rt.block_on(task),
+                Err(e) => {
+                    tracing::warn!(shard = id, "io_uring runtime failed to start ({e}); using epoll");
+                    let mut rt = RuntimeBuilder::<LegacyDriver>::new()
+                        .enable_timer()
+                        .build()
+                        .map_err(|e| format!("runtime: {e}"))?;
+                    rt.block_on(task)
+                }
+            }
+        }
+        Driver::Epoll => {
+            let mut rt: monoio::Runtime<TimeDriver<LegacyDriver>> =
+                RuntimeBuilder::<LegacyDriver>::new().enable_timer().build().map_err(|e| format!("runtime: {e}"))?;
+            rt.block_on(task)
+        }
+    }
+}
+
+async fn shard_main(
+    id: usize,
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    stop: flume::Receiver<()>,
+    ready: flume::Sender<Result<usize, String>>,
+) -> Result<(), String> {
+    let grace = Duration::from_millis(shared.config.server.shutdown_grace_ms);
+    let listener = monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
+    let shard = Rc::new(Shard::new(id, shared));
+    let _ = ready.send(Ok(id));
+    drop(ready);
+    let sweeper = shard.clone();
+    monoio::spawn(async move {
+        loop {
+            monoio::time::sleep(Duration::from_millis(POOL_SWEEP_MS)).await;
+            if sweeper.draining.get() {
+                break;
+            }
+            sweeper.pool.sweep(sweeper.now().mono_ns);
+        }
+    });
+    loop {
+        monoio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    monoio::spawn(downstream::serve(shard.clone(), stream));
+                }
+                Err(e) => {
+                    // Out of file descriptors or a transient error: back off briefly.
+                    tracing::warn!(shard = id, "accept failed: {e}");
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = stop.recv_async() => break,
+        }
+    }
+    drop(listener);
+    shard.draining.set(true);
+    let start = shard.now().mono_ns;
+    while shard.in_flight.get() > 0 {
+        let waited = Duration::from_nanos(shard.now().mono_ns.saturating_sub(start));
+        if waited >= grace {
+            tracing::warn!(shard = id, in_flight = shard.in_flight.get(), "grace period over; cutting requests");
+            break;
+        }
+        monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
+    }
+    Ok(())
+}

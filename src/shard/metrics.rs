@@ -1,0 +1,120 @@
+//! Per-shard counters. Each shard writes only its own (relaxed atomics, no contention);
+//! `/metrics` sums all shards on read. Label values come from closed sets.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::ErrorKind;
+
+/// Every gateway error code, in a fixed order, for labelled counters.
+pub const ERROR_KINDS: [ErrorKind; 20] = [
+    ErrorKind::MalformedRequest,
+    ErrorKind::HeadTimeout,
+    ErrorKind::HeadTooLarge,
+    ErrorKind::BodyTooLarge,
+    ErrorKind::InvalidJson,
+    ErrorKind::UnsupportedTransferEncoding,
+    ErrorKind::Unauthorized,
+    ErrorKind::Forbidden,
+    ErrorKind::RouteNotFound,
+    ErrorKind::MethodNotAllowed,
+    ErrorKind::ModelNotFound,
+    ErrorKind::EndpointNotSupported,
+    ErrorKind::NoConnection,
+    ErrorKind::UpstreamConnect,
+    ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::Connect),
+    ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
+    ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::BodyIdle),
+    ErrorKind::UpstreamProtocol,
+    ErrorKind::ShuttingDown,
+    ErrorKind::Internal,
+];
+
+fn kind_index(kind: ErrorKind) -> usize {
+    ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(ERROR_KINDS.len() - 1)
+}
+
+#[derive(Debug, Default)]
+pub struct ShardMetrics {
+    pub connections_accepted: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub requests: AtomicU64,
+    pub responses_2xx: AtomicU64,
+    pub responses_4xx: AtomicU64,
+    pub responses_5xx: AtomicU64,
+    pub responses_other: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub upstream_attempts: AtomicU64,
+    pub upstream_failovers: AtomicU64,
+    pub upstream_connects: AtomicU64,
+    pub upstream_reuses: AtomicU64,
+    pub streams_broken: AtomicU64,
+    gateway_errors: [AtomicU64; ERROR_KINDS.len()],
+}
+
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn drop_one(c: &AtomicU64) {
+    c.fetch_sub(1, Ordering::Relaxed);
+}
+
+impl ShardMetrics {
+    pub fn response(&self, status: u16) {
+        let c = match status {
+            200..=299 => &self.responses_2xx,
+            400..=499 => &self.responses_4xx,
+            500..=599 => &self.responses_5xx,
+            _ => &self.responses_other,
+        };
+        bump(c);
+    }
+
+    pub fn gateway_error(&self, kind: ErrorKind) {
+        if let Some(c) = self.gateway_errors.get(kind_index(kind)) {
+            bump(c);
+        }
+    }
+}
+
+/// Renders the Prometheus text exposition of all shards' counters, summed.
+pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
+    let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
+        shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
+    };
+    let mut out = String::with_capacity(4096);
+    let mut counter = |name: &str, help: &str, kind: &str, v: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    };
+    counter("tidegate_shards", "Number of shards.", "gauge", shards.len() as u64);
+    counter("tidegate_connections_accepted_total", "Client connections accepted.", "counter", sum(&|s| &s.connections_accepted));
+    counter("tidegate_connections_open", "Client connections open.", "gauge", sum(&|s| &s.connections_open));
+    counter("tidegate_requests_total", "Requests whose head was read.", "counter", sum(&|s| &s.requests));
+    counter("tidegate_requests_in_flight", "Requests being served.", "gauge", sum(&|s| &s.in_flight));
+    counter("tidegate_upstream_attempts_total", "Upstream attempts (all targets).", "counter", sum(&|s| &s.upstream_attempts));
+    counter("tidegate_upstream_failovers_total", "Moves to the next connection before the first byte.", "counter", sum(&|s| &s.upstream_failovers));
+    counter("tidegate_upstream_connects_total", "New upstream connections opened.", "counter", sum(&|s| &s.upstream_connects));
+    counter("tidegate_upstream_reuses_total", "Requests sent on a pooled upstream connection.", "counter", sum(&|s| &s.upstream_reuses));
+    counter("tidegate_streams_broken_total", "Responses cut after the first byte by an upstream failure.", "counter", sum(&|s| &s.streams_broken));
+    let _ = writeln!(out, "# HELP tidegate_responses_total Responses sent, by status class.\n# TYPE tidegate_responses_total counter");
+    for (class, f) in [
+        ("2xx", &(|s: &ShardMetrics| s.responses_2xx.load(Ordering::Relaxed)) as &dyn Fn(&ShardMetrics) -> u64),
+        ("4xx", &|s: &ShardMetrics| s.responses_4xx.load(Ordering::Relaxed)),
+        ("5xx", &|s: &ShardMetrics| s.responses_5xx.load(Ordering::Relaxed)),
+        ("other", &|s: &ShardMetrics| s.responses_other.load(Ordering::Relaxed)),
+    ] {
+        let v: u64 = shards.iter().map(|s| f(s)).sum();
+        let _ = writeln!(out, "tidegate_responses_total{{class=\"{class}\"}} {v}");
+    }
+    let _ = writeln!(out, "# HELP tidegate_gateway_errors_total Gateway-made error responses, by code.\n# TYPE tidegate_gateway_errors_total counter");
+    for (i, kind) in ERROR_KINDS.iter().enumerate() {
+        let v: u64 = shards.iter().map(|s| s.gateway_errors[i].load(Ordering::Relaxed)).sum();
+        let phase = match kind {
+            ErrorKind::UpstreamTimeout(p) => p.as_str(),
+            _ => "",
+        };
+        let _ = writeln!(out, "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}", kind.code());
+    }
+    out
+}
