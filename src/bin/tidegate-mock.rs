@@ -1,2 +1,123 @@
-//! A fast standalone mock upstream for load tests (being written).
-fn main() {}
+//! `tidegate-mock`: a fast standalone mock LLM upstream for load tests (`perf/`).
+//! Thread-per-core like the gateway, built from the same codec, answering
+//! `POST /v1/chat/completions` (and `/v1/messages`) with the in-process mock provider's
+//! replies, streamed (chunked SSE) when the body says `"stream":true`.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use bytes::{Bytes, BytesMut};
+use clap::Parser;
+use mimalloc::MiMalloc;
+use monoio::net::TcpStream;
+
+use tidegate::http1::{self, BodyDecoder, BodyEvent, Decoded, Framing};
+use tidegate::net::io::{read_more, write_all, READ_BUF_BYTES};
+use tidegate::net::listener::bind_shards;
+use tidegate::providers::{mock, Endpoint};
+
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "tidegate-mock", about = "Fast mock LLM upstream for load tests")]
+struct Cli {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    listen: SocketAddr,
+    /// Threads (0 = one per core).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let workers = tidegate::runtime::fleet::shard_count(cli.workers);
+    let (addr, listeners) = match bind_shards(cli.listen, workers) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("tidegate-mock: cannot listen on {}: {e}", cli.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("tidegate-mock listening on {addr} (workers={workers})");
+    let threads: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            std::thread::spawn(move || {
+                let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build();
+                let Ok(mut rt) = rt else { return };
+                rt.block_on(async move {
+                    let Ok(listener) = monoio::net::TcpListener::from_std(l) else { return };
+                    while let Ok((s, _)) = listener.accept().await {
+                        monoio::spawn(serve(s));
+                    }
+                });
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    ExitCode::SUCCESS
+}
+
+async fn serve(mut s: TcpStream) {
+    let _ = s.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
+    let mut seq = 0u64;
+    loop {
+        let head = loop {
+            match http1::decode_request_head(&mut buf) {
+                Ok(Decoded::Complete(h)) => break h,
+                Ok(Decoded::Partial) => {}
+                Err(_) => return,
+            }
+            let (res, b) = read_more(&mut s, std::mem::take(&mut buf), READ_BUF_BYTES).await;
+            buf = b;
+            if !matches!(res, Ok(n) if n > 0) {
+                return;
+            }
+        };
+        let mut dec = BodyDecoder::new(head.body_kind());
+        let mut body = BytesMut::new();
+        loop {
+            match dec.decode(&mut buf) {
+                Ok(BodyEvent::Data(d)) => body.extend_from_slice(&d),
+                Ok(BodyEvent::Done) => break,
+                Ok(BodyEvent::NeedMore) => {
+                    let (res, b) = read_more(&mut s, std::mem::take(&mut buf), READ_BUF_BYTES).await;
+                    buf = b;
+                    if !matches!(res, Ok(n) if n > 0) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        seq += 1;
+        let endpoint = Endpoint::from_path(head.path()).unwrap_or(Endpoint::ChatCompletions);
+        let stream = memchr::memmem::find(&body, b"\"stream\":true").is_some()
+            || memchr::memmem::find(&body, b"\"stream\": true").is_some();
+        let plan = mock::plan(endpoint, "mock-model", stream, &body, seq, 0);
+        let mut out = BytesMut::with_capacity(2048);
+        let ct: [(&str, &[u8]); 1] = [("content-type", plan.content_type.as_bytes())];
+        if plan.streamed {
+            http1::write_response_head(&mut out, plan.status, ct, Framing::Chunked, head.keep_alive());
+            for f in &plan.frames {
+                http1::write_chunk(&mut out, f);
+            }
+            http1::write_last_chunk(&mut out);
+        } else {
+            let len: usize = plan.frames.iter().map(Bytes::len).sum();
+            http1::write_response_head(&mut out, plan.status, ct, Framing::Length(len as u64), head.keep_alive());
+            for f in &plan.frames {
+                out.extend_from_slice(f);
+            }
+        }
+        if write_all(&mut s, out).await.is_err() || !head.keep_alive() {
+            return;
+        }
+    }
+}
