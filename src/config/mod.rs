@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub use resilience::ResilienceSettings;
+pub use validate::{ConfigError, LoadOutcome, Problem, load_file, load_str};
 
 /// Index of a provider in [`Config::providers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,1 +1,334 @@
-//! (being written)
+//! The TOML file as written: serde structs that mirror `config/tidegate.toml` key for key,
+//! `deny_unknown_fields` everywhere, units in the key names. Nothing here is checked beyond
+//! TOML types; `validate` turns these into the typed [`super::Config`] and reports every
+//! problem at once. Values that select among names (formats, scopes, strategies) stay
+//! strings here so a bad one becomes a problem naming its key rather than a serde error.
+//!
+//! The `[resilience]` structs mirror the field names of [`super::resilience`] exactly (each
+//! value wrapped in `Option`, unset = not written), which lets one table of accessors
+//! serve both layers.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub client_keys: Vec<RawClientKey>,
+    #[serde(default)]
+    pub providers: Vec<RawProvider>,
+    #[serde(default)]
+    pub connections: Vec<RawConnection>,
+    #[serde(default)]
+    pub combos: Vec<RawCombo>,
+    #[serde(default)]
+    pub resilience: RawResilience,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<String>,
+    pub workers: Option<u32>,
+    pub state_dir: Option<String>,
+    pub admin_token_env: Option<String>,
+    pub max_request_body_bytes: Option<u64>,
+    pub header_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    pub connect_timeout_ms: Option<u64>,
+    pub response_header_timeout_ms: Option<u64>,
+    pub body_idle_timeout_ms: Option<u64>,
+    pub pool_idle_timeout_ms: Option<u64>,
+    pub pool_max_idle_per_host: Option<u32>,
+    pub shutdown_grace_ms: Option<u64>,
+    pub snapshot_interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientKey {
+    pub id: Option<String>,
+    pub key: Option<String>,
+    pub key_env: Option<String>,
+    pub key_sha256: Option<String>,
+    pub scopes: Option<Vec<String>>,
+    pub allowed_connections: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProvider {
+    pub id: Option<String>,
+    pub format: Option<String>,
+    pub auth: Option<String>,
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub ca_file: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConnection {
+    pub id: Option<String>,
+    pub provider: Option<String>,
+    pub api_key_env: Option<String>,
+    pub priority: Option<u32>,
+    pub weight: Option<u32>,
+    pub max_concurrent: Option<u32>,
+    pub disable_cooling: Option<bool>,
+    pub egress: Option<String>,
+    #[serde(default)]
+    pub rate_limit_overrides: RawRateLimitOverrides,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimitOverrides {
+    pub max_concurrent: Option<u32>,
+    #[serde(default)]
+    pub model_concurrency: BTreeMap<String, u32>,
+    pub max_wait_ms: Option<u64>,
+    pub execution_max_wait_ms: Option<u64>,
+    pub requests_per_minute: Option<u32>,
+    pub min_time_between_requests_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCombo {
+    pub name: Option<String>,
+    pub strategy: Option<String>,
+    pub targets: Option<Vec<RawComboTarget>>,
+}
+
+/// `"provider/model"` or `{ model = "provider/model", weight = n }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawComboTarget {
+    Plain(String),
+    Weighted(RawWeightedTarget),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeightedTarget {
+    pub model: String,
+    pub weight: Option<u32>,
+}
+
+// ---------------------------------------------------------------------------------------
+// [resilience]
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResilience {
+    pub half_open_probe_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub request_queue: RawRequestQueue,
+    #[serde(default)]
+    pub connection_cooldown: RawPerAuth<RawConnectionCooldown>,
+    #[serde(default)]
+    pub provider_breaker: RawPerAuth<RawBreakerProfile>,
+    #[serde(default)]
+    pub token_refresh_breaker: RawTokenRefreshBreaker,
+    #[serde(default)]
+    pub wait_for_cooldown: RawWaitForCooldown,
+    #[serde(default)]
+    pub combo_cooldown_wait: RawComboCooldownWait,
+    #[serde(default)]
+    pub quota_share_concurrency_limit: RawToggle,
+    #[serde(default)]
+    pub stream_stall_cooldown: RawToggle,
+    #[serde(default)]
+    pub provider_cooldown: RawProviderCooldown,
+    #[serde(default)]
+    pub quota_preflight: RawQuotaPreflight,
+    #[serde(default)]
+    pub stream_recovery: RawStreamRecovery,
+    #[serde(default)]
+    pub stream_watchdog: RawStreamWatchdog,
+    #[serde(default)]
+    pub provider_quota_overrides: BTreeMap<String, RawProviderQuotaOverride>,
+    #[serde(default)]
+    pub credential_health_check: RawCredentialHealthCheck,
+    #[serde(default)]
+    pub model_lockout: RawModelLockout,
+    #[serde(default)]
+    pub provider_error_rules: BTreeMap<String, Vec<RawProviderErrorRule>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[serde(bound(deserialize = "T: Deserialize<'de> + Default"))]
+pub struct RawPerAuth<T> {
+    #[serde(default)]
+    pub oauth: T,
+    #[serde(default)]
+    pub apikey: T,
+    #[serde(default)]
+    pub local: T,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRequestQueue {
+    pub auto_enable_api_key_providers: Option<bool>,
+    pub requests_per_minute: Option<u32>,
+    pub min_time_between_requests_ms: Option<u64>,
+    pub concurrent_requests: Option<u32>,
+    pub global_concurrent_requests: Option<u32>,
+    pub max_wait_ms: Option<u64>,
+    pub execution_max_wait_ms: Option<u64>,
+    pub max_queue_depth: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConnectionCooldown {
+    pub base_cooldown_ms: Option<u64>,
+    pub use_upstream_retry_hints: Option<bool>,
+    pub max_backoff_steps: Option<u32>,
+    pub use_upstream_429_breaker_hints: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreakerProfile {
+    pub failure_threshold: Option<u32>,
+    pub degradation_threshold: Option<u32>,
+    pub reset_timeout_ms: Option<u64>,
+    pub max_backoff_multiplier: Option<u32>,
+    pub backoff_escalation_count: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokenRefreshBreaker {
+    pub scope: Option<String>,
+    pub failure_threshold: Option<u32>,
+    pub cooldown_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWaitForCooldown {
+    pub enabled: Option<bool>,
+    pub max_retries: Option<u32>,
+    pub max_retry_wait_sec: Option<u32>,
+    pub budget_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawComboCooldownWait {
+    pub enabled: Option<bool>,
+    pub max_wait_ms: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub budget_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawToggle {
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProviderCooldown {
+    pub enabled: Option<bool>,
+    pub min_retry_cooldown_ms: Option<u64>,
+    pub max_retry_cooldown_ms: Option<u64>,
+    #[serde(default)]
+    pub oauth: RawWindowGate,
+    #[serde(default)]
+    pub apikey: RawWindowGate,
+    #[serde(default)]
+    pub local: RawWindowGate,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWindowGate {
+    pub failure_threshold: Option<u32>,
+    pub failure_window_ms: Option<u64>,
+    pub cooldown_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuotaPreflight {
+    pub enabled: Option<bool>,
+    pub default_threshold_percent: Option<u32>,
+    pub warn_threshold_percent: Option<u32>,
+    pub provider_window_defaults: Option<BTreeMap<String, BTreeMap<String, u32>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStreamRecovery {
+    pub enabled: Option<bool>,
+    pub continue_mid_stream: Option<bool>,
+    #[serde(default)]
+    pub throughput_watchdog: RawThroughputWatchdog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawThroughputWatchdog {
+    pub enabled: Option<bool>,
+    pub warmup_ms: Option<u64>,
+    pub window_ms: Option<u64>,
+    pub min_useful_bytes_per_second: Option<u32>,
+    pub min_useful_bytes: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStreamWatchdog {
+    pub stall_timeout_ms: Option<u64>,
+    pub active_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProviderQuotaOverride {
+    pub rpm: Option<u32>,
+    pub concurrency: Option<u32>,
+    pub provider_concurrency: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredentialHealthCheck {
+    pub interval_minutes: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModelLockout {
+    pub enabled: Option<bool>,
+    pub error_codes: Option<Vec<u16>>,
+    pub base_cooldown_ms: Option<u64>,
+    pub max_cooldown_ms: Option<u64>,
+    pub max_backoff_steps: Option<u32>,
+    pub use_exponential_backoff: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProviderErrorRule {
+    pub status: u16,
+    #[serde(rename = "match")]
+    pub pattern: String,
+    pub scope: String,
+    pub reason: Option<String>,
+    pub cooldown_ms: Option<u64>,
+}

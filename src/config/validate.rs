@@ -1,1 +1,1866 @@
-//! (being written)
+//! Loading: TOML text → [`raw`](super::raw) structs (serde) → the typed [`Config`]. Every
+//! check runs and every problem is collected, so `tidegate check` prints the whole list
+//! at once, one `<key>: <message>` line each (ARCHITECTURE §1.6). Providers and
+//! connections get dense ids in file order. Secrets named by `*_env` keys are read here,
+//! through the injected environment function.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::raw::{
+    RawClientKey, RawCombo, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer,
+};
+use super::resilience::{self, ResilienceSettings};
+use super::{
+    AuthKind, BaseUrl, ClientKey, Combo, ComboStrategy, ComboTarget, Config, Connection,
+    ConnectionId, KeySecret, Provider, ProviderFormat, ProviderId, RateLimitOverrides, Scheme,
+    Scope, ServerConfig,
+};
+
+/// One thing wrong with the configuration: the key path (`connections[2].provider`), or
+/// the environment variable, and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub key: String,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// The configuration is invalid; `Display` prints one line per problem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ConfigError {
+    fn from_toml(text: &str, e: &toml::de::Error) -> Self {
+        let message = e.message().replace('\n', " ");
+        let key = match e.span() {
+            Some(span) => {
+                let before = text.get(..span.start).unwrap_or(text);
+                let line = before.matches('\n').count() + 1;
+                let column = before
+                    .rsplit_once('\n')
+                    .map_or(before, |(_, tail)| tail)
+                    .chars()
+                    .count()
+                    + 1;
+                format!("line {line}, column {column}")
+            }
+            None => "toml".to_string(),
+        };
+        Self {
+            problems: vec![Problem::new(key, message.trim().to_string())],
+        }
+    }
+}
+
+/// A valid configuration, plus the lines worth telling the operator (connections disabled
+/// for want of a key, flags forced off, …).
+#[derive(Clone, Debug)]
+pub struct LoadOutcome {
+    pub config: Config,
+    pub warnings: Vec<String>,
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+pub const DEFAULT_STATE_DIR: &str = "./state";
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 8 * 1024 * 1024;
+pub const MAX_REQUEST_BODY_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// LLMs think long before the first byte.
+pub const DEFAULT_RESPONSE_HEADER_TIMEOUT_MS: u64 = 600_000;
+pub const DEFAULT_BODY_IDLE_TIMEOUT_MS: u64 = 300_000;
+pub const DEFAULT_POOL_IDLE_TIMEOUT_MS: u64 = 90_000;
+pub const DEFAULT_POOL_MAX_IDLE_PER_HOST: u64 = 64;
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+pub const DEFAULT_SNAPSHOT_INTERVAL_MS: u64 = 1_000;
+pub const MAX_WORKERS: u64 = 1_024;
+/// Longest id of a provider, connection or client key.
+pub const MAX_ID_LEN: usize = 64;
+/// Longest combo name, model id or egress label.
+pub const MAX_NAME_LEN: usize = 256;
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            workers: 0,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            admin_token_env: None,
+            admin_token: None,
+            max_request_body_bytes: 8 * 1024 * 1024, // DEFAULT_MAX_REQUEST_BODY_BYTES
+            header_timeout_ms: DEFAULT_HEADER_TIMEOUT_MS,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            response_header_timeout_ms: DEFAULT_RESPONSE_HEADER_TIMEOUT_MS,
+            body_idle_timeout_ms: DEFAULT_BODY_IDLE_TIMEOUT_MS,
+            pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
+            pool_max_idle_per_host: 64,
+            shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+            snapshot_interval_ms: DEFAULT_SNAPSHOT_INTERVAL_MS,
+        }
+    }
+}
+
+/// Reads and validates a config file. Relative paths inside it (`state_dir`, `ca_file`) are
+/// relative to the process's working directory, not to the file.
+pub fn load_file(
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<LoadOutcome, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => load_str(&text, env),
+        Err(e) => Err(ConfigError {
+            problems: vec![Problem::new(
+                path.display().to_string(),
+                format!("cannot read the config file: {e}"),
+            )],
+        }),
+    }
+}
+
+/// Validates config text. `env` answers environment lookups (secrets named by `*_env`
+/// keys and the resilience overrides); pass `&|k| std::env::var(k).ok()` in production.
+pub fn load_str(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<LoadOutcome, ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::from_toml(text, &e))?;
+    let mut l = Loader {
+        env,
+        problems: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let config = l.config(&raw);
+    if l.problems.is_empty() {
+        Ok(LoadOutcome {
+            config,
+            warnings: l.warnings,
+        })
+    } else {
+        Err(ConfigError {
+            problems: l.problems,
+        })
+    }
+}
+
+struct Loader<'e> {
+    env: &'e dyn Fn(&str) -> Option<String>,
+    problems: Vec<Problem>,
+    warnings: Vec<String>,
+}
+
+impl Loader<'_> {
+    fn problem(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem::new(key, message));
+    }
+
+    fn warn(&mut self, key: &str, message: impl fmt::Display) {
+        self.warnings.push(format!("{key}: {message}"));
+    }
+
+    fn config(&mut self, raw: &RawConfig) -> Config {
+        let server = self.server(&raw.server);
+        let providers = self.providers(&raw.providers);
+        let provider_ids: HashMap<&str, usize> = providers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+        let connections = self.connections(&raw.connections, &providers, &provider_ids);
+        let connection_ids: HashMap<&str, ConnectionId> = connections
+            .iter()
+            .map(|c| (c.name.as_str(), c.id))
+            .collect();
+        let client_keys = self.client_keys(&raw.client_keys, &connection_ids);
+        let combos = self.combos(&raw.combos, &providers, &provider_ids);
+        let resilience = self.resilience(raw, &provider_ids);
+        for p in &providers {
+            if !connections.iter().any(|c| c.provider == p.id) {
+                self.warn(
+                    &format!("providers[{}]", p.id.0),
+                    format_args!("provider {:?} has no connection; it cannot serve", p.name),
+                );
+            }
+        }
+        Config {
+            server,
+            client_keys,
+            providers,
+            connections,
+            combos,
+            resilience,
+        }
+    }
+
+    // -- [server] ------------------------------------------------------------------------
+
+    fn server(&mut self, raw: &RawServer) -> ServerConfig {
+        let d = ServerConfig::default();
+        let listen = match &raw.listen {
+            None => d.listen,
+            Some(text) => match text.trim().parse::<SocketAddr>() {
+                Ok(addr) => addr,
+                Err(_) => {
+                    self.problem(
+                        "server.listen",
+                        format!(
+                            "{text:?} is not a socket address (expected ip:port, e.g. {DEFAULT_LISTEN})"
+                        ),
+                    );
+                    d.listen
+                }
+            },
+        };
+        let workers = self.bounded(
+            "server.workers",
+            raw.workers.map(u64::from),
+            0,
+            0,
+            MAX_WORKERS,
+        );
+        let state_dir = match &raw.state_dir {
+            Some(dir) if dir.trim().is_empty() => {
+                self.problem("server.state_dir", "must not be empty");
+                d.state_dir
+            }
+            Some(dir) => PathBuf::from(dir),
+            None => d.state_dir,
+        };
+        let (admin_token_env, admin_token) = match &raw.admin_token_env {
+            None => (None, None),
+            Some(var) => {
+                let token = self.optional_secret("server.admin_token_env", var);
+                if token.is_none() && valid_env_name(var) {
+                    self.warn(
+                        "server.admin_token_env",
+                        format_args!(
+                            "{var} is not set; the management API accepts only client keys \
+                             with scope \"manage\""
+                        ),
+                    );
+                }
+                (Some(var.clone()), token)
+            }
+        };
+        // Every timeout is 1 ms ..= 1 day.
+        let timeout = |l: &mut Self, key: &str, v: Option<u64>, default: u64| {
+            l.bounded(key, v, default, 1, resilience::DAY_MS)
+        };
+        let header_timeout_ms = timeout(
+            self,
+            "server.header_timeout_ms",
+            raw.header_timeout_ms,
+            d.header_timeout_ms,
+        );
+        let idle_timeout_ms = timeout(
+            self,
+            "server.idle_timeout_ms",
+            raw.idle_timeout_ms,
+            d.idle_timeout_ms,
+        );
+        let connect_timeout_ms = timeout(
+            self,
+            "server.connect_timeout_ms",
+            raw.connect_timeout_ms,
+            d.connect_timeout_ms,
+        );
+        let response_header_timeout_ms = timeout(
+            self,
+            "server.response_header_timeout_ms",
+            raw.response_header_timeout_ms,
+            d.response_header_timeout_ms,
+        );
+        let body_idle_timeout_ms = timeout(
+            self,
+            "server.body_idle_timeout_ms",
+            raw.body_idle_timeout_ms,
+            d.body_idle_timeout_ms,
+        );
+        let pool_idle_timeout_ms = timeout(
+            self,
+            "server.pool_idle_timeout_ms",
+            raw.pool_idle_timeout_ms,
+            d.pool_idle_timeout_ms,
+        );
+        ServerConfig {
+            listen,
+            workers: usize::try_from(workers).unwrap_or(0),
+            state_dir,
+            admin_token_env,
+            admin_token,
+            max_request_body_bytes: usize::try_from(self.bounded(
+                "server.max_request_body_bytes",
+                raw.max_request_body_bytes,
+                DEFAULT_MAX_REQUEST_BODY_BYTES,
+                1,
+                MAX_REQUEST_BODY_BYTES_LIMIT,
+            ))
+            .unwrap_or(d.max_request_body_bytes),
+            header_timeout_ms,
+            idle_timeout_ms,
+            connect_timeout_ms,
+            response_header_timeout_ms,
+            body_idle_timeout_ms,
+            pool_idle_timeout_ms,
+            pool_max_idle_per_host: usize::try_from(self.bounded(
+                "server.pool_max_idle_per_host",
+                raw.pool_max_idle_per_host.map(u64::from),
+                DEFAULT_POOL_MAX_IDLE_PER_HOST,
+                0,
+                100_000,
+            ))
+            .unwrap_or(d.pool_max_idle_per_host),
+            shutdown_grace_ms: self.bounded(
+                "server.shutdown_grace_ms",
+                raw.shutdown_grace_ms,
+                d.shutdown_grace_ms,
+                0,
+                resilience::HOUR_MS,
+            ),
+            snapshot_interval_ms: self.bounded(
+                "server.snapshot_interval_ms",
+                raw.snapshot_interval_ms,
+                d.snapshot_interval_ms,
+                10,
+                resilience::HOUR_MS,
+            ),
+        }
+    }
+
+    /// `v` (or `default` when unset) if within `min..=max`; else a problem and the default.
+    fn bounded(&mut self, key: &str, v: Option<u64>, default: u64, min: u64, max: u64) -> u64 {
+        match v {
+            None => default,
+            Some(v) if v < min || v > max => {
+                self.problem(key, resilience::out_of_range(v, min, max));
+                default
+            }
+            Some(v) => v,
+        }
+    }
+
+    // -- [[providers]] -------------------------------------------------------------------
+
+    fn providers(&mut self, raw: &[RawProvider]) -> Vec<Provider> {
+        if raw.len() > usize::from(u16::MAX) {
+            self.problem("providers", format!("at most {} providers", u16::MAX));
+        }
+        let mut out: Vec<Provider> = Vec::with_capacity(raw.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, p) in raw.iter().enumerate() {
+            let key = format!("providers[{i}]");
+            let name = self.id(&key, "id", p.id.as_deref());
+            if let Some(first) = seen.get(&name) {
+                self.problem(
+                    format!("{key}.id"),
+                    format!("duplicate provider id {name:?} (first at providers[{first}])"),
+                );
+            } else if !name.is_empty() {
+                seen.insert(name.clone(), i);
+            }
+            // `None` when missing or unknown (already a problem): skip the checks that
+            // depend on it.
+            let format = match p.format.as_deref() {
+                None => {
+                    self.problem(
+                        format!("{key}.format"),
+                        "missing (openai, anthropic or mock)",
+                    );
+                    None
+                }
+                Some("openai") => Some(ProviderFormat::Openai),
+                Some("anthropic") => Some(ProviderFormat::Anthropic),
+                Some("mock") => Some(ProviderFormat::Mock),
+                Some(other) => {
+                    self.problem(
+                        format!("{key}.format"),
+                        format!("unknown format {other:?} (expected openai, anthropic or mock)"),
+                    );
+                    None
+                }
+            };
+            let auth = match p.auth.as_deref() {
+                None if format == Some(ProviderFormat::Mock) => AuthKind::Local,
+                None => AuthKind::ApiKey,
+                Some("apikey") => AuthKind::ApiKey,
+                Some("oauth") => AuthKind::OAuth,
+                Some("local") => AuthKind::Local,
+                Some(other) => {
+                    self.problem(
+                        format!("{key}.auth"),
+                        format!("unknown auth {other:?} (expected apikey, oauth or local)"),
+                    );
+                    AuthKind::ApiKey
+                }
+            };
+            let base_url = match (&p.base_url, format) {
+                (_, None) => None,
+                (Some(_), Some(ProviderFormat::Mock)) => {
+                    self.problem(
+                        format!("{key}.base_url"),
+                        "not used by format = \"mock\" (served in-process); remove it",
+                    );
+                    None
+                }
+                (None, Some(ProviderFormat::Mock)) => None,
+                (None, Some(_)) => {
+                    self.problem(
+                        format!("{key}.base_url"),
+                        "missing (the API root including its version, e.g. https://api.openai.com/v1)",
+                    );
+                    None
+                }
+                (Some(url), Some(_)) => match parse_base_url(url) {
+                    Ok(u) => Some(u),
+                    Err(message) => {
+                        self.problem(format!("{key}.base_url"), message);
+                        None
+                    }
+                },
+            };
+            let mut models: Vec<String> = Vec::with_capacity(p.models.len());
+            for (j, m) in p.models.iter().enumerate() {
+                if !valid_model(m) {
+                    self.problem(
+                        format!("{key}.models[{j}]"),
+                        format!(
+                            "{m:?} is not a model id (1..={MAX_NAME_LEN} characters, no \
+                             whitespace or control characters)"
+                        ),
+                    );
+                } else if models.contains(m) {
+                    self.problem(
+                        format!("{key}.models[{j}]"),
+                        format!("duplicate model {m:?}"),
+                    );
+                } else {
+                    models.push(m.clone());
+                }
+            }
+            let headers = self.headers(&key, &p.headers);
+            let ca_file = p.ca_file.as_ref().map(|f| {
+                let path = PathBuf::from(f);
+                if !path.is_file() {
+                    self.problem(
+                        format!("{key}.ca_file"),
+                        format!("{f:?} does not exist or is not a file"),
+                    );
+                }
+                path
+            });
+            out.push(Provider {
+                id: ProviderId(u16::try_from(i).unwrap_or(u16::MAX)),
+                name,
+                format: format.unwrap_or(ProviderFormat::Mock),
+                auth,
+                base_url,
+                models,
+                headers,
+                ca_file,
+            });
+        }
+        out
+    }
+
+    fn headers(&mut self, key: &str, raw: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::with_capacity(raw.len());
+        for (name, value) in raw {
+            let k = format!("{key}.headers.{name}");
+            let lower = name.to_ascii_lowercase();
+            if lower.is_empty() || !lower.bytes().all(is_tchar) {
+                self.problem(
+                    k,
+                    "not a valid header name (RFC 9110 token characters only)",
+                );
+                continue;
+            }
+            if MANAGED_HEADERS.contains(&lower.as_str()) {
+                self.problem(k, "is managed by the gateway and cannot be set");
+                continue;
+            }
+            if value.chars().any(|c| c.is_control() && c != '\t') {
+                self.problem(
+                    k,
+                    "value must not contain CR, LF or other control characters",
+                );
+                continue;
+            }
+            if out.iter().any(|(n, _)| *n == lower) {
+                self.problem(k, "duplicate header (names are case-insensitive)");
+                continue;
+            }
+            out.push((lower, value.trim().to_string()));
+        }
+        out
+    }
+
+    // -- [[connections]] -----------------------------------------------------------------
+
+    fn connections(
+        &mut self,
+        raw: &[RawConnection],
+        providers: &[Provider],
+        provider_ids: &HashMap<&str, usize>,
+    ) -> Vec<Connection> {
+        let mut out: Vec<Connection> = Vec::with_capacity(raw.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, c) in raw.iter().enumerate() {
+            let key = format!("connections[{i}]");
+            let name = self.id(&key, "id", c.id.as_deref());
+            if let Some(first) = seen.get(&name) {
+                self.problem(
+                    format!("{key}.id"),
+                    format!("duplicate connection id {name:?} (first at connections[{first}])"),
+                );
+            } else if !name.is_empty() {
+                seen.insert(name.clone(), i);
+            }
+            let provider = match c.provider.as_deref() {
+                None => {
+                    self.problem(format!("{key}.provider"), "missing (a provider id)");
+                    None
+                }
+                Some(p) => match provider_ids.get(p) {
+                    Some(&idx) => providers.get(idx),
+                    None => {
+                        self.problem(format!("{key}.provider"), format!("unknown provider {p:?}"));
+                        None
+                    }
+                },
+            };
+            let (api_key, enabled) = match &c.api_key_env {
+                Some(var) => {
+                    let secret = self.optional_secret(&format!("{key}.api_key_env"), var);
+                    if secret.is_none() && valid_env_name(var) {
+                        self.warn(
+                            &format!("{key}.api_key_env"),
+                            format_args!("{var} is not set; connection {name:?} is disabled"),
+                        );
+                    }
+                    let enabled = secret.is_some();
+                    (secret, enabled)
+                }
+                None => {
+                    if let Some(p) = provider
+                        && p.auth != AuthKind::Local
+                    {
+                        self.warn(
+                            &key,
+                            format_args!(
+                                "connection {name:?} has no api_key_env; requests to {:?} go \
+                                 out without credentials",
+                                p.name
+                            ),
+                        );
+                    }
+                    (None, true)
+                }
+            };
+            let weight = self.bounded(
+                &format!("{key}.weight"),
+                c.weight.map(u64::from),
+                1,
+                1,
+                1_000_000,
+            );
+            let max_concurrent = c.max_concurrent.map(|v| {
+                self.bounded(
+                    &format!("{key}.max_concurrent"),
+                    Some(u64::from(v)),
+                    1,
+                    1,
+                    100_000,
+                )
+            });
+            let egress = c.egress.as_ref().map(|e| {
+                if !valid_label(e) {
+                    self.problem(
+                        format!("{key}.egress"),
+                        format!(
+                            "{e:?} is not a label (1..={MAX_NAME_LEN} characters, no control \
+                             characters)"
+                        ),
+                    );
+                }
+                e.clone()
+            });
+            let rate_limit_overrides = self.overrides(&key, c, provider);
+            out.push(Connection {
+                id: ConnectionId(u32::try_from(i).unwrap_or(u32::MAX)),
+                name,
+                provider: provider.map_or(ProviderId(0), |p| p.id),
+                api_key_env: c.api_key_env.clone(),
+                api_key,
+                enabled,
+                priority: c.priority.unwrap_or(1),
+                weight: narrow_u32(weight),
+                max_concurrent: max_concurrent.map(narrow_u32),
+                disable_cooling: c.disable_cooling.unwrap_or(false),
+                egress,
+                rate_limit_overrides,
+            });
+        }
+        out
+    }
+
+    fn overrides(
+        &mut self,
+        key: &str,
+        c: &RawConnection,
+        provider: Option<&Provider>,
+    ) -> RateLimitOverrides {
+        let o = &c.rate_limit_overrides;
+        let key = format!("{key}.rate_limit_overrides");
+        let check = |l: &mut Self, name: &str, v: Option<u64>, min: u64, max: u64| {
+            v.map(|v| l.bounded(&format!("{key}.{name}"), Some(v), min, min, max))
+        };
+        let max_concurrent = check(
+            self,
+            "max_concurrent",
+            o.max_concurrent.map(u64::from),
+            1,
+            100_000,
+        );
+        let max_wait_ms = check(self, "max_wait_ms", o.max_wait_ms, 1, 120_000);
+        let execution_max_wait_ms = check(
+            self,
+            "execution_max_wait_ms",
+            o.execution_max_wait_ms,
+            1,
+            600_000,
+        );
+        let requests_per_minute = check(
+            self,
+            "requests_per_minute",
+            o.requests_per_minute.map(u64::from),
+            1,
+            1_000_000,
+        );
+        let min_time_between_requests_ms = check(
+            self,
+            "min_time_between_requests_ms",
+            o.min_time_between_requests_ms,
+            0,
+            resilience::HOUR_MS,
+        );
+        let mut model_concurrency = Vec::with_capacity(o.model_concurrency.len());
+        for (model, &cap) in &o.model_concurrency {
+            let k = format!("{key}.model_concurrency.{model}");
+            if model.is_empty() || model.chars().count() > 128 {
+                self.problem(k, "model id must be 1..=128 characters");
+                continue;
+            }
+            if !(1..=10_000).contains(&cap) {
+                self.problem(k, resilience::out_of_range(u64::from(cap), 1, 10_000));
+                continue;
+            }
+            if let Some(p) = provider
+                && !p.models.is_empty()
+                && !p.models.contains(model)
+            {
+                self.warn(
+                    &k,
+                    format_args!("model {model:?} is not in provider {:?}'s models", p.name),
+                );
+            }
+            model_concurrency.push((model.clone(), cap));
+        }
+        RateLimitOverrides {
+            max_concurrent: max_concurrent.map(narrow_u32),
+            model_concurrency,
+            max_wait_ms,
+            execution_max_wait_ms,
+            requests_per_minute: requests_per_minute.map(narrow_u32),
+            min_time_between_requests_ms,
+        }
+    }
+
+    // -- [[client_keys]] -----------------------------------------------------------------
+
+    fn client_keys(
+        &mut self,
+        raw: &[RawClientKey],
+        connection_ids: &HashMap<&str, ConnectionId>,
+    ) -> Vec<ClientKey> {
+        let mut out: Vec<ClientKey> = Vec::with_capacity(raw.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut digests: HashMap<[u8; 32], usize> = HashMap::new();
+        for (i, k) in raw.iter().enumerate() {
+            let key = format!("client_keys[{i}]");
+            let id = self.id(&key, "id", k.id.as_deref());
+            if let Some(first) = seen.get(&id) {
+                self.problem(
+                    format!("{key}.id"),
+                    format!("duplicate client key id {id:?} (first at client_keys[{first}])"),
+                );
+            } else if !id.is_empty() {
+                seen.insert(id.clone(), i);
+            }
+            let secret = self.key_secret(&key, k);
+            if let Some(secret) = &secret {
+                let digest = match secret {
+                    KeySecret::Plain(s) => Sha256::digest(s.as_bytes()).into(),
+                    KeySecret::Sha256(d) => *d,
+                };
+                if let Some(first) = digests.get(&digest) {
+                    self.problem(
+                        key.clone(),
+                        format!("same secret as client_keys[{first}]; every key must be unique"),
+                    );
+                } else {
+                    digests.insert(digest, i);
+                }
+            }
+            let mut scopes: Vec<Scope> = Vec::new();
+            for (j, s) in k.scopes.iter().flatten().enumerate() {
+                let scope = match s.as_str() {
+                    "inference" => Scope::Inference,
+                    "manage" => Scope::Manage,
+                    "lease:exclusive" => Scope::LeaseExclusive,
+                    other => {
+                        self.problem(
+                            format!("{key}.scopes[{j}]"),
+                            format!(
+                                "unknown scope {other:?} (expected inference, manage or \
+                                 lease:exclusive)"
+                            ),
+                        );
+                        continue;
+                    }
+                };
+                if !scopes.contains(&scope) {
+                    scopes.push(scope);
+                }
+            }
+            if k.scopes.as_ref().is_none_or(Vec::is_empty) {
+                scopes.push(Scope::Inference);
+            }
+            let allowed_connections = k.allowed_connections.as_ref().map(|names| {
+                let mut ids = Vec::with_capacity(names.len());
+                for (j, n) in names.iter().enumerate() {
+                    match connection_ids.get(n.as_str()) {
+                        Some(&c) if !ids.contains(&c) => ids.push(c),
+                        Some(_) => {}
+                        None => self.problem(
+                            format!("{key}.allowed_connections[{j}]"),
+                            format!("unknown connection {n:?}"),
+                        ),
+                    }
+                }
+                ids
+            });
+            out.push(ClientKey {
+                id,
+                secret: secret.unwrap_or(KeySecret::Plain(String::new())),
+                scopes,
+                allowed_connections,
+            });
+        }
+        out
+    }
+
+    fn key_secret(&mut self, key: &str, k: &RawClientKey) -> Option<KeySecret> {
+        let given: Vec<&str> = [
+            ("key", k.key.is_some()),
+            ("key_env", k.key_env.is_some()),
+            ("key_sha256", k.key_sha256.is_some()),
+        ]
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(name, _)| *name)
+        .collect();
+        if given.len() != 1 {
+            let message = if given.is_empty() {
+                "needs exactly one of key, key_env or key_sha256".to_string()
+            } else {
+                format!(
+                    "set exactly one of key, key_env or key_sha256 (found {})",
+                    given.join(", ")
+                )
+            };
+            self.problem(key, message);
+            return None;
+        }
+        if let Some(plain) = &k.key {
+            if plain.trim().is_empty() {
+                self.problem(format!("{key}.key"), "must not be empty");
+                return None;
+            }
+            return Some(KeySecret::Plain(plain.clone()));
+        }
+        if let Some(var) = &k.key_env {
+            let k_env = format!("{key}.key_env");
+            let secret = self.optional_secret(&k_env, var);
+            if secret.is_none() && valid_env_name(var) {
+                self.problem(k_env, format!("environment variable {var} is not set"));
+            }
+            return secret.map(KeySecret::Plain);
+        }
+        let hexed = k.key_sha256.as_deref().unwrap_or_default();
+        let mut digest = [0u8; 32];
+        if hexed.len() == 64 && hex::decode_to_slice(hexed, &mut digest).is_ok() {
+            Some(KeySecret::Sha256(digest))
+        } else {
+            self.problem(
+                format!("{key}.key_sha256"),
+                "must be 64 hex characters (the SHA-256 of the key)",
+            );
+            None
+        }
+    }
+
+    // -- [[combos]] ----------------------------------------------------------------------
+
+    fn combos(
+        &mut self,
+        raw: &[RawCombo],
+        providers: &[Provider],
+        provider_ids: &HashMap<&str, usize>,
+    ) -> Vec<Combo> {
+        let mut out: Vec<Combo> = Vec::with_capacity(raw.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, c) in raw.iter().enumerate() {
+            let key = format!("combos[{i}]");
+            let name = match c.name.as_deref() {
+                None => {
+                    self.problem(format!("{key}.name"), "missing");
+                    String::new()
+                }
+                Some(n) if !valid_combo_name(n) => {
+                    self.problem(
+                        format!("{key}.name"),
+                        format!(
+                            "{n:?} is not a combo name (1..={MAX_NAME_LEN} of A-Z a-z 0-9 . _ - : /)"
+                        ),
+                    );
+                    n.to_string()
+                }
+                Some(n) => n.to_string(),
+            };
+            if let Some(first) = seen.get(&name) {
+                self.problem(
+                    format!("{key}.name"),
+                    format!("duplicate combo name {name:?} (first at combos[{first}])"),
+                );
+            } else if !name.is_empty() {
+                seen.insert(name.clone(), i);
+            }
+            if let Some((prefix, _)) = name.split_once('/')
+                && provider_ids.contains_key(prefix)
+            {
+                self.problem(
+                    format!("{key}.name"),
+                    format!("{name:?} collides with provider/model routing of provider {prefix:?}"),
+                );
+            }
+            if let Some(p) = providers.iter().find(|p| p.models.contains(&name)) {
+                self.warn(
+                    &format!("{key}.name"),
+                    format_args!(
+                        "combo {name:?} shadows the model of the same name in provider {:?}",
+                        p.name
+                    ),
+                );
+            }
+            let strategy = match c.strategy.as_deref() {
+                None => ComboStrategy::Priority,
+                Some(s) => match parse_strategy(s) {
+                    Ok(s) => s,
+                    Err(message) => {
+                        self.problem(format!("{key}.strategy"), message);
+                        ComboStrategy::Priority
+                    }
+                },
+            };
+            let mut targets = Vec::new();
+            match &c.targets {
+                None => self.problem(
+                    format!("{key}.targets"),
+                    "missing (a list of \"provider/model\")",
+                ),
+                Some(list) if list.is_empty() => {
+                    self.problem(format!("{key}.targets"), "must list at least one target");
+                }
+                Some(list) => {
+                    for (j, t) in list.iter().enumerate() {
+                        let tkey = format!("{key}.targets[{j}]");
+                        let (model, weight) = match t {
+                            RawComboTarget::Plain(m) => (m, None),
+                            RawComboTarget::Weighted(w) => (&w.model, w.weight),
+                        };
+                        let weight = self.bounded(
+                            &format!("{tkey}.weight"),
+                            weight.map(u64::from),
+                            1,
+                            0,
+                            1_000_000,
+                        );
+                        if let Some(t) = self.target(&tkey, model, providers, provider_ids) {
+                            targets.push(ComboTarget {
+                                weight: narrow_u32(weight),
+                                ..t
+                            });
+                        }
+                    }
+                }
+            }
+            out.push(Combo {
+                name,
+                strategy,
+                targets,
+            });
+        }
+        out
+    }
+
+    fn target(
+        &mut self,
+        key: &str,
+        text: &str,
+        providers: &[Provider],
+        provider_ids: &HashMap<&str, usize>,
+    ) -> Option<ComboTarget> {
+        let Some((provider, model)) = text.split_once('/') else {
+            self.problem(key, format!("{text:?} must be \"provider/model\""));
+            return None;
+        };
+        if model.is_empty() || !valid_model(model) {
+            self.problem(
+                key,
+                format!("{text:?} has no valid model after the provider"),
+            );
+            return None;
+        }
+        let Some(p) = provider_ids.get(provider).and_then(|&i| providers.get(i)) else {
+            self.problem(key, format!("unknown provider {provider:?}"));
+            return None;
+        };
+        if !p.models.is_empty() && !p.models.iter().any(|m| m == model) {
+            self.problem(
+                key,
+                format!("model {model:?} is not in provider {provider:?}'s models"),
+            );
+            return None;
+        }
+        Some(ComboTarget {
+            provider: p.id,
+            model: model.to_string(),
+            weight: 1,
+        })
+    }
+
+    // -- [resilience] --------------------------------------------------------------------
+
+    fn resilience(
+        &mut self,
+        raw: &RawConfig,
+        provider_ids: &HashMap<&str, usize>,
+    ) -> ResilienceSettings {
+        let s = resilience::build(
+            &raw.resilience,
+            self.env,
+            &mut self.problems,
+            &mut self.warnings,
+        );
+        let lower: Vec<String> = provider_ids
+            .keys()
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        for p in s.provider_quota_overrides.keys() {
+            if !provider_ids.contains_key(p.as_str()) {
+                self.problem(
+                    format!("resilience.provider_quota_overrides.{p}"),
+                    format!("unknown provider {p:?}"),
+                );
+            }
+        }
+        for p in s.quota_preflight.provider_window_defaults.keys() {
+            if !provider_ids.contains_key(p.as_str()) {
+                self.problem(
+                    format!("resilience.quota_preflight.provider_window_defaults.{p}"),
+                    format!("unknown provider {p:?}"),
+                );
+            }
+        }
+        for p in raw.resilience.provider_error_rules.keys() {
+            if !lower.contains(&p.trim().to_ascii_lowercase()) {
+                self.problem(
+                    format!("resilience.provider_error_rules.{p}"),
+                    format!("unknown provider {p:?}"),
+                );
+            }
+        }
+        s
+    }
+
+    // -- shared --------------------------------------------------------------------------
+
+    /// A required id: present and made of `A-Z a-z 0-9 . _ -`.
+    fn id(&mut self, key: &str, field: &str, v: Option<&str>) -> String {
+        match v {
+            None => {
+                self.problem(format!("{key}.{field}"), "missing");
+                String::new()
+            }
+            Some(id) if !valid_id(id) => {
+                self.problem(
+                    format!("{key}.{field}"),
+                    format!("{id:?} is not an id (1..={MAX_ID_LEN} of A-Z a-z 0-9 . _ -)"),
+                );
+                id.to_string()
+            }
+            Some(id) => id.to_string(),
+        }
+    }
+
+    /// The trimmed value of env variable `var` (named at `key`), `None` when unset or empty.
+    fn optional_secret(&mut self, key: &str, var: &str) -> Option<String> {
+        if !valid_env_name(var) {
+            self.problem(
+                key,
+                format!("{var:?} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"),
+            );
+            return None;
+        }
+        super::env::read(self.env, var)
+    }
+}
+
+/// Headers the gateway owns: framing and hop-by-hop headers.
+const MANAGED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_ID_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn valid_combo_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'))
+}
+
+fn valid_model(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars().count() <= MAX_NAME_LEN
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+fn valid_label(s: &str) -> bool {
+    !s.trim().is_empty() && s.chars().count() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
+}
+
+fn valid_env_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn narrow_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// Spec strategy names (B §3.2) → [`ComboStrategy`].
+fn parse_strategy(s: &str) -> Result<ComboStrategy, String> {
+    Ok(match s {
+        "priority" => ComboStrategy::Priority,
+        "weighted" => ComboStrategy::Weighted,
+        "round-robin" => ComboStrategy::RoundRobin,
+        "random" => ComboStrategy::Random,
+        "least-used" => ComboStrategy::LeastUsed,
+        "cost-optimized" => ComboStrategy::CostOptimized,
+        "strict-random" => ComboStrategy::StrictRandom,
+        "auto" => ComboStrategy::Auto,
+        "fill-first" => ComboStrategy::Fill,
+        "quota-share" => ComboStrategy::QuotaShare,
+        "p2c" | "context-relay" | "reset-aware" | "reset-window" | "headroom" | "lkgp"
+        | "context-optimized" | "cache-optimized" | "fusion" | "pipeline" | "quota-weighted"
+        | "expiry-first" => {
+            return Err(format!(
+                "strategy {s:?} is not supported by Tidegate (supported: {SUPPORTED_STRATEGIES})"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "unknown strategy {s:?} (expected one of {SUPPORTED_STRATEGIES})"
+            ));
+        }
+    })
+}
+
+const SUPPORTED_STRATEGIES: &str = "priority, weighted, round-robin, random, least-used, \
+                                    cost-optimized, strict-random, auto, fill-first, quota-share";
+
+/// `http(s)://host[:port][/path]`: no credentials, query or fragment; host lower-cased
+/// (an IPv6 literal keeps its brackets, so `host:port` is a valid authority and socket
+/// address); default port 80/443; path without trailing slash.
+fn parse_base_url(s: &str) -> Result<BaseUrl, String> {
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{s:?} must not contain whitespace or control characters"
+        ));
+    }
+    let (scheme, rest) = match s.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (Scheme::Https, rest),
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (Scheme::Http, rest),
+        _ => return Err(format!("{s:?} must start with http:// or https://")),
+    };
+    if rest.contains(['?', '#']) {
+        return Err(format!("{s:?} must not have a query or fragment"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err(format!(
+            "{s:?} must not carry credentials; use api_key_env or headers"
+        ));
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return Err(format!("{s:?} has an unterminated IPv6 literal"));
+        };
+        if addr.parse::<Ipv6Addr>().is_err() {
+            return Err(format!("{s:?} has an invalid IPv6 address"));
+        }
+        let port = match after {
+            "" => None,
+            p => match p.strip_prefix(':') {
+                Some(p) => Some(p),
+                None => return Err(format!("{s:?} has junk after the IPv6 address")),
+            },
+        };
+        (format!("[{}]", addr.to_ascii_lowercase()), port)
+    } else {
+        match authority.split_once(':') {
+            Some((h, p)) => (h.to_ascii_lowercase(), Some(p)),
+            None => (authority.to_ascii_lowercase(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("{s:?} has no host"));
+    }
+    if !host.starts_with('[')
+        && !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+    {
+        return Err(format!("{s:?} has an invalid host {host:?}"));
+    }
+    let port = match port {
+        None => match scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        },
+        // Canonical decimal only, so `:0443` and `:+443` are refused.
+        Some(text) => match text.parse::<u16>() {
+            Ok(n) if n > 0 && n.to_string() == text => n,
+            _ => return Err(format!("{s:?} has an invalid port {text:?}")),
+        },
+    };
+    Ok(BaseUrl {
+        scheme,
+        host,
+        port,
+        path: path.trim_end_matches('/').to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn load(text: &str) -> Result<LoadOutcome, ConfigError> {
+        load_str(text, &no_env)
+    }
+
+    fn load_env(text: &str, vars: &[(&str, &str)]) -> Result<LoadOutcome, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        load_str(text, &move |k: &str| map.get(k).cloned())
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        match load(text) {
+            Ok(_) => panic!("expected problems"),
+            Err(e) => e.problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn keys(text: &str) -> Vec<String> {
+        match load(text) {
+            Ok(_) => panic!("expected problems"),
+            Err(e) => e.problems.into_iter().map(|p| p.key).collect(),
+        }
+    }
+
+    const BASE: &str = r#"
+        [[providers]]
+        id = "openai"
+        format = "openai"
+        base_url = "https://api.openai.com/v1/"
+        models = ["gpt-4.1", "gpt-4.1-mini"]
+        headers = { "OpenAI-Organization" = "org-1" }
+
+        [[providers]]
+        id = "mock"
+        format = "mock"
+
+        [[connections]]
+        id = "openai-a"
+        provider = "openai"
+        api_key_env = "OPENAI_API_KEY"
+
+        [[connections]]
+        id = "mock-a"
+        provider = "mock"
+        priority = 2
+        weight = 3
+        egress = "office"
+        [connections.rate_limit_overrides]
+        max_concurrent = 2
+        model_concurrency = { "echo" = 1 }
+        max_wait_ms = 5000
+
+        [[client_keys]]
+        id = "dev"
+        key = "secret-dev-key"
+        scopes = ["inference", "manage"]
+        allowed_connections = ["mock-a"]
+
+        [[combos]]
+        name = "fast"
+        strategy = "round-robin"
+        targets = ["openai/gpt-4.1-mini", { model = "mock/echo", weight = 2 }]
+    "#;
+
+    #[test]
+    fn an_empty_file_is_valid_with_defaults() {
+        let out = load("").unwrap();
+        let s = &out.config.server;
+        assert_eq!(s.listen, "127.0.0.1:8787".parse().unwrap());
+        assert_eq!(s.workers, 0);
+        assert_eq!(s.state_dir, PathBuf::from("./state"));
+        assert_eq!(s.max_request_body_bytes, 8 * 1024 * 1024);
+        assert_eq!(
+            (
+                s.header_timeout_ms,
+                s.idle_timeout_ms,
+                s.connect_timeout_ms,
+                s.response_header_timeout_ms,
+                s.body_idle_timeout_ms,
+                s.pool_idle_timeout_ms
+            ),
+            (10_000, 60_000, 10_000, 600_000, 300_000, 90_000)
+        );
+        assert_eq!(s.pool_max_idle_per_host, 64);
+        assert_eq!(
+            (s.shutdown_grace_ms, s.snapshot_interval_ms),
+            (10_000, 1_000)
+        );
+        assert_eq!(out.config.resilience, ResilienceSettings::default());
+        assert!(out.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_full_file_converts_to_typed_config() {
+        let out = load_env(BASE, &[("OPENAI_API_KEY", " sk-test\n")]).unwrap();
+        let c = &out.config;
+        assert_eq!(c.providers.len(), 2);
+        let openai = c.provider(ProviderId(0));
+        assert_eq!(openai.name, "openai");
+        assert_eq!(openai.auth, AuthKind::ApiKey);
+        assert_eq!(
+            openai.base_url,
+            Some(BaseUrl {
+                scheme: Scheme::Https,
+                host: "api.openai.com".into(),
+                port: 443,
+                path: "/v1".into()
+            })
+        );
+        assert_eq!(
+            openai.headers,
+            vec![("openai-organization".to_string(), "org-1".to_string())]
+        );
+        let mock = c.provider_by_name("mock").unwrap();
+        assert_eq!(
+            (mock.id, mock.auth, &mock.base_url),
+            (ProviderId(1), AuthKind::Local, &None)
+        );
+
+        let a = c.connection(ConnectionId(0));
+        assert_eq!(a.provider, ProviderId(0));
+        assert_eq!(a.api_key.as_deref(), Some("sk-test"));
+        assert!(a.enabled);
+        assert_eq!((a.priority, a.weight, a.disable_cooling), (1, 1, false));
+        let m = c.connection(ConnectionId(1));
+        assert_eq!((m.provider, m.priority, m.weight), (ProviderId(1), 2, 3));
+        assert!(m.enabled && m.api_key.is_none());
+        assert_eq!(m.egress.as_deref(), Some("office"));
+        assert_eq!(m.rate_limit_overrides.max_concurrent, Some(2));
+        assert_eq!(
+            m.rate_limit_overrides.model_concurrency,
+            vec![("echo".to_string(), 1)]
+        );
+        assert_eq!(m.rate_limit_overrides.max_wait_ms, Some(5_000));
+
+        let k = &c.client_keys[0];
+        assert_eq!(k.secret, KeySecret::Plain("secret-dev-key".into()));
+        assert!(k.has_scope(Scope::Manage) && !k.has_scope(Scope::LeaseExclusive));
+        assert!(k.may_use(ConnectionId(1)) && !k.may_use(ConnectionId(0)));
+
+        let combo = &c.combos[0];
+        assert_eq!(combo.strategy, ComboStrategy::RoundRobin);
+        assert_eq!(combo.targets.len(), 2);
+        assert_eq!(
+            (
+                combo.targets[0].provider,
+                combo.targets[0].model.as_str(),
+                combo.targets[0].weight
+            ),
+            (ProviderId(0), "gpt-4.1-mini", 1)
+        );
+        assert_eq!(
+            (
+                combo.targets[1].provider,
+                combo.targets[1].model.as_str(),
+                combo.targets[1].weight
+            ),
+            (ProviderId(1), "echo", 2)
+        );
+        assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    }
+
+    #[test]
+    fn an_unset_api_key_disables_the_connection_with_a_warning() {
+        let out = load(BASE).unwrap();
+        let a = out.config.connection(ConnectionId(0));
+        assert!(!a.enabled && a.api_key.is_none());
+        assert_eq!(a.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+        assert_eq!(
+            out.warnings,
+            vec![
+                "connections[0].api_key_env: OPENAI_API_KEY is not set; connection \"openai-a\" \
+                 is disabled"
+                    .to_string()
+            ]
+        );
+        let out = load_env(BASE, &[("OPENAI_API_KEY", "  ")]).unwrap();
+        assert!(!out.config.connection(ConnectionId(0)).enabled);
+    }
+
+    #[test]
+    fn toml_syntax_errors_give_line_and_column() {
+        let e = load("[server]\nlisten = \"127.0.0.1:1\"\nworkers = = 3\n").unwrap_err();
+        assert_eq!(e.problems.len(), 1);
+        assert!(
+            e.problems[0].key.starts_with("line 3, column "),
+            "{}",
+            e.problems[0].key
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_position() {
+        let e = load("[server]\nlisten = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+        assert_eq!(e.problems.len(), 1);
+        assert_eq!(e.problems[0].key, "line 3, column 1");
+        assert!(
+            e.problems[0].message.contains("listen_port"),
+            "{}",
+            e.problems[0].message
+        );
+        let e = load("[resilience.request_queue]\nmax_wait = 3\n").unwrap_err();
+        assert!(e.problems[0].message.contains("max_wait"));
+    }
+
+    #[test]
+    fn dangling_references_name_their_key() {
+        let text = BASE
+            .replace("provider = \"openai\"", "provider = \"opnai\"")
+            .replace(
+                "allowed_connections = [\"mock-a\"]",
+                "allowed_connections = [\"mock-a\", \"mock-z\"]",
+            )
+            .replace(
+                "\"openai/gpt-4.1-mini\"",
+                "\"openai/gpt-5\", \"anthropic/claude\"",
+            );
+        assert_eq!(
+            problems(&text),
+            vec![
+                "connections[0].provider: unknown provider \"opnai\"",
+                "client_keys[0].allowed_connections[1]: unknown connection \"mock-z\"",
+                "combos[0].targets[0]: model \"gpt-5\" is not in provider \"openai\"'s models",
+                "combos[0].targets[1]: unknown provider \"anthropic\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_provider_without_models_accepts_any_combo_model() {
+        let text = BASE.replace("models = [\"gpt-4.1\", \"gpt-4.1-mini\"]", "");
+        let text = text.replace("\"openai/gpt-4.1-mini\"", "\"openai/anything\"");
+        assert!(load(&text).is_ok());
+    }
+
+    #[test]
+    fn duplicates_are_problems() {
+        let text = format!(
+            "{BASE}
+            [[providers]]
+            id = \"openai\"
+            format = \"mock\"
+            [[connections]]
+            id = \"mock-a\"
+            provider = \"mock\"
+            [[client_keys]]
+            id = \"dev\"
+            key = \"other\"
+            [[client_keys]]
+            id = \"dev2\"
+            key_sha256 = \"{}\"
+            [[combos]]
+            name = \"fast\"
+            targets = [\"mock/echo\"]
+            [[combos]]
+            name = \"mock/echo\"
+            targets = [\"mock/echo\"]
+            ",
+            hex::encode(Sha256::digest(b"secret-dev-key"))
+        );
+        assert_eq!(
+            keys(&text),
+            vec![
+                "providers[2].id",
+                "connections[2].id",
+                "client_keys[1].id",
+                "client_keys[2]",
+                "combos[1].name",
+                "combos[2].name",
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_values_are_problems() {
+        let text = r#"
+            [server]
+            listen = "localhost"
+            workers = 5000
+            header_timeout_ms = 0
+            [[providers]]
+            id = "p/1"
+            format = "grpc"
+            auth = "cookie"
+            base_url = "ftp://example.com"
+            [[providers]]
+            id = "m"
+            format = "mock"
+            base_url = "http://localhost:1"
+            [[connections]]
+            id = "c"
+            provider = "m"
+            weight = 0
+            max_concurrent = 0
+            api_key_env = "1BAD"
+            [[client_keys]]
+            id = "a"
+            key = "x"
+            key_env = "X"
+            [[client_keys]]
+            id = "b"
+            key_sha256 = "abc"
+            [[client_keys]]
+            id = "c"
+            key_env = "UNSET_KEY"
+            scopes = ["inference", "admin"]
+            [[client_keys]]
+            id = "d"
+            [[combos]]
+            name = "x"
+            strategy = "p2c"
+            targets = []
+        "#;
+        assert_eq!(
+            problems(text),
+            vec![
+                "server.listen: \"localhost\" is not a socket address (expected ip:port, e.g. 127.0.0.1:8787)",
+                "server.workers: 5000 is out of range (0..=1024)",
+                "server.header_timeout_ms: 0 is out of range (1..=86400000)",
+                "providers[0].id: \"p/1\" is not an id (1..=64 of A-Z a-z 0-9 . _ -)",
+                "providers[0].format: unknown format \"grpc\" (expected openai, anthropic or mock)",
+                "providers[0].auth: unknown auth \"cookie\" (expected apikey, oauth or local)",
+                "providers[1].base_url: not used by format = \"mock\" (served in-process); remove it",
+                "connections[0].api_key_env: \"1BAD\" is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                "connections[0].weight: 0 is out of range (1..=1000000)",
+                "connections[0].max_concurrent: 0 is out of range (1..=100000)",
+                "client_keys[0]: set exactly one of key, key_env or key_sha256 (found key, key_env)",
+                "client_keys[1].key_sha256: must be 64 hex characters (the SHA-256 of the key)",
+                "client_keys[2].key_env: environment variable UNSET_KEY is not set",
+                "client_keys[2].scopes[1]: unknown scope \"admin\" (expected inference, manage or lease:exclusive)",
+                "client_keys[3]: needs exactly one of key, key_env or key_sha256",
+                "combos[0].strategy: strategy \"p2c\" is not supported by Tidegate (supported: \
+                 priority, weighted, round-robin, random, least-used, cost-optimized, \
+                 strict-random, auto, fill-first, quota-share)",
+                "combos[0].targets: must list at least one target",
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_required_fields_are_all_reported() {
+        let text = "[[providers]]\n[[connections]]\n[[combos]]\n";
+        assert_eq!(
+            keys(text),
+            vec![
+                "providers[0].id",
+                "providers[0].format",
+                "connections[0].id",
+                "connections[0].provider",
+                "combos[0].name",
+                "combos[0].targets",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_set_key_env_and_a_sha256_key_load() {
+        let text = format!(
+            "[[client_keys]]\nid = \"a\"\nkey_env = \"TG_KEY\"\n\
+             [[client_keys]]\nid = \"b\"\nkey_sha256 = \"{}\"\nscopes = []\n",
+            "AB".repeat(32)
+        );
+        let out = load_env(&text, &[("TG_KEY", "k-1")]).unwrap();
+        let keys = &out.config.client_keys;
+        assert_eq!(keys[0].secret, KeySecret::Plain("k-1".into()));
+        assert_eq!(keys[1].secret, KeySecret::Sha256([0xab; 32]));
+        assert_eq!(keys[1].scopes, vec![Scope::Inference]);
+        assert!(keys[1].allowed_connections.is_none());
+    }
+
+    #[test]
+    fn admin_token_is_read_from_its_variable() {
+        let text = "[server]\nadmin_token_env = \"TG_ADMIN\"\n";
+        let out = load_env(text, &[("TG_ADMIN", "t0k")]).unwrap();
+        assert_eq!(out.config.server.admin_token.as_deref(), Some("t0k"));
+        let out = load(text).unwrap();
+        assert!(out.config.server.admin_token.is_none());
+        assert_eq!(out.warnings.len(), 1);
+        assert!(out.warnings[0].starts_with("server.admin_token_env: TG_ADMIN is not set"));
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        let text = r#"
+            [[providers]]
+            id = "p"
+            format = "openai"
+            base_url = "http://10.0.0.1:8080"
+            headers = { "X-Ok" = "1", "Bad Name" = "1", "Content-Length" = "3", "x-crlf" = "a\r\nb" }
+        "#;
+        assert_eq!(
+            keys(text),
+            vec![
+                "providers[0].headers.Bad Name",
+                "providers[0].headers.Content-Length",
+                "providers[0].headers.x-crlf",
+            ]
+        );
+    }
+
+    #[test]
+    fn ca_file_must_exist() {
+        let text = r#"
+            [[providers]]
+            id = "p"
+            format = "openai"
+            base_url = "https://llm.internal/v1"
+            ca_file = "/nonexistent/tidegate-ca.pem"
+        "#;
+        assert_eq!(keys(text), vec!["providers[0].ca_file"]);
+        let text = text.replace("/nonexistent/tidegate-ca.pem", "Cargo.toml");
+        let out = load(&text).unwrap();
+        assert_eq!(
+            out.config.providers[0].ca_file,
+            Some(PathBuf::from("Cargo.toml"))
+        );
+    }
+
+    #[test]
+    fn base_urls() {
+        let ok = |s: &str| parse_base_url(s).unwrap();
+        let u = ok("HTTPS://API.Example.com/v1/");
+        assert_eq!(
+            (u.scheme, u.host.as_str(), u.port, u.path.as_str()),
+            (Scheme::Https, "api.example.com", 443, "/v1")
+        );
+        let u = ok("http://127.0.0.1:9000");
+        assert_eq!(
+            (u.scheme, u.port, u.path.as_str()),
+            (Scheme::Http, 9000, "")
+        );
+        let u = ok("http://[::1]:8080/api/v1");
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("[::1]", 8080, "/api/v1")
+        );
+        assert_eq!(ok("https://x.io/").path, "");
+        for bad in [
+            "api.openai.com/v1",
+            "ftp://x.io",
+            "https://x.io/v1?key=1",
+            "https://x.io/v1#frag",
+            "https://user:pw@x.io",
+            "https://:443/v1",
+            "https://x.io:0",
+            "https://x.io:65536",
+            "https://x.io:0443",
+            "https://x.io:abc",
+            "https://[::1",
+            "https://[zz]:1",
+            "https://x io",
+            "https://x!.io",
+        ] {
+            assert!(parse_base_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn combo_names_may_not_shadow_provider_routes() {
+        let text =
+            format!("{BASE}\n[[combos]]\nname = \"openai/gpt-4.1\"\ntargets = [\"mock/echo\"]\n");
+        assert_eq!(
+            problems(&text),
+            vec![
+                "combos[1].name: \"openai/gpt-4.1\" collides with provider/model routing of \
+                 provider \"openai\""
+            ]
+        );
+        let text = format!("{BASE}\n[[combos]]\nname = \"gpt-4.1\"\ntargets = [\"mock/echo\"]\n");
+        let out = load_env(&text, &[("OPENAI_API_KEY", "k")]).unwrap();
+        assert_eq!(
+            out.warnings,
+            vec![
+                "combos[1].name: combo \"gpt-4.1\" shadows the model of the same name in \
+                 provider \"openai\""
+            ]
+        );
+    }
+
+    #[test]
+    fn every_strategy_name_maps() {
+        let names = [
+            ("priority", ComboStrategy::Priority),
+            ("weighted", ComboStrategy::Weighted),
+            ("round-robin", ComboStrategy::RoundRobin),
+            ("random", ComboStrategy::Random),
+            ("least-used", ComboStrategy::LeastUsed),
+            ("cost-optimized", ComboStrategy::CostOptimized),
+            ("strict-random", ComboStrategy::StrictRandom),
+            ("auto", ComboStrategy::Auto),
+            ("fill-first", ComboStrategy::Fill),
+            ("quota-share", ComboStrategy::QuotaShare),
+        ];
+        for (name, s) in names {
+            assert_eq!(parse_strategy(name), Ok(s));
+        }
+        assert!(parse_strategy("round_robin").is_err());
+    }
+
+    #[test]
+    fn resilience_keys_must_name_configured_providers() {
+        let text = format!(
+            "{BASE}
+            [resilience.provider_quota_overrides.nvidia]
+            rpm = 40
+            [resilience.quota_preflight.provider_window_defaults.codex]
+            session = 5
+            [[resilience.provider_error_rules.OpenAI]]
+            status = 400
+            match = \"quota\"
+            scope = \"provider\"
+            [[resilience.provider_error_rules.acme]]
+            status = 400
+            match = \"quota\"
+            scope = \"provider\"
+            "
+        );
+        assert_eq!(
+            keys(&text),
+            vec![
+                "resilience.provider_quota_overrides.nvidia",
+                "resilience.quota_preflight.provider_window_defaults.codex",
+                "resilience.provider_error_rules.acme",
+            ]
+        );
+    }
+
+    #[test]
+    fn problems_from_every_layer_are_reported_together() {
+        let text =
+            "[server]\nlisten = \"nope\"\n[resilience.request_queue]\nconcurrent_requests = 0\n";
+        let e = load_env(text, &[("RATE_LIMIT_MAX_QUEUE_DEPTH", "-1")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "server.listen: \"nope\" is not a socket address (expected ip:port, e.g. 127.0.0.1:8787)\n\
+             RATE_LIMIT_MAX_QUEUE_DEPTH: \"-1\" is not a non-negative whole number\n\
+             resilience.request_queue.concurrent_requests: 0 is out of range (1..=10000)"
+        );
+    }
+
+    #[test]
+    fn load_file_reports_unreadable_files() {
+        let e = load_file(Path::new("/nonexistent/tidegate.toml"), &no_env).unwrap_err();
+        assert_eq!(e.problems.len(), 1);
+        assert_eq!(e.problems[0].key, "/nonexistent/tidegate.toml");
+    }
+
+    // -- shipped files -------------------------------------------------------------------
+
+    const SHIPPED: &[(&str, &str)] = &[
+        (
+            "config/tidegate.toml",
+            include_str!("../../config/tidegate.toml"),
+        ),
+        (
+            "config/examples/minimal.toml",
+            include_str!("../../config/examples/minimal.toml"),
+        ),
+        (
+            "config/examples/multi-key.toml",
+            include_str!("../../config/examples/multi-key.toml"),
+        ),
+    ];
+
+    #[test]
+    fn shipped_files_validate_without_any_environment() {
+        for (name, text) in SHIPPED {
+            if let Err(e) = load(text) {
+                panic!("{name}:\n{e}");
+            }
+        }
+        let out = load_file(Path::new("config/tidegate.toml"), &no_env).unwrap();
+        let c = &out.config;
+        assert_eq!(c.server.listen, "127.0.0.1:8787".parse().unwrap());
+        // The mock serves out of the box; the real providers wait for their keys.
+        let mock = c.provider_by_name("mock").unwrap();
+        let enabled: Vec<_> = c
+            .connections
+            .iter()
+            .filter(|x| x.enabled)
+            .map(|x| (x.name.as_str(), x.provider, x.priority))
+            .collect();
+        assert_eq!(
+            enabled,
+            vec![("mock-a", mock.id, 1), ("mock-b", mock.id, 2)]
+        );
+        for var in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"] {
+            assert!(out.warnings.iter().any(|w| w.contains(var)), "{var}");
+        }
+        let dev = c.client_keys.iter().find(|k| k.id == "dev").unwrap();
+        assert_eq!(dev.secret, KeySecret::Plain("tidegate-dev-key".into()));
+        assert!(dev.has_scope(Scope::Inference) && dev.has_scope(Scope::Manage));
+        assert!(dev.has_scope(Scope::LeaseExclusive));
+        assert!(!c.combos.is_empty());
+    }
+
+    #[test]
+    fn shipped_files_enable_real_providers_when_keys_are_set() {
+        let env = [
+            ("OPENAI_API_KEY", "sk-1"),
+            ("ANTHROPIC_API_KEY", "sk-2"),
+            ("OPENROUTER_API_KEY", "sk-3"),
+        ];
+        let out = load_env(SHIPPED[0].1, &env).unwrap();
+        assert!(out.config.connections.iter().all(|c| c.enabled));
+        assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    }
+
+    #[test]
+    fn the_configuration_guide_documents_every_key_and_variable() {
+        let doc = include_str!("../../docs/configuration.md");
+        for var in resilience::env_variables() {
+            assert!(doc.contains(var), "docs/configuration.md lacks {var}");
+        }
+        let paths = resilience::num_fields()
+            .into_iter()
+            .map(|f| f.path)
+            .chain(resilience::bool_fields().into_iter().map(|f| f.path));
+        for path in paths {
+            let (section, key) = path.rsplit_once('.').unwrap_or(("", path));
+            if !section.is_empty() {
+                assert!(
+                    doc.contains(&format!("[resilience.{section}]")),
+                    "docs/configuration.md lacks [resilience.{section}]"
+                );
+            }
+            assert!(
+                doc.contains(&format!("`{key}`")),
+                "docs/configuration.md lacks {path}"
+            );
+        }
+    }
+}
