@@ -8,3 +8,4 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod http1;
+pub mod proxy;
