@@ -126,7 +126,7 @@ pub fn peek(body: &[u8], scratch: &mut Vec<u8>) -> Result<Peek, PeekError> {
 /// (escape as JSON requires). Every other byte is copied unchanged.
 ///
 /// `span` is meant to be [`Peek::model_span`] from the same body. A span that does not fit
-/// the body is clamped to it (never a panic).
+/// is clamped, never a panic: `end` to the body length, then `start` to `end`.
 pub fn rewrite_model(body: &[u8], span: Range<usize>, new_model: &str) -> Bytes {
     let end = span.end.min(body.len());
     let start = span.start.min(end);
@@ -413,4 +413,703 @@ fn write_json_string(out: &mut Vec<u8>, value: &str) {
     }
     out.extend_from_slice(&bytes[copied..]);
     out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    const OPENAI_BODY: &str = r#"{
+  "model": "openai/gpt-4o-2024-08-06",
+  "messages": [
+    {"role": "system", "content": "You are a helpful assistant. Reply in JSON like {\"model\": \"x\"}."},
+    {"role": "user", "content": "What's the weather in Paris? Use the tool."},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\",\"model\":\"evil\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"}
+  ],
+  "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "model": {"type": "string"}},
+    "required": ["city"]}}}],
+  "tool_choice": "auto",
+  "temperature": 0.2,
+  "max_tokens": 512,
+  "stream": true,
+  "stream_options": {"include_usage": true},
+  "user": "u-123"
+}"#;
+
+    const ANTHROPIC_BODY: &str = r#"{"max_tokens":1024,"messages":[{"role":"user","content":[{"type":"text","text":"Summarise: {\"model\": \"claude\"} ]]} and [[{"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]},{"role":"assistant","content":[{"type":"text","text":"Sure \\ here \"it\" is"}]}],"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"metadata":{"user_id":"abc","model":"nested-not-me"},"stream":false,"temperature":1}"#;
+
+    fn peek_str(body: &str) -> Result<Peek, PeekError> {
+        peek(body.as_bytes(), &mut Vec::new())
+    }
+
+    fn ok(body: &str) -> Peek {
+        match peek_str(body) {
+            Ok(found) => found,
+            Err(err) => panic!("peek failed on {body:?}: {err:?}"),
+        }
+    }
+
+    fn raw_model(body: &str) -> &str {
+        let found = ok(body);
+        &body[found.model_span]
+    }
+
+    fn is_invalid(result: Result<Peek, PeekError>) -> bool {
+        matches!(result, Err(PeekError::InvalidJson(_)))
+    }
+
+    #[test]
+    fn openai_chat_body() {
+        let found = ok(OPENAI_BODY);
+        assert_eq!(found.model, "openai/gpt-4o-2024-08-06");
+        assert!(found.stream);
+        assert!(found.has_tools);
+        assert_eq!(
+            &OPENAI_BODY[found.model_span],
+            r#""openai/gpt-4o-2024-08-06""#
+        );
+    }
+
+    #[test]
+    fn anthropic_messages_body_with_model_after_messages() {
+        let found = ok(ANTHROPIC_BODY);
+        assert_eq!(found.model, "claude-sonnet-4-5");
+        assert!(!found.stream);
+        assert!(!found.has_tools);
+        assert_eq!(&ANTHROPIC_BODY[found.model_span], r#""claude-sonnet-4-5""#);
+    }
+
+    #[test]
+    fn model_escapes_decode_and_span_covers_raw_token() {
+        let body = r#"{"model":"gpt\u002d4"}"#;
+        assert_eq!(ok(body).model, "gpt-4");
+        assert_eq!(raw_model(body), r#""gpt\u002d4""#);
+
+        let body = r#"{"model":"a\"b\\c\/d\n\t"}"#;
+        assert_eq!(ok(body).model, "a\"b\\c/d\n\t");
+        assert_eq!(raw_model(body), r#""a\"b\\c\/d\n\t""#);
+
+        let body = r#"{"model":"mod\u00e8le-日本-\ud83d\ude00"}"#;
+        assert_eq!(ok(body).model, "modèle-日本-😀");
+
+        let body = "{\"model\":\"modèle-日本-😀\"}";
+        assert_eq!(ok(body).model, "modèle-日本-😀");
+        assert_eq!(raw_model(body), "\"modèle-日本-😀\"");
+
+        // A string ending in an escaped backslash, then more members.
+        let body = r#"{"model":"x\\","stream":true}"#;
+        assert_eq!(ok(body).model, "x\\");
+        assert_eq!(raw_model(body), r#""x\\""#);
+        assert!(ok(body).stream);
+
+        assert_eq!(ok(r#"{"model":""}"#).model, "");
+    }
+
+    #[test]
+    fn escaped_keys_are_matched_after_decoding() {
+        let body = r#"{"a":1,"mod\u0065l":"x","str\u0065am":true,"\u0074ools":[1]}"#;
+        let found = ok(body);
+        assert_eq!(found.model, "x");
+        assert!(found.stream);
+        assert!(found.has_tools);
+        assert_eq!(&body[found.model_span], r#""x""#);
+    }
+
+    #[test]
+    fn whitespace_everywhere() {
+        let body = " \n\t{ \r\n \"a\" :\t[ 1 , { } , [ ] ] ,\n\"model\" \t:\n \"m\" , \"stream\" : true ,\"tools\": [ {} ] }\n ";
+        let found = ok(body);
+        assert_eq!(found.model, "m");
+        assert!(found.stream);
+        assert!(found.has_tools);
+        assert_eq!(&body[found.model_span], "\"m\"");
+        assert_eq!(ok("{\"model\":\"m\"}\n\n").model, "m");
+    }
+
+    #[test]
+    fn nested_model_keys_do_not_match() {
+        let body = r#"{"metadata":{"model":"evil"},"messages":[{"model":"evil2"},["model"]],"model":"good"}"#;
+        assert_eq!(ok(body).model, "good");
+        assert_eq!(raw_model(body), r#""good""#);
+        let nested_only = r#"{"metadata":{"model":"evil"},"messages":[{"model":"evil2"}]}"#;
+        assert_eq!(peek_str(nested_only), Err(PeekError::MissingModel));
+        let nested_stream = r#"{"model":"m","o":{"stream":"yes","tools":[1]}}"#;
+        let found = ok(nested_stream);
+        assert!(!found.stream);
+        assert!(!found.has_tools);
+    }
+
+    #[test]
+    fn strings_containing_model_and_braces() {
+        let body = r#"{"prompt":"\"model\": \"evil\" } { [ ] ,","x":"\\\"","y":"\\","model":"good","z":"}"}"#;
+        assert_eq!(ok(body).model, "good");
+        assert_eq!(raw_model(body), r#""good""#);
+        let body = r#"{"\"model\"":"evil","model\u0000":"evil","model":"good"}"#;
+        assert_eq!(ok(body).model, "good");
+        assert_eq!(raw_model(body), r#""good""#);
+    }
+
+    #[test]
+    fn scalar_members_before_model() {
+        let body = r#"{"a":-1.5e+3,"b":true,"c":null,"d":0,"e":false,"model":"m"}"#;
+        assert_eq!(raw_model(body), "\"m\"");
+    }
+
+    #[test]
+    fn stream_variants() {
+        assert!(ok(r#"{"model":"m","stream":true}"#).stream);
+        assert!(!ok(r#"{"model":"m","stream":false}"#).stream);
+        assert!(!ok(r#"{"model":"m"}"#).stream);
+        assert!(!ok(r#"{"model":"m","stream":null}"#).stream);
+        for bad in [r#""true""#, "1", "0", "[]", "{}", r#""""#] {
+            let body = format!(r#"{{"model":"m","stream":{bad}}}"#);
+            assert_eq!(peek_str(&body), Err(PeekError::StreamNotBool), "{body}");
+        }
+    }
+
+    #[test]
+    fn tools_variants() {
+        let has_tools = |tools: &str| ok(&format!(r#"{{"model":"m","tools":{tools}}}"#)).has_tools;
+        assert!(!ok(r#"{"model":"m"}"#).has_tools);
+        assert!(!has_tools("[]"));
+        assert!(!has_tools("null"));
+        assert!(!has_tools("{}"));
+        assert!(!has_tools("\"x\""));
+        assert!(!has_tools("3"));
+        assert!(has_tools(
+            r#"[{"type":"function","function":{"name":"f"}}]"#
+        ));
+        assert!(has_tools("[[]]"));
+        assert!(has_tools(r#"{"a":1}"#));
+    }
+
+    #[test]
+    fn model_missing_or_not_a_string() {
+        assert_eq!(peek_str("{}"), Err(PeekError::MissingModel));
+        assert_eq!(peek_str(r#"{"Model":"m"}"#), Err(PeekError::MissingModel));
+        for bad in ["5", "null", "true", r#"["a"]"#, r#"{"id":"a"}"#] {
+            let body = format!(r#"{{"model":{bad}}}"#);
+            assert_eq!(peek_str(&body), Err(PeekError::ModelNotString), "{body}");
+        }
+    }
+
+    #[test]
+    fn invalid_json_variants() {
+        for bad in [
+            "",
+            "   \n",
+            "{",
+            r#"{"model":"m""#,
+            r#"{"model":"m}"#,
+            r#"{"model":"m",}"#,
+            r#"{"model" "m"}"#,
+            r#"{model:"m"}"#,
+            r#"{'model':'m'}"#,
+            r#"{"model":"m"} x"#,
+            r#"{"model":"m"}}"#,
+            r#"{"model":"m"}{}"#,
+            r#"{"model":"m","n":01}"#,
+            r#"{"model":"m","n":tru}"#,
+            r#"{"model":"m\x"}"#,
+            r#"{"model":"\ud800"}"#,
+            "{\"model\":\"a\u{1}b\"}",
+            "\u{feff}{\"model\":\"m\"}",
+        ] {
+            assert!(is_invalid(peek_str(bad)), "{bad:?} -> {:?}", peek_str(bad));
+        }
+        assert!(is_invalid(peek(b"{\"model\":\"\xff\"}", &mut Vec::new())));
+    }
+
+    #[test]
+    fn valid_non_objects_are_not_objects() {
+        for doc in [
+            "[]",
+            r#"[{"model":"m"}]"#,
+            r#""model""#,
+            "1",
+            "null",
+            " true ",
+        ] {
+            assert_eq!(peek_str(doc), Err(PeekError::NotAnObject), "{doc}");
+        }
+    }
+
+    #[test]
+    fn every_truncation_of_real_bodies_is_invalid() {
+        for body in [OPENAI_BODY, ANTHROPIC_BODY] {
+            let trimmed = body.trim_end();
+            let mut scratch = Vec::new();
+            for cut in 0..trimmed.len() {
+                let result = peek(&trimmed.as_bytes()[..cut], &mut scratch);
+                assert!(is_invalid(result.clone()), "cut at {cut}: {result:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn duplicate_routing_keys_are_rejected() {
+        for body in [
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"model":"a","mod\u0065l":"b"}"#,
+            r#"{"model":"a","stream":false,"stream":true}"#,
+            r#"{"model":"a","tools":[],"tools":[1]}"#,
+        ] {
+            assert!(is_invalid(peek_str(body)), "{body}");
+        }
+        // Other duplicated keys are forwarded untouched.
+        assert_eq!(ok(r#"{"x":1,"x":2,"model":"m"}"#).model, "m");
+    }
+
+    #[test]
+    fn error_reasons_never_quote_the_body() {
+        for bad in [
+            r#"{"model":"sk-SECRET","x":SECRET}"#,
+            r#"{"model":"sk-SECRET"} SECRET"#,
+            r#"{"SECRET""#,
+            "{\"model\":\"SECRET\u{1}\"}",
+        ] {
+            match peek_str(bad) {
+                Err(PeekError::InvalidJson(reason)) => {
+                    assert!(
+                        !reason.contains("SECRET") && !reason.contains('S'),
+                        "{reason}"
+                    );
+                    assert!(reason.len() < 80, "{reason}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_bounded_not_a_crash() {
+        let deep = |depth: usize| {
+            format!(
+                r#"{{"x":{}1{},"model":"m"}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        let body = deep(1000);
+        assert_eq!(raw_model(&body), "\"m\"");
+        assert!(is_invalid(peek_str(&deep(100_000))));
+    }
+
+    #[test]
+    fn scratch_keeps_capacity_and_state_does_not_leak_between_calls() {
+        let mut scratch = Vec::new();
+        let big = big_body(64 * 1024, "big-model");
+        let found = peek(big.as_bytes(), &mut scratch).unwrap();
+        assert_eq!(found.model, "big-model");
+        let capacity = scratch.capacity();
+        assert!(capacity >= big.len());
+
+        assert!(is_invalid(peek(b"{\"model\":", &mut scratch)));
+        let found = peek(br#"{"model":"small","stream":true}"#, &mut scratch).unwrap();
+        assert_eq!(found.model, "small");
+        assert!(found.stream);
+        assert_eq!(scratch.capacity(), capacity);
+        assert_eq!(peek(b"[]", &mut scratch), Err(PeekError::NotAnObject));
+        assert_eq!(
+            peek(big.as_bytes(), &mut scratch).unwrap().model,
+            "big-model"
+        );
+        assert_eq!(scratch.capacity(), capacity);
+    }
+
+    #[test]
+    fn bodies_above_the_retain_limit_work_and_later_calls_still_work() {
+        let mut scratch = Vec::new();
+        let huge = big_body(PARSER_RETAIN_MAX_BYTES + 4096, "huge");
+        let found = peek(huge.as_bytes(), &mut scratch).unwrap();
+        assert_eq!(found.model, "huge");
+        assert_eq!(&huge[found.model_span], "\"huge\"");
+        assert_eq!(
+            peek(br#"{"model":"next"}"#, &mut scratch).unwrap().model,
+            "next"
+        );
+    }
+
+    #[test]
+    fn rewrite_round_trip_on_real_bodies() {
+        for body in [OPENAI_BODY, ANTHROPIC_BODY] {
+            let before = ok(body);
+            for new_model in ["gpt-4o", "", "we\"ird\\ \n\t\u{1}\u{1f} /é日😀", "x"] {
+                let rewritten =
+                    rewrite_model(body.as_bytes(), before.model_span.clone(), new_model);
+                let after = peek(&rewritten, &mut Vec::new()).unwrap();
+                assert_eq!(after.model, new_model);
+                assert_eq!(after.stream, before.stream);
+                assert_eq!(after.has_tools, before.has_tools);
+                assert_eq!(after.model_span.start, before.model_span.start);
+                let raw = body.as_bytes();
+                assert_eq!(
+                    &rewritten[..after.model_span.start],
+                    &raw[..before.model_span.start]
+                );
+                assert_eq!(
+                    &rewritten[after.model_span.end..],
+                    &raw[before.model_span.end..]
+                );
+                let parsed: Value = serde_json::from_slice(&rewritten).unwrap();
+                let mut expected: Value = serde_json::from_str(body).unwrap();
+                expected["model"] = Value::String(new_model.to_owned());
+                assert_eq!(parsed, expected);
+            }
+        }
+    }
+
+    #[test]
+    fn rewrite_model_escapes_like_serde_json() {
+        for s in [
+            "plain",
+            "\"",
+            "\\",
+            "\u{0}\u{7}\u{8}\u{c}\u{1b}\u{7f}",
+            "é\u{2028}😀",
+            "a/b",
+        ] {
+            let mut out = Vec::new();
+            write_json_string(&mut out, s);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(s).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn rewrite_model_clamps_out_of_range_spans() {
+        let body = b"{\"model\":\"m\"}";
+        assert_eq!(&rewrite_model(body, 9..12, "x")[..], b"{\"model\":\"x\"}");
+        assert_eq!(
+            &rewrite_model(body, 100..200, "x")[..],
+            b"{\"model\":\"m\"}\"x\""
+        );
+        assert_eq!(
+            &rewrite_model(body, Range { start: 12, end: 9 }, "x")[..],
+            b"{\"model\":\"x\"\"m\"}"
+        );
+        assert_eq!(&rewrite_model(b"", 0..5, "")[..], b"\"\"");
+    }
+
+    /// A chat body of roughly `target` bytes with the model last (worst case for the scanner).
+    fn big_body(target: usize, model: &str) -> String {
+        let mut body = String::from(r#"{"messages":["#);
+        let mut turn = 0usize;
+        while body.len() < target {
+            if turn > 0 {
+                body.push(',');
+            }
+            body.push_str(&format!(
+                r#"{{"role":"{}","content":"Turn {turn}: \"quoted\" {{braces}} [brackets] \\ back\nslash, model: gpt. {}"}}"#,
+                if turn.is_multiple_of(2) { "user" } else { "assistant" },
+                "lorem ipsum dolor sit amet ".repeat(8),
+            ));
+            turn += 1;
+        }
+        body.push_str(&format!(r#"],"stream":false,"model":"{model}"}}"#));
+        body
+    }
+
+    // ---- property tests -------------------------------------------------------------
+
+    /// Writes JSON with random whitespace and random (valid) escapes, driven by `seeds`, so
+    /// the scanner sees far more shapes than serde_json's compact output.
+    struct Writer<'a> {
+        seeds: &'a [u8],
+        at: usize,
+        out: Vec<u8>,
+    }
+
+    impl Writer<'_> {
+        fn next(&mut self) -> u8 {
+            let seed = self
+                .seeds
+                .get(self.at % self.seeds.len().max(1))
+                .copied()
+                .unwrap_or(0);
+            self.at += 1;
+            seed
+        }
+
+        fn ws(&mut self) {
+            match self.next() % 8 {
+                0 => self.out.push(b' '),
+                1 => self.out.extend_from_slice(b"\n  "),
+                2 => self.out.extend_from_slice(b"\t\r\n "),
+                _ => {}
+            }
+        }
+
+        fn string(&mut self, s: &str) {
+            self.out.push(b'"');
+            for ch in s.chars() {
+                let roll = self.next();
+                let mut utf8 = [0u8; 4];
+                match ch {
+                    '"' => self.out.extend_from_slice(b"\\\""),
+                    '\\' => self.out.extend_from_slice(b"\\\\"),
+                    '/' if roll.is_multiple_of(2) => self.out.extend_from_slice(b"\\/"),
+                    '\n' if roll.is_multiple_of(2) => self.out.extend_from_slice(b"\\n"),
+                    c if (c as u32) < 0x20 || roll.is_multiple_of(5) => {
+                        let mut units = [0u16; 2];
+                        for unit in c.encode_utf16(&mut units) {
+                            self.out
+                                .extend_from_slice(format!("\\u{unit:04X}").as_bytes());
+                        }
+                    }
+                    c => self
+                        .out
+                        .extend_from_slice(c.encode_utf8(&mut utf8).as_bytes()),
+                }
+            }
+            self.out.push(b'"');
+        }
+
+        fn value(&mut self, v: &Value) {
+            match v {
+                Value::Null | Value::Bool(_) | Value::Number(_) => {
+                    self.out.extend_from_slice(v.to_string().as_bytes());
+                }
+                Value::String(s) => self.string(s),
+                Value::Array(items) => {
+                    self.out.push(b'[');
+                    for (i, item) in items.iter().enumerate() {
+                        self.ws();
+                        if i > 0 {
+                            self.out.push(b',');
+                            self.ws();
+                        }
+                        self.value(item);
+                    }
+                    self.ws();
+                    self.out.push(b']');
+                }
+                Value::Object(map) => {
+                    let members: Vec<(String, Value)> =
+                        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    self.object(&members);
+                }
+            }
+        }
+
+        fn object(&mut self, members: &[(String, Value)]) {
+            self.out.push(b'{');
+            for (i, (key, value)) in members.iter().enumerate() {
+                self.ws();
+                if i > 0 {
+                    self.out.push(b',');
+                    self.ws();
+                }
+                self.string(key);
+                self.ws();
+                self.out.push(b':');
+                self.ws();
+                self.value(value);
+            }
+            self.ws();
+            self.out.push(b'}');
+        }
+    }
+
+    fn arb_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter_map("finite", serde_json::Number::from_f64)
+                .prop_map(Value::Number),
+            any::<String>().prop_map(Value::String),
+            prop_oneof![
+                Just("model"),
+                Just("stream"),
+                Just("tools"),
+                Just("{\"model\":[")
+            ]
+            .prop_map(|s| Value::String(s.to_owned())),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((arb_key(), inner), 0..6)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn arb_key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => prop_oneof![Just("model"), Just("stream"), Just("tools"), Just("messages")]
+                .prop_map(str::to_owned),
+            1 => any::<String>(),
+        ]
+    }
+
+    /// A top-level object as an ordered member list with unique keys; `model`, `stream` and
+    /// `tools` are likely, and likely of the right type.
+    fn arb_members() -> impl Strategy<Value = Vec<(String, Value)>> {
+        let model = prop_oneof![
+            4 => any::<String>().prop_map(Value::String),
+            1 => arb_value(),
+        ];
+        let stream = prop_oneof![4 => any::<bool>().prop_map(Value::Bool), 1 => arb_value()];
+        let tools = prop_oneof![
+            2 => prop::collection::vec(arb_value(), 0..3).prop_map(Value::Array),
+            1 => arb_value(),
+        ];
+        (
+            prop::option::weighted(0.9, model),
+            prop::option::weighted(0.5, stream),
+            prop::option::weighted(0.5, tools),
+            prop::collection::vec((arb_key(), arb_value()), 0..6),
+            any::<u64>(),
+        )
+            .prop_map(|(model, stream, tools, rest, shuffle)| {
+                let mut members: Vec<(String, Value)> = Vec::new();
+                let routing = [("model", model), ("stream", stream), ("tools", tools)];
+                for (key, value) in routing.into_iter().filter_map(|(k, v)| Some((k, v?))) {
+                    members.push((key.to_owned(), value));
+                }
+                for (key, value) in rest {
+                    if !members.iter().any(|(k, _)| *k == key) {
+                        members.push((key, value));
+                    }
+                }
+                let len = members.len().max(1) as u64;
+                members.rotate_left((shuffle % len) as usize);
+                if shuffle & (1 << 40) != 0 {
+                    members.reverse();
+                }
+                members
+            })
+    }
+
+    /// What serde_json says `peek` must return for `doc`.
+    fn expected(doc: &Value) -> Result<(String, bool, bool), PeekError> {
+        let object = doc.as_object().ok_or(PeekError::NotAnObject)?;
+        let model = object.get("model").ok_or(PeekError::MissingModel)?;
+        let model = model.as_str().ok_or(PeekError::ModelNotString)?.to_owned();
+        let stream = match object.get("stream") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(flag)) => *flag,
+            Some(_) => return Err(PeekError::StreamNotBool),
+        };
+        let has_tools = match object.get("tools") {
+            Some(Value::Array(items)) => !items.is_empty(),
+            Some(Value::Object(map)) => !map.is_empty(),
+            _ => false,
+        };
+        Ok((model, stream, has_tools))
+    }
+
+    fn check_agrees_with_serde(body: &[u8], found: &Result<Peek, PeekError>, doc: &Value) {
+        match (found, expected(doc)) {
+            (Ok(found), Ok((model, stream, has_tools))) => {
+                assert_eq!(found.model, model);
+                assert_eq!(found.stream, stream);
+                assert_eq!(found.has_tools, has_tools);
+                let raw: String = serde_json::from_slice(&body[found.model_span.clone()]).unwrap();
+                assert_eq!(raw, model);
+            }
+            (Err(got), Err(want)) => assert_eq!(got, &want),
+            (got, want) => panic!("peek {got:?} but serde_json says {want:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn agrees_with_serde_json(members in arb_members(), seeds in prop::collection::vec(any::<u8>(), 1..64)) {
+            let mut writer = Writer { seeds: &seeds, at: 0, out: Vec::new() };
+            writer.ws();
+            writer.object(&members);
+            writer.ws();
+            let body = writer.out;
+            let doc: Value = serde_json::from_slice(&body).unwrap();
+            let mut scratch = Vec::new();
+            let found = peek(&body, &mut scratch);
+            check_agrees_with_serde(&body, &found, &doc);
+        }
+
+        #[test]
+        fn agrees_with_serde_json_on_compact_output(members in arb_members()) {
+            let doc = Value::Object(members.into_iter().collect());
+            let body = serde_json::to_vec(&doc).unwrap();
+            let found = peek(&body, &mut Vec::new());
+            check_agrees_with_serde(&body, &found, &doc);
+        }
+
+        #[test]
+        fn rewrite_round_trips(members in arb_members(), new_model in any::<String>()) {
+            let doc = Value::Object(members.into_iter().collect());
+            let body = serde_json::to_vec_pretty(&doc).unwrap();
+            if let Ok(before) = peek(&body, &mut Vec::new()) {
+                let rewritten = rewrite_model(&body, before.model_span.clone(), &new_model);
+                let after = peek(&rewritten, &mut Vec::new()).unwrap();
+                prop_assert_eq!(&after.model, &new_model);
+                prop_assert_eq!(after.stream, before.stream);
+                prop_assert_eq!(after.has_tools, before.has_tools);
+                prop_assert_eq!(&rewritten[..after.model_span.start], &body[..before.model_span.start]);
+                prop_assert_eq!(&rewritten[after.model_span.end..], &body[before.model_span.end..]);
+                // Parse the original too: serde_json's float parsing is not exact, so
+                // compare two parses rather than a parse with the generated value.
+                let mut expected: Value = serde_json::from_slice(&body).unwrap();
+                expected["model"] = Value::String(new_model.clone());
+                prop_assert_eq!(serde_json::from_slice::<Value>(&rewritten).unwrap(), expected);
+            }
+        }
+
+        #[test]
+        fn never_panics_on_random_bytes(body in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = peek(&body, &mut Vec::new());
+        }
+
+        #[test]
+        fn json_like_noise_never_panics_and_ok_means_serde_agrees(
+            body in prop::collection::vec(
+                prop::sample::select(b"{}[]\":,\\ \nmodelstrue01-.eunfals".to_vec()), 0..96)
+        ) {
+            let found = peek(&body, &mut Vec::new());
+            if found.is_ok() {
+                let doc: Value = serde_json::from_slice(&body).unwrap();
+                check_agrees_with_serde(&body, &found, &doc);
+            }
+        }
+
+        #[test]
+        fn damaged_valid_bodies_never_panic(
+            members in arb_members(),
+            cut in any::<prop::sample::Index>(),
+            flip in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let doc = Value::Object(members.into_iter().collect());
+            let mut body = serde_json::to_vec(&doc).unwrap();
+            let truncated = &body[..cut.index(body.len())];
+            prop_assert!(peek(truncated, &mut Vec::new()).is_err());
+            let at = flip.index(body.len());
+            body[at] = byte;
+            let found = peek(&body, &mut Vec::new());
+            if found.is_ok() {
+                let doc: Value = serde_json::from_slice(&body).unwrap();
+                check_agrees_with_serde(&body, &found, &doc);
+            }
+        }
+
+        #[test]
+        fn json_string_encoding_matches_serde_json(s in any::<String>()) {
+            let mut out = Vec::new();
+            write_json_string(&mut out, &s);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&s).unwrap());
+        }
+    }
 }
