@@ -6,7 +6,7 @@
 //! 1. The body is copied into the caller's per-shard `scratch` buffer (simd-json unescapes
 //!    strings in place) followed by [`simd_json::INPUT_PADDING`] bytes of padding, and
 //!    [`simd_json::fill_tape_padded`] validates it and builds a tape. The parser's own
-//!    buffers and the tape live in a thread-local [`ParserState`]: with one shard per thread
+//!    buffers and the tape live in a thread-local `ParserState`: with one shard per thread
 //!    that is per-shard state, so a warm call allocates nothing but the returned `model`.
 //! 2. The top-level members are walked on the tape (O(number of top-level members), nested
 //!    values are skipped by their node count) to read `model`, `stream` and `tools`, and to
@@ -14,10 +14,10 @@
 //!    so `"mod\u0065l"` is the key `model`, exactly as simd-json decodes it.
 //! 3. The byte range of that member's value is found by walking the top-level members to
 //!    that ordinal. Keys are never compared here (simd-json already did that), members are
-//!    only counted. The fast path, [`member_value_span_structural`], walks the structural
+//!    only counted. The fast path, `member_value_span_structural`, walks the structural
 //!    indexes simd-json's stage 1 left in its buffers (`{}[]:,` and the first byte of every
 //!    string and scalar), so string contents cost nothing: ~3 µs instead of ~35 µs for the
-//!    byte walk on a 64 KiB chat body. [`member_value_span`], a byte scanner of our own
+//!    byte walk on a 64 KiB chat body. `member_value_span`, a byte scanner of our own
 //!    (strings with escapes, nested containers), is the fallback should the indexes ever not
 //!    describe the member, and the reference the fast path is tested against. Both run only
 //!    on bodies simd-json accepted, and both are written so that any disagreement is an
@@ -293,7 +293,7 @@ fn invalid_json(err: &simd_json::Error) -> PeekError {
     PeekError::InvalidJson(format!("{what} at byte {}", err.index()))
 }
 
-/// Fast path of [`member_value_span`]: the same walk over the structural indexes simd-json's
+/// Fast path of `member_value_span`: the same walk over the structural indexes simd-json's
 /// stage 1 left in its buffers (the offsets of every `{}[]:,` and of the first byte of every
 /// string and scalar; public for "aligning downstream indices" with its parse) instead of
 /// over every byte. A 64 KiB chat body has a few thousand structurals, and long strings cost
