@@ -67,7 +67,8 @@ fn load(path: &PathBuf) -> Result<(Config, Vec<String>), ExitCode> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).with_target(false).init();
 }
 
 fn main() -> ExitCode {

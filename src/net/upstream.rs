@@ -146,7 +146,8 @@ pub async fn connect(
         let io = match (key.scheme, tls) {
             (Scheme::Http, _) => UpStream::Plain(tcp),
             (Scheme::Https, Some(cfg)) => {
-                let name = ServerName::try_from(key.host.to_string()).map_err(|e| {
+                let bare = key.host.trim_start_matches('[').trim_end_matches(']');
+                let name = ServerName::try_from(bare.to_owned()).map_err(|e| {
                     GatewayError::new(ErrorKind::UpstreamConnect, format!("bad TLS name: {e}"))
                 })?;
                 let connector = monoio_rustls::TlsConnector::from(cfg);

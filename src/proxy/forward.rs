@@ -50,8 +50,8 @@ pub fn forwarded(head: &RequestHead, name: &str) -> bool {
 /// The `Host` header value for a base URL (port only when not the scheme's default).
 pub fn host_header(base: &BaseUrl) -> String {
     let default = matches!((base.scheme, base.port), (Scheme::Http, 80) | (Scheme::Https, 443));
-    let host = if base.host.contains(':') { format!("[{}]", base.host) } else { base.host.clone() };
-    if default { host } else { format!("{host}:{}", base.port) }
+    // IPv6 literals keep their brackets in `BaseUrl.host`.
+    if default { base.host.clone() } else { format!("{}:{}", base.host, base.port) }
 }
 
 /// Encodes the upstream request head for a body of `body_len` bytes.
