@@ -266,6 +266,16 @@ pub async fn exchange(
     Ok(Response { head, body: BodyReader { conn: Some(conn), decoder, keep_alive, done: false } })
 }
 
+/// What the read buffer holds right now.
+#[derive(Debug)]
+pub enum Buffered {
+    Piece(Bytes),
+    /// Nothing decodable without reading more.
+    Empty,
+    /// The body is complete.
+    End,
+}
+
 /// Reads a response body piece by piece.
 pub struct BodyReader {
     conn: Option<UpConn>,
@@ -281,7 +291,8 @@ impl BodyReader {
             return Ok(None);
         }
         let Some(conn) = self.conn.as_mut() else {
-            return Ok(None);
+            // An earlier failure dropped the connection before the body ended.
+            return Err(GatewayError::new(ErrorKind::UpstreamProtocol, "upstream body failed"));
         };
         loop {
             match self.decoder.decode(&mut conn.buf) {
@@ -337,6 +348,29 @@ impl BodyReader {
                         format!("upstream body read: {e}"),
                     ));
                 }
+            }
+        }
+    }
+
+    /// The next piece already in the read buffer, without waiting for the network — lets
+    /// the relay write everything that arrived together in one write.
+    pub fn next_buffered(&mut self) -> Result<Buffered, GatewayError> {
+        if self.done {
+            return Ok(Buffered::End);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(Buffered::End);
+        };
+        match self.decoder.decode(&mut conn.buf) {
+            Ok(BodyEvent::Data(b)) => Ok(Buffered::Piece(b)),
+            Ok(BodyEvent::Done) => {
+                self.done = true;
+                Ok(Buffered::End)
+            }
+            Ok(BodyEvent::NeedMore) => Ok(Buffered::Empty),
+            Err(e) => {
+                self.conn = None;
+                Err(GatewayError::new(ErrorKind::UpstreamProtocol, format!("upstream body: {e:?}")))
             }
         }
     }

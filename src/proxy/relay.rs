@@ -13,7 +13,7 @@ use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::http1::{write_chunk, write_last_chunk, write_response_head, BodyKind, Framing, RequestHead, ResponseHead};
 use crate::net::io::write_all;
-use crate::net::upstream::{self, BodyReader};
+use crate::net::upstream::{self, BodyReader, Buffered};
 use crate::providers::{mock, Endpoint};
 use crate::shard::{metrics::bump, Shard};
 
@@ -89,6 +89,26 @@ impl Up {
                     ));
                 }
                 Ok(None)
+            }
+        }
+    }
+
+    /// The next piece available without waiting.
+    fn next_buffered(&mut self) -> Result<Buffered, GatewayError> {
+        match &mut self.body {
+            UpBody::Net(reader) => reader.next_buffered(),
+            UpBody::Mock { frames, gap_ms, sent, stall } => {
+                if *gap_ms > 0 && *sent > 0 {
+                    return Ok(Buffered::Empty);
+                }
+                match frames.next() {
+                    Some(f) => {
+                        *sent += 1;
+                        Ok(Buffered::Piece(f))
+                    }
+                    None if *stall => Ok(Buffered::Empty),
+                    None => Ok(Buffered::End),
+                }
             }
         }
     }
@@ -333,10 +353,14 @@ async fn commit(
         }
     }
     shard.metrics.response(status);
-    let mut done = first.is_none();
-    if let Some(piece) = first {
-        put_piece(&mut out, &piece, chunked);
-    }
+    // Everything that is already here goes out with the head, in one write.
+    let mut done = match first {
+        None => true,
+        Some(piece) => {
+            put_piece(&mut out, &piece, chunked);
+            gather(&mut up, &mut out, chunked)
+        }
+    };
     if done && chunked {
         write_last_chunk(&mut out);
     }
@@ -344,20 +368,8 @@ async fn commit(
         return After::Close;
     }
     while !done {
-        match up.next(idle).await {
-            Ok(Some(piece)) => {
-                let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES {
-                    write_all(client, piece).await.map(|_| ())
-                } else {
-                    let mut out = BytesMut::with_capacity(piece.len() + 16);
-                    put_piece(&mut out, &piece, chunked);
-                    write_all(client, out).await.map(|_| ())
-                };
-                if res.is_err() {
-                    // The client went away; the upstream connection is dropped with `up`.
-                    return After::Close;
-                }
-            }
+        let piece = match up.next(idle).await {
+            Ok(Some(piece)) => piece,
             Ok(None) => {
                 done = true;
                 if chunked {
@@ -367,24 +379,63 @@ async fn commit(
                         return After::Close;
                     }
                 }
+                continue;
             }
-            Err(e) => {
-                bump(&shard.metrics.streams_broken);
-                tracing::warn!(connection = %conn.name, "stream broken after the first byte: {e}");
-                if chunked {
-                    let mut out = BytesMut::with_capacity(256);
-                    if event_stream {
-                        put_piece(&mut out, respond::stream_error_event(&e).as_bytes(), true);
-                    }
-                    write_last_chunk(&mut out);
-                    let _ = write_all(client, out).await;
-                }
-                return After::Close;
+            Err(e) => return break_stream(shard, conn, &e, chunked, event_stream, client).await,
+        };
+        let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES {
+            write_all(client, piece).await.map(|_| ())
+        } else {
+            let mut out = BytesMut::with_capacity(piece.len() + 64);
+            put_piece(&mut out, &piece, chunked);
+            done = gather(&mut up, &mut out, chunked);
+            if done && chunked {
+                write_last_chunk(&mut out);
             }
+            write_all(client, out).await.map(|_| ())
+        };
+        if res.is_err() {
+            // The client went away; the upstream connection is dropped with `up`.
+            return After::Close;
         }
     }
     up.finish(shard);
     if keep_alive { After::KeepAlive } else { After::Close }
+}
+
+/// Appends every piece already buffered; true when the body ended. A decode failure is
+/// left for the next blocking read to report.
+fn gather(up: &mut Up, out: &mut BytesMut, chunked: bool) -> bool {
+    loop {
+        match up.next_buffered() {
+            Ok(Buffered::Piece(p)) => put_piece(out, &p, chunked),
+            Ok(Buffered::End) => return true,
+            Ok(Buffered::Empty) | Err(_) => return false,
+        }
+    }
+}
+
+/// Ends a stream whose upstream failed after the first byte: an in-band error event for
+/// event streams, a clean end of the chunked body, and the connection closed.
+async fn break_stream(
+    shard: &Shard,
+    conn: &Connection,
+    err: &GatewayError,
+    chunked: bool,
+    event_stream: bool,
+    client: &mut TcpStream,
+) -> After {
+    bump(&shard.metrics.streams_broken);
+    tracing::warn!(connection = %conn.name, "stream broken after the first byte: {err}");
+    if chunked {
+        let mut out = BytesMut::with_capacity(256);
+        if event_stream {
+            put_piece(&mut out, respond::stream_error_event(err).as_bytes(), true);
+        }
+        write_last_chunk(&mut out);
+        let _ = write_all(client, out).await;
+    }
+    After::Close
 }
 
 fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
