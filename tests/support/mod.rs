@@ -15,10 +15,13 @@
     clippy::disallowed_methods
 )]
 
+pub mod client;
 pub mod mock_upstream;
 mod wire;
 
 // Re-exported for the test files; each uses only some of them.
+#[allow(unused_imports)]
+pub use client::{Client, Piece, Response, SseEvent, json_post, parse_sse, send_raw};
 #[allow(unused_imports)]
 pub use mock_upstream::{
     Chunk, Gate, MockUpstream, RecordedRequest, Reply, anthropic_stream_chunks,
