@@ -16,12 +16,18 @@
 )]
 
 pub mod client;
+pub mod compat;
+pub mod gateway;
 pub mod mock_upstream;
 mod wire;
 
 // Re-exported for the test files; each uses only some of them.
 #[allow(unused_imports)]
 pub use client::{Client, Piece, Response, SseEvent, json_post, parse_sse, send_raw};
+#[allow(unused_imports)]
+pub use compat::{python, run_sdk_client};
+#[allow(unused_imports)]
+pub use gateway::{Gateway, ReadyLine, RunOutput, StartFailure, run_check, run_tidegate};
 #[allow(unused_imports)]
 pub use mock_upstream::{
     Chunk, Gate, MockUpstream, RecordedRequest, Reply, anthropic_stream_chunks,
