@@ -28,9 +28,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How often a connection thread that is waiting (idle, delaying, stalling) looks at its socket
-/// and at the shutdown flag.
+/// How often a connection thread that is delaying or held by a gate looks at its socket, the
+/// gate and the shutdown flag.
 const POLL: Duration = Duration::from_millis(10);
+/// The same while idle or stalled, when only a peer hang-up (which wakes the read at once) or
+/// the shutdown (which shuts the socket down, waking it too) can end the wait: the flag check is
+/// a safety net, so it need not be frequent.
+const IDLE_POLL: Duration = Duration::from_millis(100);
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -909,7 +913,7 @@ struct Incoming {
 
 fn serve_connection(shared: &Shared, id: u64, tcp: TcpStream) {
     let _ = tcp.set_nodelay(true);
-    let _ = tcp.set_read_timeout(Some(POLL));
+    let _ = tcp.set_read_timeout(Some(IDLE_POLL));
     let stream = match &shared.tls {
         Some(config) => match rustls::ServerConnection::new(Arc::clone(config)) {
             Ok(server) => Stream::Tls(Box::new(rustls::StreamOwned::new(server, tcp))),
@@ -1135,16 +1139,17 @@ impl Conn<'_> {
             let slice = match deadline {
                 Some(d) if d.passed() => break,
                 Some(d) => d.remaining().min(POLL),
-                None => POLL,
+                None if matches!(until, Until::Open(_)) => POLL,
+                None => IDLE_POLL,
             };
             let _ = self.stream.tcp().set_read_timeout(Some(slice));
             let filled = self.fill();
             if let Fill::Closed = filled {
-                let _ = self.stream.tcp().set_read_timeout(Some(POLL));
+                let _ = self.stream.tcp().set_read_timeout(Some(IDLE_POLL));
                 return Some(End::Gone);
             }
         }
-        let _ = self.stream.tcp().set_read_timeout(Some(POLL));
+        let _ = self.stream.tcp().set_read_timeout(Some(IDLE_POLL));
         None
     }
 
