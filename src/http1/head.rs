@@ -5,7 +5,7 @@
 
 use std::mem::MaybeUninit;
 
-use memchr::{memchr_iter, memmem};
+use memchr::memchr_iter;
 
 use super::{HeadError, MAX_HEADERS};
 
@@ -32,10 +32,10 @@ pub(crate) struct Located {
 }
 
 /// Finds the first complete head in `buf`, which must end within `max` bytes (leading empty
-/// lines included). `Ok(None)` means "need more bytes". Only cheap checks run on an incomplete
-/// head (first byte, line endings) so that a head arriving in many reads is scanned, not
-/// re-parsed, each time; both paths run the same checks in the same order, so an error does
-/// not depend on how the bytes were split.
+/// lines included). `Ok(None)` means "need more bytes". This is a `memchr` scan, not a parse:
+/// a head arriving in many reads is parsed once, when complete. The scan also checks what it
+/// can cheaply (the first byte, that every LF follows a CR), in the same order whether the head
+/// is complete or not, so an error never depends on how the bytes were split.
 pub(crate) fn locate(
     buf: &[u8],
     max: usize,
@@ -59,17 +59,18 @@ pub(crate) fn locate(
         return need_more();
     }
     check_start(rest, start)?;
-    match memmem::find(rest, b"\r\n\r\n") {
-        Some(at) => {
-            let len = at + 4;
-            check_line_endings(rest.get(..len).unwrap_or(rest))?;
-            Ok(Some(Located { skip, len }))
+    // One pass over the line feeds: each must follow a CR, and the first empty line ends the
+    // head. `rest` never starts with CRLF, so "\r\n\r\n" here is a real end of head.
+    for at in memchr_iter(b'\n', rest) {
+        let before = at.checked_sub(1).and_then(|i| rest.get(i));
+        if before != Some(&b'\r') {
+            return Err(HeadError::Malformed("bare LF"));
         }
-        None => {
-            check_line_endings(rest)?;
-            need_more()
+        if at >= 3 && rest.get(at - 3..at - 1) == Some(b"\r\n".as_slice()) {
+            return Ok(Some(Located { skip, len: at + 1 }));
         }
     }
+    need_more()
 }
 
 fn check_start(rest: &[u8], start: StartLine) -> Result<(), HeadError> {
@@ -88,17 +89,6 @@ fn check_start(rest: &[u8], start: StartLine) -> Result<(), HeadError> {
             }
         }
     }
-}
-
-/// Every LF must follow a CR.
-fn check_line_endings(head: &[u8]) -> Result<(), HeadError> {
-    for at in memchr_iter(b'\n', head) {
-        let cr = at.checked_sub(1).and_then(|i| head.get(i));
-        if cr != Some(&b'\r') {
-            return Err(HeadError::Malformed("bare LF"));
-        }
-    }
-    Ok(())
 }
 
 /// Maps an `httparse` error on the complete head `head`. `httparse` reports any trouble in

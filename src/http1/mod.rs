@@ -8,9 +8,9 @@
 //!   spans into one zero-copy `Bytes`; there is one allocation per head (the span vector).
 //! - Line endings are strict CRLF, in heads, chunk-size lines and trailers alike. A bare LF is
 //!   `Malformed("bare LF")`. (RFC 9112 §2.2 allows, but does not require, accepting bare LF.)
-//! - The end of a head is found with `memchr::memmem` before `httparse` runs, so a head that
-//!   arrives in many reads is not re-parsed on every read; only its first byte and its line
-//!   endings are checked early (a TLS handshake on the plain port fails at once).
+//! - The end of a head is found with a `memchr` scan of its line feeds before `httparse` runs,
+//!   so a head that arrives in many reads is not re-parsed on every read; only its first byte
+//!   and its line endings are checked early (a TLS handshake on the plain port fails at once).
 //! - Up to [`MAX_HEAD_BYTES`] of leading empty lines (CRLF) before a request line are skipped;
 //!   they count against the head limit.
 //! - Requests: both `Transfer-Encoding` and `Content-Length` is [`HeadError::ConflictingFraming`];
