@@ -1,0 +1,289 @@
+//! The encoder: response heads to clients, request heads to upstreams, and chunk framing.
+//! It owns the guarantee that nothing the gateway writes can split a message: framing
+//! fields are written only from [`Framing`], and a field that could inject a line is dropped.
+
+use bytes::{BufMut, BytesMut};
+
+use super::head::{is_field_value_byte, is_tchar};
+
+/// How the body after a written head is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// `Content-Length: n`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`; write the body with [`write_chunk`] and [`write_last_chunk`].
+    Chunked,
+    /// No body follows (HEAD, 204, 304); no length field is written.
+    NoBody,
+    /// The body ends when the connection closes; no length field, and `Connection: close`.
+    Close,
+}
+
+/// The interim answer to `Expect: 100-continue`.
+pub const CONTINUE_100: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// The RFC 9110 reason phrase of `status`; empty for an unregistered code (the status line
+/// then ends in `"<status> "`, which RFC 9112 §4 allows).
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        102 => "Processing",
+        103 => "Early Hints",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        203 => "Non-Authoritative Information",
+        204 => "No Content",
+        205 => "Reset Content",
+        206 => "Partial Content",
+        207 => "Multi-Status",
+        208 => "Already Reported",
+        226 => "IM Used",
+        300 => "Multiple Choices",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        305 => "Use Proxy",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        407 => "Proxy Authentication Required",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        416 => "Range Not Satisfiable",
+        417 => "Expectation Failed",
+        421 => "Misdirected Request",
+        422 => "Unprocessable Content",
+        423 => "Locked",
+        424 => "Failed Dependency",
+        425 => "Too Early",
+        426 => "Upgrade Required",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        451 => "Unavailable For Legal Reasons",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        506 => "Variant Also Negotiates",
+        507 => "Insufficient Storage",
+        508 => "Loop Detected",
+        510 => "Not Extended",
+        511 => "Network Authentication Required",
+        _ => "",
+    }
+}
+
+/// Hop-by-hop fields (RFC 9110 §7.6.1, plus the legacy `Keep-Alive`, `Proxy-Connection` and
+/// proxy auth fields) that a proxy must not forward. The encoder itself drops only the
+/// framing fields; callers filter with this.
+pub fn is_hop_by_hop(name: &str) -> bool {
+    const HOP: [&str; 9] = [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Writes `HTTP/1.1 <status> <reason>`, the fields, the framing field, `Connection: close`
+/// when `!keep_alive` (and always for [`Framing::Close`]), and the empty line.
+///
+/// Fields named `Content-Length`, `Transfer-Encoding` or `Connection` are dropped (framing is
+/// only ever written from `framing`), and so is any field whose name is not a token or whose
+/// value holds a byte outside HTAB / SP / VCHAR / obs-text (CR, LF, NUL and other controls).
+/// A status outside 100..=999 cannot be written as three digits and is written as 500.
+pub fn write_response_head<'a>(
+    dst: &mut BytesMut,
+    status: u16,
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    framing: Framing,
+    keep_alive: bool,
+) {
+    let status = if (100..=999).contains(&status) {
+        status
+    } else {
+        500
+    };
+    dst.reserve(256);
+    dst.put_slice(b"HTTP/1.1 ");
+    put_decimal(dst, u64::from(status));
+    dst.put_u8(b' ');
+    dst.put_slice(reason_phrase(status).as_bytes());
+    dst.put_slice(b"\r\n");
+    put_fields(dst, headers, false);
+    match framing {
+        Framing::Length(n) => put_content_length(dst, n),
+        Framing::Chunked => dst.put_slice(b"Transfer-Encoding: chunked\r\n"),
+        Framing::NoBody | Framing::Close => {}
+    }
+    if !keep_alive || framing == Framing::Close {
+        dst.put_slice(b"Connection: close\r\n");
+    }
+    dst.put_slice(b"\r\n");
+}
+
+/// Writes `<METHOD> <target> HTTP/1.1`, `Host: <host>`, the fields (dropping as in
+/// [`write_response_head`], and `Host` too), the framing field and the empty line. Upstream
+/// connections are always keep-alive, so no `Connection` field is written.
+///
+/// Nothing here can split the request line: bytes of `method` that are not `tchar` and bytes
+/// of `host` outside visible ASCII are skipped, and bytes of `target` outside visible ASCII
+/// are percent-encoded (an empty target is `/`). A request has no close-delimited body:
+/// [`Framing::Close`] is treated as [`Framing::NoBody`], which for POST, PUT and PATCH writes
+/// `Content-Length: 0` (RFC 9110 §8.6).
+pub fn write_request_head<'a>(
+    dst: &mut BytesMut,
+    method: &str,
+    target: &str,
+    host: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    framing: Framing,
+) {
+    dst.reserve(256 + target.len());
+    for &b in method.as_bytes() {
+        if is_tchar(b) {
+            dst.put_u8(b);
+        }
+    }
+    dst.put_u8(b' ');
+    if target.is_empty() {
+        dst.put_u8(b'/');
+    }
+    for &b in target.as_bytes() {
+        if (b'!'..=b'~').contains(&b) {
+            dst.put_u8(b);
+        } else {
+            put_percent(dst, b);
+        }
+    }
+    dst.put_slice(b" HTTP/1.1\r\nHost: ");
+    for &b in host.as_bytes() {
+        if (b'!'..=b'~').contains(&b) {
+            dst.put_u8(b);
+        }
+    }
+    dst.put_slice(b"\r\n");
+    put_fields(dst, headers, true);
+    match framing {
+        Framing::Length(n) => put_content_length(dst, n),
+        Framing::Chunked => dst.put_slice(b"Transfer-Encoding: chunked\r\n"),
+        Framing::NoBody | Framing::Close => {
+            if matches!(method, "POST" | "PUT" | "PATCH") {
+                dst.put_slice(b"Content-Length: 0\r\n");
+            }
+        }
+    }
+    dst.put_slice(b"\r\n");
+}
+
+/// Writes one chunk (`<hex len>\r\n<data>\r\n`). Empty `data` writes nothing: an empty chunk
+/// would end the body.
+pub fn write_chunk(dst: &mut BytesMut, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    dst.reserve(data.len() + 20);
+    put_hex(dst, data.len() as u64);
+    dst.put_slice(b"\r\n");
+    dst.put_slice(data);
+    dst.put_slice(b"\r\n");
+}
+
+/// Ends a chunked body (no trailers).
+pub fn write_last_chunk(dst: &mut BytesMut) {
+    dst.put_slice(b"0\r\n\r\n");
+}
+
+fn put_fields<'a>(
+    dst: &mut BytesMut,
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    drop_host: bool,
+) {
+    for (name, value) in headers {
+        let droppable = name.eq_ignore_ascii_case("content-length")
+            || name.eq_ignore_ascii_case("transfer-encoding")
+            || name.eq_ignore_ascii_case("connection")
+            || (drop_host && name.eq_ignore_ascii_case("host"));
+        let valid = !name.is_empty()
+            && name.bytes().all(is_tchar)
+            && value.iter().all(|&b| is_field_value_byte(b));
+        if droppable || !valid {
+            continue;
+        }
+        dst.reserve(name.len() + value.len() + 4);
+        dst.put_slice(name.as_bytes());
+        dst.put_slice(b": ");
+        dst.put_slice(value);
+        dst.put_slice(b"\r\n");
+    }
+}
+
+fn put_content_length(dst: &mut BytesMut, n: u64) {
+    dst.put_slice(b"Content-Length: ");
+    put_decimal(dst, n);
+    dst.put_slice(b"\r\n");
+}
+
+fn put_decimal(dst: &mut BytesMut, mut n: u64) {
+    let mut digits = [0u8; 20]; // u64::MAX has 20 digits
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        if let Some(slot) = digits.get_mut(at) {
+            *slot = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    dst.put_slice(digits.get(at..).unwrap_or_default());
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn put_hex(dst: &mut BytesMut, mut n: u64) {
+    let mut digits = [0u8; 16]; // u64::MAX has 16 hex digits
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        if let (Some(slot), Some(&d)) = (digits.get_mut(at), HEX.get((n & 0xF) as usize)) {
+            *slot = d;
+        }
+        n >>= 4;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    dst.put_slice(digits.get(at..).unwrap_or_default());
+}
+
+fn put_percent(dst: &mut BytesMut, b: u8) {
+    let hi = HEX.get(usize::from(b >> 4)).copied().unwrap_or(b'0');
+    let lo = HEX.get(usize::from(b & 0xF)).copied().unwrap_or(b'0');
+    dst.put_slice(&[b'%', hi, lo]);
+}

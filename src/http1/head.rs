@@ -1,0 +1,417 @@
+//! What request and response heads share: finding where a head ends within its byte limit,
+//! mapping `httparse` errors, storing fields as `u32` spans into the head bytes, and reading
+//! the framing fields (`Content-Length`, `Transfer-Encoding`, `Connection`, `Expect`, `Host`)
+//! in one pass.
+
+use std::mem::MaybeUninit;
+
+use memchr::memchr_iter;
+
+use super::{HeadError, MAX_HEADERS};
+
+/// Uninitialised stack storage for `httparse` (nothing is zeroed on the hot path).
+pub(crate) type HeaderStorage<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
+
+pub(crate) fn header_storage<'b>() -> HeaderStorage<'b> {
+    [const { MaybeUninit::uninit() }; MAX_HEADERS]
+}
+
+/// Which start line a head must begin with (checked before the head is complete).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StartLine {
+    Request,
+    Response,
+}
+
+/// A complete head inside a buffer: `skip` bytes of leading empty lines, then `len` bytes of
+/// head ending in CRLF CRLF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Located {
+    pub(crate) skip: usize,
+    pub(crate) len: usize,
+}
+
+/// Finds the first complete head in `buf`, which must end within `max` bytes (leading empty
+/// lines included). `Ok(None)` means "need more bytes". This is a `memchr` scan, not a parse:
+/// a head arriving in many reads is parsed once, when complete. The scan also checks what it
+/// can cheaply (the first byte, that every LF follows a CR), in the same order whether the head
+/// is complete or not, so an error never depends on how the bytes were split.
+pub(crate) fn locate(
+    buf: &[u8],
+    max: usize,
+    start: StartLine,
+) -> Result<Option<Located>, HeadError> {
+    let window = buf.get(..buf.len().min(max)).unwrap_or(buf);
+    let mut skip = 0;
+    while window.get(skip..skip + 2) == Some(b"\r\n".as_slice()) {
+        skip += 2;
+    }
+    let rest = window.get(skip..).unwrap_or_default();
+    let need_more = || {
+        if buf.len() >= max {
+            Err(HeadError::TooLarge)
+        } else {
+            Ok(None)
+        }
+    };
+    if rest == b"\r" {
+        // Maybe the start of one more empty line.
+        return need_more();
+    }
+    check_start(rest, start)?;
+    // One pass over the line feeds: each must follow a CR, and the first empty line ends the
+    // head. `rest` never starts with CRLF, so "\r\n\r\n" here is a real end of head.
+    for at in memchr_iter(b'\n', rest) {
+        let before = at.checked_sub(1).and_then(|i| rest.get(i));
+        if before != Some(&b'\r') {
+            return Err(HeadError::Malformed("bare LF"));
+        }
+        if at >= 3 && rest.get(at - 3..at - 1) == Some(b"\r\n".as_slice()) {
+            return Ok(Some(Located { skip, len: at + 1 }));
+        }
+    }
+    need_more()
+}
+
+fn check_start(rest: &[u8], start: StartLine) -> Result<(), HeadError> {
+    match start {
+        StartLine::Request => match rest.first() {
+            Some(&b) if !is_tchar(b) => Err(HeadError::Malformed("invalid request line")),
+            _ => Ok(()),
+        },
+        StartLine::Response => {
+            const PREFIX: &[u8] = b"HTTP/";
+            let n = rest.len().min(PREFIX.len());
+            if rest.get(..n) == PREFIX.get(..n) {
+                Ok(())
+            } else {
+                Err(HeadError::Malformed("invalid status line"))
+            }
+        }
+    }
+}
+
+/// Maps an `httparse` error on the complete head `head`. `httparse` reports any trouble in
+/// the start line's version slot as `Version`; only a well-formed `HTTP/d.d` other than 1.0
+/// and 1.1 is reported as [`HeadError::UnsupportedVersion`], anything else is malformed.
+pub(crate) fn map_httparse(err: httparse::Error, head: &[u8], start: StartLine) -> HeadError {
+    match err {
+        httparse::Error::HeaderName => HeadError::Malformed("invalid header name"),
+        httparse::Error::HeaderValue => HeadError::Malformed("invalid header value"),
+        httparse::Error::NewLine => HeadError::Malformed("invalid line ending"),
+        httparse::Error::Status => HeadError::Malformed("invalid status line"),
+        httparse::Error::Token => HeadError::Malformed("invalid request line"),
+        httparse::Error::TooManyHeaders => HeadError::TooManyHeaders,
+        httparse::Error::Version => {
+            let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+            let version = match start {
+                // method SP target SP version: exactly three parts.
+                StartLine::Request => {
+                    let mut parts = line.split(|&b| b == b' ');
+                    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                        (Some(_), Some(_), Some(v), None) => v,
+                        _ => &[],
+                    }
+                }
+                StartLine::Response => line.get(..8).unwrap_or_default(),
+            };
+            match version {
+                [b'H', b'T', b'T', b'P', b'/', major, b'.', minor]
+                    if major.is_ascii_digit()
+                        && minor.is_ascii_digit()
+                        && !(*major == b'1' && matches!(minor, b'0' | b'1')) =>
+                {
+                    HeadError::UnsupportedVersion
+                }
+                _ => match start {
+                    StartLine::Request => HeadError::Malformed("invalid request line"),
+                    StartLine::Response => HeadError::Malformed("invalid status line"),
+                },
+            }
+        }
+    }
+}
+
+/// RFC 9110 `tchar`.
+pub(crate) fn is_tchar(b: u8) -> bool {
+    matches!(b,
+        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9'
+        | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+'
+        | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
+}
+
+/// RFC 9110 field-value byte (HTAB, SP, VCHAR, obs-text); the same set `httparse` accepts.
+pub(crate) fn is_field_value_byte(b: u8) -> bool {
+    b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80
+}
+
+/// A byte range of the head, as offsets (heads are far below 4 GiB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    /// Where `part` lies inside `base`; `None` if it does not lie there.
+    pub(crate) fn of(base: &[u8], part: &[u8]) -> Option<Span> {
+        if part.is_empty() {
+            return Some(Span::default());
+        }
+        let start = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
+        if start.checked_add(part.len())? > base.len() {
+            return None;
+        }
+        Some(Span {
+            start: u32::try_from(start).ok()?,
+            len: u32::try_from(part.len()).ok()?,
+        })
+    }
+
+    pub(crate) fn get<'a>(&self, raw: &'a [u8]) -> &'a [u8] {
+        let start = self.start as usize;
+        raw.get(start..start.saturating_add(self.len as usize))
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn get_str<'a>(&self, raw: &'a [u8]) -> &'a str {
+        std::str::from_utf8(self.get(raw)).unwrap_or_default()
+    }
+}
+
+pub(crate) fn span(base: &[u8], part: &[u8]) -> Result<Span, HeadError> {
+    Span::of(base, part).ok_or(HeadError::Malformed("field outside head"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FieldSpan {
+    name: Span,
+    value: Span,
+}
+
+/// The header fields of one head, in order, as spans into its bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fields(Vec<FieldSpan>);
+
+impl Fields {
+    /// First value of `name` (ASCII case-insensitive).
+    pub(crate) fn get<'a>(&self, raw: &'a [u8], name: &str) -> Option<&'a [u8]> {
+        let name = name.as_bytes();
+        self.0
+            .iter()
+            .find(|f| {
+                f.name.len as usize == name.len() && f.name.get(raw).eq_ignore_ascii_case(name)
+            })
+            .map(|f| f.value.get(raw))
+    }
+
+    pub(crate) fn iter<'a>(
+        &'a self,
+        raw: &'a [u8],
+    ) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
+        self.0
+            .iter()
+            .map(move |f| (f.name.get_str(raw), f.value.get(raw)))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ContentLength {
+    #[default]
+    Absent,
+    Value(u64),
+    Bad,
+}
+
+/// What the framing-relevant fields say, gathered in the same pass that records spans.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Facts {
+    pub(crate) content_length: ContentLength,
+    te_fields: u32,
+    te_codings: u32,
+    te_chunked: u32,
+    pub(crate) close: bool,
+    pub(crate) keep_alive: bool,
+    pub(crate) expect_continue: bool,
+    pub(crate) hosts: u32,
+}
+
+impl Facts {
+    pub(crate) fn has_transfer_encoding(&self) -> bool {
+        self.te_fields > 0
+    }
+
+    /// The transfer coding list is exactly `chunked`.
+    pub(crate) fn is_chunked(&self) -> bool {
+        self.te_codings == 1 && self.te_chunked == 1
+    }
+
+    /// Keep-alive per RFC 9112 §9.3 from the `Connection` tokens and the minor version.
+    pub(crate) fn persistent(&self, minor_version: u8) -> bool {
+        !self.close && (minor_version >= 1 || self.keep_alive)
+    }
+}
+
+/// Records spans (relative to `base`, the head) and reads the framing fields.
+pub(crate) fn collect(
+    base: &[u8],
+    headers: &[httparse::Header<'_>],
+) -> Result<(Fields, Facts), HeadError> {
+    let mut spans = Vec::with_capacity(headers.len());
+    let mut facts = Facts::default();
+    for h in headers {
+        let name = h.name.as_bytes();
+        spans.push(FieldSpan {
+            name: span(base, name)?,
+            value: span(base, h.value)?,
+        });
+        note(&mut facts, name, h.value);
+    }
+    Ok((Fields(spans), facts))
+}
+
+fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
+    match name.len() {
+        4 if name.eq_ignore_ascii_case(b"host") => facts.hosts += 1,
+        6 if name.eq_ignore_ascii_case(b"expect")
+            && trim_ows(value).eq_ignore_ascii_case(b"100-continue") =>
+        {
+            facts.expect_continue = true;
+        }
+        10 if name.eq_ignore_ascii_case(b"connection") => {
+            for token in list_elements(value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    facts.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    facts.keep_alive = true;
+                }
+            }
+        }
+        14 if name.eq_ignore_ascii_case(b"content-length") => {
+            facts.content_length = merge_content_length(facts.content_length, value);
+        }
+        17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            facts.te_fields += 1;
+            for coding in list_elements(value) {
+                facts.te_codings += 1;
+                if coding.eq_ignore_ascii_case(b"chunked") {
+                    facts.te_chunked += 1;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn merge_content_length(seen: ContentLength, value: &[u8]) -> ContentLength {
+    let mut merged = seen;
+    let mut any = false;
+    for element in list_elements(value) {
+        any = true;
+        merged = match (merged, parse_decimal(element)) {
+            (ContentLength::Bad, _) | (_, None) => ContentLength::Bad,
+            (ContentLength::Absent, Some(n)) => ContentLength::Value(n),
+            (ContentLength::Value(m), Some(n)) if m == n => ContentLength::Value(m),
+            (ContentLength::Value(_), Some(_)) => ContentLength::Bad,
+        };
+    }
+    if any { merged } else { ContentLength::Bad }
+}
+
+/// 1*DIGIT into a `u64`, `None` on anything else or overflow.
+pub(crate) fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
+/// Non-empty elements of a comma-separated list, trimmed of optional whitespace.
+fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(trim_ows)
+        .filter(|e| !e.is_empty())
+}
+
+fn trim_ows(mut v: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_is_strict_and_checked() {
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        assert_eq!(parse_decimal(b"0042"), Some(42));
+        assert_eq!(parse_decimal(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_decimal(b"18446744073709551616"), None);
+        for bad in [&b""[..], b"+1", b"-1", b"1.0", b"0x10", b" 1", b"1 "] {
+            assert_eq!(parse_decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn list_elements_skip_empty_and_trim() {
+        let got: Vec<&[u8]> = list_elements(b" ,a ,\tb\t,, c").collect();
+        assert_eq!(got, [&b"a"[..], b"b", b"c"]);
+        assert_eq!(trim_ows(b" \t "), b"");
+    }
+
+    #[test]
+    fn spans_stay_inside_their_base() {
+        let base = b"hello world";
+        let span = Span::of(base, &base[6..]).unwrap();
+        assert_eq!(span.get(base), b"world");
+        assert_eq!(Span::of(base, b"elsewhere"), None);
+        assert_eq!(Span::of(&base[..5], &base[3..8]), None);
+        // A span read against a shorter buffer is empty, never a panic.
+        assert_eq!(span.get(b"hi"), b"");
+    }
+
+    #[test]
+    fn locate_finds_the_first_empty_line_and_skips_leading_ones() {
+        let buf = b"\r\n\r\nGET / HTTP/1.1\r\n\r\nbody\r\n\r\n";
+        let at = locate(buf, 1024, StartLine::Request).unwrap().unwrap();
+        assert_eq!(at, Located { skip: 4, len: 18 });
+        assert_eq!(locate(b"\r\n\r", 1024, StartLine::Request), Ok(None));
+        assert_eq!(locate(b"HTT", 1024, StartLine::Response), Ok(None));
+        assert_eq!(
+            locate(b"HTX", 1024, StartLine::Response),
+            Err(HeadError::Malformed("invalid status line"))
+        );
+        // Fifteen bytes may still end within sixteen; sixteen without an end cannot.
+        assert_eq!(
+            locate(b"GET / HTTP/1.1\r", 16, StartLine::Request),
+            Ok(None)
+        );
+        assert_eq!(
+            locate(b"GET / HTTP/1.1\r\n", 16, StartLine::Request),
+            Err(HeadError::TooLarge)
+        );
+        assert!(
+            locate(b"GET / HTTP/1.1\r\n\r\n", 18, StartLine::Request)
+                .unwrap()
+                .is_some()
+        );
+    }
+}

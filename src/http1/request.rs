@@ -1,0 +1,190 @@
+//! Request heads from downstream clients: the request line, fields and the request's framing
+//! (RFC 9112 §6.3 rules 4–7; a request is never close-delimited).
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::head::{self, Facts, Fields, Span, StartLine};
+use super::{BodyKind, Decoded, HeadError, MAX_HEAD_BYTES, Method};
+
+/// A parsed request head. `raw` holds exactly the head bytes (request line through the final
+/// CRLF CRLF, leading empty lines excluded); everything else is offsets into it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestHead {
+    raw: Bytes,
+    method: Method,
+    method_span: Span,
+    target: Span,
+    minor_version: u8,
+    fields: Fields,
+    body_kind: BodyKind,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+impl RequestHead {
+    pub fn method(&self) -> Method {
+        self.method
+    }
+
+    /// The method token as sent (useful when [`method`](Self::method) is `Other`).
+    pub fn method_str(&self) -> &str {
+        self.method_span.get_str(&self.raw)
+    }
+
+    /// The request-target as sent (origin-form `/path?query`, or absolute-form, or `*`).
+    pub fn target(&self) -> &str {
+        self.target.get_str(&self.raw)
+    }
+
+    /// The target up to (excluding) the first `?`.
+    pub fn path(&self) -> &str {
+        let target = self.target();
+        match target.split_once('?') {
+            Some((path, _)) => path,
+            None => target,
+        }
+    }
+
+    /// What follows the first `?` of the target, if there is one.
+    pub fn query(&self) -> Option<&str> {
+        self.target().split_once('?').map(|(_, query)| query)
+    }
+
+    /// `0` for HTTP/1.0, `1` for HTTP/1.1.
+    pub fn minor_version(&self) -> u8 {
+        self.minor_version
+    }
+
+    /// The first value of the field `name` (ASCII case-insensitive), trimmed of surrounding
+    /// whitespace.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.fields.get(&self.raw, name)
+    }
+
+    /// All fields in order, names as sent.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.fields.iter(&self.raw)
+    }
+
+    /// Number of header fields.
+    pub fn header_count(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// `Empty`, `Length(n)` or `Chunked`; never `CloseDelimited`.
+    pub fn body_kind(&self) -> BodyKind {
+        self.body_kind
+    }
+
+    /// HTTP/1.1: unless `Connection: close`; HTTP/1.0: only with `Connection: keep-alive`.
+    pub fn keep_alive(&self) -> bool {
+        self.keep_alive
+    }
+
+    /// `Expect: 100-continue` on an HTTP/1.1 request (RFC 9110 §10.1.1: ignored for 1.0).
+    pub fn expect_continue(&self) -> bool {
+        self.expect_continue
+    }
+
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+}
+
+/// Decodes one request head from the front of `buf`.
+///
+/// On `Complete` the head bytes (and any leading empty lines) are split off the front of `buf`
+/// without copying, leaving the body and any pipelined bytes in `buf`. On `Partial` `buf` is
+/// untouched. No complete head within [`MAX_HEAD_BYTES`] is `Err(TooLarge)`.
+pub fn decode_request_head(buf: &mut BytesMut) -> Result<Decoded<RequestHead>, HeadError> {
+    let Some(at) = head::locate(buf, MAX_HEAD_BYTES, StartLine::Request)? else {
+        return Ok(Decoded::Partial);
+    };
+    let end = at.skip + at.len;
+    let parsed = match buf.get(at.skip..end) {
+        Some(bytes) => parse(bytes)?,
+        None => return Err(HeadError::Malformed("head outside buffer")),
+    };
+    buf.advance(at.skip);
+    let raw = buf.split_to(at.len).freeze();
+    Ok(Decoded::Complete(parsed.with_raw(raw)))
+}
+
+/// Everything but the bytes, so the borrow of the buffer ends before it is split.
+struct Parsed {
+    method: Method,
+    method_span: Span,
+    target: Span,
+    minor_version: u8,
+    fields: Fields,
+    body_kind: BodyKind,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+impl Parsed {
+    fn with_raw(self, raw: Bytes) -> RequestHead {
+        RequestHead {
+            raw,
+            method: self.method,
+            method_span: self.method_span,
+            target: self.target,
+            minor_version: self.minor_version,
+            fields: self.fields,
+            body_kind: self.body_kind,
+            keep_alive: self.keep_alive,
+            expect_continue: self.expect_continue,
+        }
+    }
+}
+
+/// Parses `bytes`, which is exactly one head ending in CRLF CRLF.
+fn parse(bytes: &[u8]) -> Result<Parsed, HeadError> {
+    let mut storage = head::header_storage();
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(bytes, &mut storage) {
+        Ok(httparse::Status::Complete(n)) if n == bytes.len() => {}
+        Ok(_) => return Err(HeadError::Malformed("head does not end at the empty line")),
+        Err(e) => return Err(head::map_httparse(e, bytes, StartLine::Request)),
+    }
+    let (Some(method), Some(target), Some(minor_version)) = (req.method, req.path, req.version)
+    else {
+        return Err(HeadError::Malformed("incomplete request line"));
+    };
+    if minor_version > 1 {
+        return Err(HeadError::UnsupportedVersion);
+    }
+    let (fields, facts) = head::collect(bytes, req.headers)?;
+    if facts.hosts > 1 {
+        return Err(HeadError::Malformed("more than one Host field"));
+    }
+    Ok(Parsed {
+        method: Method::from_bytes(method.as_bytes()),
+        method_span: head::span(bytes, method.as_bytes())?,
+        target: head::span(bytes, target.as_bytes())?,
+        minor_version,
+        fields,
+        body_kind: body_kind(&facts, minor_version)?,
+        keep_alive: facts.persistent(minor_version),
+        expect_continue: facts.expect_continue && minor_version >= 1,
+    })
+}
+
+/// RFC 9112 §6.1 and §6.3: TE with CL is refused outright, as is TE in HTTP/1.0.
+fn body_kind(facts: &Facts, minor_version: u8) -> Result<BodyKind, HeadError> {
+    let has_length = facts.content_length != head::ContentLength::Absent;
+    if facts.has_transfer_encoding() {
+        if has_length {
+            return Err(HeadError::ConflictingFraming);
+        }
+        if minor_version == 0 || !facts.is_chunked() {
+            return Err(HeadError::UnsupportedTransferEncoding);
+        }
+        return Ok(BodyKind::Chunked);
+    }
+    match facts.content_length {
+        head::ContentLength::Absent => Ok(BodyKind::Empty),
+        head::ContentLength::Value(n) => Ok(BodyKind::Length(n)),
+        head::ContentLength::Bad => Err(HeadError::BadContentLength),
+    }
+}
