@@ -20,7 +20,11 @@ const EXIT_CONFIG: u8 = 2;
 const EXIT_START: u8 = 1;
 
 #[derive(Parser)]
-#[command(name = "tidegate", version, about = "Thread-per-core LLM API edge gateway (OpenAI and Anthropic formats)")]
+#[command(
+    name = "tidegate",
+    version,
+    about = "Thread-per-core LLM API edge gateway (OpenAI and Anthropic formats)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -52,7 +56,7 @@ fn env_lookup(name: &str) -> Option<String> {
 }
 
 /// Loads and validates; on failure prints one line per problem to stderr.
-fn load(path: &PathBuf) -> Result<(Config, Vec<String>), ExitCode> {
+fn load(path: &std::path::Path) -> Result<(Config, Vec<String>), ExitCode> {
     match config::load_file(path, &env_lookup) {
         Ok(outcome) => Ok((outcome.config, outcome.warnings)),
         Err(err) => {
@@ -68,7 +72,12 @@ fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -115,7 +124,10 @@ fn serve(path: PathBuf) -> ExitCode {
         }
     };
     // Handlers are installed before any shard starts; this thread waits for them.
-    let mut signals = match signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]) {
+    let mut signals = match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("cannot install signal handlers: {e}");
@@ -129,7 +141,12 @@ fn serve(path: PathBuf) -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    println!("tidegate listening on {} (shards={}, driver={})", fleet.addr, fleet.shards, fleet.driver.as_str());
+    println!(
+        "tidegate listening on {} (shards={}, driver={})",
+        fleet.addr,
+        fleet.shards,
+        fleet.driver.as_str()
+    );
     let signal = signals.forever().next();
     tracing::info!(signal = ?signal, "shutting down: no new connections, draining in-flight requests");
     fleet.stop();

@@ -2,6 +2,8 @@
 //! timeout on one connection moves the request to the next connection (priority order);
 //! nothing moves once the first byte reached the client.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use std::net::TcpListener;
@@ -52,7 +54,8 @@ fn ask(gw: &Gateway, model: &str) -> Response {
         "POST",
         "/v1/chat/completions",
         &[("authorization", "Bearer test-key")],
-        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#).as_bytes(),
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+            .as_bytes(),
     )
 }
 
@@ -75,7 +78,10 @@ fn a_5xx_moves_to_the_next_candidate_and_the_attempts_are_counted() {
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.json()["choices"][0]["message"]["content"], "from b");
-    assert_eq!(resp.header("x-omniroute-selected-connection-id"), Some("second"));
+    assert_eq!(
+        resp.header("x-omniroute-selected-connection-id"),
+        Some("second")
+    );
     assert_eq!(resp.header("x-tidegate-provider"), Some("b"));
     assert_eq!(resp.header("x-tidegate-attempts"), Some("2"));
     assert_eq!(a.hits("/v1/chat/completions"), 1);
@@ -89,7 +95,10 @@ fn a_refused_connection_moves_to_the_next_candidate() {
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("x-tidegate-attempts"), Some("2"));
-    assert_eq!(resp.header("x-omniroute-selected-connection-id"), Some("second"));
+    assert_eq!(
+        resp.header("x-omniroute-selected-connection-id"),
+        Some("second")
+    );
 }
 
 #[test]
@@ -110,10 +119,17 @@ fn a_response_head_timeout_moves_to_the_next_candidate() {
     let b = MockUpstream::start();
     a.on_always("/v1/chat/completions", Reply::stall_before_head());
     b.on_always("/v1/chat/completions", Reply::openai_chat("from b"));
-    let gw = Gateway::start(&config(&a.base_url(), &b.base_url(), "response_header_timeout_ms = 300"));
+    let gw = Gateway::start(&config(
+        &a.base_url(),
+        &b.base_url(),
+        "response_header_timeout_ms = 300",
+    ));
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 200);
-    assert_eq!(resp.header("x-omniroute-selected-connection-id"), Some("second"));
+    assert_eq!(
+        resp.header("x-omniroute-selected-connection-id"),
+        Some("second")
+    );
 }
 
 #[test]
@@ -134,7 +150,10 @@ fn the_last_candidates_5xx_is_relayed_as_the_upstream_sent_it() {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
     a.on_always("/v1/chat/completions", Reply::error(500, "a broke"));
-    b.on_always("/v1/chat/completions", Reply::error(502, "b broke").header("x-from", "b"));
+    b.on_always(
+        "/v1/chat/completions",
+        Reply::error(502, "b broke").header("x-from", "b"),
+    );
     let gw = Gateway::start(&config(&a.base_url(), &b.base_url(), ""));
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 502);
@@ -148,7 +167,10 @@ fn when_every_candidate_is_unreachable_the_gateway_answers_502() {
     let gw = Gateway::start(&config(&dead_base(), &dead_base(), ""));
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 502);
-    assert_eq!(resp.header("x-tidegate-error"), Some("upstream_connect_failed"));
+    assert_eq!(
+        resp.header("x-tidegate-error"),
+        Some("upstream_connect_failed")
+    );
     assert_eq!(resp.json()["error"]["code"], "upstream_connect_failed");
     assert_eq!(resp.json()["error"]["type"], "server_error");
 }
@@ -165,8 +187,15 @@ fn nothing_fails_over_after_the_first_byte() {
     let gw = Gateway::start(&config(&a.base_url(), &b.base_url(), ""));
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 200);
-    assert_eq!(resp.header("x-omniroute-selected-connection-id"), Some("first"));
-    assert_eq!(b.hits("/v1/chat/completions"), 0, "a started stream is never replayed");
+    assert_eq!(
+        resp.header("x-omniroute-selected-connection-id"),
+        Some("first")
+    );
+    assert_eq!(
+        b.hits("/v1/chat/completions"),
+        0,
+        "a started stream is never replayed"
+    );
 }
 
 #[test]
@@ -199,5 +228,8 @@ priority = 1
     );
     let gw = Gateway::start(&cfg);
     let resp = ask(&gw, "a/m1");
-    assert_eq!(resp.header("x-omniroute-selected-connection-id"), Some("high"));
+    assert_eq!(
+        resp.header("x-omniroute-selected-connection-id"),
+        Some("high")
+    );
 }

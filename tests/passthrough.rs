@@ -2,6 +2,8 @@
 //! request the upstream sees (model rewrite, injected credentials, stripped client-only
 //! headers), and the success headers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use std::time::Duration;
@@ -44,21 +46,33 @@ fn a_non_stream_answer_reaches_the_client_byte_for_byte() {
     let body = "{ \"z\":1,  \"id\":\"x\",\n\"choices\":[{\"message\":{\"content\":\"h\u{e9}llo \\u00e9\"}}] }";
     mock.on(
         "/v1/chat/completions",
-        Reply::status(200).header("content-type", "application/json").header("x-upstream-id", "u-1").body(body),
+        Reply::status(200)
+            .header("content-type", "application/json")
+            .header("x-upstream-id", "u-1")
+            .body(body),
     );
     let gw = Gateway::start_with_env(&config(&mock, "openai", ""), ENV);
     let mut c = Client::connect(gw.addr());
     let resp = c.request(
         "POST",
         "/v1/chat/completions",
-        &[("authorization", "Bearer test-key"), ("content-type", "application/json")],
+        &[
+            ("authorization", "Bearer test-key"),
+            ("content-type", "application/json"),
+        ],
         br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
     );
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body, body.as_bytes(), "body must be relayed unchanged");
-    assert_eq!(resp.header("content-length"), Some(body.len().to_string().as_str()));
+    assert_eq!(
+        resp.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
     assert_eq!(resp.header("x-upstream-id"), Some("u-1"));
-    assert_eq!(resp.header("x-omniroute-selected-connection-id"), Some("c1"));
+    assert_eq!(
+        resp.header("x-omniroute-selected-connection-id"),
+        Some("c1")
+    );
     assert_eq!(resp.header("x-tidegate-provider"), Some("up"));
     assert_eq!(resp.header("x-tidegate-attempts"), Some("1"));
     assert!(resp.header("x-tidegate-error").is_none());
@@ -68,8 +82,12 @@ fn a_non_stream_answer_reaches_the_client_byte_for_byte() {
 fn the_upstream_sees_the_rewritten_model_its_credentials_and_no_client_only_headers() {
     let mock = MockUpstream::start();
     mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
-    let gw = Gateway::start_with_env(&config(&mock, "openai", "headers = { \"x-org\" = \"acme\" }"), ENV);
-    let body = r#"{"messages":[{"role":"user","content":"hi"}], "model" : "up/m1", "temperature":0.5}"#;
+    let gw = Gateway::start_with_env(
+        &config(&mock, "openai", "headers = { \"x-org\" = \"acme\" }"),
+        ENV,
+    );
+    let body =
+        r#"{"messages":[{"role":"user","content":"hi"}], "model" : "up/m1", "temperature":0.5}"#;
     let mut c = Client::connect(gw.addr());
     let resp = c.request(
         "POST",
@@ -97,7 +115,10 @@ fn the_upstream_sees_the_rewritten_model_its_credentials_and_no_client_only_head
     assert_eq!(r.target, "/v1/chat/completions?api-version=7");
     // Only the model value changed, everything else is byte-identical.
     assert_eq!(r.text(), body.replace("\"up/m1\"", "\"m1\""));
-    assert_eq!(r.header("content-length"), Some(r.body.len().to_string().as_str()));
+    assert_eq!(
+        r.header("content-length"),
+        Some(r.body.len().to_string().as_str())
+    );
     assert_eq!(r.header("authorization"), Some("Bearer sk-upstream-secret"));
     assert_eq!(r.header("x-org"), Some("acme"));
     assert_eq!(r.header("x-custom"), Some("kept"));
@@ -113,7 +134,11 @@ fn the_upstream_sees_the_rewritten_model_its_credentials_and_no_client_only_head
     ] {
         assert!(!r.has_header(gone), "{gone} must not reach the upstream");
     }
-    assert_eq!(r.header_all("authorization").len(), 1, "the client's key never reaches the upstream");
+    assert_eq!(
+        r.header_all("authorization").len(),
+        1,
+        "the client's key never reaches the upstream"
+    );
     let host = r.header("host").unwrap();
     assert_eq!(host, format!("127.0.0.1:{}", mock.addr().port()));
 }
@@ -132,7 +157,10 @@ fn anthropic_requests_carry_x_api_key_and_a_version() {
     let resp = c.request(
         "POST",
         "/v1/messages",
-        &[("x-api-key", "test-key"), ("anthropic-version", "2099-01-01")],
+        &[
+            ("x-api-key", "test-key"),
+            ("anthropic-version", "2099-01-01"),
+        ],
         body,
     );
     assert_eq!(resp.status, 200);
@@ -147,8 +175,13 @@ fn anthropic_requests_carry_x_api_key_and_a_version() {
 fn a_stream_is_relayed_as_it_arrives_and_byte_exact() {
     let mock = MockUpstream::start();
     let gate = Gate::new();
-    let mut chunks = vec![Chunk::data(r#"{"choices":[{"delta":{"content":"first"}}]}"#), Chunk::wait_for(&gate)];
-    chunks.push(Chunk::data(r#"{"choices":[{"delta":{"content":" second"}}]}"#));
+    let mut chunks = vec![
+        Chunk::data(r#"{"choices":[{"delta":{"content":"first"}}]}"#),
+        Chunk::wait_for(&gate),
+    ];
+    chunks.push(Chunk::data(
+        r#"{"choices":[{"delta":{"content":" second"}}]}"#,
+    ));
     chunks.push(Chunk::raw(": keep-alive comment\n\n"));
     chunks.push(Chunk::done());
     mock.on("/v1/chat/completions", Reply::sse(chunks));
@@ -163,7 +196,10 @@ fn a_stream_is_relayed_as_it_arrives_and_byte_exact() {
     let head = c.read_head();
     assert_eq!(head.status, 200);
     assert_eq!(head.header("content-type"), Some("text/event-stream"));
-    assert_eq!(head.header("x-omniroute-selected-connection-id"), Some("c1"));
+    assert_eq!(
+        head.header("x-omniroute-selected-connection-id"),
+        Some("c1")
+    );
     // The first event arrives while the upstream still holds the rest back.
     let mut got = Vec::new();
     while !String::from_utf8_lossy(&got).contains("first") {
@@ -218,13 +254,19 @@ fn a_stream_broken_after_the_first_byte_ends_with_an_error_event_and_no_done() {
     assert_eq!(last.event.as_deref(), Some("error"), "{events:?}");
     assert!(last.json()["error"]["code"].is_string());
     assert!(!resp.text().contains("[DONE]"));
-    assert!(c.closed_within(Duration::from_secs(5)), "a broken stream closes the client connection");
+    assert!(
+        c.closed_within(Duration::from_secs(5)),
+        "a broken stream closes the client connection"
+    );
 }
 
 #[test]
 fn a_chunked_upstream_body_without_sse_is_relayed_chunked() {
     let mock = MockUpstream::start();
-    mock.on("/v1/embeddings", Reply::chunked(["{\"data\":", "[1,2,3]", "}"]).header("content-type", "application/json"));
+    mock.on(
+        "/v1/embeddings",
+        Reply::chunked(["{\"data\":", "[1,2,3]", "}"]).header("content-type", "application/json"),
+    );
     let gw = Gateway::start_with_env(&config(&mock, "openai", ""), ENV);
     let mut c = Client::connect(gw.addr());
     let resp = c.request(
@@ -241,14 +283,29 @@ fn a_chunked_upstream_body_without_sse_is_relayed_chunked() {
 #[test]
 fn large_request_and_response_bodies_pass_through_intact() {
     let mock = MockUpstream::start();
-    let big_answer: String = (0..200_000).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    let big_answer: String = (0..200_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
     let answer = format!("{{\"x\":\"{big_answer}\"}}");
-    mock.on("/v1/chat/completions", Reply::status(200).header("content-type", "application/json").body(&answer));
+    mock.on(
+        "/v1/chat/completions",
+        Reply::status(200)
+            .header("content-type", "application/json")
+            .body(&answer),
+    );
     let gw = Gateway::start_with_env(&config(&mock, "openai", ""), ENV);
-    let prompt: String = (0..500_000).map(|i| char::from(b'A' + (i % 26) as u8)).collect();
-    let body = format!(r#"{{"model":"up/m1","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+    let prompt: String = (0..500_000)
+        .map(|i| char::from(b'A' + (i % 26) as u8))
+        .collect();
+    let body =
+        format!(r#"{{"model":"up/m1","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
     let mut c = Client::connect(gw.addr());
-    let resp = c.request("POST", "/v1/chat/completions", &[("authorization", "Bearer test-key")], body.as_bytes());
+    let resp = c.request(
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer test-key")],
+        body.as_bytes(),
+    );
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body, answer.as_bytes());
     let seen = mock.requests_to("/v1/chat/completions");
@@ -268,6 +325,9 @@ fn upstream_4xx_answers_are_relayed_not_retried() {
         br#"{"model":"up/m1","messages":[]}"#,
     );
     assert_eq!(resp.status, 400);
-    assert!(resp.header("x-tidegate-error").is_none(), "upstream errors are not gateway errors");
+    assert!(
+        resp.header("x-tidegate-error").is_none(),
+        "upstream errors are not gateway errors"
+    );
     assert_eq!(mock.hits("/v1/chat/completions"), 1);
 }

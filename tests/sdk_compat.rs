@@ -2,6 +2,8 @@
 //! streamed and not — against the in-process mock provider, and against a real-socket
 //! upstream of each format. Needs `TIDEGATE_PYTHON` (set by `scripts/test`); fails without.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use support::*;
@@ -29,7 +31,11 @@ provider = "mock"
 "#,
     );
     let origin = format!("http://{}", gw.addr());
-    let result = run_sdk_client(&origin, "sdk-key", &["--model", "mock/echo", "--expect-echo"]);
+    let result = run_sdk_client(
+        &origin,
+        "sdk-key",
+        &["--model", "mock/echo", "--expect-echo"],
+    );
     assert!(result.is_object(), "{result}");
 }
 
@@ -37,11 +43,23 @@ provider = "mock"
 fn official_sdks_work_through_to_real_socket_upstreams() {
     // Replies in the order sdk_client.py makes its calls: non-stream, then stream.
     let openai = MockUpstream::start();
-    openai.on("/v1/chat/completions", Reply::openai_chat("hello from openai"));
-    openai.on("/v1/chat/completions", Reply::openai_stream(&["hello ", "from ", "openai"]));
+    openai.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("hello from openai"),
+    );
+    openai.on(
+        "/v1/chat/completions",
+        Reply::openai_stream(&["hello ", "from ", "openai"]),
+    );
     let anthropic = MockUpstream::start();
-    anthropic.on("/v1/messages", Reply::anthropic_message("hello from anthropic"));
-    anthropic.on("/v1/messages", Reply::anthropic_stream(&["hello ", "from ", "anthropic"]));
+    anthropic.on(
+        "/v1/messages",
+        Reply::anthropic_message("hello from anthropic"),
+    );
+    anthropic.on(
+        "/v1/messages",
+        Reply::anthropic_stream(&["hello ", "from ", "anthropic"]),
+    );
     let gw = Gateway::start(&format!(
         r#"
 [server]
@@ -76,10 +94,24 @@ provider = "an"
         anthropic.base_url()
     ));
     let origin = format!("http://{}", gw.addr());
-    let oa = run_sdk_client(&origin, "sdk-key", &["--only", "openai", "--model", "oa/gpt-x"]);
-    assert_eq!(oa["openai_chat_stream"]["content"], "hello from openai", "{oa}");
-    let an = run_sdk_client(&origin, "sdk-key", &["--only", "anthropic", "--model", "an/claude-x"]);
-    assert_eq!(an["anthropic_stream"]["content"], "hello from anthropic", "{an}");
+    let oa = run_sdk_client(
+        &origin,
+        "sdk-key",
+        &["--only", "openai", "--model", "oa/gpt-x"],
+    );
+    assert_eq!(
+        oa["openai_chat_stream"]["content"], "hello from openai",
+        "{oa}"
+    );
+    let an = run_sdk_client(
+        &origin,
+        "sdk-key",
+        &["--only", "anthropic", "--model", "an/claude-x"],
+    );
+    assert_eq!(
+        an["anthropic_stream"]["content"], "hello from anthropic",
+        "{an}"
+    );
     assert_eq!(openai.hits("/v1/chat/completions"), 2);
     assert_eq!(anthropic.hits("/v1/messages"), 2);
     // What the SDKs sent reached the upstreams with the model rewritten.

@@ -1,6 +1,8 @@
 //! Two shards: both accept (SO_REUSEPORT spreads connections), each with its own pool, and
 //! the ready line says how many there are.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use std::collections::HashSet;
@@ -31,7 +33,9 @@ provider = "up"
     ));
     assert_eq!(gw.shards(), 2);
     assert!(gw.driver() == "io_uring" || gw.driver() == "epoll");
-    let health = Client::connect(gw.addr()).request("GET", "/healthz", &[], b"").json();
+    let health = Client::connect(gw.addr())
+        .request("GET", "/healthz", &[], b"")
+        .json();
     assert_eq!(health["shards"], 2);
 
     // Many client connections, each on its own source port: the kernel spreads them over
@@ -40,16 +44,26 @@ provider = "up"
     for _ in 0..64 {
         let mut c = Client::connect(gw.addr());
         ports.insert(c.local_addr().port());
-        let r = c.request("POST", "/v1/chat/completions", &[], br#"{"model":"up/m1","messages":[]}"#);
+        let r = c.request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            br#"{"model":"up/m1","messages":[]}"#,
+        );
         assert_eq!(r.status, 200);
     }
     assert_eq!(mock.hits("/v1/chat/completions"), 64);
     // Each shard keeps its own pool, so at most one upstream connection per shard here.
     let upstream = mock.connections_accepted();
-    assert!((1..=2).contains(&upstream), "{upstream} upstream connections");
+    assert!(
+        (1..=2).contains(&upstream),
+        "{upstream} upstream connections"
+    );
 
     // Metrics are summed over shards.
-    let metrics = Client::connect(gw.addr()).request("GET", "/metrics", &[], b"").text();
+    let metrics = Client::connect(gw.addr())
+        .request("GET", "/metrics", &[], b"")
+        .text();
     assert!(metrics.contains("tidegate_shards 2"), "{metrics}");
     let requests: u64 = metrics
         .lines()

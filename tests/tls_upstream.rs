@@ -1,6 +1,8 @@
 //! https upstreams: real TLS (rustls) to a mock upstream whose certificate is signed by a
 //! private CA named in the provider's `ca_file`; without that CA the handshake is refused.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use support::*;
@@ -36,7 +38,12 @@ fn an_https_upstream_with_a_private_ca_is_served_over_tls_and_reused() {
     let gw = Gateway::start(&config(&mock, &format!("ca_file = \"{}\"", ca.display())));
     let mut c = Client::connect(gw.addr());
     for _ in 0..3 {
-        let r = c.request("POST", "/v1/chat/completions", &[], br#"{"model":"secure/m1","messages":[]}"#);
+        let r = c.request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            br#"{"model":"secure/m1","messages":[]}"#,
+        );
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.json()["choices"][0]["message"]["content"], "over tls");
     }
@@ -47,10 +54,17 @@ fn an_https_upstream_with_a_private_ca_is_served_over_tls_and_reused() {
         br#"{"model":"secure/m1","stream":true,"messages":[]}"#,
     );
     assert_eq!(r.status, 200);
-    assert_eq!(mock.connections_accepted(), 1, "TLS connections are pooled too");
+    assert_eq!(
+        mock.connections_accepted(),
+        1,
+        "TLS connections are pooled too"
+    );
     assert!(mock.problems().is_empty(), "{:?}", mock.problems());
     let seen = mock.requests_to("/v1/chat/completions");
-    assert_eq!(seen[0].header("host"), Some(format!("localhost:{}", mock.addr().port()).as_str()));
+    assert_eq!(
+        seen[0].header("host"),
+        Some(format!("localhost:{}", mock.addr().port()).as_str())
+    );
 }
 
 #[test]
@@ -65,8 +79,18 @@ fn an_untrusted_certificate_is_refused() {
         br#"{"model":"secure/m1","messages":[]}"#,
     );
     assert_eq!(r.status, 502);
-    assert_eq!(r.header("x-tidegate-error"), Some("upstream_connect_failed"));
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("TLS"), "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("upstream_connect_failed")
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("TLS"),
+        "{}",
+        r.text()
+    );
     assert_eq!(mock.hits("/v1/chat/completions"), 0);
 }
 

@@ -2,6 +2,8 @@
 //! connection the upstream closed while idle is replaced transparently; a response that
 //! ends with `Connection: close` is not reused.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use support::*;
@@ -28,7 +30,12 @@ provider = "up"
 }
 
 fn ask(c: &mut Client) -> Response {
-    c.request("POST", "/v1/chat/completions", &[], br#"{"model":"up/m1","messages":[]}"#)
+    c.request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        br#"{"model":"up/m1","messages":[]}"#,
+    )
 }
 
 #[test]
@@ -44,7 +51,11 @@ fn sequential_requests_share_one_upstream_connection() {
         }
     }
     assert_eq!(mock.hits("/v1/chat/completions"), 20);
-    assert_eq!(mock.connections_accepted(), 1, "every request should reuse the pooled connection");
+    assert_eq!(
+        mock.connections_accepted(),
+        1,
+        "every request should reuse the pooled connection"
+    );
 }
 
 #[test]
@@ -80,13 +91,20 @@ fn a_connection_the_upstream_closed_while_idle_is_replaced_without_an_error() {
     let r = ask(&mut c);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["choices"][0]["message"]["content"], "again");
-    assert_eq!(r.header("x-tidegate-attempts"), Some("1"), "a stale pooled socket is not an attempt");
+    assert_eq!(
+        r.header("x-tidegate-attempts"),
+        Some("1"),
+        "a stale pooled socket is not an attempt"
+    );
 }
 
 #[test]
 fn connection_close_from_the_upstream_is_honoured() {
     let mock = MockUpstream::start();
-    mock.on_always("/v1/chat/completions", Reply::openai_chat("bye").close_after());
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::openai_chat("bye").close_after(),
+    );
     let gw = Gateway::start(&config(&mock));
     let mut c = Client::connect(gw.addr());
     for _ in 0..3 {

@@ -4,7 +4,7 @@
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 use crate::proxy::auth::Caller;
-use crate::shard::{metrics, Shard};
+use crate::shard::{Shard, metrics};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -22,15 +22,27 @@ pub fn route(path: &str) -> Option<(Method, Route)> {
 }
 
 /// Answers an admin route: (status, content type, body).
-pub fn serve(shard: &Shard, head: &RequestHead, route: Route) -> Result<(u16, &'static str, String), GatewayError> {
+pub fn serve(
+    shard: &Shard,
+    head: &RequestHead,
+    route: Route,
+) -> Result<(u16, &'static str, String), GatewayError> {
     match route {
-        Route::Healthz => Ok((200, "application/json", format!(
-            "{{\"status\":\"ok\",\"shards\":{},\"driver\":\"{}\"}}",
-            shard.shared.shards, shard.shared.driver
-        ))),
+        Route::Healthz => Ok((
+            200,
+            "application/json",
+            format!(
+                "{{\"status\":\"ok\",\"shards\":{},\"driver\":\"{}\"}}",
+                shard.shared.shards, shard.shared.driver
+            ),
+        )),
         Route::Metrics => {
             authorize_manage(shard, head)?;
-            Ok((200, "text/plain; version=0.0.4", metrics::render(&shard.shared.metrics)))
+            Ok((
+                200,
+                "text/plain; version=0.0.4",
+                metrics::render(&shard.shared.metrics),
+            ))
         }
     }
 }
@@ -43,11 +55,18 @@ pub fn authorize_manage(shard: &Shard, head: &RequestHead) -> Result<(), Gateway
         Caller::Admin => Ok(()),
         Caller::Open if open => Ok(()),
         Caller::Key(i)
-            if shard.config().client_keys.get(i).is_some_and(|k| k.has_scope(crate::config::Scope::Manage)) =>
+            if shard
+                .config()
+                .client_keys
+                .get(i)
+                .is_some_and(|k| k.has_scope(crate::config::Scope::Manage)) =>
         {
             Ok(())
         }
-        Caller::Key(_) => Err(GatewayError::new(ErrorKind::Forbidden, "this key lacks the manage scope")),
+        Caller::Key(_) => Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            "this key lacks the manage scope",
+        )),
         Caller::Open | Caller::Denied => Err(GatewayError::new(
             ErrorKind::Unauthorized,
             "management endpoints need the admin token or a key with scope manage",

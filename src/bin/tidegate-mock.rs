@@ -13,15 +13,18 @@ use mimalloc::MiMalloc;
 use monoio::net::TcpStream;
 
 use tidegate::http1::{self, BodyDecoder, BodyEvent, Decoded, Framing};
-use tidegate::net::io::{read_more, write_all, READ_BUF_BYTES};
+use tidegate::net::io::{READ_BUF_BYTES, read_more, write_all};
 use tidegate::net::listener::bind_shards;
-use tidegate::providers::{mock, Endpoint};
+use tidegate::providers::{Endpoint, mock};
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "tidegate-mock", about = "Fast mock LLM upstream for load tests")]
+#[command(
+    name = "tidegate-mock",
+    about = "Fast mock LLM upstream for load tests"
+)]
 struct Cli {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9100")]
@@ -46,10 +49,14 @@ fn main() -> ExitCode {
         .into_iter()
         .map(|l| {
             std::thread::spawn(move || {
-                let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build();
+                let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                    .enable_timer()
+                    .build();
                 let Ok(mut rt) = rt else { return };
                 rt.block_on(async move {
-                    let Ok(listener) = monoio::net::TcpListener::from_std(l) else { return };
+                    let Ok(listener) = monoio::net::TcpListener::from_std(l) else {
+                        return;
+                    };
                     while let Ok((s, _)) = listener.accept().await {
                         monoio::spawn(serve(s));
                     }
@@ -87,7 +94,8 @@ async fn serve(mut s: TcpStream) {
                 Ok(BodyEvent::Data(d)) => body.extend_from_slice(&d),
                 Ok(BodyEvent::Done) => break,
                 Ok(BodyEvent::NeedMore) => {
-                    let (res, b) = read_more(&mut s, std::mem::take(&mut buf), READ_BUF_BYTES).await;
+                    let (res, b) =
+                        read_more(&mut s, std::mem::take(&mut buf), READ_BUF_BYTES).await;
                     buf = b;
                     if !matches!(res, Ok(n) if n > 0) {
                         return;
@@ -104,14 +112,26 @@ async fn serve(mut s: TcpStream) {
         let mut out = BytesMut::with_capacity(2048);
         let ct: [(&str, &[u8]); 1] = [("content-type", plan.content_type.as_bytes())];
         if plan.streamed {
-            http1::write_response_head(&mut out, plan.status, ct, Framing::Chunked, head.keep_alive());
+            http1::write_response_head(
+                &mut out,
+                plan.status,
+                ct,
+                Framing::Chunked,
+                head.keep_alive(),
+            );
             for f in &plan.frames {
                 http1::write_chunk(&mut out, f);
             }
             http1::write_last_chunk(&mut out);
         } else {
             let len: usize = plan.frames.iter().map(Bytes::len).sum();
-            http1::write_response_head(&mut out, plan.status, ct, Framing::Length(len as u64), head.keep_alive());
+            http1::write_response_head(
+                &mut out,
+                plan.status,
+                ct,
+                Framing::Length(len as u64),
+                head.keep_alive(),
+            );
             for f in &plan.frames {
                 out.extend_from_slice(f);
             }

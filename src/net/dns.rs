@@ -10,9 +10,12 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 /// How long a resolved address list is reused.
 pub const DNS_TTL_MS: u64 = 60_000;
 
+/// Addresses of a (host, port) and the monotonic ms until which they are trusted.
+type Entry = (Vec<SocketAddr>, u64);
+
 #[derive(Debug, Default)]
 pub struct DnsCache {
-    entries: RefCell<HashMap<(String, u16), (Vec<SocketAddr>, u64)>>,
+    entries: RefCell<HashMap<(String, u16), Entry>>,
 }
 
 impl DnsCache {
@@ -23,17 +26,19 @@ impl DnsCache {
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
         let key = (host.to_owned(), port);
-        if let Some((addrs, until)) = self.entries.borrow().get(&key) {
-            if *until > now_ms {
-                return Ok(addrs.clone());
-            }
+        if let Some((addrs, until)) = self.entries.borrow().get(&key)
+            && *until > now_ms
+        {
+            return Ok(addrs.clone());
         }
         let (tx, rx) = flume::bounded(1);
         let name = host.to_owned();
         std::thread::Builder::new()
             .name("tidegate-dns".into())
             .spawn(move || {
-                let res = (name.as_str(), port).to_socket_addrs().map(|it| it.collect::<Vec<_>>());
+                let res = (name.as_str(), port)
+                    .to_socket_addrs()
+                    .map(|it| it.collect::<Vec<_>>());
                 let _ = tx.send(res);
             })?;
         let addrs = rx
@@ -41,9 +46,14 @@ impl DnsCache {
             .await
             .map_err(|_| io::Error::other("resolver thread ended without an answer"))??;
         if addrs.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address")));
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{host} has no address"),
+            ));
         }
-        self.entries.borrow_mut().insert(key, (addrs.clone(), now_ms + DNS_TTL_MS));
+        self.entries
+            .borrow_mut()
+            .insert(key, (addrs.clone(), now_ms + DNS_TTL_MS));
         Ok(addrs)
     }
 }

@@ -11,8 +11,10 @@ use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
 use crate::error::{ErrorKind, GatewayError};
-use crate::http1::{self, BodyDecoder, BodyEvent, BodyKind, Decoded, HeadError, RequestHead, CONTINUE_100};
-use crate::net::io::{read_more, write_all, READ_BUF_BYTES};
+use crate::http1::{
+    self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
+};
+use crate::net::io::{READ_BUF_BYTES, read_more, write_all};
 use crate::proxy::{self, After};
 use crate::shard::metrics::{bump, drop_one};
 use crate::shard::{InFlight, Shard};
@@ -57,9 +59,16 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
 fn head_error(e: HeadError) -> GatewayError {
     match e {
         HeadError::TooLarge => GatewayError::new(ErrorKind::HeadTooLarge, "request head too large"),
-        HeadError::TooManyHeaders => GatewayError::new(ErrorKind::HeadTooLarge, "too many request headers"),
-        HeadError::Malformed(why) => GatewayError::new(ErrorKind::MalformedRequest, format!("malformed request: {why}")),
-        HeadError::BadContentLength => GatewayError::new(ErrorKind::MalformedRequest, "invalid Content-Length"),
+        HeadError::TooManyHeaders => {
+            GatewayError::new(ErrorKind::HeadTooLarge, "too many request headers")
+        }
+        HeadError::Malformed(why) => GatewayError::new(
+            ErrorKind::MalformedRequest,
+            format!("malformed request: {why}"),
+        ),
+        HeadError::BadContentLength => {
+            GatewayError::new(ErrorKind::MalformedRequest, "invalid Content-Length")
+        }
         HeadError::ConflictingFraming => GatewayError::new(
             ErrorKind::MalformedRequest,
             "both Transfer-Encoding and Content-Length are present",
@@ -68,13 +77,20 @@ fn head_error(e: HeadError) -> GatewayError {
             ErrorKind::UnsupportedTransferEncoding,
             "only the chunked transfer coding is supported",
         ),
-        HeadError::UnsupportedVersion => GatewayError::new(ErrorKind::MalformedRequest, "only HTTP/1.0 and HTTP/1.1 are served"),
+        HeadError::UnsupportedVersion => GatewayError::new(
+            ErrorKind::MalformedRequest,
+            "only HTTP/1.0 and HTTP/1.1 are served",
+        ),
     }
 }
 
 /// Reads the next request head. `Ok(None)`: the client closed or stayed idle too long
 /// between requests (closed silently).
-async fn read_head(shard: &Shard, stream: &mut TcpStream, buf: &mut BytesMut) -> Result<Option<RequestHead>, GatewayError> {
+async fn read_head(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<Option<RequestHead>, GatewayError> {
     let cfg = &shard.config().server;
     let mut deadline_ns: Option<u64> = None;
     loop {
@@ -90,7 +106,8 @@ async fn read_head(shard: &Shard, stream: &mut TcpStream, buf: &mut BytesMut) ->
             }
             cfg.idle_timeout_ms.saturating_mul(1_000_000)
         } else {
-            let d = *deadline_ns.get_or_insert(now.saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000)));
+            let d = *deadline_ns
+                .get_or_insert(now.saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000)));
             d.saturating_sub(now)
         };
         let read = read_more(stream, std::mem::take(buf), READ_BUF_BYTES);
@@ -104,10 +121,13 @@ async fn read_head(shard: &Shard, stream: &mut TcpStream, buf: &mut BytesMut) ->
             }
             Err(_) if buf.is_empty() => return Ok(None),
             Err(_) => {
-                return Err(GatewayError::new(ErrorKind::HeadTimeout, format!(
-                    "request head not complete within {} ms",
-                    cfg.header_timeout_ms
-                )));
+                return Err(GatewayError::new(
+                    ErrorKind::HeadTimeout,
+                    format!(
+                        "request head not complete within {} ms",
+                        cfg.header_timeout_ms
+                    ),
+                ));
             }
         }
     }
@@ -123,17 +143,24 @@ async fn read_body(
     let cfg = &shard.config().server;
     let max = cfg.max_request_body_bytes;
     let too_large = || {
-        Some(GatewayError::new(ErrorKind::BodyTooLarge, format!("request body exceeds {max} bytes")))
+        Some(GatewayError::new(
+            ErrorKind::BodyTooLarge,
+            format!("request body exceeds {max} bytes"),
+        ))
     };
     let kind = head.body_kind();
     match kind {
         BodyKind::Empty | BodyKind::CloseDelimited => return Ok(Bytes::new()),
         BodyKind::Length(n) if n > max as u64 => return Err(too_large()),
-        BodyKind::Length(n) if buf.len() as u64 >= n => return Ok(buf.split_to(n as usize).freeze()),
+        BodyKind::Length(n) if buf.len() as u64 >= n => {
+            return Ok(buf.split_to(n as usize).freeze());
+        }
         BodyKind::Length(_) | BodyKind::Chunked => {}
     }
     if head.expect_continue() && buf.is_empty() {
-        write_all(stream, Bytes::from_static(CONTINUE_100)).await.map_err(|_| None)?;
+        write_all(stream, Bytes::from_static(CONTINUE_100))
+            .await
+            .map_err(|_| None)?;
     }
     let idle = Duration::from_millis(cfg.idle_timeout_ms);
     let mut decoder = BodyDecoder::new(kind);
@@ -156,11 +183,16 @@ async fn read_body(
             Ok(BodyEvent::Done) => return Ok(body.freeze()),
             Ok(BodyEvent::NeedMore) => {}
             Err(e) => {
-                return Err(Some(GatewayError::new(ErrorKind::MalformedRequest, format!("malformed request body: {e:?}"))));
+                return Err(Some(GatewayError::new(
+                    ErrorKind::MalformedRequest,
+                    format!("malformed request body: {e:?}"),
+                )));
             }
         }
         let want = match kind {
-            BodyKind::Length(n) => (n as usize).saturating_sub(body.len()).clamp(READ_BUF_BYTES, 256 * 1024),
+            BodyKind::Length(n) => (n as usize)
+                .saturating_sub(body.len())
+                .clamp(READ_BUF_BYTES, 256 * 1024),
             _ => READ_BUF_BYTES,
         };
         let read = read_more(stream, std::mem::take(buf), want);
@@ -168,7 +200,10 @@ async fn read_body(
             Ok((Ok(n), b)) if n > 0 => *buf = b,
             Ok(_) => return Err(None),
             Err(_) => {
-                return Err(Some(GatewayError::new(ErrorKind::HeadTimeout, "request body stalled")));
+                return Err(Some(GatewayError::new(
+                    ErrorKind::HeadTimeout,
+                    "request body stalled",
+                )));
             }
         }
     }

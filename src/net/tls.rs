@@ -27,16 +27,23 @@ impl TlsConfigs {
         for p in &config.providers {
             match &p.ca_file {
                 Some(path) => per_provider.push(Arc::new(
-                    client_config(Some(path)).map_err(|e| format!("providers.{}.ca_file: {e}", p.name))?,
+                    client_config(Some(path))
+                        .map_err(|e| format!("providers.{}.ca_file: {e}", p.name))?,
                 )),
                 None => per_provider.push(default.clone()),
             }
         }
-        Ok(Self { default, per_provider })
+        Ok(Self {
+            default,
+            per_provider,
+        })
     }
 
     pub fn for_provider(&self, id: ProviderId) -> Arc<ClientConfig> {
-        self.per_provider.get(usize::from(id.0)).unwrap_or(&self.default).clone()
+        self.per_provider
+            .get(usize::from(id.0))
+            .unwrap_or(&self.default)
+            .clone()
     }
 }
 
@@ -49,7 +56,9 @@ fn client_config(extra_ca: Option<&Path>) -> Result<ClientConfig, String> {
         let mut added = 0usize;
         for cert in rustls_pemfile::certs(&mut reader) {
             let cert = cert.map_err(|e| format!("bad PEM in {}: {e}", path.display()))?;
-            roots.add(cert).map_err(|e| format!("bad certificate in {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("bad certificate in {}: {e}", path.display()))?;
             added += 1;
         }
         if added == 0 {

@@ -16,11 +16,9 @@ use rustls::pki_types::ServerName;
 
 use crate::config::Scheme;
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
-use crate::http1::{
-    self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead,
-};
+use crate::http1::{self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead};
 use crate::net::dns::DnsCache;
-use crate::net::io::{read_more, write_all, UpStream, READ_BUF_BYTES};
+use crate::net::io::{READ_BUF_BYTES, UpStream, read_more, write_all};
 
 /// Bodies up to this size are copied behind the head and sent in one write.
 const COALESCE_BODY_BYTES: usize = 16 * 1024;
@@ -95,7 +93,10 @@ impl Pool {
         if list.len() >= self.max_idle_per_host {
             list.remove(0);
         }
-        list.push(Idle { conn, since_ns: now_ns });
+        list.push(Idle {
+            conn,
+            since_ns: now_ns,
+        });
     }
 
     /// Closes idle connections past the idle timeout.
@@ -121,9 +122,15 @@ pub async fn connect(
     now_ms: u64,
 ) -> Result<UpConn, GatewayError> {
     let fut = async {
-        let addrs = dns.resolve(&key.host, key.port, now_ms).await.map_err(|e| {
-            GatewayError::new(ErrorKind::UpstreamConnect, format!("resolving {}: {e}", key.host))
-        })?;
+        let addrs = dns
+            .resolve(&key.host, key.port, now_ms)
+            .await
+            .map_err(|e| {
+                GatewayError::new(
+                    ErrorKind::UpstreamConnect,
+                    format!("resolving {}: {e}", key.host),
+                )
+            })?;
         let mut last = None;
         let mut tcp = None;
         for addr in addrs {
@@ -160,16 +167,29 @@ pub async fn connect(
                 UpStream::Tls(Box::new(s))
             }
             (Scheme::Https, None) => {
-                return Err(GatewayError::new(ErrorKind::Internal, "https upstream without TLS config"));
+                return Err(GatewayError::new(
+                    ErrorKind::Internal,
+                    "https upstream without TLS config",
+                ));
             }
         };
-        Ok(UpConn { io, buf: BytesMut::with_capacity(READ_BUF_BYTES), key: key.clone(), reused: false })
+        Ok(UpConn {
+            io,
+            buf: BytesMut::with_capacity(READ_BUF_BYTES),
+            key: key.clone(),
+            reused: false,
+        })
     };
     match monoio::time::timeout(budget, fut).await {
         Ok(r) => r,
         Err(_) => Err(GatewayError::new(
             ErrorKind::UpstreamTimeout(TimeoutPhase::Connect),
-            format!("connect to {}:{} took longer than {} ms", key.host, key.port, budget.as_millis()),
+            format!(
+                "connect to {}:{} took longer than {} ms",
+                key.host,
+                key.port,
+                budget.as_millis()
+            ),
         )),
     }
 }
@@ -206,10 +226,16 @@ pub async fn exchange(
     };
     if body.len() <= COALESCE_BODY_BYTES {
         head.extend_from_slice(&body);
-        write_all(&mut conn.io, head).await.map_err(|e| io_err(e, false))?;
+        write_all(&mut conn.io, head)
+            .await
+            .map_err(|e| io_err(e, false))?;
     } else {
-        write_all(&mut conn.io, head).await.map_err(|e| io_err(e, false))?;
-        write_all(&mut conn.io, body).await.map_err(|e| io_err(e, false))?;
+        write_all(&mut conn.io, head)
+            .await
+            .map_err(|e| io_err(e, false))?;
+        write_all(&mut conn.io, body)
+            .await
+            .map_err(|e| io_err(e, false))?;
     }
     let read_head = async {
         loop {
@@ -263,7 +289,15 @@ pub async fn exchange(
     };
     let keep_alive = head.keep_alive();
     let decoder = BodyDecoder::new(head.body_kind());
-    Ok(Response { head, body: BodyReader { conn: Some(conn), decoder, keep_alive, done: false } })
+    Ok(Response {
+        head,
+        body: BodyReader {
+            conn: Some(conn),
+            decoder,
+            keep_alive,
+            done: false,
+        },
+    })
 }
 
 /// What the read buffer holds right now.
@@ -292,7 +326,10 @@ impl BodyReader {
         }
         let Some(conn) = self.conn.as_mut() else {
             // An earlier failure dropped the connection before the body ended.
-            return Err(GatewayError::new(ErrorKind::UpstreamProtocol, "upstream body failed"));
+            return Err(GatewayError::new(
+                ErrorKind::UpstreamProtocol,
+                "upstream body failed",
+            ));
         };
         loop {
             match self.decoder.decode(&mut conn.buf) {
@@ -370,7 +407,10 @@ impl BodyReader {
             Ok(BodyEvent::NeedMore) => Ok(Buffered::Empty),
             Err(e) => {
                 self.conn = None;
-                Err(GatewayError::new(ErrorKind::UpstreamProtocol, format!("upstream body: {e:?}")))
+                Err(GatewayError::new(
+                    ErrorKind::UpstreamProtocol,
+                    format!("upstream body: {e:?}"),
+                ))
             }
         }
     }
@@ -390,6 +430,10 @@ impl BodyReader {
 
     /// The connection, if the response ended cleanly and it may carry another request.
     pub fn into_reusable(self) -> Option<UpConn> {
-        if self.done && self.keep_alive { self.conn } else { None }
+        if self.done && self.keep_alive {
+            self.conn
+        } else {
+            None
+        }
     }
 }

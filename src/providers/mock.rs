@@ -13,7 +13,7 @@
 //! This module only plans the reply (pure, no I/O); the proxy plays the plan.
 
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::Endpoint;
 
@@ -39,10 +39,10 @@ pub fn behavior(model: &str) -> Behavior {
     if let Some(ms) = m.strip_prefix("drip-").and_then(num) {
         return Behavior::Drip(ms);
     }
-    if let Some(code) = m.strip_prefix("fail-").and_then(|s| s.parse::<u16>().ok()) {
-        if (400..=599).contains(&code) {
-            return Behavior::Fail(code);
-        }
+    if let Some(code) = m.strip_prefix("fail-").and_then(|s| s.parse::<u16>().ok())
+        && (400..=599).contains(&code)
+    {
+        return Behavior::Fail(code);
     }
     if m == "stall" {
         return Behavior::Stall;
@@ -68,7 +68,14 @@ pub struct Plan {
 }
 
 /// Plans the reply to `body` (the JSON request) for `model` (without the provider prefix).
-pub fn plan(endpoint: Endpoint, model: &str, stream: bool, body: &[u8], seq: u64, now_s: u64) -> Plan {
+pub fn plan(
+    endpoint: Endpoint,
+    model: &str,
+    stream: bool,
+    body: &[u8],
+    seq: u64,
+    now_s: u64,
+) -> Plan {
     let behavior = behavior(model);
     let mut plan = Plan {
         stall_before_head: false,
@@ -110,18 +117,32 @@ pub fn plan(endpoint: Endpoint, model: &str, stream: bool, body: &[u8], seq: u64
     let stream = stream && endpoint.streams();
     if !stream {
         let v = match endpoint {
-            Endpoint::ChatCompletions => json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion",
+            Endpoint::ChatCompletions => {
+                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion",
                 "created": now_s, "model": model, "choices": [{"index": 0,
                 "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}}),
-            Endpoint::Messages => json!({"id": format!("msg_{id}"), "type": "message", "role": "assistant",
+                "total_tokens": prompt_tokens + completion_tokens}})
+            }
+            Endpoint::Messages => {
+                json!({"id": format!("msg_{id}"), "type": "message", "role": "assistant",
                 "model": model, "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-                "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}}),
-            Endpoint::Responses => response_object(&id, model, now_s, &text, "completed", prompt_tokens, completion_tokens),
-            Endpoint::Embeddings => json!({"object": "list", "data": [{"object": "embedding", "index": 0,
+                "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}})
+            }
+            Endpoint::Responses => response_object(
+                &id,
+                model,
+                now_s,
+                &text,
+                "completed",
+                prompt_tokens,
+                completion_tokens,
+            ),
+            Endpoint::Embeddings => {
+                json!({"object": "list", "data": [{"object": "embedding", "index": 0,
                 "embedding": embedding(&text)}], "model": model,
-                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}),
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
+            }
         };
         plan.frames.push(Bytes::from(v.to_string()));
         return plan;
@@ -133,15 +154,21 @@ pub fn plan(endpoint: Endpoint, model: &str, stream: bool, body: &[u8], seq: u64
     let named = |event: &str, v: Value| Bytes::from(format!("event: {event}\ndata: {v}\n\n"));
     match endpoint {
         Endpoint::ChatCompletions | Endpoint::Embeddings => {
-            let chunk = |delta: Value, finish: Value| json!({"id": format!("chatcmpl-{id}"),
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": format!("chatcmpl-{id}"),
                 "object": "chat.completion.chunk", "created": now_s, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
-            plan.frames.push(sse(chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+            };
+            plan.frames.push(sse(chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            )));
             if plan.stall_after_frames {
                 return plan;
             }
             for w in &words {
-                plan.frames.push(sse(chunk(json!({"content": w}), Value::Null)));
+                plan.frames
+                    .push(sse(chunk(json!({"content": w}), Value::Null)));
             }
             plan.frames.push(sse(chunk(json!({}), json!("stop"))));
             if include_usage(&req) {
@@ -152,46 +179,87 @@ pub fn plan(endpoint: Endpoint, model: &str, stream: bool, body: &[u8], seq: u64
             plan.frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
         }
         Endpoint::Messages => {
-            plan.frames.push(named("message_start", json!({"type": "message_start", "message": {
+            plan.frames.push(named(
+                "message_start",
+                json!({"type": "message_start", "message": {
                 "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": prompt_tokens, "output_tokens": 1}}})));
+                "usage": {"input_tokens": prompt_tokens, "output_tokens": 1}}}),
+            ));
             if plan.stall_after_frames {
                 return plan;
             }
-            plan.frames.push(named("content_block_start", json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}})));
+            plan.frames.push(named(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ));
             plan.frames.push(named("ping", json!({"type": "ping"})));
             for w in &words {
-                plan.frames.push(named("content_block_delta", json!({"type": "content_block_delta",
-                    "index": 0, "delta": {"type": "text_delta", "text": w}})));
+                plan.frames.push(named(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta",
+                    "index": 0, "delta": {"type": "text_delta", "text": w}}),
+                ));
             }
-            plan.frames.push(named("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
-            plan.frames.push(named("message_delta", json!({"type": "message_delta",
+            plan.frames.push(named(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ));
+            plan.frames.push(named(
+                "message_delta",
+                json!({"type": "message_delta",
                 "delta": {"stop_reason": "end_turn", "stop_sequence": null},
-                "usage": {"output_tokens": completion_tokens}})));
-            plan.frames.push(named("message_stop", json!({"type": "message_stop"})));
+                "usage": {"output_tokens": completion_tokens}}),
+            ));
+            plan.frames
+                .push(named("message_stop", json!({"type": "message_stop"})));
         }
         Endpoint::Responses => {
             let created = response_object(&id, model, now_s, "", "in_progress", 0, 0);
-            plan.frames.push(named("response.created", json!({"type": "response.created", "sequence_number": 0, "response": created})));
+            plan.frames.push(named(
+                "response.created",
+                json!({"type": "response.created", "sequence_number": 0, "response": created}),
+            ));
             if plan.stall_after_frames {
                 return plan;
             }
             for (i, w) in words.iter().enumerate() {
-                plan.frames.push(named("response.output_text.delta", json!({"type": "response.output_text.delta",
+                plan.frames.push(named(
+                    "response.output_text.delta",
+                    json!({"type": "response.output_text.delta",
                     "sequence_number": i + 1, "item_id": format!("msg_{id}"), "output_index": 0,
-                    "content_index": 0, "delta": w})));
+                    "content_index": 0, "delta": w}),
+                ));
             }
-            let done = response_object(&id, model, now_s, &text, "completed", prompt_tokens, completion_tokens);
-            plan.frames.push(named("response.completed", json!({"type": "response.completed",
-                "sequence_number": words.len() + 1, "response": done})));
+            let done = response_object(
+                &id,
+                model,
+                now_s,
+                &text,
+                "completed",
+                prompt_tokens,
+                completion_tokens,
+            );
+            plan.frames.push(named(
+                "response.completed",
+                json!({"type": "response.completed",
+                "sequence_number": words.len() + 1, "response": done}),
+            ));
         }
     }
     plan
 }
 
-fn response_object(id: &str, model: &str, now_s: u64, text: &str, status: &str, input: u64, output: u64) -> Value {
+fn response_object(
+    id: &str,
+    model: &str,
+    now_s: u64,
+    text: &str,
+    status: &str,
+    input: u64,
+    output: u64,
+) -> Value {
     let output_items = if text.is_empty() {
         json!([])
     } else {
@@ -204,7 +272,9 @@ fn response_object(id: &str, model: &str, now_s: u64, text: &str, status: &str, 
 }
 
 fn include_usage(req: &Value) -> bool {
-    req.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
+    req.pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
 }
 
 /// A rough token count (≈ 4 bytes a token), enough for plausible usage numbers.
@@ -232,7 +302,11 @@ fn echo_text(endpoint: Endpoint, req: &Value) -> String {
         Endpoint::ChatCompletions | Endpoint::Messages => req
             .get("messages")
             .and_then(Value::as_array)
-            .and_then(|msgs| msgs.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
+            .and_then(|msgs| {
+                msgs.iter()
+                    .rev()
+                    .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+            })
             .and_then(|m| m.get("content"))
             .map(content_text),
         Endpoint::Responses | Endpoint::Embeddings => req.get("input").map(content_text),
@@ -277,7 +351,10 @@ mod tests {
         assert_eq!(behavior("fail-503"), Behavior::Fail(503));
         assert_eq!(behavior("fail-200"), Behavior::Echo);
         assert_eq!(behavior("stall"), Behavior::Stall);
-        assert_eq!(behavior("slow-99999999999"), Behavior::Slow(MAX_MOCK_DELAY_MS));
+        assert_eq!(
+            behavior("slow-99999999999"),
+            Behavior::Slow(MAX_MOCK_DELAY_MS)
+        );
     }
 
     #[test]
@@ -300,7 +377,10 @@ mod tests {
             .iter()
             .map(|f| {
                 let v: Value = serde_json::from_slice(&f[6..f.len() - 2]).unwrap();
-                v["choices"][0]["delta"]["content"].as_str().unwrap().to_owned()
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
             })
             .collect();
         assert_eq!(text, "a b c");
@@ -313,7 +393,13 @@ mod tests {
         let events: Vec<String> = p
             .frames
             .iter()
-            .map(|f| String::from_utf8_lossy(f).lines().next().unwrap().to_owned())
+            .map(|f| {
+                String::from_utf8_lossy(f)
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
             .collect();
         assert_eq!(events.first().unwrap(), "event: message_start");
         assert_eq!(events.last().unwrap(), "event: message_stop");

@@ -79,7 +79,9 @@ pub fn auth_headers(
                     out.push(("authorization", format!("Bearer {k}")));
                     out.push(("anthropic-beta", ANTHROPIC_OAUTH_BETA.to_owned()));
                 }
-                (AuthKind::ApiKey | AuthKind::Local, Some(k)) => out.push(("x-api-key", k.to_owned())),
+                (AuthKind::ApiKey | AuthKind::Local, Some(k)) => {
+                    out.push(("x-api-key", k.to_owned()))
+                }
                 (_, None) => {}
             }
             if !client_has_version {

@@ -43,8 +43,15 @@ impl KeyIndex {
             };
             by_digest.insert(d, i);
         }
-        let admin_digest = config.server.admin_token.as_deref().map(|t| digest(t.as_bytes()));
-        Self { by_digest, admin_digest }
+        let admin_digest = config
+            .server
+            .admin_token
+            .as_deref()
+            .map(|t| digest(t.as_bytes()));
+        Self {
+            by_digest,
+            admin_digest,
+        }
     }
 
     pub fn is_open(&self) -> bool {
@@ -54,7 +61,11 @@ impl KeyIndex {
     /// Identifies the caller of a request.
     pub fn identify(&self, head: &RequestHead) -> Caller {
         let Some(presented) = presented_key(head) else {
-            return if self.is_open() { Caller::Open } else { Caller::Denied };
+            return if self.is_open() {
+                Caller::Open
+            } else {
+                Caller::Denied
+            };
         };
         let d = digest(presented);
         if self.admin_digest == Some(d) {
@@ -83,7 +94,13 @@ pub fn presented_key(head: &RequestHead) -> Option<&[u8]> {
 }
 
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
     &v[start..end.max(start)]
 }

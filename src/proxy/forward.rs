@@ -5,8 +5,8 @@
 use bytes::BytesMut;
 
 use crate::config::{BaseUrl, Connection, Provider, Scheme};
-use crate::http1::{write_request_head, Framing, RequestHead};
-use crate::providers::{auth_headers, Endpoint};
+use crate::http1::{Framing, RequestHead, write_request_head};
+use crate::providers::{Endpoint, auth_headers};
 
 /// Client headers never forwarded upstream (compared lower-case). Hop-by-hop headers,
 /// the client's own credentials, the gateway's session and lease headers, and framing
@@ -38,20 +38,31 @@ pub const STRIPPED_HEADERS: &[&str] = &[
 
 fn listed_in_connection(head: &RequestHead, name: &str) -> bool {
     head.header("connection").is_some_and(|v| {
-        v.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+        v.split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
     })
 }
 
 /// Is this client header forwarded?
 pub fn forwarded(head: &RequestHead, name: &str) -> bool {
-    !STRIPPED_HEADERS.iter().any(|s| s.eq_ignore_ascii_case(name)) && !listed_in_connection(head, name)
+    !STRIPPED_HEADERS
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case(name))
+        && !listed_in_connection(head, name)
 }
 
 /// The `Host` header value for a base URL (port only when not the scheme's default).
 pub fn host_header(base: &BaseUrl) -> String {
-    let default = matches!((base.scheme, base.port), (Scheme::Http, 80) | (Scheme::Https, 443));
+    let default = matches!(
+        (base.scheme, base.port),
+        (Scheme::Http, 80) | (Scheme::Https, 443)
+    );
     // IPv6 literals keep their brackets in `BaseUrl.host`.
-    if default { base.host.clone() } else { format!("{}:{}", base.host, base.port) }
+    if default {
+        base.host.clone()
+    } else {
+        format!("{}:{}", base.host, base.port)
+    }
 }
 
 /// Encodes the upstream request head for a body of `body_len` bytes.
@@ -72,13 +83,26 @@ pub fn encode_head(
         target.push_str(q);
     }
     let mut injected: Vec<(&'static str, String)> = Vec::with_capacity(4);
-    auth_headers(provider, conn, client.header("anthropic-version").is_some(), &mut injected);
+    auth_headers(
+        provider,
+        conn,
+        client.header("anthropic-version").is_some(),
+        &mut injected,
+    );
     let overridden = |name: &str| {
-        provider.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+        provider
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(name))
             || injected.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
     };
-    let client_headers = client.headers().filter(|(n, _)| forwarded(client, n) && !overridden(n));
-    let extra = provider.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let client_headers = client
+        .headers()
+        .filter(|(n, _)| forwarded(client, n) && !overridden(n));
+    let extra = provider
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()));
     let auth = injected.iter().map(|(n, v)| (*n, v.as_bytes()));
     write_request_head(
         dst,

@@ -17,8 +17,8 @@ use crate::config::{ConnectionId, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 use crate::net::io::write_all;
-use crate::providers::{serves, Endpoint};
-use crate::routing::resolve::{resolve, Target};
+use crate::providers::{Endpoint, serves};
+use crate::routing::resolve::{Target, resolve};
 use crate::shard::Shard;
 use auth::Caller;
 
@@ -44,7 +44,10 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
         if method == m || (m == Method::Get && method == Method::Head) {
             Ok(r)
         } else {
-            Err(GatewayError::new(ErrorKind::MethodNotAllowed, format!("{path} does not take {}", head.method_str())))
+            Err(GatewayError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("{path} does not take {}", head.method_str()),
+            ))
         }
     };
     if let Some(ep) = Endpoint::from_path(path) {
@@ -56,14 +59,24 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
     if let Some((m, r)) = admin::route(path) {
         return want(m, Route::Admin(r));
     }
-    Err(GatewayError::new(ErrorKind::RouteNotFound, format!("no route for {path}")))
+    Err(GatewayError::new(
+        ErrorKind::RouteNotFound,
+        format!("no route for {path}"),
+    ))
 }
 
 /// Serves one request whose head and body have been read, writing the whole response.
-pub async fn handle(shard: &Shard, head: &RequestHead, body: Bytes, client: &mut TcpStream) -> After {
+pub async fn handle(
+    shard: &Shard,
+    head: &RequestHead,
+    body: Bytes,
+    client: &mut TcpStream,
+) -> After {
     let keep_alive = head.keep_alive() && !shard.draining.get();
     let result = match route(head) {
-        Ok(Route::Inference(ep)) => return inference(shard, head, ep, body, client, keep_alive).await,
+        Ok(Route::Inference(ep)) => {
+            return inference(shard, head, ep, body, client, keep_alive).await;
+        }
         Ok(Route::Models) => match authorize(shard, head, Scope::Inference) {
             Ok(_) => Ok(models::list(shard.config())),
             Err(e) => Err(e),
@@ -91,7 +104,12 @@ pub async fn handle(shard: &Shard, head: &RequestHead, body: Bytes, client: &mut
 }
 
 /// Writes a gateway error as the whole response.
-pub async fn send_error(shard: &Shard, client: &mut TcpStream, err: &GatewayError, keep_alive: bool) -> After {
+pub async fn send_error(
+    shard: &Shard,
+    client: &mut TcpStream,
+    err: &GatewayError,
+    keep_alive: bool,
+) -> After {
     note_error(shard, err);
     let keep_alive = keep_alive && !err.kind.closes_connection();
     let mut out = BytesMut::with_capacity(256);
@@ -113,17 +131,31 @@ fn note_error(shard: &Shard, err: &GatewayError) {
 }
 
 /// Checks the caller may use `scope`; returns the client key index when a key was used.
-fn authorize(shard: &Shard, head: &RequestHead, scope: Scope) -> Result<Option<usize>, GatewayError> {
+fn authorize(
+    shard: &Shard,
+    head: &RequestHead,
+    scope: Scope,
+) -> Result<Option<usize>, GatewayError> {
     match shard.shared.keys.identify(head) {
         Caller::Open => Ok(None),
         Caller::Admin if scope == Scope::Manage => Ok(None),
-        Caller::Admin => Err(GatewayError::new(ErrorKind::Forbidden, "the admin token is for the management API")),
+        Caller::Admin => Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            "the admin token is for the management API",
+        )),
         Caller::Key(i) => {
-            let has = shard.config().client_keys.get(i).is_some_and(|k| k.has_scope(scope));
+            let has = shard
+                .config()
+                .client_keys
+                .get(i)
+                .is_some_and(|k| k.has_scope(scope));
             if has {
                 Ok(Some(i))
             } else {
-                Err(GatewayError::new(ErrorKind::Forbidden, "this key lacks the scope for this endpoint"))
+                Err(GatewayError::new(
+                    ErrorKind::Forbidden,
+                    "this key lacks the scope for this endpoint",
+                ))
             }
         }
         Caller::Denied => Err(GatewayError::new(
@@ -155,11 +187,17 @@ pub struct Plan {
 }
 
 /// Authenticate → peek → resolve → select.
-fn plan(shard: &Shard, head: &RequestHead, endpoint: Endpoint, body: &[u8]) -> Result<Plan, GatewayError> {
+fn plan(
+    shard: &Shard,
+    head: &RequestHead,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Plan, GatewayError> {
     let key = authorize(shard, head, Scope::Inference)?;
     let peek = {
         let mut scratch = shard.scratch.borrow_mut();
-        peek::peek(body, &mut scratch).map_err(|e| GatewayError::new(ErrorKind::InvalidJson, peek_message(&e)))?
+        peek::peek(body, &mut scratch)
+            .map_err(|e| GatewayError::new(ErrorKind::InvalidJson, peek_message(&e)))?
     };
     let config = shard.config();
     let targets = resolve(config, &shard.shared.routes, &peek.model)?;
@@ -174,7 +212,9 @@ fn plan(shard: &Shard, head: &RequestHead, endpoint: Endpoint, body: &[u8]) -> R
         any_format = true;
         for c in shard.shared.routes.connections(t.provider) {
             any_enabled = true;
-            let allowed = key.and_then(|i| config.client_keys.get(i)).is_none_or(|k| k.may_use(*c));
+            let allowed = key
+                .and_then(|i| config.client_keys.get(i))
+                .is_none_or(|k| k.may_use(*c));
             if allowed {
                 candidates.push((t.clone(), *c));
             }
@@ -182,11 +222,26 @@ fn plan(shard: &Shard, head: &RequestHead, endpoint: Endpoint, body: &[u8]) -> R
     }
     if candidates.is_empty() {
         let (kind, why) = if !any_format {
-            (ErrorKind::EndpointNotSupported, format!("no provider of model {:?} serves this endpoint", peek.model))
+            (
+                ErrorKind::EndpointNotSupported,
+                format!("no provider of model {:?} serves this endpoint", peek.model),
+            )
         } else if !any_enabled {
-            (ErrorKind::NoConnection, format!("model {:?} has no enabled connection (is its key variable set?)", peek.model))
+            (
+                ErrorKind::NoConnection,
+                format!(
+                    "model {:?} has no enabled connection (is its key variable set?)",
+                    peek.model
+                ),
+            )
         } else {
-            (ErrorKind::Forbidden, format!("this key may not use any connection of model {:?}", peek.model))
+            (
+                ErrorKind::Forbidden,
+                format!(
+                    "this key may not use any connection of model {:?}",
+                    peek.model
+                ),
+            )
         };
         return Err(GatewayError::new(kind, why));
     }
@@ -202,4 +257,3 @@ fn peek_message(e: &peek::PeekError) -> String {
         peek::PeekError::StreamNotBool => "\"stream\" must be a boolean".to_owned(),
     }
 }
-

@@ -1,7 +1,7 @@
 //! `GET /v1/models`: the configured catalog in OpenAI's list shape — every
 //! `provider/model`, and every combo.
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::config::Config;
 
@@ -15,5 +15,9 @@ pub fn list(config: &Config) -> (u16, &'static str, String) {
     for c in &config.combos {
         data.push(json!({"id": c.name, "object": "model", "created": 0, "owned_by": "combo"}));
     }
-    (200, "application/json", json!({"object": "list", "data": data}).to_string())
+    (
+        200,
+        "application/json",
+        json!({"object": "list", "data": data}).to_string(),
+    )
 }

@@ -8,18 +8,29 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
-use super::{peek, respond, send_error, After, Plan};
+use super::{After, Plan, peek, respond, send_error};
 use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
-use crate::http1::{write_chunk, write_last_chunk, write_response_head, BodyKind, Framing, RequestHead, ResponseHead};
+use crate::http1::{
+    BodyKind, Framing, RequestHead, ResponseHead, write_chunk, write_last_chunk,
+    write_response_head,
+};
 use crate::net::io::write_all;
 use crate::net::upstream::{self, BodyReader, Buffered};
-use crate::providers::{mock, Endpoint};
-use crate::shard::{metrics::bump, Shard};
+use crate::providers::{Endpoint, mock};
+use crate::shard::{Shard, metrics::bump};
 
 /// Upstream response headers never relayed (framing and hop-by-hop).
-const HOP_BY_HOP: &[&str] =
-    &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "content-length", "te", "trailer", "upgrade"];
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "content-length",
+    "te",
+    "trailer",
+    "upgrade",
+];
 
 /// Non-final 5xx bodies are read (to keep the connection) up to this size, else dropped.
 const DRAIN_LIMIT_BYTES: usize = 64 * 1024;
@@ -30,7 +41,12 @@ const DIRECT_WRITE_BYTES: usize = 16 * 1024;
 /// The head of an upstream answer, from the network or from the in-process mock.
 enum UpHead {
     Net(ResponseHead),
-    Mock { status: u16, content_type: &'static str, extra: Vec<(&'static str, String)>, kind: BodyKind },
+    Mock {
+        status: u16,
+        content_type: &'static str,
+        extra: Vec<(&'static str, String)>,
+        kind: BodyKind,
+    },
 }
 
 impl UpHead {
@@ -50,9 +66,9 @@ impl UpHead {
 
     fn is_event_stream(&self) -> bool {
         match self {
-            UpHead::Net(h) => h
-                .header("content-type")
-                .is_some_and(|v| v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream")),
+            UpHead::Net(h) => h.header("content-type").is_some_and(|v| {
+                v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream")
+            }),
             UpHead::Mock { content_type, .. } => *content_type == "text/event-stream",
         }
     }
@@ -61,7 +77,12 @@ impl UpHead {
 /// The body of an upstream answer.
 enum UpBody {
     Net(BodyReader),
-    Mock { frames: std::vec::IntoIter<Bytes>, gap_ms: u64, sent: usize, stall: bool },
+    Mock {
+        frames: std::vec::IntoIter<Bytes>,
+        gap_ms: u64,
+        sent: usize,
+        stall: bool,
+    },
 }
 
 struct Up {
@@ -73,7 +94,12 @@ impl Up {
     async fn next(&mut self, idle: Duration) -> Result<Option<Bytes>, GatewayError> {
         match &mut self.body {
             UpBody::Net(reader) => reader.next(idle).await,
-            UpBody::Mock { frames, gap_ms, sent, stall } => {
+            UpBody::Mock {
+                frames,
+                gap_ms,
+                sent,
+                stall,
+            } => {
                 if let Some(f) = frames.next() {
                     if *sent > 0 && *gap_ms > 0 {
                         monoio::time::sleep(Duration::from_millis(*gap_ms)).await;
@@ -97,7 +123,12 @@ impl Up {
     fn next_buffered(&mut self) -> Result<Buffered, GatewayError> {
         match &mut self.body {
             UpBody::Net(reader) => reader.next_buffered(),
-            UpBody::Mock { frames, gap_ms, sent, stall } => {
+            UpBody::Mock {
+                frames,
+                gap_ms,
+                sent,
+                stall,
+            } => {
                 if *gap_ms > 0 && *sent > 0 {
                     return Ok(Buffered::Empty);
                 }
@@ -115,10 +146,10 @@ impl Up {
 
     /// Hands a cleanly finished connection back to the pool.
     fn finish(self, shard: &Shard) {
-        if let UpBody::Net(reader) = self.body {
-            if let Some(conn) = reader.into_reusable() {
-                shard.pool.checkin(conn, shard.now().mono_ns);
-            }
+        if let UpBody::Net(reader) = self.body
+            && let Some(conn) = reader.into_reusable()
+        {
+            shard.pool.checkin(conn, shard.now().mono_ns);
         }
     }
 
@@ -170,7 +201,17 @@ pub async fn run(
             peek::rewrite_model(&body, plan.peek.model_span.clone(), &target.model)
         };
         let opened = match provider.format {
-            ProviderFormat::Mock => open_mock(shard, endpoint, &target.model, plan.peek.stream, &body, &budgets).await,
+            ProviderFormat::Mock => {
+                open_mock(
+                    shard,
+                    endpoint,
+                    &target.model,
+                    plan.peek.stream,
+                    &body,
+                    &budgets,
+                )
+                .await
+            }
             ProviderFormat::Openai | ProviderFormat::Anthropic => {
                 open_net(shard, head, provider, conn, endpoint, body, &budgets).await
             }
@@ -190,7 +231,10 @@ pub async fn run(
         let status = up.head.status();
         if status >= 500 && !is_last {
             tracing::debug!(connection = %conn.name, status, "upstream 5xx, trying the next connection");
-            last_err = Some(GatewayError::new(ErrorKind::UpstreamProtocol, format!("upstream answered {status}")));
+            last_err = Some(GatewayError::new(
+                ErrorKind::UpstreamProtocol,
+                format!("upstream answered {status}"),
+            ));
             up.discard(shard, budgets.idle).await;
             continue;
         }
@@ -209,10 +253,23 @@ pub async fn run(
             }
         };
         let attempts = i + 1;
-        return commit(shard, head, up, first, provider, conn, attempts, client, keep_alive, budgets.idle).await;
+        return commit(
+            shard,
+            head,
+            up,
+            first,
+            provider,
+            conn,
+            attempts,
+            client,
+            keep_alive,
+            budgets.idle,
+        )
+        .await;
     }
-    let err = last_err
-        .unwrap_or_else(|| GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed"));
+    let err = last_err.unwrap_or_else(|| {
+        GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed")
+    });
     send_error(shard, client, &err, keep_alive).await
 }
 
@@ -225,7 +282,14 @@ async fn open_mock(
     budgets: &Budgets,
 ) -> Result<Up, GatewayError> {
     let now = shard.now();
-    let plan = mock::plan(endpoint, model, stream, body, shard.next_seq(), now.wall_ms / 1000);
+    let plan = mock::plan(
+        endpoint,
+        model,
+        stream,
+        body,
+        shard.next_seq(),
+        now.wall_ms / 1000,
+    );
     if plan.stall_before_head {
         monoio::time::sleep(budgets.header).await;
         return Err(GatewayError::new(
@@ -250,7 +314,12 @@ async fn open_mock(
         BodyKind::Length(plan.frames.iter().map(|f| f.len() as u64).sum())
     };
     Ok(Up {
-        head: UpHead::Mock { status: plan.status, content_type: plan.content_type, extra: plan.extra_headers, kind },
+        head: UpHead::Mock {
+            status: plan.status,
+            content_type: plan.content_type,
+            extra: plan.extra_headers,
+            kind,
+        },
         body: UpBody::Mock {
             frames: plan.frames.into_iter(),
             gap_ms: plan.frame_delay_ms,
@@ -270,7 +339,10 @@ async fn open_net(
     budgets: &Budgets,
 ) -> Result<Up, GatewayError> {
     let (Some(base), Some(key)) = (provider.base_url.as_ref(), shard.pool_key(provider.id)) else {
-        return Err(GatewayError::new(ErrorKind::Internal, format!("provider {} has no base_url", provider.name)));
+        return Err(GatewayError::new(
+            ErrorKind::Internal,
+            format!("provider {} has no base_url", provider.name),
+        ));
     };
     let mut req = BytesMut::with_capacity(1024);
     super::forward::encode_head(&mut req, head, provider, base, conn, endpoint, body.len());
@@ -279,7 +351,11 @@ async fn open_net(
     let mut fresh = false;
     loop {
         let now = shard.now();
-        let pooled = if fresh { None } else { shard.pool.checkout(&key, now.mono_ns) };
+        let pooled = if fresh {
+            None
+        } else {
+            shard.pool.checkout(&key, now.mono_ns)
+        };
         let c = match pooled {
             Some(c) => {
                 bump(&shard.metrics.upstream_reuses);
@@ -288,15 +364,21 @@ async fn open_net(
             None => {
                 bump(&shard.metrics.upstream_connects);
                 let tls = shard.shared.tls.for_provider(provider.id);
-                upstream::connect(&shard.dns, &key, Some(tls), budgets.connect, now.mono_ms()).await?
+                upstream::connect(&shard.dns, &key, Some(tls), budgets.connect, now.mono_ms())
+                    .await?
             }
         };
         let reused = c.reused();
         match upstream::exchange(c, req.clone(), body.clone(), budgets.header).await {
             Ok(resp) => {
-                return Ok(Up { head: UpHead::Net(resp.head), body: UpBody::Net(resp.body) });
+                return Ok(Up {
+                    head: UpHead::Net(resp.head),
+                    body: UpBody::Net(resp.body),
+                });
             }
-            Err(e) if reused && !e.got_response_bytes && e.error.kind.retry() == Retry::IfReused => {
+            Err(e)
+                if reused && !e.got_response_bytes && e.error.kind.retry() == Retry::IfReused =>
+            {
                 fresh = true;
             }
             Err(e) => return Err(e.error),
@@ -339,16 +421,28 @@ async fn commit(
         ];
         match &up.head {
             UpHead::Net(h) => {
-                let relayed = h.headers().filter(|(n, _)| !HOP_BY_HOP.iter().any(|x| x.eq_ignore_ascii_case(n)));
+                let relayed = h
+                    .headers()
+                    .filter(|(n, _)| !HOP_BY_HOP.iter().any(|x| x.eq_ignore_ascii_case(n)));
                 write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
             }
-            UpHead::Mock { content_type, extra, .. } => {
+            UpHead::Mock {
+                content_type,
+                extra,
+                ..
+            } => {
                 let mut hs: Vec<(&str, &[u8])> = vec![("content-type", content_type.as_bytes())];
                 if *content_type == "text/event-stream" {
                     hs.push(("cache-control", b"no-cache"));
                 }
                 hs.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
-                write_response_head(&mut out, status, hs.into_iter().chain(ours), framing, keep_alive);
+                write_response_head(
+                    &mut out,
+                    status,
+                    hs.into_iter().chain(ours),
+                    framing,
+                    keep_alive,
+                );
             }
         }
     }
@@ -400,7 +494,11 @@ async fn commit(
         }
     }
     up.finish(shard);
-    if keep_alive { After::KeepAlive } else { After::Close }
+    if keep_alive {
+        After::KeepAlive
+    } else {
+        After::Close
+    }
 }
 
 /// Appends every piece already buffered; true when the body ended. A decode failure is

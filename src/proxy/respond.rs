@@ -5,7 +5,7 @@ use bytes::BytesMut;
 use serde_json::json;
 
 use crate::error::GatewayError;
-use crate::http1::{write_response_head, Framing};
+use crate::http1::{Framing, write_response_head};
 
 /// Header that tells clients the gateway, not the upstream, made this error.
 pub const ERROR_HEADER: &str = "x-tidegate-error";
@@ -20,18 +20,38 @@ pub fn error_body(err: &GatewayError) -> String {
 pub fn write_error(dst: &mut BytesMut, err: &GatewayError, keep_alive: bool, head_only: bool) {
     let body = error_body(err);
     let code = err.kind.code();
-    let headers: [(&str, &[u8]); 2] =
-        [("content-type", b"application/json"), (ERROR_HEADER, code.as_bytes())];
-    write_response_head(dst, err.kind.status(), headers, Framing::Length(body.len() as u64), keep_alive);
+    let headers: [(&str, &[u8]); 2] = [
+        ("content-type", b"application/json"),
+        (ERROR_HEADER, code.as_bytes()),
+    ];
+    write_response_head(
+        dst,
+        err.kind.status(),
+        headers,
+        Framing::Length(body.len() as u64),
+        keep_alive,
+    );
     if !head_only {
         dst.extend_from_slice(body.as_bytes());
     }
 }
 
 /// Encodes a complete response with a body of the given content type.
-pub fn write_body(dst: &mut BytesMut, status: u16, content_type: &str, body: &[u8], keep_alive: bool) {
+pub fn write_body(
+    dst: &mut BytesMut,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+) {
     let headers: [(&str, &[u8]); 1] = [("content-type", content_type.as_bytes())];
-    write_response_head(dst, status, headers, Framing::Length(body.len() as u64), keep_alive);
+    write_response_head(
+        dst,
+        status,
+        headers,
+        Framing::Length(body.len() as u64),
+        keep_alive,
+    );
     dst.extend_from_slice(body);
 }
 

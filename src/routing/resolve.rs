@@ -27,10 +27,10 @@ impl RouteTable {
     pub fn new(config: &Config) -> Self {
         let mut by_provider = vec![Vec::new(); config.providers.len()];
         for c in &config.connections {
-            if c.enabled {
-                if let Some(list) = by_provider.get_mut(usize::from(c.provider.0)) {
-                    list.push(c.id);
-                }
+            if c.enabled
+                && let Some(list) = by_provider.get_mut(usize::from(c.provider.0))
+            {
+                list.push(c.id);
             }
         }
         for list in &mut by_provider {
@@ -41,43 +41,75 @@ impl RouteTable {
 
     /// Enabled connections of `provider`, best first.
     pub fn connections(&self, provider: ProviderId) -> &[ConnectionId] {
-        self.by_provider.get(usize::from(provider.0)).map_or(&[], Vec::as_slice)
+        self.by_provider
+            .get(usize::from(provider.0))
+            .map_or(&[], Vec::as_slice)
     }
 }
 
 /// Resolves the `model` field of a request.
-pub fn resolve(config: &Config, routes: &RouteTable, model: &str) -> Result<Vec<Target>, GatewayError> {
+pub fn resolve(
+    config: &Config,
+    routes: &RouteTable,
+    model: &str,
+) -> Result<Vec<Target>, GatewayError> {
     if model.is_empty() || model.len() > MAX_MODEL_BYTES {
-        return Err(GatewayError::new(ErrorKind::InvalidJson, "model must be 1 to 256 bytes"));
+        return Err(GatewayError::new(
+            ErrorKind::InvalidJson,
+            "model must be 1 to 256 bytes",
+        ));
     }
     if model.chars().any(char::is_control) || model.split('/').any(|seg| seg == "..") {
-        return Err(GatewayError::new(ErrorKind::InvalidJson, "model contains forbidden characters"));
+        return Err(GatewayError::new(
+            ErrorKind::InvalidJson,
+            "model contains forbidden characters",
+        ));
     }
     if let Some(combo) = config.combos.iter().find(|c| c.name == model) {
         return Ok(combo
             .targets
             .iter()
-            .map(|t| Target { provider: t.provider, model: t.model.clone() })
+            .map(|t| Target {
+                provider: t.provider,
+                model: t.model.clone(),
+            })
             .collect());
     }
-    if let Some((prefix, rest)) = model.split_once('/') {
-        if let Some(p) = config.provider_by_name(prefix) {
-            if rest.is_empty() {
-                return Err(GatewayError::new(ErrorKind::ModelNotFound, format!("no model named after provider {prefix}/")));
-            }
-            return Ok(vec![Target { provider: p.id, model: rest.to_owned() }]);
+    if let Some((prefix, rest)) = model.split_once('/')
+        && let Some(p) = config.provider_by_name(prefix)
+    {
+        if rest.is_empty() {
+            return Err(GatewayError::new(
+                ErrorKind::ModelNotFound,
+                format!("no model named after provider {prefix}/"),
+            ));
         }
+        return Ok(vec![Target {
+            provider: p.id,
+            model: rest.to_owned(),
+        }]);
     }
     // A bare model: every provider whose catalog lists it, those with an enabled
     // connection first, in file order.
-    let mut hits: Vec<&crate::config::Provider> =
-        config.providers.iter().filter(|p| p.models.iter().any(|m| m == model)).collect();
+    let mut hits: Vec<&crate::config::Provider> = config
+        .providers
+        .iter()
+        .filter(|p| p.models.iter().any(|m| m == model))
+        .collect();
     hits.sort_by_key(|p| routes.connections(p.id).is_empty());
     if hits.is_empty() {
         return Err(GatewayError::new(
             ErrorKind::ModelNotFound,
-            format!("model {model:?} is not a combo, a provider/model, or in any provider's models"),
+            format!(
+                "model {model:?} is not a combo, a provider/model, or in any provider's models"
+            ),
         ));
     }
-    Ok(hits.into_iter().map(|p| Target { provider: p.id, model: model.to_owned() }).collect())
+    Ok(hits
+        .into_iter()
+        .map(|p| Target {
+            provider: p.id,
+            model: model.to_owned(),
+        })
+        .collect())
 }

@@ -86,7 +86,9 @@ pub fn shard_count(workers: usize) -> usize {
     if workers > 0 {
         return workers;
     }
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 fn choose_driver(choice: DriverChoice) -> Driver {
@@ -104,12 +106,11 @@ fn choose_driver(choice: DriverChoice) -> Driver {
 /// Raises the open-file soft limit to the hard limit: every client and upstream
 /// connection is a file descriptor.
 fn raise_nofile_limit() {
-    if let Ok((soft, hard)) = rlimit::Resource::NOFILE.get() {
-        if soft < hard {
-            if let Err(e) = rlimit::Resource::NOFILE.set(hard, hard) {
-                tracing::warn!("cannot raise the open-file limit to {hard}: {e}");
-            }
-        }
+    if let Ok((soft, hard)) = rlimit::Resource::NOFILE.get()
+        && soft < hard
+        && let Err(e) = rlimit::Resource::NOFILE.set(hard, hard)
+    {
+        tracing::warn!("cannot raise the open-file limit to {hard}: {e}");
     }
 }
 
@@ -121,7 +122,9 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     let tls = TlsConfigs::build(&config).map_err(StartError)?;
     let keys = KeyIndex::new(&config);
     if keys.is_open() {
-        tracing::warn!("no [[client_keys]] configured: inference endpoints accept requests without a key");
+        tracing::warn!(
+            "no [[client_keys]] configured: inference endpoints accept requests without a key"
+        );
     }
     let (addr, listeners) = bind_shards(config.server.listen, shards)
         .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.server.listen)))?;
@@ -129,7 +132,9 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         routes: RouteTable::new(&config),
         tls,
         keys,
-        metrics: (0..shards).map(|_| Arc::new(ShardMetrics::default())).collect(),
+        metrics: (0..shards)
+            .map(|_| Arc::new(ShardMetrics::default()))
+            .collect(),
         shards,
         driver: driver.as_str(),
         config,
@@ -140,7 +145,11 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     let mut threads = Vec::with_capacity(shards);
     for (id, listener) in listeners.into_iter().enumerate() {
         let (stop_tx, stop_rx) = flume::bounded::<()>(1);
-        let core = if cores.is_empty() { None } else { cores.get(id % cores.len()).copied() };
+        let core = if cores.is_empty() {
+            None
+        } else {
+            cores.get(id % cores.len()).copied()
+        };
         let shared = shared.clone();
         let ready = ready_tx.clone();
         let handle = std::thread::Builder::new()
@@ -158,7 +167,13 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         threads.push(handle);
     }
     drop(ready_tx);
-    let fleet = Fleet { addr, shards, driver, stops, threads };
+    let fleet = Fleet {
+        addr,
+        shards,
+        driver,
+        stops,
+        threads,
+    };
     for _ in 0..shards {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(_)) => {}
@@ -199,11 +214,17 @@ fn run_shard(
     let task = shard_main(id, listener, shared, stop, ready.clone());
     match driver {
         Driver::IoUring => {
-            let built = RuntimeBuilder::<IoUringDriver>::new().with_entries(URING_ENTRIES).enable_timer().build();
+            let built = RuntimeBuilder::<IoUringDriver>::new()
+                .with_entries(URING_ENTRIES)
+                .enable_timer()
+                .build();
             match built {
                 Ok(mut rt) => rt.block_on(task),
                 Err(e) => {
-                    tracing::warn!(shard = id, "io_uring runtime failed to start ({e}); using epoll");
+                    tracing::warn!(
+                        shard = id,
+                        "io_uring runtime failed to start ({e}); using epoll"
+                    );
                     let mut rt = RuntimeBuilder::<LegacyDriver>::new()
                         .enable_timer()
                         .build()
@@ -214,7 +235,10 @@ fn run_shard(
         }
         Driver::Epoll => {
             let mut rt: monoio::Runtime<TimeDriver<LegacyDriver>> =
-                RuntimeBuilder::<LegacyDriver>::new().enable_timer().build().map_err(|e| format!("runtime: {e}"))?;
+                RuntimeBuilder::<LegacyDriver>::new()
+                    .enable_timer()
+                    .build()
+                    .map_err(|e| format!("runtime: {e}"))?;
             rt.block_on(task)
         }
     }
@@ -228,7 +252,8 @@ async fn shard_main(
     ready: flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
     let grace = Duration::from_millis(shared.config.server.shutdown_grace_ms);
-    let listener = monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
+    let listener =
+        monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
     let shard = Rc::new(Shard::new(id, shared));
     let _ = ready.send(Ok(id));
     drop(ready);
@@ -263,7 +288,11 @@ async fn shard_main(
     while shard.in_flight.get() > 0 {
         let waited = Duration::from_nanos(shard.now().mono_ns.saturating_sub(start));
         if waited >= grace {
-            tracing::warn!(shard = id, in_flight = shard.in_flight.get(), "grace period over; cutting requests");
+            tracing::warn!(
+                shard = id,
+                in_flight = shard.in_flight.get(),
+                "grace period over; cutting requests"
+            );
             break;
         }
         monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;

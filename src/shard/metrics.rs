@@ -31,7 +31,10 @@ pub const ERROR_KINDS: [ErrorKind; 20] = [
 ];
 
 fn kind_index(kind: ErrorKind) -> usize {
-    ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(ERROR_KINDS.len() - 1)
+    ERROR_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(ERROR_KINDS.len() - 1)
 }
 
 #[derive(Debug, Default)]
@@ -85,36 +88,112 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     };
     let mut out = String::with_capacity(4096);
     let mut counter = |name: &str, help: &str, kind: &str, v: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
     };
-    counter("tidegate_shards", "Number of shards.", "gauge", shards.len() as u64);
-    counter("tidegate_connections_accepted_total", "Client connections accepted.", "counter", sum(&|s| &s.connections_accepted));
-    counter("tidegate_connections_open", "Client connections open.", "gauge", sum(&|s| &s.connections_open));
-    counter("tidegate_requests_total", "Requests whose head was read.", "counter", sum(&|s| &s.requests));
-    counter("tidegate_requests_in_flight", "Requests being served.", "gauge", sum(&|s| &s.in_flight));
-    counter("tidegate_upstream_attempts_total", "Upstream attempts (all targets).", "counter", sum(&|s| &s.upstream_attempts));
-    counter("tidegate_upstream_failovers_total", "Moves to the next connection before the first byte.", "counter", sum(&|s| &s.upstream_failovers));
-    counter("tidegate_upstream_connects_total", "New upstream connections opened.", "counter", sum(&|s| &s.upstream_connects));
-    counter("tidegate_upstream_reuses_total", "Requests sent on a pooled upstream connection.", "counter", sum(&|s| &s.upstream_reuses));
-    counter("tidegate_streams_broken_total", "Responses cut after the first byte by an upstream failure.", "counter", sum(&|s| &s.streams_broken));
-    let _ = writeln!(out, "# HELP tidegate_responses_total Responses sent, by status class.\n# TYPE tidegate_responses_total counter");
+    counter(
+        "tidegate_shards",
+        "Number of shards.",
+        "gauge",
+        shards.len() as u64,
+    );
+    counter(
+        "tidegate_connections_accepted_total",
+        "Client connections accepted.",
+        "counter",
+        sum(&|s| &s.connections_accepted),
+    );
+    counter(
+        "tidegate_connections_open",
+        "Client connections open.",
+        "gauge",
+        sum(&|s| &s.connections_open),
+    );
+    counter(
+        "tidegate_requests_total",
+        "Requests whose head was read.",
+        "counter",
+        sum(&|s| &s.requests),
+    );
+    counter(
+        "tidegate_requests_in_flight",
+        "Requests being served.",
+        "gauge",
+        sum(&|s| &s.in_flight),
+    );
+    counter(
+        "tidegate_upstream_attempts_total",
+        "Upstream attempts (all targets).",
+        "counter",
+        sum(&|s| &s.upstream_attempts),
+    );
+    counter(
+        "tidegate_upstream_failovers_total",
+        "Moves to the next connection before the first byte.",
+        "counter",
+        sum(&|s| &s.upstream_failovers),
+    );
+    counter(
+        "tidegate_upstream_connects_total",
+        "New upstream connections opened.",
+        "counter",
+        sum(&|s| &s.upstream_connects),
+    );
+    counter(
+        "tidegate_upstream_reuses_total",
+        "Requests sent on a pooled upstream connection.",
+        "counter",
+        sum(&|s| &s.upstream_reuses),
+    );
+    counter(
+        "tidegate_streams_broken_total",
+        "Responses cut after the first byte by an upstream failure.",
+        "counter",
+        sum(&|s| &s.streams_broken),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_responses_total Responses sent, by status class.\n# TYPE tidegate_responses_total counter"
+    );
     for (class, f) in [
-        ("2xx", &(|s: &ShardMetrics| s.responses_2xx.load(Ordering::Relaxed)) as &dyn Fn(&ShardMetrics) -> u64),
-        ("4xx", &|s: &ShardMetrics| s.responses_4xx.load(Ordering::Relaxed)),
-        ("5xx", &|s: &ShardMetrics| s.responses_5xx.load(Ordering::Relaxed)),
-        ("other", &|s: &ShardMetrics| s.responses_other.load(Ordering::Relaxed)),
+        (
+            "2xx",
+            &(|s: &ShardMetrics| s.responses_2xx.load(Ordering::Relaxed))
+                as &dyn Fn(&ShardMetrics) -> u64,
+        ),
+        ("4xx", &|s: &ShardMetrics| {
+            s.responses_4xx.load(Ordering::Relaxed)
+        }),
+        ("5xx", &|s: &ShardMetrics| {
+            s.responses_5xx.load(Ordering::Relaxed)
+        }),
+        ("other", &|s: &ShardMetrics| {
+            s.responses_other.load(Ordering::Relaxed)
+        }),
     ] {
         let v: u64 = shards.iter().map(|s| f(s)).sum();
         let _ = writeln!(out, "tidegate_responses_total{{class=\"{class}\"}} {v}");
     }
-    let _ = writeln!(out, "# HELP tidegate_gateway_errors_total Gateway-made error responses, by code.\n# TYPE tidegate_gateway_errors_total counter");
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_gateway_errors_total Gateway-made error responses, by code.\n# TYPE tidegate_gateway_errors_total counter"
+    );
     for (i, kind) in ERROR_KINDS.iter().enumerate() {
-        let v: u64 = shards.iter().map(|s| s.gateway_errors[i].load(Ordering::Relaxed)).sum();
+        let v: u64 = shards
+            .iter()
+            .map(|s| s.gateway_errors[i].load(Ordering::Relaxed))
+            .sum();
         let phase = match kind {
             ErrorKind::UpstreamTimeout(p) => p.as_str(),
             _ => "",
         };
-        let _ = writeln!(out, "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}", kind.code());
+        let _ = writeln!(
+            out,
+            "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}",
+            kind.code()
+        );
     }
     out
 }

@@ -90,7 +90,10 @@ impl Shard {
     }
 
     pub fn pool_key(&self, provider: crate::config::ProviderId) -> Option<PoolKey> {
-        self.pool_keys.get(usize::from(provider.0)).cloned().flatten()
+        self.pool_keys
+            .get(usize::from(provider.0))
+            .cloned()
+            .flatten()
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -115,7 +118,9 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.shard.in_flight.set(self.shard.in_flight.get().saturating_sub(1));
+        self.shard
+            .in_flight
+            .set(self.shard.in_flight.get().saturating_sub(1));
         metrics::drop_one(&self.shard.metrics.in_flight);
     }
 }
