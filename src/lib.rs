@@ -13,6 +13,7 @@ pub mod http1;
 pub mod net;
 pub mod providers;
 pub mod proxy;
+pub mod resilience;
 pub mod routing;
 pub mod runtime;
 pub mod shard;
