@@ -1,0 +1,175 @@
+//! The shipped `config/tidegate.toml` serves out of the box with no provider keys: the
+//! in-process mock provider answers OpenAI and Anthropic shapes, streamed and not, and its
+//! model-named behaviours show failover and timeouts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const KEY: &str = "tidegate-dev-key";
+
+/// The shipped config, on a free loopback port.
+fn shipped(extra_server: &[(&str, &str)]) -> String {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/tidegate.toml"))
+            .unwrap();
+    let mut out = String::new();
+    let mut in_server = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            in_server = t == "[server]";
+        }
+        if in_server && t.starts_with("listen") {
+            out.push_str("listen = \"127.0.0.1:0\"\n");
+            for (k, v) in extra_server {
+                out.push_str(&format!("{k} = {v}\n"));
+            }
+            continue;
+        }
+        if in_server
+            && extra_server
+                .iter()
+                .any(|(k, _)| t.starts_with(&format!("{k} ")) || t.starts_with(&format!("{k}=")))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn chat(gw: &Gateway, model: &str, stream: bool) -> Response {
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"hello tide"}}]}}"#
+    );
+    Client::connect(gw.addr()).request(
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        body.as_bytes(),
+    )
+}
+
+#[test]
+fn the_shipped_config_serves_echo_streamed_and_not() {
+    let gw = Gateway::start(&shipped(&[]));
+    let r = chat(&gw, "mock/echo", false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "hello tide");
+    let r = chat(&gw, "mock/echo", true);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let events = r.sse_events();
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, "hello tide");
+    // Anthropic format on the same provider.
+    let r = Client::connect(gw.addr()).request(
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", KEY)],
+        br#"{"model":"mock/echo","max_tokens":10,"messages":[{"role":"user","content":"hi claude"}]}"#,
+    );
+    assert_eq!(r.json()["content"][0]["text"], "hi claude");
+    // The catalog lists the mock models and the real providers' models.
+    let models = Client::connect(gw.addr()).request(
+        "GET",
+        "/v1/models",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        b"",
+    );
+    let ids: Vec<String> = models.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(ids.iter().any(|i| i == "mock/echo"), "{ids:?}");
+}
+
+#[test]
+fn real_providers_without_keys_are_disabled_not_fatal() {
+    let gw = Gateway::start_with_env(
+        &shipped(&[]),
+        &[("OPENAI_API_KEY", ""), ("ANTHROPIC_API_KEY", "")],
+    );
+    assert!(gw.logs().contains("OPENAI_API_KEY"), "{}", gw.logs());
+    let r = chat(&gw, "openai/gpt-4o-mini", false);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("no_available_connection")
+    );
+}
+
+#[test]
+fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
+    let gw = Gateway::start(&shipped(&[]));
+    let r = chat(&gw, "mock/fail-503", false);
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.header("x-tidegate-attempts"),
+        Some("2"),
+        "both mock connections were tried"
+    );
+    assert!(
+        r.header("x-tidegate-error").is_none(),
+        "the upstream's own 503 is relayed"
+    );
+    let r = chat(&gw, "mock/fail-429", false);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("1"));
+}
+
+#[test]
+fn mock_timing_behaviours_meet_the_gateway_budgets() {
+    let gw = Gateway::start(&shipped(&[
+        ("response_header_timeout_ms", "300"),
+        ("body_idle_timeout_ms", "300"),
+    ]));
+    // Non-stream stall: no head within the budget on either connection → 504.
+    let r = chat(&gw, "mock/stall", false);
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-error"), Some("upstream_timeout"));
+    // Stream stall: the first event arrives, then silence → the stream ends with an error event.
+    let r = chat(&gw, "mock/stall", true);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.sse_events().last().unwrap().event.as_deref(),
+        Some("error")
+    );
+    // Drip: words arrive one by one.
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        br#"{"model":"mock/drip-100","stream":true,"messages":[{"role":"user","content":"a b c d"}]}"#,
+    );
+    assert_eq!(c.read_head().status, 200);
+    let mut pieces = 0;
+    loop {
+        match c.next_body_piece(Duration::from_secs(5)) {
+            Piece::Data(_) => pieces += 1,
+            Piece::End => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        pieces >= 4,
+        "a dripped stream arrives in several pieces, got {pieces}"
+    );
+}
