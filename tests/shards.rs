@@ -94,3 +94,56 @@ provider = "mock"
     let cores = std::thread::available_parallelism().unwrap().get();
     assert_eq!(gw.shards(), cores);
 }
+
+#[test]
+fn the_epoll_driver_serves_the_same_requests() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::openai_stream(&["via ", "epoll"]),
+    );
+    let gw = Gateway::start_with_env(
+        &format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[providers]]
+id = "up"
+format = "openai"
+base_url = "{}"
+models = ["m1"]
+
+[[connections]]
+id = "c1"
+provider = "up"
+"#,
+            mock.base_url()
+        ),
+        &[("TIDEGATE_DRIVER", "epoll")],
+    );
+    assert_eq!(gw.driver(), "epoll");
+    let mut c = Client::connect(gw.addr());
+    for _ in 0..3 {
+        let r = c.request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            br#"{"model":"up/m1","stream":true,"messages":[]}"#,
+        );
+        assert_eq!(r.status, 200);
+        assert!(r.text().contains("epoll"), "{}", r.text());
+    }
+}
+
+#[test]
+fn an_unknown_driver_name_is_a_usage_error() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tidegate.toml");
+    let out = run_tidegate(
+        &["serve", "--config", shipped],
+        &[("TIDEGATE_DRIVER", "kqueue")],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("TIDEGATE_DRIVER"), "{}", out.stderr);
+}
