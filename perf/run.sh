@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 DUR=${1:-10}
 OUT=perf/out; mkdir -p "$OUT"
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+OHA=$(command -v oha || echo /opt/oha/bin/oha)
+[ -x "$OHA" ] || { cargo install oha --locked --root /opt/oha -q; OHA=/opt/oha/bin/oha; }
+RATE=${RATE:-4000}
 cargo build --release --bins -q
 BIN=${CARGO_TARGET_DIR:-target}/release
 
@@ -24,6 +27,7 @@ cat > "$OUT/perf.toml" <<TOML
 [server]
 listen = "127.0.0.1:0"
 workers = ${TIDEGATE_WORKERS:-1}
+pin_threads = ${TIDEGATE_PIN:-true}
 
 [[client_keys]]
 id = "perf"
@@ -77,20 +81,44 @@ for stream in 0 1; do
     rows+=("| $mode | $conns | $d_rps | $d_p50 | $d_p99 | $g_rps | $g_p50 | $g_p99 | **$ratio** | $added | $cpu% |")
   done
 done
+# Added latency at a fixed offered rate (below both capacities), corrected for coordinated
+# omission: the same oha load directly and through Tidegate.
+oha_run() {
+  local url=$1 stream=$2
+  local body='{"model":"perf/gpt-4o-mini","stream":'$([ "$stream" = 1 ] && echo true || echo false)',"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the load test in a few words please."}]}'
+  "$OHA" -z "${DUR}s" -c 64 -q "$RATE" --latency-correction --no-tui --output-format json \
+    -m POST -H "Authorization: Bearer perf-key" -T application/json -d "$body" "$url" \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); p=d["latencyPercentiles"]; s=d["summary"]; print("%.0f %.3f %.3f %.3f" % (s["requestsPerSec"], p["p50"]*1000, p["p99"]*1000, s["successRate"]))'
+}
+lat_rows=()
+for stream in 0 1; do
+  mode=$([ $stream = 1 ] && echo stream || echo non-stream)
+  read -r d_rps d_p50 d_p99 d_ok < <(oha_run "http://127.0.0.1:$MOCK_PORT/v1/chat/completions" $stream)
+  read -r g_rps g_p50 g_p99 g_ok < <(oha_run "http://$TG_ADDR/v1/chat/completions" $stream)
+  added50=$(awk -v a="$g_p50" -v b="$d_p50" 'BEGIN{printf "%.3f", a-b}')
+  added99=$(awk -v a="$g_p99" -v b="$d_p99" 'BEGIN{printf "%.3f", a-b}')
+  lat_rows+=("| $mode | 64 | $RATE | $d_rps | $d_p50 | $d_p99 | $g_rps | $g_p50 | $g_p99 | $added50 | **$added99** | $g_ok |")
+done
 RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
 
 {
   echo "# Tidegate load test results"
   echo
   echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -r)); load generator, mock and Tidegate share the machine."
-  echo "Tidegate workers=${TIDEGATE_WORKERS:-1}, mock workers=1, wrk -t2, ${DUR}s per row. Latencies in ms (wrk --latency)."
+  echo "Tidegate workers=${TIDEGATE_WORKERS:-1} pin_threads=${TIDEGATE_PIN:-true}, mock workers=1, wrk -t2, ${DUR}s per row. Latencies in ms (wrk --latency)."
   echo
   echo "| mode | conns | direct rps | direct p50 | direct p99 | tidegate rps | tidegate p50 | tidegate p99 | ratio | added p99 | tidegate CPU |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
+  echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms):"
+  echo
+  echo "| mode | conns | offered rps | direct rps | direct p50 | direct p99 | tidegate rps | tidegate p50 | tidegate p99 | added p50 | added p99 | success |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${lat_rows[@]}"
+  echo
   echo "Tidegate peak RSS over the whole run (VmHWM): $((RSS_KB / 1024)) MiB ($RSS_KB KiB)."
   echo
-  echo "Command: \`perf/run.sh $DUR\` (TIDEGATE_WORKERS=${TIDEGATE_WORKERS:-1}); per row \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
+  echo "Command: \`perf/run.sh $DUR\` (TIDEGATE_WORKERS=${TIDEGATE_WORKERS:-1} TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE); per row \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
 } > "$OUT/load.md"
 cat "$OUT/load.md"

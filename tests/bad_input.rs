@@ -210,9 +210,6 @@ fn head_timeout_closes_the_connection_within_a_bound() {
 }
 
 #[test]
-#[ignore = "BUG: a request head not complete within header_timeout_ms is closed silently \
-            instead of answered 408 request_timeout (net/downstream.rs read_head checks \
-            buf.is_empty() after moving the buffer into the timed-out read)"]
 fn head_timeout_gets_408() {
     let gw = start();
     let mut c = Client::connect(gw.addr());
@@ -232,8 +229,6 @@ fn head_timeout_gets_408() {
 }
 
 #[test]
-#[ignore = "BUG: a request head not complete within header_timeout_ms is closed silently \
-            instead of answered 408 request_timeout"]
 fn head_trickled_byte_by_byte_past_the_budget_gets_408() {
     // The budget runs from the first byte of the head: bytes that keep arriving do not
     // extend it (a slowloris client is cut off).

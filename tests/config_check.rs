@@ -108,8 +108,6 @@ fn check_defaults_to_config_tidegate_toml_and_reads_tidegate_config() {
 }
 
 #[test]
-#[ignore = "BUG: an unknown key stops validation at the serde parse, so `check` prints only \
-            that one line and none of the file's other problems"]
 fn three_problems_exit_2_with_one_line_each() {
     let (code, stdout, stderr) = run_check(&three_problems());
     assert_eq!(code, 2, "stdout {stdout}\nstderr {stderr}");

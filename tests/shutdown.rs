@@ -374,8 +374,6 @@ fn a_request_in_flight_at_sigterm_is_answered_then_its_connection_closed() {
 }
 
 #[test]
-#[ignore = "BUG: a response finished during the drain has no Connection: close header \
-            (keep-alive is decided when the request starts, in proxy::handle)"]
 fn a_response_finished_during_the_drain_carries_connection_close() {
     // Operator guide: "Responses finished during the drain carry `Connection: close`."
     let r = answer_finished_during_the_drain();
@@ -388,9 +386,6 @@ fn a_response_finished_during_the_drain_carries_connection_close() {
 }
 
 #[test]
-#[ignore = "BUG: with io_uring, a connection accepted while the shard stops accepting is \
-            neither served nor closed until the process exits (the accept raced against the \
-            stop signal in select! completes, and its fd is dropped unserved, unclosed)"]
 fn a_connection_accepted_as_shutdown_begins_is_not_left_hanging() {
     // The race is narrow, so the scenario runs several times; it shows within a few runs.
     for trial in 0..10 {

@@ -76,6 +76,9 @@ pub struct ServerConfig {
     pub pool_max_idle_per_host: usize,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_grace_ms: u64,
+    /// Pin each shard thread to one CPU (off helps only on machines shared with other
+    /// busy processes).
+    pub pin_threads: bool,
     pub snapshot_interval_ms: u64,
 }
 

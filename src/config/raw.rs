@@ -1,5 +1,7 @@
 //! The TOML file as written: serde structs that mirror `config/tidegate.toml` key for key,
-//! `deny_unknown_fields` everywhere, units in the key names. Nothing here is checked beyond
+//! units in the key names. Unknown keys are rejected, but not with serde's
+//! `deny_unknown_fields`, which stops at the first one: `validate` deserializes through
+//! `serde_ignored` and reports every unknown key with its path, beside every other problem. Nothing here is checked beyond
 //! TOML types; `validate` turns these into the typed [`super::Config`] and reports every
 //! problem at once. Values that select among names (formats, scopes, strategies) stay
 //! strings here so a bad one becomes a problem naming its key rather than a serde error.
@@ -13,7 +15,6 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default)]
     pub server: RawServer,
@@ -30,7 +31,6 @@ pub struct RawConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<String>,
     pub workers: Option<u32>,
@@ -45,11 +45,11 @@ pub struct RawServer {
     pub pool_idle_timeout_ms: Option<u64>,
     pub pool_max_idle_per_host: Option<u32>,
     pub shutdown_grace_ms: Option<u64>,
+    pub pin_threads: Option<bool>,
     pub snapshot_interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawClientKey {
     pub id: Option<String>,
     pub key: Option<String>,
@@ -60,7 +60,6 @@ pub struct RawClientKey {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawProvider {
     pub id: Option<String>,
     pub format: Option<String>,
@@ -74,7 +73,6 @@ pub struct RawProvider {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawConnection {
     pub id: Option<String>,
     pub provider: Option<String>,
@@ -89,7 +87,6 @@ pub struct RawConnection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawRateLimitOverrides {
     pub max_concurrent: Option<u32>,
     #[serde(default)]
@@ -101,7 +98,6 @@ pub struct RawRateLimitOverrides {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawCombo {
     pub name: Option<String>,
     pub strategy: Option<String>,
@@ -117,7 +113,6 @@ pub enum RawComboTarget {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawWeightedTarget {
     pub model: String,
     pub weight: Option<u32>,
@@ -127,7 +122,6 @@ pub struct RawWeightedTarget {
 // [resilience]
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawResilience {
     pub half_open_probe_timeout_ms: Option<u64>,
     #[serde(default)]
@@ -165,7 +159,6 @@ pub struct RawResilience {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 #[serde(bound(deserialize = "T: Deserialize<'de> + Default"))]
 pub struct RawPerAuth<T> {
     #[serde(default)]
@@ -177,7 +170,6 @@ pub struct RawPerAuth<T> {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawRequestQueue {
     pub auto_enable_api_key_providers: Option<bool>,
     pub requests_per_minute: Option<u32>,
@@ -190,7 +182,6 @@ pub struct RawRequestQueue {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawConnectionCooldown {
     pub base_cooldown_ms: Option<u64>,
     pub use_upstream_retry_hints: Option<bool>,
@@ -199,7 +190,6 @@ pub struct RawConnectionCooldown {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawBreakerProfile {
     pub failure_threshold: Option<u32>,
     pub degradation_threshold: Option<u32>,
@@ -209,7 +199,6 @@ pub struct RawBreakerProfile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawTokenRefreshBreaker {
     pub scope: Option<String>,
     pub failure_threshold: Option<u32>,
@@ -217,7 +206,6 @@ pub struct RawTokenRefreshBreaker {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawWaitForCooldown {
     pub enabled: Option<bool>,
     pub max_retries: Option<u32>,
@@ -226,7 +214,6 @@ pub struct RawWaitForCooldown {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawComboCooldownWait {
     pub enabled: Option<bool>,
     pub max_wait_ms: Option<u64>,
@@ -235,13 +222,11 @@ pub struct RawComboCooldownWait {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawToggle {
     pub enabled: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawProviderCooldown {
     pub enabled: Option<bool>,
     pub min_retry_cooldown_ms: Option<u64>,
@@ -255,7 +240,6 @@ pub struct RawProviderCooldown {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawWindowGate {
     pub failure_threshold: Option<u32>,
     pub failure_window_ms: Option<u64>,
@@ -263,7 +247,6 @@ pub struct RawWindowGate {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawQuotaPreflight {
     pub enabled: Option<bool>,
     pub default_threshold_percent: Option<u32>,
@@ -272,7 +255,6 @@ pub struct RawQuotaPreflight {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawStreamRecovery {
     pub enabled: Option<bool>,
     pub continue_mid_stream: Option<bool>,
@@ -281,7 +263,6 @@ pub struct RawStreamRecovery {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawThroughputWatchdog {
     pub enabled: Option<bool>,
     pub warmup_ms: Option<u64>,
@@ -291,14 +272,12 @@ pub struct RawThroughputWatchdog {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawStreamWatchdog {
     pub stall_timeout_ms: Option<u64>,
     pub active_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawProviderQuotaOverride {
     pub rpm: Option<u32>,
     pub concurrency: Option<u32>,
@@ -306,13 +285,11 @@ pub struct RawProviderQuotaOverride {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawCredentialHealthCheck {
     pub interval_minutes: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawModelLockout {
     pub enabled: Option<bool>,
     pub error_codes: Option<Vec<u16>>,
@@ -323,7 +300,6 @@ pub struct RawModelLockout {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawProviderErrorRule {
     pub status: u16,
     #[serde(rename = "match")]

@@ -132,6 +132,7 @@ impl Default for ServerConfig {
             pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
             pool_max_idle_per_host: 64,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+            pin_threads: true,
             snapshot_interval_ms: DEFAULT_SNAPSHOT_INTERVAL_MS,
         }
     }
@@ -160,12 +161,19 @@ pub fn load_str(
     text: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<LoadOutcome, ConfigError> {
-    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::from_toml(text, &e))?;
+    let mut unknown = Vec::new();
+    let raw: RawConfig = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
+        unknown.push(key_path(&path.to_string()));
+    })
+    .map_err(|e| ConfigError::from_toml(text, &e))?;
     let mut l = Loader {
         env,
         problems: Vec::new(),
         warnings: Vec::new(),
     };
+    for key in unknown {
+        l.problem(key, "unknown key");
+    }
     let config = l.config(&raw);
     if l.problems.is_empty() {
         Ok(LoadOutcome {
@@ -177,6 +185,24 @@ pub fn load_str(
             problems: l.problems,
         })
     }
+}
+
+/// `serde_ignored`'s path (`connections.1.foo`) in this module's key style (`connections[1].foo`).
+fn key_path(dotted: &str) -> String {
+    let mut out = String::with_capacity(dotted.len() + 4);
+    for part in dotted.split('.') {
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            out.push('[');
+            out.push_str(part);
+            out.push(']');
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(part);
+        }
+    }
+    out
 }
 
 struct Loader<'e> {
@@ -353,6 +379,7 @@ impl Loader<'_> {
                 0,
                 resilience::HOUR_MS,
             ),
+            pin_threads: raw.pin_threads.unwrap_or(d.pin_threads),
             snapshot_interval_ms: self.bounded(
                 "server.snapshot_interval_ms",
                 raw.snapshot_interval_ms,
@@ -1423,17 +1450,25 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_rejected_with_their_position() {
+    fn unknown_keys_are_rejected_by_path_all_at_once() {
         let e = load("[server]\nlisten = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
         assert_eq!(e.problems.len(), 1);
-        assert_eq!(e.problems[0].key, "line 3, column 1");
-        assert!(
-            e.problems[0].message.contains("listen_port"),
-            "{}",
-            e.problems[0].message
-        );
+        assert_eq!(e.problems[0].key, "server.listen_port");
+        assert_eq!(e.problems[0].message, "unknown key");
         let e = load("[resilience.request_queue]\nmax_wait = 3\n").unwrap_err();
-        assert!(e.problems[0].message.contains("max_wait"));
+        assert_eq!(e.problems[0].key, "resilience.request_queue.max_wait");
+        // An unknown key does not hide the other problems.
+        let text =
+            format!("{BASE}\n[[connections]]\nid = \"x\"\nprovider = \"nowhere\"\nbogus = 1\n");
+        let e = load(&format!("[server]\nbogus_setting = 5\n{text}")).unwrap_err();
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert!(keys.contains(&"server.bogus_setting"), "{keys:?}");
+        assert!(
+            keys.iter()
+                .any(|k| k.starts_with("connections[") && k.ends_with("].bogus")),
+            "{keys:?}"
+        );
+        assert!(keys.iter().any(|k| k.ends_with("].provider")), "{keys:?}");
     }
 
     #[test]

@@ -72,7 +72,9 @@ pub async fn handle(
     body: Bytes,
     client: &mut TcpStream,
 ) -> After {
-    let keep_alive = head.keep_alive() && !shard.draining.get();
+    // Whether the connection stays open is decided when the response head is written
+    // (`keep_alive_now`), since shutdown may begin while the request is served.
+    let keep_alive = head.keep_alive();
     let result = match route(head) {
         Ok(Route::Inference(ep)) => {
             return inference(shard, head, ep, body, client, keep_alive).await;
@@ -84,6 +86,7 @@ pub async fn handle(
         Ok(Route::Admin(r)) => admin::serve(shard, head, r),
         Err(e) => Err(e),
     };
+    let keep_alive = keep_alive_now(shard, keep_alive);
     let mut out = BytesMut::with_capacity(512);
     let head_only = head.method() == Method::Head;
     match result {
@@ -111,13 +114,19 @@ pub async fn send_error(
     keep_alive: bool,
 ) -> After {
     note_error(shard, err);
-    let keep_alive = keep_alive && !err.kind.closes_connection();
+    let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
     let mut out = BytesMut::with_capacity(256);
     respond::write_error(&mut out, err, keep_alive, false);
     match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,
     }
+}
+
+/// The keep-alive decision at the moment a response head is written: never while the
+/// shard drains for shutdown.
+pub fn keep_alive_now(shard: &Shard, requested: bool) -> bool {
+    requested && !shard.draining.get()
 }
 
 fn note_error(shard: &Shard, err: &GatewayError) {

@@ -401,6 +401,7 @@ async fn commit(
     idle: Duration,
 ) -> After {
     let status = up.head.status();
+    let keep_alive = super::keep_alive_now(shard, keep_alive);
     let http11 = client_head.minor_version() == 1;
     let (framing, keep_alive) = match up.head.body_kind() {
         BodyKind::Length(n) => (Framing::Length(n), keep_alive),

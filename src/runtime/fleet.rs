@@ -114,6 +114,10 @@ fn raise_nofile_limit() {
     }
 }
 
+fn config_pin(shared: &Shared) -> bool {
+    shared.config.server.pin_threads
+}
+
 /// Binds, starts every shard, and returns once all of them accept.
 pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartError> {
     raise_nofile_limit();
@@ -139,7 +143,11 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         driver: driver.as_str(),
         config,
     });
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let cores = if config_pin(&shared) {
+        core_affinity::get_core_ids().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let (ready_tx, ready_rx) = flume::unbounded::<Result<usize, String>>();
     let mut stops = Vec::with_capacity(shards);
     let mut threads = Vec::with_capacity(shards);
@@ -267,19 +275,32 @@ async fn shard_main(
             sweeper.pool.sweep(sweeper.now().mono_ns);
         }
     });
-    loop {
-        monoio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    monoio::spawn(downstream::serve(shard.clone(), stream));
-                }
-                Err(e) => {
-                    // Out of file descriptors or a transient error: back off briefly.
-                    tracing::warn!(shard = id, "accept failed: {e}");
-                    monoio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = stop.recv_async() => break,
+    // Stopping cancels the pending accept. A cancelled io_uring accept may still have
+    // completed with a connection; such a late connection is closed at once, never left
+    // accepted and unserved.
+    let stopping = Rc::new(std::cell::Cell::new(false));
+    let canceller = monoio::io::Canceller::new();
+    let cancel = canceller.handle();
+    {
+        let stopping = stopping.clone();
+        monoio::spawn(async move {
+            let _ = stop.recv_async().await;
+            stopping.set(true);
+            let _ = canceller.cancel();
+        });
+    }
+    while !stopping.get() {
+        match listener.cancelable_accept(cancel.clone()).await {
+            Ok((stream, _)) if stopping.get() => drop(stream),
+            Ok((stream, _)) => {
+                monoio::spawn(downstream::serve(shard.clone(), stream));
+            }
+            Err(_) if stopping.get() => break,
+            Err(e) => {
+                // Out of file descriptors or a transient error: back off briefly.
+                tracing::warn!(shard = id, "accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
     drop(listener);
