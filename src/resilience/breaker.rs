@@ -52,7 +52,8 @@
 //! # Views and epochs
 //!
 //! Every change another shard must see (trip, degrade, recover, probe admitted/settled/
-//! released, reset, restore) returns a [`Transition`] whose [`BreakerView`] carries an
+//! released, reset) returns a [`Transition`] (an import returns the views to broadcast);
+//! its [`BreakerView`] carries an
 //! `epoch` that strictly increases per key (also across eviction and re-creation, see
 //! [`BreakerTable`]). Owners broadcast `transition.view`; replicas keep the newest epoch
 //! ([`BreakerView::apply`]). Lazy changes (an OPEN deadline passing, a stuck probe's permit

@@ -128,7 +128,9 @@ pub trait Headers {
 
 impl Headers for [(&str, &str)] {
     fn get(&self, name: &str) -> Option<&str> {
-        self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v)
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
     }
 }
 
