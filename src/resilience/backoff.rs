@@ -16,7 +16,7 @@
 //! when it needs a quota reset hint); connection state and model lockout call
 //! [`scaled_cooldown`].
 //!
-//! Deliberate deviations from the spec (also listed in `docs/compat.md`):
+//! Deliberate deviations from the spec (to be listed in `docs/compat.md`):
 //! * **Header hints are capped at 30 days** ([`HEADER_HINT_CAP_MS`]). The spec gives the
 //!   `Retry-After` / `X-RateLimit-Reset` headers no cap; a garbage header
 //!   (`Retry-After: 99999999999`) must not park a connection for three thousand years.

@@ -15,7 +15,7 @@
 //! wall-clock time appears only where people read it (the listing's `until` and
 //! `lockedAt`, converted with the same `now`) and in the daily-reset rule (next midnight).
 //!
-//! Deliberate deviations from the spec (also in `docs/compat.md`):
+//! Deliberate deviations from the spec (to be listed in `docs/compat.md`):
 //! * **Success decay that reaches zero removes the lock too**, not only the failure
 //!   state — the guide's intent ("a model that recovered stops escalating and the lock is
 //!   lifted before its timer"), where the code (A §8.4) left the lock to expire.
