@@ -52,8 +52,9 @@
 //!   are still absorbed.
 //! * **A cooldown is never shortened** (ARCHITECTURE §6): besides the thundering-herd rule,
 //!   applying a [`Change`] never moves an active deadline earlier.
-//! * **Terminal verdicts are written even with `persist = false`** (combo callers pass it
-//!   for transient failures only).
+//! * **Terminal verdicts, expired strikes and request-rejected rungs are written even with
+//!   `persist = false`** (combo callers pass it for transient failures only; these are not
+//!   transient).
 //! * **A local provider's 404 locks the model and leaves the connection active** (step 20
 //!   names the lockout only); the request-rejected streak and the expired strikes are
 //!   persisted with the record (the spec keeps the streak in memory and seeds one refusal
