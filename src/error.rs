@@ -79,6 +79,16 @@ pub enum ErrorKind {
     UpstreamTimeout(TimeoutPhase),
     /// The upstream answered with bytes that are not HTTP/1.1, or closed mid-response.
     UpstreamProtocol,
+    /// The provider (or connection) circuit breaker is open (spec A §1.8).
+    ProviderCircuitOpen,
+    /// Every connection of the requested model is cooling down (spec B §3.4 model-cooldown).
+    ModelCooldown,
+    /// Every target was excluded by a breaker, cooldown or lockout (spec B §3.4).
+    AllTargetsCoolingDown,
+    /// Every connection of the model is in a terminal state (banned, expired, credits).
+    AllConnectionsTerminal,
+    /// A cross-shard request (probe permit) could not be answered in time.
+    MeshUnavailable,
     /// The gateway is shutting down and takes no new requests.
     ShuttingDown,
     /// A bug or an exhausted internal resource.
@@ -104,6 +114,11 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect => 502,
             ErrorKind::UpstreamTimeout(_) => 504,
             ErrorKind::UpstreamProtocol => 502,
+            ErrorKind::ProviderCircuitOpen => 503,
+            ErrorKind::ModelCooldown => 429,
+            ErrorKind::AllTargetsCoolingDown => 503,
+            ErrorKind::AllConnectionsTerminal => 401,
+            ErrorKind::MeshUnavailable => 503,
             ErrorKind::ShuttingDown => 503,
             ErrorKind::Internal => 500,
         }
@@ -128,6 +143,11 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect => "upstream_connect_failed",
             ErrorKind::UpstreamTimeout(_) => "upstream_timeout",
             ErrorKind::UpstreamProtocol => "bad_upstream_response",
+            ErrorKind::ProviderCircuitOpen => "provider_circuit_open",
+            ErrorKind::ModelCooldown => "model_cooldown",
+            ErrorKind::AllTargetsCoolingDown => "all_targets_cooling_down",
+            ErrorKind::AllConnectionsTerminal => "all_connections_unavailable",
+            ErrorKind::MeshUnavailable => "shard_mesh_unavailable",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Internal => "internal_server_error",
         }
@@ -135,6 +155,10 @@ impl ErrorKind {
 
     /// OpenAI-style `error.type`, following the status table of the spec (B §8.5).
     pub fn error_type(self) -> &'static str {
+        if self == ErrorKind::ProviderCircuitOpen {
+            // The spec's breaker body says server_error although the status is 503.
+            return "server_error";
+        }
         match self.status() {
             401 => "authentication_error",
             402 => "billing_error",
@@ -164,9 +188,14 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamTimeout(_)
             | ErrorKind::UpstreamProtocol => Side::Upstream,
-            ErrorKind::NoConnection | ErrorKind::ShuttingDown | ErrorKind::Internal => {
-                Side::Internal
-            }
+            ErrorKind::NoConnection
+            | ErrorKind::ProviderCircuitOpen
+            | ErrorKind::ModelCooldown
+            | ErrorKind::AllTargetsCoolingDown
+            | ErrorKind::AllConnectionsTerminal
+            | ErrorKind::MeshUnavailable
+            | ErrorKind::ShuttingDown
+            | ErrorKind::Internal => Side::Internal,
         }
     }
 
@@ -193,6 +222,11 @@ impl ErrorKind {
             | ErrorKind::ModelNotFound
             | ErrorKind::EndpointNotSupported
             | ErrorKind::NoConnection
+            | ErrorKind::ProviderCircuitOpen
+            | ErrorKind::ModelCooldown
+            | ErrorKind::AllTargetsCoolingDown
+            | ErrorKind::AllConnectionsTerminal
+            | ErrorKind::MeshUnavailable
             | ErrorKind::ShuttingDown
             | ErrorKind::Internal => Retry::Decided(false),
         }
@@ -212,11 +246,18 @@ impl ErrorKind {
     }
 }
 
-/// A gateway-made failure with a human message.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A gateway-made failure with a human message, and what the response adds for it:
+/// a `Retry-After`, extra `error` fields and top-level fields (e.g. `diagnostics`).
+#[derive(Clone, Debug, PartialEq)]
 pub struct GatewayError {
     pub kind: ErrorKind,
     pub message: Cow<'static, str>,
+    /// Seconds for the `Retry-After` header (at least 1 when set).
+    pub retry_after_s: Option<u64>,
+    /// Extra members of the `error` object (e.g. `provider`, `retry_after`, `model`).
+    pub extra: Vec<(&'static str, serde_json::Value)>,
+    /// Extra top-level members of the body (e.g. `diagnostics`).
+    pub top_level: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl GatewayError {
@@ -224,7 +265,30 @@ impl GatewayError {
         Self {
             kind,
             message: message.into(),
+            retry_after_s: None,
+            extra: Vec::new(),
+            top_level: Vec::new(),
         }
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds.max(1));
+        self
+    }
+
+    pub fn with_extra(mut self, name: &'static str, value: serde_json::Value) -> Self {
+        self.extra.push((name, value));
+        self
+    }
+
+    pub fn with_top_level(mut self, name: &'static str, value: serde_json::Value) -> Self {
+        self.top_level.push((name, value));
+        self
+    }
+
+    /// A header the response carries for this kind of error, beside `x-tidegate-error`.
+    pub fn kind_header(&self) -> Option<(&'static str, &'static str)> {
+        (self.kind == ErrorKind::ProviderCircuitOpen).then_some(("x-omniroute-provider-breaker", "open"))
     }
 }
 

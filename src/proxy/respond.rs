@@ -12,8 +12,19 @@ pub const ERROR_HEADER: &str = "x-tidegate-error";
 
 /// The JSON body of a gateway error: `{"error":{"message","type","code"}}`.
 pub fn error_body(err: &GatewayError) -> String {
-    json!({"error": {"message": err.message, "type": err.kind.error_type(), "code": err.kind.code()}})
-        .to_string()
+    let mut error = serde_json::Map::new();
+    error.insert("message".into(), json!(err.message));
+    error.insert("type".into(), json!(err.kind.error_type()));
+    error.insert("code".into(), json!(err.kind.code()));
+    for (k, v) in &err.extra {
+        error.insert((*k).into(), v.clone());
+    }
+    let mut body = serde_json::Map::new();
+    body.insert("error".into(), serde_json::Value::Object(error));
+    for (k, v) in &err.top_level {
+        body.insert((*k).into(), v.clone());
+    }
+    serde_json::Value::Object(body).to_string()
 }
 
 /// Encodes a complete error response into `dst`.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::ErrorKind;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 20] = [
+pub const ERROR_KINDS: [ErrorKind; 25] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -26,6 +26,11 @@ pub const ERROR_KINDS: [ErrorKind; 20] = [
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::BodyIdle),
     ErrorKind::UpstreamProtocol,
+    ErrorKind::ProviderCircuitOpen,
+    ErrorKind::ModelCooldown,
+    ErrorKind::AllTargetsCoolingDown,
+    ErrorKind::AllConnectionsTerminal,
+    ErrorKind::MeshUnavailable,
     ErrorKind::ShuttingDown,
     ErrorKind::Internal,
 ];
