@@ -4,3 +4,4 @@
 
 pub mod fleet;
 pub mod mesh;
+pub mod owner;
