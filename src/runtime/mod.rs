@@ -5,3 +5,4 @@
 pub mod fleet;
 pub mod mesh;
 pub mod owner;
+pub mod view;
