@@ -288,7 +288,8 @@ impl GatewayError {
 
     /// A header the response carries for this kind of error, beside `x-tidegate-error`.
     pub fn kind_header(&self) -> Option<(&'static str, &'static str)> {
-        (self.kind == ErrorKind::ProviderCircuitOpen).then_some(("x-omniroute-provider-breaker", "open"))
+        (self.kind == ErrorKind::ProviderCircuitOpen)
+            .then_some(("x-omniroute-provider-breaker", "open"))
     }
 }
 

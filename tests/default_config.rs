@@ -129,9 +129,20 @@ fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
         r.header("x-tidegate-error").is_none(),
         "the upstream's own 503 is relayed"
     );
+    // Both connections are now cooling (a 503 is a server error with backoff): the next
+    // request is answered by the gateway without trying them.
+    let r = chat(&gw, "mock/echo", false);
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-error"), Some("model_cooldown"));
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(r.json()["error"]["credentials_cooling"], 2);
+
+    // A 429 moves to the next connection too; the last one's answer is relayed.
+    let gw = Gateway::start(&shipped(&[]));
     let r = chat(&gw, "mock/fail-429", false);
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
 }
 
 #[test]
@@ -144,7 +155,12 @@ fn mock_timing_behaviours_meet_the_gateway_budgets() {
     let r = chat(&gw, "mock/stall", false);
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(r.header("x-tidegate-error"), Some("upstream_timeout"));
-    // Stream stall: the first event arrives, then silence → the stream ends with an error event.
+    // Stream stall (on a fresh gateway: the timeouts above cooled both connections): the
+    // first event arrives, then silence → the stream ends with an error event.
+    let gw = Gateway::start(&shipped(&[
+        ("response_header_timeout_ms", "300"),
+        ("body_idle_timeout_ms", "300"),
+    ]));
     let r = chat(&gw, "mock/stall", true);
     assert_eq!(r.status, 200);
     assert_eq!(

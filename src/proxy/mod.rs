@@ -6,8 +6,10 @@ pub mod auth;
 pub mod forward;
 pub mod models;
 pub mod peek;
+pub mod record;
 pub mod relay;
 pub mod respond;
+pub mod select;
 
 use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;

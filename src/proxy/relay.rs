@@ -8,6 +8,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
+use serde_json::json;
+
+use super::record;
+use super::select::{self, Admit, Excluded, Exclusion};
 use super::{After, Plan, peek, respond, send_error};
 use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
@@ -16,8 +20,12 @@ use crate::http1::{
     write_response_head,
 };
 use crate::net::io::write_all;
-use crate::net::upstream::{self, BodyReader, Buffered};
+use crate::net::upstream::{self, BodyReader, Buffered as InBuffer};
 use crate::providers::{Endpoint, mock};
+use crate::resilience::breaker::circuit_open_response;
+use crate::resilience::restate::apply_status_restatement;
+use crate::runtime::msg::{AttemptResult, Outcome};
+use crate::shard::owned;
 use crate::shard::{Shard, metrics::bump};
 
 /// Upstream response headers never relayed (framing and hop-by-hop).
@@ -31,9 +39,6 @@ const HOP_BY_HOP: &[&str] = &[
     "trailer",
     "upgrade",
 ];
-
-/// Non-final 5xx bodies are read (to keep the connection) up to this size, else dropped.
-const DRAIN_LIMIT_BYTES: usize = 64 * 1024;
 
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
@@ -120,7 +125,7 @@ impl Up {
     }
 
     /// The next piece available without waiting.
-    fn next_buffered(&mut self) -> Result<Buffered, GatewayError> {
+    fn next_buffered(&mut self) -> Result<InBuffer, GatewayError> {
         match &mut self.body {
             UpBody::Net(reader) => reader.next_buffered(),
             UpBody::Mock {
@@ -130,15 +135,15 @@ impl Up {
                 stall,
             } => {
                 if *gap_ms > 0 && *sent > 0 {
-                    return Ok(Buffered::Empty);
+                    return Ok(InBuffer::Empty);
                 }
                 match frames.next() {
                     Some(f) => {
                         *sent += 1;
-                        Ok(Buffered::Piece(f))
+                        Ok(InBuffer::Piece(f))
                     }
-                    None if *stall => Ok(Buffered::Empty),
-                    None => Ok(Buffered::End),
+                    None if *stall => Ok(InBuffer::Empty),
+                    None => Ok(InBuffer::End),
                 }
             }
         }
@@ -152,20 +157,46 @@ impl Up {
             shard.pool.checkin(conn, shard.now().mono_ns);
         }
     }
-
-    /// Discards the rest of a body we will not relay, keeping the connection if cheap.
-    async fn discard(mut self, shard: &Shard, idle: Duration) {
-        if let UpBody::Net(reader) = &mut self.body {
-            reader.drain(idle, DRAIN_LIMIT_BYTES).await;
-        }
-        self.finish(shard);
-    }
 }
 
 struct Budgets {
     connect: Duration,
     header: Duration,
     idle: Duration,
+}
+
+/// An upstream error answer read in full, kept to relay if nothing better comes.
+struct Buffered {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Bytes,
+    provider: String,
+    connection: String,
+    /// `Retry-After` told to the client when the status was restated.
+    retry_after_s: Option<u64>,
+}
+
+/// The last failure seen, answered when no candidate succeeds.
+enum LastFailure {
+    Gateway(GatewayError),
+    Upstream(Box<Buffered>),
+}
+
+/// Longest upstream error body read for classification and relaying.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// What an attempt that failed before its head tells the owners.
+fn result_of(err: &GatewayError) -> AttemptResult {
+    match err.kind {
+        ErrorKind::UpstreamTimeout(_) => AttemptResult::Timeout,
+        ErrorKind::UpstreamConnect => AttemptResult::ConnectFailed,
+        ErrorKind::UpstreamProtocol => AttemptResult::Upstream {
+            status: 502,
+            text: err.message.to_string(),
+            headers: Vec::new(),
+        },
+        _ => AttemptResult::ClientAbort,
+    }
 }
 
 /// Tries the plan's candidates in order and relays the first acceptable answer.
@@ -185,16 +216,28 @@ pub async fn run(
         header: Duration::from_millis(s.response_header_timeout_ms),
         idle: Duration::from_millis(s.body_idle_timeout_ms),
     };
-    let total = plan.candidates.len();
-    let mut last_err = None;
-    for (i, (target, cid)) in plan.candidates.iter().enumerate() {
-        let is_last = i + 1 == total;
+    let mut last: Option<LastFailure> = None;
+    let mut excluded: Vec<Excluded> = Vec::new();
+    let mut attempts = 0usize;
+    for (target, cid) in &plan.candidates {
+        let permit = match select::admit(shard, target, *cid).await {
+            Admit::Yes(p) => p,
+            Admit::No(e) => {
+                excluded.push(e);
+                continue;
+            }
+            Admit::Failed(e) => {
+                last = Some(LastFailure::Gateway(e));
+                continue;
+            }
+        };
         let provider = config.provider(target.provider);
         let conn = config.connection(*cid);
         bump(&shard.metrics.upstream_attempts);
-        if i > 0 {
+        if attempts > 0 {
             bump(&shard.metrics.upstream_failovers);
         }
+        attempts += 1;
         let body = if target.model == plan.peek.model {
             body.clone()
         } else {
@@ -220,8 +263,9 @@ pub async fn run(
             Ok(up) => up,
             Err(e) => {
                 tracing::debug!(connection = %conn.name, "attempt failed: {e}");
+                record::attempt(shard, target, *cid, &permit, result_of(&e));
                 let retry = e.kind.retry() != Retry::Decided(false);
-                last_err = Some(e);
+                last = Some(LastFailure::Gateway(e));
                 if retry {
                     continue;
                 }
@@ -229,31 +273,81 @@ pub async fn run(
             }
         };
         let status = up.head.status();
-        if status >= 500 && !is_last {
-            tracing::debug!(connection = %conn.name, status, "upstream 5xx, trying the next connection");
-            last_err = Some(GatewayError::new(
-                ErrorKind::UpstreamProtocol,
-                format!("upstream answered {status}"),
-            ));
-            up.discard(shard, budgets.idle).await;
-            continue;
+        if status >= 400 {
+            // An error answer: read it whole (bounded), restate, classify, record, and
+            // either move on or keep it to relay.
+            let buffered = match buffer_error(shard, &mut up, provider, conn, budgets.idle).await {
+                Ok(b) => b,
+                Err(e) => {
+                    record::attempt(shard, target, *cid, &permit, result_of(&e));
+                    last = Some(LastFailure::Gateway(e));
+                    continue;
+                }
+            };
+            up.finish(shard);
+            let text = String::from_utf8_lossy(&buffered.body).into_owned();
+            let headers: Vec<(String, String)> = buffered
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect();
+            let restated = apply_status_restatement(Some(&provider.name), status, "", &text, None);
+            let mut buffered = buffered;
+            if restated.is_restated() {
+                buffered.status = restated.status;
+                buffered.retry_after_s = restated.client_retry_after_secs();
+            }
+            let decision = {
+                let outcome = Outcome {
+                    provider: target.provider,
+                    connection: *cid,
+                    model: target.model.clone(),
+                    result: AttemptResult::Success,
+                    probe: None,
+                };
+                let level = shard.views.borrow().connections.get(*cid).backoff_level;
+                owned::classify(
+                    config,
+                    level,
+                    &outcome,
+                    buffered.status,
+                    &text,
+                    &headers,
+                    provider.auth,
+                    shard.now(),
+                )
+            };
+            record::attempt(
+                shard,
+                target,
+                *cid,
+                &permit,
+                AttemptResult::Upstream {
+                    status: buffered.status,
+                    text,
+                    headers,
+                },
+            );
+            let move_on = decision.should_fallback || buffered.status >= 500;
+            tracing::debug!(connection = %conn.name, status, reason = decision.reason.as_str(), move_on, "upstream error");
+            if move_on {
+                last = Some(LastFailure::Upstream(Box::new(buffered)));
+                continue;
+            }
+            return relay_buffered(shard, &buffered, attempts, client, keep_alive).await;
         }
         // The first piece is read before anything reaches the client, so a failure here
         // can still move on.
         let first = match up.next(budgets.idle).await {
             Ok(first) => first,
-            Err(e) if !is_last => {
+            Err(e) => {
                 tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
-                last_err = Some(e);
+                record::attempt(shard, target, *cid, &permit, result_of(&e));
+                last = Some(LastFailure::Gateway(e));
                 continue;
             }
-            Err(e) => {
-                last_err = Some(e);
-                break;
-            }
         };
-        let attempts = i + 1;
-        return commit(
+        let (after, result) = commit(
             shard,
             head,
             up,
@@ -266,11 +360,203 @@ pub async fn run(
             budgets.idle,
         )
         .await;
+        record::attempt(shard, target, *cid, &permit, result);
+        return after;
     }
-    let err = last_err.unwrap_or_else(|| {
-        GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed")
-    });
-    send_error(shard, client, &err, keep_alive).await
+    match last {
+        Some(LastFailure::Upstream(b)) => {
+            relay_buffered(shard, &b, attempts, client, keep_alive).await
+        }
+        Some(LastFailure::Gateway(e)) if attempts > 0 || excluded.is_empty() => {
+            send_error(shard, client, &e, keep_alive).await
+        }
+        _ if !excluded.is_empty() => {
+            let err = exclusion_error(shard, &plan, &excluded);
+            send_error(shard, client, &err, keep_alive).await
+        }
+        _ => {
+            let err =
+                GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed");
+            send_error(shard, client, &err, keep_alive).await
+        }
+    }
+}
+
+/// Reads an upstream error answer whole (up to [`MAX_ERROR_BODY_BYTES`]).
+async fn buffer_error(
+    shard: &Shard,
+    up: &mut Up,
+    provider: &Provider,
+    conn: &Connection,
+    idle: Duration,
+) -> Result<Buffered, GatewayError> {
+    let _ = shard;
+    let status = up.head.status();
+    let headers: Vec<(String, Vec<u8>)> = match &up.head {
+        UpHead::Net(h) => h
+            .headers()
+            .filter(|(n, _)| !HOP_BY_HOP.iter().any(|x| x.eq_ignore_ascii_case(n)))
+            .map(|(n, v)| (n.to_owned(), v.to_vec()))
+            .collect(),
+        UpHead::Mock {
+            content_type,
+            extra,
+            ..
+        } => {
+            let mut hs = vec![("content-type".to_owned(), content_type.as_bytes().to_vec())];
+            hs.extend(
+                extra
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())),
+            );
+            hs
+        }
+    };
+    let mut body = BytesMut::new();
+    while let Some(piece) = up.next(idle).await? {
+        let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
+        body.extend_from_slice(&piece[..piece.len().min(room)]);
+        if piece.len() > room {
+            break;
+        }
+    }
+    Ok(Buffered {
+        status,
+        headers,
+        body: body.freeze(),
+        provider: provider.name.clone(),
+        connection: conn.name.clone(),
+        retry_after_s: None,
+    })
+}
+
+/// Relays a buffered upstream error answer.
+async fn relay_buffered(
+    shard: &Shard,
+    b: &Buffered,
+    attempts: usize,
+    client: &mut TcpStream,
+    keep_alive: bool,
+) -> After {
+    let keep_alive = super::keep_alive_now(shard, keep_alive);
+    let attempts_s = attempts.to_string();
+    let retry_after = b.retry_after_s.map(|s| s.to_string());
+    let mut headers: Vec<(&str, &[u8])> = b
+        .headers
+        .iter()
+        .filter(|(n, _)| !(retry_after.is_some() && n.eq_ignore_ascii_case("retry-after")))
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .collect();
+    if let Some(ra) = &retry_after {
+        headers.push(("retry-after", ra.as_bytes()));
+    }
+    headers.push((
+        "x-omniroute-selected-connection-id",
+        b.connection.as_bytes(),
+    ));
+    headers.push(("x-tidegate-provider", b.provider.as_bytes()));
+    headers.push(("x-tidegate-attempts", attempts_s.as_bytes()));
+    let mut out = BytesMut::with_capacity(512 + b.body.len());
+    write_response_head(
+        &mut out,
+        b.status,
+        headers,
+        Framing::Length(b.body.len() as u64),
+        keep_alive,
+    );
+    out.extend_from_slice(&b.body);
+    shard.metrics.response(b.status);
+    match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+/// The answer when no candidate could even be tried (spec A §1.8, B §3.4).
+fn exclusion_error(shard: &Shard, plan: &Plan, excluded: &[Excluded]) -> GatewayError {
+    let config = shard.config();
+    let now = shard.now();
+    let min_wait = excluded.iter().filter_map(|e| e.retry_after_ms).min();
+    let secs = |ms: u64| ms.div_ceil(1000).max(1);
+    let all = |r: fn(&Exclusion) -> bool| excluded.iter().all(|e| r(&e.reason));
+    let providers: std::collections::BTreeSet<u16> =
+        excluded.iter().map(|e| e.provider.0).collect();
+    let single_provider = providers.len() == 1;
+    if single_provider && all(|r| *r == Exclusion::CircuitOpen) {
+        let name = &config.provider(excluded[0].provider).name;
+        let resp = circuit_open_response(name, min_wait.unwrap_or(1_000));
+        return GatewayError::new(ErrorKind::ProviderCircuitOpen, resp.message)
+            .with_retry_after(resp.retry_after_s)
+            .with_extra("provider", json!(resp.provider))
+            .with_extra("retry_after", json!(resp.retry_after_s));
+    }
+    if single_provider && all(|r| matches!(r, Exclusion::Terminal(_))) {
+        let name = &config.provider(excluded[0].provider).name;
+        let what = match excluded[0].reason {
+            Exclusion::Terminal(t) => t.describe(),
+            _ => "unavailable",
+        };
+        return GatewayError::new(
+            ErrorKind::AllConnectionsTerminal,
+            format!(
+                "[{name}] All {} connection(s) {what} — update or reconnect them",
+                excluded.len()
+            ),
+        );
+    }
+    if single_provider
+        && all(|r| matches!(r, Exclusion::ConnectionCooldown | Exclusion::ModelLockout))
+    {
+        let wait = min_wait.unwrap_or(1_000);
+        let reset_s = secs(wait);
+        let reset_at = crate::resilience::breaker::iso8601_utc(now.wall_ms.saturating_add(wait));
+        let cooling = excluded.len();
+        return GatewayError::new(
+            ErrorKind::ModelCooldown,
+            format!(
+                "All {cooling} credential(s) for model {} are cooling down; reset after {}",
+                plan.peek.model,
+                crate::resilience::backoff::human_duration(wait)
+            ),
+        )
+        .with_retry_after(reset_s)
+        .with_extra("model", json!(plan.peek.model))
+        .with_extra("reset_seconds", json!(reset_s))
+        .with_extra("retry_after", json!(reset_at))
+        .with_extra("credentials_cooling", json!(cooling));
+    }
+    let summary: Vec<String> = excluded
+        .iter()
+        .map(|e| {
+            let p = &config.provider(e.provider).name;
+            match e.retry_after_ms {
+                Some(ms) => format!("{p}/{}: {} ({}s)", e.model, e.reason.as_str(), secs(ms)),
+                None => format!("{p}/{}: {}", e.model, e.reason.as_str()),
+            }
+        })
+        .collect();
+    let list: Vec<serde_json::Value> = excluded
+        .iter()
+        .map(|e| json!({"provider": config.provider(e.provider).name, "model": e.model, "reason": e.reason.as_str()}))
+        .collect();
+    let mut err = GatewayError::new(
+        ErrorKind::AllTargetsCoolingDown,
+        format!(
+            "Service temporarily unavailable: every target is cooling down: {}",
+            summary.join(", ")
+        ),
+    )
+    .with_top_level(
+        "diagnostics",
+        json!({"poolSize": plan.candidates.len(), "attempted": 0, "excluded": list,
+               "attemptOrder": [], "terminalReason": "all_targets_cooling_down"}),
+    );
+    if let Some(ms) = min_wait {
+        err = err
+            .with_retry_after(secs(ms))
+            .with_extra("retry_after", json!(secs(ms)));
+    }
+    err
 }
 
 async fn open_mock(
@@ -399,7 +685,7 @@ async fn commit(
     client: &mut TcpStream,
     keep_alive: bool,
     idle: Duration,
-) -> After {
+) -> (After, AttemptResult) {
     let status = up.head.status();
     let keep_alive = super::keep_alive_now(shard, keep_alive);
     let http11 = client_head.minor_version() == 1;
@@ -460,7 +746,12 @@ async fn commit(
         write_last_chunk(&mut out);
     }
     if write_all(client, out).await.is_err() {
-        return After::Close;
+        let result = if done {
+            AttemptResult::Success
+        } else {
+            AttemptResult::ClientAbort
+        };
+        return (After::Close, result);
     }
     while !done {
         let piece = match up.next(idle).await {
@@ -471,12 +762,15 @@ async fn commit(
                     let mut out = BytesMut::with_capacity(8);
                     write_last_chunk(&mut out);
                     if write_all(client, out).await.is_err() {
-                        return After::Close;
+                        return (After::Close, AttemptResult::Success);
                     }
                 }
                 continue;
             }
-            Err(e) => return break_stream(shard, conn, &e, chunked, event_stream, client).await,
+            Err(e) => {
+                let after = break_stream(shard, conn, &e, chunked, event_stream, client).await;
+                return (after, AttemptResult::StreamStall);
+            }
         };
         let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES {
             write_all(client, piece).await.map(|_| ())
@@ -491,15 +785,16 @@ async fn commit(
         };
         if res.is_err() {
             // The client went away; the upstream connection is dropped with `up`.
-            return After::Close;
+            return (After::Close, AttemptResult::ClientAbort);
         }
     }
     up.finish(shard);
-    if keep_alive {
+    let after = if keep_alive {
         After::KeepAlive
     } else {
         After::Close
-    }
+    };
+    (after, AttemptResult::Success)
 }
 
 /// Appends every piece already buffered; true when the body ended. A decode failure is
@@ -507,9 +802,9 @@ async fn commit(
 fn gather(up: &mut Up, out: &mut BytesMut, chunked: bool) -> bool {
     loop {
         match up.next_buffered() {
-            Ok(Buffered::Piece(p)) => put_piece(out, &p, chunked),
-            Ok(Buffered::End) => return true,
-            Ok(Buffered::Empty) | Err(_) => return false,
+            Ok(InBuffer::Piece(p)) => put_piece(out, &p, chunked),
+            Ok(InBuffer::End) => return true,
+            Ok(InBuffer::Empty) | Err(_) => return false,
         }
     }
 }

@@ -31,10 +31,17 @@ pub fn error_body(err: &GatewayError) -> String {
 pub fn write_error(dst: &mut BytesMut, err: &GatewayError, keep_alive: bool, head_only: bool) {
     let body = error_body(err);
     let code = err.kind.code();
-    let headers: [(&str, &[u8]); 2] = [
+    let retry_after = err.retry_after_s.map(|s| s.to_string());
+    let mut headers: Vec<(&str, &[u8])> = vec![
         ("content-type", b"application/json"),
         (ERROR_HEADER, code.as_bytes()),
     ];
+    if let Some(ra) = &retry_after {
+        headers.push(("retry-after", ra.as_bytes()));
+    }
+    if let Some((name, value)) = err.kind_header() {
+        headers.push((name, value.as_bytes()));
+    }
     write_response_head(
         dst,
         err.kind.status(),

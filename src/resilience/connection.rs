@@ -1355,6 +1355,31 @@ impl ConnectionTable {
         self.run(id, d, Cause::Failure, now)
     }
 
+    /// Cools a connection because a sibling of its egress family hit a quota or rate
+    /// limit (A §7). Never makes it terminal, never touches a terminal connection, never
+    /// shortens a running cooldown, and leaves the backoff level alone.
+    pub fn cool_for_egress(
+        &mut self,
+        id: ConnectionId,
+        until_ms: u64,
+        reason: Reason,
+        now: Now,
+    ) -> Option<Transition> {
+        let state = self.state(id);
+        if state.test_status.is_terminal() {
+            return None;
+        }
+        if state.cooling_until(now).is_some_and(|u| u >= until_ms) || until_ms <= now.wall_ms {
+            return None;
+        }
+        let change = Change {
+            cooldown: Update::Set(Cooldown { until_ms, reason }),
+            test_status: Some(TestStatus::Unavailable),
+            ..Change::default()
+        };
+        Some(self.commit(id, &change, Cause::Failure, now))
+    }
+
     /// [`record_stream_stall`] applied to the record.
     pub fn record_stream_stall(
         &mut self,

@@ -139,3 +139,16 @@ impl Headers for crate::http1::ResponseHead {
         self.header(name).and_then(|v| std::str::from_utf8(v).ok())
     }
 }
+
+/// Owned response headers (as carried in a cross-shard outcome message).
+#[derive(Clone, Copy, Debug)]
+pub struct OwnedHeaders<'a>(pub &'a [(String, String)]);
+
+impl Headers for OwnedHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}

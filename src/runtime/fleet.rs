@@ -18,6 +18,8 @@ use crate::net::listener::bind_shards;
 use crate::net::tls::TlsConfigs;
 use crate::proxy::auth::KeyIndex;
 use crate::routing::resolve::RouteTable;
+use crate::runtime::mesh::{Mesh, MeshEnd};
+use crate::runtime::msg::Msg;
 use crate::shard::metrics::ShardMetrics;
 use crate::shard::{Shard, Shared};
 
@@ -151,7 +153,13 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     let (ready_tx, ready_rx) = flume::unbounded::<Result<usize, String>>();
     let mut stops = Vec::with_capacity(shards);
     let mut threads = Vec::with_capacity(shards);
+    let mut mesh_ends: Vec<Option<MeshEnd<Msg>>> = if shards > 1 {
+        Mesh::<Msg>::build(shards).into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
     for (id, listener) in listeners.into_iter().enumerate() {
+        let mesh_end = mesh_ends.get_mut(id).and_then(Option::take);
         let (stop_tx, stop_rx) = flume::bounded::<()>(1);
         let core = if cores.is_empty() {
             None
@@ -166,7 +174,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
                 if let Some(core) = core {
                     core_affinity::set_for_current(core);
                 }
-                if let Err(e) = run_shard(id, driver, listener, shared, stop_rx, &ready) {
+                if let Err(e) = run_shard(id, driver, listener, shared, mesh_end, stop_rx, &ready) {
                     let _ = ready.send(Err(format!("shard {id}: {e}")));
                 }
             })
@@ -211,15 +219,17 @@ impl Fleet {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_shard(
     id: usize,
     driver: Driver,
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
+    mesh: Option<MeshEnd<Msg>>,
     stop: flume::Receiver<()>,
     ready: &flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
-    let task = shard_main(id, listener, shared, stop, ready.clone());
+    let task = shard_main(id, listener, shared, mesh, stop, ready.clone());
     match driver {
         Driver::IoUring => {
             let built = RuntimeBuilder::<IoUringDriver>::new()
@@ -256,13 +266,31 @@ async fn shard_main(
     id: usize,
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
+    mesh: Option<MeshEnd<Msg>>,
     stop: flume::Receiver<()>,
     ready: flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
     let grace = Duration::from_millis(shared.config.server.shutdown_grace_ms);
     let listener =
         monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
-    let shard = Rc::new(Shard::new(id, shared));
+    let (sender, receiver) = match mesh {
+        Some(end) => {
+            let (s, r) = end.split();
+            (Some(s), Some(r))
+        }
+        None => (None, None),
+    };
+    let shard = Rc::new(Shard::new(id, shared, sender));
+    // The message pump: every fact for this shard's keys and every view update arrives here.
+    if let Some(mut receiver) = receiver {
+        let pump = shard.clone();
+        monoio::spawn(async move {
+            loop {
+                let (from, msg) = receiver.recv().await;
+                pump.handle(from, msg);
+            }
+        });
+    }
     let _ = ready.send(Ok(id));
     drop(ready);
     let sweeper = shard.clone();

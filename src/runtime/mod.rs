@@ -4,5 +4,6 @@
 
 pub mod fleet;
 pub mod mesh;
+pub mod msg;
 pub mod owner;
 pub mod view;

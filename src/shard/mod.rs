@@ -3,6 +3,9 @@
 //! an `Rc`; no borrow of its cells is held across an `.await`.
 
 pub mod metrics;
+pub mod owned;
+pub mod probe;
+pub mod views;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -15,6 +18,12 @@ use crate::net::upstream::{Pool, PoolKey};
 use crate::proxy::auth::KeyIndex;
 use crate::routing::resolve::RouteTable;
 use metrics::ShardMetrics;
+use owned::{Dest, Owned};
+use probe::ProbeWaiters;
+use views::Views;
+
+use crate::runtime::mesh::MeshSender;
+use crate::runtime::msg::Msg;
 
 /// Read-only facts every shard shares, built once at start-up.
 #[derive(Debug)]
@@ -46,10 +55,18 @@ pub struct Shard {
     pub seq: Cell<u64>,
     /// Pool key of each provider's API root (`None` for in-process providers).
     pool_keys: Vec<Option<PoolKey>>,
+    /// State this shard owns (breakers, connection state, lockouts of its keys).
+    pub owned: RefCell<Owned>,
+    /// Replicas of every owner's views: what selection reads.
+    pub views: RefCell<Views>,
+    /// Sends to other shards (`None` with one shard).
+    pub mesh: Option<MeshSender<Msg>>,
+    /// Probe requests waiting for their owner's answer.
+    pub probes: ProbeWaiters,
 }
 
 impl Shard {
-    pub fn new(id: usize, shared: Arc<Shared>) -> Self {
+    pub fn new(id: usize, shared: Arc<Shared>, mesh: Option<MeshSender<Msg>>) -> Self {
         let cfg = &shared.config.server;
         let pool = Pool::new(cfg.pool_max_idle_per_host, cfg.pool_idle_timeout_ms);
         let metrics = shared.metrics.get(id).cloned().unwrap_or_default();
@@ -66,7 +83,12 @@ impl Shard {
                 })
             })
             .collect();
+        let owned = RefCell::new(Owned::new(&shared.config));
         Self {
+            owned,
+            views: RefCell::new(Views::default()),
+            mesh,
+            probes: ProbeWaiters::default(),
             pool_keys,
             id,
             clock: MonoClock,
@@ -94,6 +116,82 @@ impl Shard {
             .get(usize::from(provider.0))
             .cloned()
             .flatten()
+    }
+
+    /// The shard that owns `key`.
+    pub fn owner<K: crate::runtime::owner::OwnerKey + ?Sized>(&self, key: &K) -> usize {
+        crate::runtime::owner::owner_of(key, self.shared.shards)
+    }
+
+    /// Sends `msg` to shard `to` (handled here when `to` is this shard). A full ring hands
+    /// the message back: `Err(msg)` (the mesh counts the drop).
+    pub fn send(&self, to: usize, msg: Msg) -> Result<(), Msg> {
+        if to == self.id {
+            self.handle(self.id, msg);
+            return Ok(());
+        }
+        match &self.mesh {
+            Some(m) => m.send(to, msg),
+            None => Err(msg),
+        }
+    }
+
+    /// Sends what an owner produced: views to every shard (applied here too), the rest to
+    /// their destination. Dropped view broadcasts only delay convergence (counted by the mesh).
+    pub fn dispatch(&self, out: Vec<(Dest, Msg)>) {
+        for (dest, msg) in out {
+            match dest {
+                Dest::Shard(to) => {
+                    if self.send(to, msg).is_err() {
+                        tracing::warn!(shard = self.id, to, "mesh ring full: message dropped");
+                    }
+                }
+                Dest::All => {
+                    for to in 0..self.shared.shards {
+                        if to != self.id {
+                            let _ = self.send(to, msg.clone());
+                        }
+                    }
+                    self.views.borrow_mut().apply(&msg);
+                }
+            }
+        }
+    }
+
+    /// Handles one message from shard `from`: views are applied, replies complete their
+    /// waiter, everything else goes to the owner tables.
+    pub fn handle(&self, from: usize, msg: Msg) {
+        match msg {
+            Msg::BreakerView { .. } | Msg::ConnectionView { .. } | Msg::Lockout(_) => {
+                self.views.borrow_mut().apply(&msg);
+            }
+            Msg::ProbeReply {
+                id,
+                ticket,
+                retry_after_ms,
+            } => {
+                self.probes.complete(id, (ticket, retry_after_ms));
+            }
+            Msg::Outcome(_)
+            | Msg::ProviderResult { .. }
+            | Msg::EgressCool { .. }
+            | Msg::ProbeRequest { .. }
+            | Msg::ReleaseProbe { .. } => {
+                let now = self.now();
+                let out = {
+                    let views = self.views.borrow();
+                    self.owned.borrow_mut().apply(
+                        self.config(),
+                        &views,
+                        self.shared.shards,
+                        from,
+                        msg,
+                        now,
+                    )
+                };
+                self.dispatch(out);
+            }
+        }
     }
 
     pub fn next_seq(&self) -> u64 {

@@ -1,0 +1,181 @@
+//! Select: may this candidate (target × connection) be tried now? Reads only the local
+//! views — breaker gates, connection cooldown and terminal state, model lockouts — so the
+//! happy path crosses no core. A half-open breaker needs its owner's one probe permit,
+//! asked for over the mesh (a direct call when this shard is the owner).
+
+use std::time::Duration;
+
+use crate::config::{ConnectionId, ProviderId};
+use crate::error::{ErrorKind, GatewayError};
+use crate::resilience::breaker::{BreakerKey, ProbeTicket, ViewGate};
+use crate::resilience::connection::{Routability, Terminal};
+use crate::routing::resolve::Target;
+use crate::runtime::msg::Msg;
+use crate::shard::Shard;
+
+/// How long a shard waits for an owner's probe answer.
+pub const PROBE_REPLY_TIMEOUT_MS: u64 = 1_000;
+
+/// Why a candidate was skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exclusion {
+    CircuitOpen,
+    ConnectionCooldown,
+    ModelLockout,
+    Terminal(Terminal),
+}
+
+impl Exclusion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exclusion::CircuitOpen => "circuit_open",
+            Exclusion::ConnectionCooldown => "connection_cooldown",
+            Exclusion::ModelLockout => "model_lockout",
+            Exclusion::Terminal(t) => t.status().as_str(),
+        }
+    }
+}
+
+/// A skipped candidate, for the terminal response.
+#[derive(Clone, Debug)]
+pub struct Excluded {
+    pub provider: ProviderId,
+    pub connection: ConnectionId,
+    pub model: String,
+    pub reason: Exclusion,
+    /// When it may be routable again, if known.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The probe permits an admitted attempt holds; each must be settled by `record`.
+#[derive(Clone, Debug, Default)]
+pub struct Permit {
+    pub provider_probe: Option<ProbeTicket>,
+    pub connection_probe: Option<ProbeTicket>,
+}
+
+pub enum Admit {
+    Yes(Permit),
+    No(Excluded),
+    Failed(GatewayError),
+}
+
+/// Decides whether `(target, connection)` may be attempted now.
+pub async fn admit(shard: &Shard, target: &Target, connection: ConnectionId) -> Admit {
+    let now = shard.now();
+    let excluded = |reason, retry_after_ms| {
+        Admit::No(Excluded {
+            provider: target.provider,
+            connection,
+            model: target.model.clone(),
+            reason,
+            retry_after_ms,
+        })
+    };
+    let mut need_probe: Vec<BreakerKey> = Vec::new();
+    {
+        let views = shard.views.borrow();
+        match views.connections.routability(connection, now) {
+            Routability::Routable => {}
+            Routability::NotUntil { until_ms, .. } => {
+                return excluded(
+                    Exclusion::ConnectionCooldown,
+                    Some(until_ms.saturating_sub(now.wall_ms)),
+                );
+            }
+            Routability::Terminal(t) => return excluded(Exclusion::Terminal(t), None),
+        }
+        let provider = &shard.config().provider(target.provider).name;
+        if let Some(lock) = views
+            .lockouts
+            .lock_of(provider, Some(connection), &target.model, now)
+        {
+            return excluded(
+                Exclusion::ModelLockout,
+                Some(lock.until_ms.saturating_sub(now.mono_ms())),
+            );
+        }
+        for key in BreakerKey::gating(target.provider, connection) {
+            match views.breaker(&key).map(|v| v.gate(now)) {
+                None | Some(ViewGate::Pass) => {}
+                Some(ViewGate::Blocked { retry_after_ms }) => {
+                    return excluded(Exclusion::CircuitOpen, Some(retry_after_ms));
+                }
+                Some(ViewGate::Probe) => need_probe.push(key),
+            }
+        }
+    }
+    let mut permit = Permit::default();
+    for key in need_probe {
+        match ask_probe(shard, key).await {
+            Ok((Some(ticket), _)) => match key {
+                BreakerKey::Provider(_) => permit.provider_probe = Some(ticket),
+                BreakerKey::Connection(_) => permit.connection_probe = Some(ticket),
+            },
+            Ok((None, retry_after_ms)) => {
+                release(shard, target.provider, connection, &permit);
+                // `None` with no wait means the owner's breaker is closed after all.
+                if retry_after_ms == 0 {
+                    continue;
+                }
+                return excluded(Exclusion::CircuitOpen, Some(retry_after_ms));
+            }
+            Err(e) => {
+                release(shard, target.provider, connection, &permit);
+                return Admit::Failed(e);
+            }
+        }
+    }
+    Admit::Yes(permit)
+}
+
+/// Asks the owner of `key` for the half-open probe permit.
+async fn ask_probe(
+    shard: &Shard,
+    key: BreakerKey,
+) -> Result<(Option<ProbeTicket>, u64), GatewayError> {
+    let owner = match key {
+        BreakerKey::Provider(p) => shard.owner(&p),
+        BreakerKey::Connection(c) => shard.owner(&c),
+    };
+    let (id, wait) = shard.probes.register();
+    if shard.send(owner, Msg::ProbeRequest { key, id }).is_err() {
+        shard.probes.forget(id);
+        return Err(GatewayError::new(
+            ErrorKind::MeshUnavailable,
+            "the breaker's owner shard could not be asked for a probe permit",
+        ));
+    }
+    match monoio::time::timeout(Duration::from_millis(PROBE_REPLY_TIMEOUT_MS), wait).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => {
+            shard.probes.forget(id);
+            Err(GatewayError::new(
+                ErrorKind::MeshUnavailable,
+                "the breaker's owner shard did not answer the probe request",
+            ))
+        }
+    }
+}
+
+/// Returns permits an attempt will not use.
+pub fn release(shard: &Shard, provider: ProviderId, connection: ConnectionId, permit: &Permit) {
+    if let Some(ticket) = permit.provider_probe {
+        let _ = shard.send(
+            shard.owner(&provider),
+            Msg::ReleaseProbe {
+                key: BreakerKey::Provider(provider),
+                ticket,
+            },
+        );
+    }
+    if let Some(ticket) = permit.connection_probe {
+        let _ = shard.send(
+            shard.owner(&connection),
+            Msg::ReleaseProbe {
+                key: BreakerKey::Connection(connection),
+                ticket,
+            },
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! Messages between shards. Facts go to owners ("this attempt on connection c ended so"),
+//! views go from owners to every shard ("c is routable, or not until T"), and the one
+//! request/reply pair asks an owner for a half-open probe permit. Views are applied
+//! idempotently (epochs), so a dropped or duplicated broadcast only delays convergence; a
+//! probe request that cannot be sent or answered maps to a typed error on the asker.
+
+use crate::config::{ConnectionId, ProviderId};
+use crate::resilience::Reason;
+use crate::resilience::breaker::{BreakerKey, BreakerView, ProbeTicket};
+use crate::resilience::connection::ConnectionView;
+use crate::resilience::lockout::LockUpdate;
+
+/// How one upstream attempt ended, as the requesting shard saw it.
+#[derive(Clone, Debug)]
+pub enum AttemptResult {
+    /// The upstream answered 2xx (the body may still be streaming; recorded at its end).
+    Success,
+    /// The upstream answered with an error status; `text` is the (bounded) error body and
+    /// `headers` the response headers classification reads.
+    Upstream {
+        status: u16,
+        text: String,
+        headers: Vec<(String, String)>,
+    },
+    /// No response head within the budget, or the body went idle.
+    Timeout,
+    /// TCP/TLS connect failed.
+    ConnectFailed,
+    /// The stream stalled after its first byte.
+    StreamStall,
+    /// The client went away (never counted against the upstream).
+    ClientAbort,
+}
+
+/// The fact an owner applies: an attempt on `connection`.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub provider: ProviderId,
+    pub connection: ConnectionId,
+    /// The upstream model id.
+    pub model: String,
+    pub result: AttemptResult,
+    /// The connection breaker's probe permit this attempt carried, if any.
+    pub probe: Option<ProbeTicket>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Msg {
+    /// To the owner of the connection.
+    Outcome(Box<Outcome>),
+    /// To the owner of a provider: a success (closes/decays) or a network failure (counted
+    /// provider-wide), with the provider breaker's probe permit if the attempt carried one.
+    ProviderResult {
+        provider: ProviderId,
+        success: bool,
+        network: bool,
+        probe: Option<ProbeTicket>,
+    },
+    /// Owner → every shard.
+    BreakerView { key: BreakerKey, view: BreakerView },
+    /// Owner → every shard.
+    ConnectionView {
+        connection: ConnectionId,
+        view: ConnectionView,
+    },
+    /// Owner → every shard.
+    Lockout(Box<LockUpdate>),
+    /// To the owner of a sibling connection: cool it until `until_ms` (egress lock).
+    EgressCool {
+        connection: ConnectionId,
+        until_ms: u64,
+        reason: Reason,
+    },
+    /// Asker → owner: may I send the half-open probe for `key`? `id` names the waiter.
+    ProbeRequest { key: BreakerKey, id: u64 },
+    /// Owner → asker.
+    ProbeReply {
+        id: u64,
+        ticket: Option<ProbeTicket>,
+        retry_after_ms: u64,
+    },
+    /// Return a probe permit that never produced a verdict.
+    ReleaseProbe {
+        key: BreakerKey,
+        ticket: ProbeTicket,
+    },
+}

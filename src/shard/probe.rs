@@ -1,0 +1,75 @@
+//! Waiting for an owner's answer to a probe request: a shard-local slot per request,
+//! completed by the message pump when the `ProbeReply` arrives.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use crate::resilience::breaker::ProbeTicket;
+
+/// The owner's answer: a ticket (the probe is ours), or none with a retry-after.
+pub type ProbeAnswer = (Option<ProbeTicket>, u64);
+
+#[derive(Debug, Default)]
+struct Slot {
+    answer: Cell<Option<ProbeAnswer>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+/// Outstanding probe requests of this shard.
+#[derive(Debug, Default)]
+pub struct ProbeWaiters {
+    next_id: Cell<u64>,
+    slots: RefCell<HashMap<u64, Rc<Slot>>>,
+}
+
+impl ProbeWaiters {
+    /// Registers a waiter; returns its id and the future of its answer.
+    pub fn register(&self) -> (u64, ProbeWait) {
+        let id = self.next_id.get().wrapping_add(1);
+        self.next_id.set(id);
+        let slot = Rc::new(Slot::default());
+        self.slots.borrow_mut().insert(id, slot.clone());
+        (id, ProbeWait { slot })
+    }
+
+    /// Completes a waiter (a late reply for a forgotten id is ignored: returns false).
+    pub fn complete(&self, id: u64, answer: ProbeAnswer) -> bool {
+        let Some(slot) = self.slots.borrow_mut().remove(&id) else {
+            return false;
+        };
+        slot.answer.set(Some(answer));
+        if let Some(w) = slot.waker.borrow_mut().take() {
+            w.wake();
+        }
+        true
+    }
+
+    /// Forgets a waiter that gave up.
+    pub fn forget(&self, id: u64) {
+        self.slots.borrow_mut().remove(&id);
+    }
+}
+
+/// Resolves with the owner's answer.
+#[derive(Debug)]
+pub struct ProbeWait {
+    slot: Rc<Slot>,
+}
+
+impl Future for ProbeWait {
+    type Output = ProbeAnswer;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ProbeAnswer> {
+        match self.slot.answer.take() {
+            Some(a) => Poll::Ready(a),
+            None => {
+                *self.slot.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
