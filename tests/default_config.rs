@@ -2,7 +2,7 @@
 //! in-process mock provider answers OpenAI and Anthropic shapes, streamed and not, and its
 //! model-named behaviours show failover and timeouts.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::disallowed_methods)]
 
 mod support;
 
@@ -129,13 +129,23 @@ fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
         r.header("x-tidegate-error").is_none(),
         "the upstream's own 503 is relayed"
     );
-    // Both connections are now cooling (a 503 is a server error with backoff): the next
-    // request is answered by the gateway without trying them.
-    let r = chat(&gw, "mock/echo", false);
+    // The mock's limits are per model: the failing model is now locked on both
+    // connections (the next request for it is answered by the gateway without trying
+    // them), while other models still flow.
+    // (Owners replicate lockouts asynchronously: allow them a moment to reach every shard.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let r = loop {
+        let r = chat(&gw, "mock/fail-503", false);
+        if r.status == 429 || std::time::Instant::now() > deadline {
+            break r;
+        }
+    };
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.header("x-tidegate-error"), Some("model_cooldown"));
     assert!(r.header("retry-after").is_some());
     assert_eq!(r.json()["error"]["credentials_cooling"], 2);
+    let r = chat(&gw, "mock/echo", false);
+    assert_eq!(r.status, 200, "{}", r.text());
 
     // A 429 moves to the next connection too; the last one's answer is relayed.
     let gw = Gateway::start(&shipped(&[]));

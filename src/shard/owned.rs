@@ -243,6 +243,7 @@ impl Owned {
                 let mut options = MarkOptions::new(&provider.name, Some(&o.model));
                 options.disable_cooling = conn.disable_cooling;
                 options.local_provider = auth == AuthKind::Local;
+                options.per_model = per_model_quota(config, o.provider);
                 let policy = ConnectionPolicy::from_settings(settings, auth);
                 let marked = self.connections.mark_unavailable(
                     o.connection,
@@ -251,9 +252,9 @@ impl Owned {
                     &policy,
                     now,
                 );
-                if let Some(cmd) = &marked.decision.lockout
-                    && settings.model_lockout.enabled
-                {
+                // markAccountUnavailable's per-model branches lock regardless of
+                // `modelLockout.enabled` (A §4.5); only combo lockouts are gated by it.
+                if let Some(cmd) = &marked.decision.lockout {
                     self.lockouts.apply(cmd, now);
                 }
                 if let Some(t) = marked.transition.filter(|t| t.view_changed) {
@@ -274,9 +275,12 @@ impl Owned {
                         push_breaker(out, conn_key, t);
                     }
                 } else if key == conn_key {
+                    // The direct (single-model) path counts every failure; the table's
+                    // 5 s per-connection dedupe belongs to the combo path (A §1.6 path 4).
                     let t = self
                         .breakers
-                        .on_failure(now, key, auth, breaker_failure, o.probe);
+                        .get_or_create(key, auth)
+                        .on_failure(now, breaker_failure, o.probe);
                     push_breaker(out, key, t);
                 } else if let Some(p) = o.probe {
                     // A network failure counts on the provider's breaker; the asking shard
@@ -411,6 +415,18 @@ pub fn error_type_of(
         500..=599 => Some(ProviderErrorType::ServerError),
         _ => None,
     }
+}
+
+/// `hasPerModelQuota` (A §4.5): whether a provider's limits are per model, so a model's
+/// failure locks that model rather than cooling the whole connection. Tidegate has no
+/// provider registry: local/self-hosted providers, the mock, and providers whose id marks
+/// them as OpenAI/Anthropic-compatible passthroughs count as per-model.
+pub fn per_model_quota(config: &Config, provider: ProviderId) -> bool {
+    let p = config.provider(provider);
+    p.auth == AuthKind::Local
+        || p.format == crate::config::ProviderFormat::Mock
+        || p.name.starts_with("openai-compatible")
+        || p.name.starts_with("anthropic-compatible")
 }
 
 /// The owner of the state of `connection` (its breaker, cooldown and lockouts).

@@ -17,6 +17,7 @@
 
 pub mod client;
 pub mod compat;
+pub mod eventually;
 pub mod gateway;
 pub mod mock_upstream;
 mod wire;
@@ -26,6 +27,8 @@ mod wire;
 pub use client::{Client, Piece, Response, SseEvent, json_post, parse_sse, send_raw};
 #[allow(unused_imports)]
 pub use compat::{python, run_sdk_client};
+#[allow(unused_imports)]
+pub use eventually::eventually;
 #[allow(unused_imports)]
 pub use gateway::{Gateway, ReadyLine, RunOutput, StartFailure, run_check, run_tidegate};
 #[allow(unused_imports)]
