@@ -2,7 +2,12 @@
 //! in-process mock provider answers OpenAI and Anthropic shapes, streamed and not, and its
 //! model-named behaviours show failover and timeouts.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::disallowed_methods)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
 
 mod support;
 

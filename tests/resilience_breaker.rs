@@ -9,8 +9,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::*;
 use support::Deadline;
+use support::*;
 
 const THRESHOLD: usize = 6;
 
@@ -67,7 +67,10 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
         mock.on("/v1/chat/completions", Reply::error(503, "overloaded"));
     }
     let gate = Gate::new();
-    mock.on("/v1/chat/completions", Reply::openai_chat("probe ok").wait_for(&gate));
+    mock.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("probe ok").wait_for(&gate),
+    );
     mock.on_always("/v1/chat/completions", Reply::openai_chat("closed again"));
     let gw = Gateway::start(&config(&mock));
     assert_eq!(gw.shards(), 2);
@@ -82,7 +85,11 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
         let r = ask(&gw);
         is_open(&r).then_some(r)
     });
-    assert_eq!(mock.hits("/v1/chat/completions"), THRESHOLD, "nothing passes an open breaker");
+    assert_eq!(
+        mock.hits("/v1/chat/completions"),
+        THRESHOLD,
+        "nothing passes an open breaker"
+    );
     assert_eq!(r.header("x-omniroute-provider-breaker"), Some("open"));
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=1).contains(&retry), "retry-after {retry}");
@@ -108,13 +115,25 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
             std::thread::sleep(Duration::from_millis(20));
         }
     });
-    mock.wait_for_hits("/v1/chat/completions", THRESHOLD + 1, Duration::from_secs(5));
+    mock.wait_for_hits(
+        "/v1/chat/completions",
+        THRESHOLD + 1,
+        Duration::from_secs(5),
+    );
     for _ in 0..10 {
         let r = ask(&gw);
-        assert!(is_open(&r), "a second request during the probe is rejected, got {}", r.status);
+        assert!(
+            is_open(&r),
+            "a second request during the probe is rejected, got {}",
+            r.status
+        );
         assert_eq!(r.header("retry-after"), Some("1"));
     }
-    assert_eq!(mock.hits("/v1/chat/completions"), THRESHOLD + 1, "exactly one probe");
+    assert_eq!(
+        mock.hits("/v1/chat/completions"),
+        THRESHOLD + 1,
+        "exactly one probe"
+    );
     gate.open();
     let r = prober.join().unwrap();
     assert_eq!(r.status, 200);

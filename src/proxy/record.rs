@@ -11,8 +11,14 @@ use crate::shard::Shard;
 
 use super::select::Permit;
 
+/// How long a failure's report waits for its owner's acknowledgement.
+pub const ACK_TIMEOUT_MS: u64 = 100;
+
 /// Reports how an attempt on `(target, connection)` ended, settling its probe permits.
-pub fn attempt(
+/// Failures wait (bounded) for the owner to apply them and send the views they changed,
+/// so the next request — from this client or any other — routes on them; successes are
+/// only sent.
+pub async fn attempt(
     shard: &Shard,
     target: &Target,
     connection: ConnectionId,
@@ -35,14 +41,25 @@ pub fn attempt(
         result,
         probe: permit.connection_probe,
     };
-    if shard
-        .send(shard.owner(&connection), Msg::Outcome(Box::new(outcome)))
-        .is_err()
-    {
+    let wait_for_owner = !matches!(
+        outcome.result,
+        AttemptResult::Success | AttemptResult::ClientAbort
+    );
+    let ack = wait_for_owner.then(|| shard.probes.register());
+    let msg = Msg::Outcome(Box::new(outcome), ack.as_ref().map(|(id, _)| *id));
+    if shard.send(shard.owner(&connection), msg).is_err() {
         tracing::warn!(
             shard = shard.id,
             "mesh ring full: an attempt outcome was dropped"
         );
+        if let Some((id, _)) = &ack {
+            shard.probes.forget(*id);
+        }
+    } else if let Some((id, wait)) = ack {
+        let budget = std::time::Duration::from_millis(ACK_TIMEOUT_MS);
+        if monoio::time::timeout(budget, wait).await.is_err() {
+            shard.probes.forget(id);
+        }
     }
     let provider_owner = shard.owner(&provider);
     if success || network {

@@ -263,7 +263,7 @@ pub async fn run(
             Ok(up) => up,
             Err(e) => {
                 tracing::debug!(connection = %conn.name, "attempt failed: {e}");
-                record::attempt(shard, target, *cid, &permit, result_of(&e));
+                record::attempt(shard, target, *cid, &permit, result_of(&e)).await;
                 let retry = e.kind.retry() != Retry::Decided(false);
                 last = Some(LastFailure::Gateway(e));
                 if retry {
@@ -279,7 +279,7 @@ pub async fn run(
             let buffered = match buffer_error(shard, &mut up, provider, conn, budgets.idle).await {
                 Ok(b) => b,
                 Err(e) => {
-                    record::attempt(shard, target, *cid, &permit, result_of(&e));
+                    record::attempt(shard, target, *cid, &permit, result_of(&e)).await;
                     last = Some(LastFailure::Gateway(e));
                     continue;
                 }
@@ -327,7 +327,8 @@ pub async fn run(
                     text,
                     headers,
                 },
-            );
+            )
+            .await;
             let move_on = decision.should_fallback || buffered.status >= 500;
             tracing::debug!(connection = %conn.name, status, reason = decision.reason.as_str(), move_on, "upstream error");
             if move_on {
@@ -342,7 +343,7 @@ pub async fn run(
             Ok(first) => first,
             Err(e) => {
                 tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
-                record::attempt(shard, target, *cid, &permit, result_of(&e));
+                record::attempt(shard, target, *cid, &permit, result_of(&e)).await;
                 last = Some(LastFailure::Gateway(e));
                 continue;
             }
@@ -360,7 +361,7 @@ pub async fn run(
             budgets.idle,
         )
         .await;
-        record::attempt(shard, target, *cid, &permit, result);
+        record::attempt(shard, target, *cid, &permit, result).await;
         return after;
     }
     match last {

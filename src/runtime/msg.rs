@@ -46,8 +46,12 @@ pub struct Outcome {
 
 #[derive(Clone, Debug)]
 pub enum Msg {
-    /// To the owner of the connection.
-    Outcome(Box<Outcome>),
+    /// To the owner of the connection. With `ack`, the owner answers `Ack { id }` after
+    /// broadcasting the views the outcome changed, so the asker answers its client only
+    /// once its own view (and, through ring order, every view sent before) is current.
+    Outcome(Box<Outcome>, Option<u64>),
+    /// Owner → asker: the outcome `id` has been applied and its views sent.
+    Ack { id: u64 },
     /// To the owner of a provider: a success (closes/decays) or a network failure (counted
     /// provider-wide), with the provider breaker's probe permit if the attempt carried one.
     ProviderResult {

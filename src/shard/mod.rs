@@ -172,7 +172,10 @@ impl Shard {
             } => {
                 self.probes.complete(id, (ticket, retry_after_ms));
             }
-            Msg::Outcome(_)
+            Msg::Ack { id } => {
+                self.probes.complete(id, (None, 0));
+            }
+            Msg::Outcome(..)
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
             | Msg::ProbeRequest { .. }

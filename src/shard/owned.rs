@@ -64,7 +64,15 @@ impl Owned {
     ) -> Vec<(Dest, Msg)> {
         let mut out = Vec::new();
         match msg {
-            Msg::Outcome(o) => self.outcome(config, views, shards, &o, now, &mut out),
+            Msg::Outcome(o, ack) => {
+                self.outcome(config, views, shards, &o, now, &mut out);
+                for u in self.lockouts.drain_updates() {
+                    out.push((Dest::All, Msg::Lockout(Box::new(u))));
+                }
+                if let Some(id) = ack {
+                    out.push((Dest::Shard(from), Msg::Ack { id }));
+                }
+            }
             Msg::ProviderResult {
                 provider,
                 success,
@@ -132,7 +140,8 @@ impl Owned {
             Msg::BreakerView { .. }
             | Msg::ConnectionView { .. }
             | Msg::Lockout(_)
-            | Msg::ProbeReply { .. } => {}
+            | Msg::ProbeReply { .. }
+            | Msg::Ack { .. } => {}
         }
         for u in self.lockouts.drain_updates() {
             out.push((Dest::All, Msg::Lockout(Box::new(u))));
@@ -277,10 +286,11 @@ impl Owned {
                 } else if key == conn_key {
                     // The direct (single-model) path counts every failure; the table's
                     // 5 s per-connection dedupe belongs to the combo path (A §1.6 path 4).
-                    let t = self
-                        .breakers
-                        .get_or_create(key, auth)
-                        .on_failure(now, breaker_failure, o.probe);
+                    let t = self.breakers.get_or_create(key, auth).on_failure(
+                        now,
+                        breaker_failure,
+                        o.probe,
+                    );
                     push_breaker(out, key, t);
                 } else if let Some(p) = o.probe {
                     // A network failure counts on the provider's breaker; the asking shard

@@ -30,7 +30,8 @@ impl Views {
             },
             Msg::ConnectionView { connection, view } => self.connections.apply(*connection, view),
             Msg::Lockout(u) => self.lockouts.apply(u),
-            Msg::Outcome(_)
+            Msg::Outcome(..)
+            | Msg::Ack { .. }
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
             | Msg::ProbeRequest { .. }
