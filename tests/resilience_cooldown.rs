@@ -1,0 +1,234 @@
+//! Connection cooldowns on two shards: a 429 with `Retry-After: 7` cools exactly that
+//! connection for about 7 s while its sibling serves; a ban body makes a connection
+//! `banned` for good; an agentrouter 403 `额度不足` reaches the client as 429 with
+//! `Retry-After: 60`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// One provider `up` (id configurable) with connections `c1` (priority 1, key K1) and
+/// `c2` (priority 2, key K2) on the same mock upstream.
+fn config(mock: &MockUpstream, provider_id: &str, two: bool) -> String {
+    let second = if two {
+        format!(
+            "[[connections]]\nid = \"c2\"\nprovider = \"{provider_id}\"\npriority = 2\napi_key_env = \"TG_K2\"\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[providers]]
+id = "{provider_id}"
+format = "openai"
+base_url = "{}"
+models = ["m1"]
+
+[[connections]]
+id = "c1"
+provider = "{provider_id}"
+priority = 1
+api_key_env = "TG_K1"
+
+{second}
+"#,
+        mock.base_url()
+    )
+}
+
+const KEYS: &[(&str, &str)] = &[("TG_K1", "key-one"), ("TG_K2", "key-two")];
+
+fn ask(gw: &Gateway, model: &str) -> Response {
+    Client::connect(gw.addr()).request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+            .as_bytes(),
+    )
+}
+
+fn served_by(r: &Response) -> &str {
+    r.header("x-omniroute-selected-connection-id").unwrap_or("")
+}
+
+#[test]
+fn a_429_with_retry_after_cools_exactly_that_connection_while_its_sibling_serves() {
+    let mock = MockUpstream::start();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::error(429, "rate limited").header("retry-after", "7"),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    let gw = Gateway::start_with_env(&config(&mock, "up", true), KEYS);
+
+    let cooled_at = Instant::now();
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        served_by(&r),
+        "c2",
+        "the 429 moved the request to the sibling"
+    );
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    let sent = mock.requests_to("/v1/chat/completions");
+    assert_eq!(sent[0].header("authorization"), Some("Bearer key-one"));
+    assert_eq!(sent[1].header("authorization"), Some("Bearer key-two"));
+
+    // While c1 cools, every request goes straight to c2, on both shards.
+    for _ in 0..10 {
+        let r = ask(&gw, "up/m1");
+        assert_eq!(served_by(&r), "c2");
+        assert_eq!(
+            r.header("x-tidegate-attempts"),
+            Some("1"),
+            "c1 is skipped, not tried"
+        );
+    }
+    // After ~7 s c1 (priority 1) serves again.
+    let back = eventually(Duration::from_secs(12), "c1 to serve again", || {
+        let r = ask(&gw, "up/m1");
+        (served_by(&r) == "c1").then(|| cooled_at.elapsed())
+    });
+    assert!(
+        back >= Duration::from_millis(6_000),
+        "c1 came back after {back:?}, before its 7 s"
+    );
+    assert!(
+        back <= Duration::from_millis(9_500),
+        "c1 came back after {back:?}"
+    );
+    let by_key = |k: &str| {
+        mock.requests_to("/v1/chat/completions")
+            .iter()
+            .filter(|r| r.header("authorization") == Some(k))
+            .count()
+    };
+    assert_eq!(
+        by_key("Bearer key-one"),
+        2,
+        "c1 saw only the 429 and the request after its cooldown"
+    );
+}
+
+#[test]
+fn when_every_connection_cools_the_gateway_answers_429_model_cooldown() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::error(429, "rate limited").header("retry-after", "30"),
+    );
+    let gw = Gateway::start_with_env(&config(&mock, "up", true), KEYS);
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 429);
+    assert!(
+        r.header("x-tidegate-error").is_none(),
+        "the last upstream 429 is relayed"
+    );
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-tidegate-error"), Some("model_cooldown"));
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((25..=30).contains(&retry), "retry-after {retry}");
+    let e = &r.json()["error"];
+    assert_eq!(e["type"], "rate_limit_error");
+    assert_eq!(e["code"], "model_cooldown");
+    assert_eq!(e["model"], "up/m1");
+    assert_eq!(e["credentials_cooling"], 2);
+    assert!(e["reset_seconds"].as_u64().unwrap() >= 25);
+    assert!(e["retry_after"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(mock.hits("/v1/chat/completions"), 2);
+}
+
+#[test]
+fn a_ban_makes_the_connection_banned_and_later_failures_do_not_change_it() {
+    let mock = MockUpstream::start();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::error(
+            403,
+            "Your account has been suspended for violating our terms",
+        ),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("sibling"));
+    let gw = Gateway::start_with_env(&config(&mock, "up", true), KEYS);
+    let r = ask(&gw, "up/m1");
+    assert_eq!(served_by(&r), "c2");
+    // c1 is never tried again, however long we wait past any transient cooldown.
+    for _ in 0..10 {
+        assert_eq!(served_by(&ask(&gw, "up/m1")), "c2");
+    }
+    let one = |m: &MockUpstream| {
+        m.requests_to("/v1/chat/completions")
+            .iter()
+            .filter(|r| r.header("authorization") == Some("Bearer key-one"))
+            .count()
+    };
+    assert_eq!(one(&mock), 1);
+
+    // With only the banned connection left, the gateway says so (401, terminal).
+    let mock = MockUpstream::start();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::error(403, "account_deactivated"),
+    );
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    let gw = Gateway::start_with_env(&config(&mock, "up", false), KEYS);
+    assert_eq!(ask(&gw, "up/m1").status, 403);
+    for _ in 0..5 {
+        let r = ask(&gw, "up/m1");
+        assert_eq!(r.status, 401, "{}", r.text());
+        assert_eq!(
+            r.header("x-tidegate-error"),
+            Some("all_connections_unavailable")
+        );
+        assert!(
+            r.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("banned")
+        );
+    }
+    assert_eq!(
+        mock.hits("/v1/chat/completions"),
+        1,
+        "a banned connection never sees a 429 to overwrite it"
+    );
+}
+
+#[test]
+fn agentrouters_quota_403_reaches_the_client_as_429_with_retry_after_60() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::json(
+            403,
+            serde_json::json!({"error": {"message": "额度不足", "type": "forbidden"}}),
+        ),
+    );
+    let gw = Gateway::start_with_env(&config(&mock, "agentrouter", false), KEYS);
+    let r = ask(&gw, "agentrouter/m1");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("60"));
+    assert!(
+        r.text().contains("额度不足"),
+        "the upstream's body is relayed"
+    );
+}
