@@ -39,9 +39,10 @@
 //! slot read, one `Release` store. Capacity is a power of two ([`RING_CAPACITY`] by default),
 //! so a slot index is `i & mask`.
 //!
-//! Memory: `N² × capacity × size_of::<T>()` of address space (4096 rings for 64 shards), only
-//! touched as the rings fill; keep mesh messages small (ids and numbers, not bodies) and use
-//! [`Mesh::with_capacity`] to shrink rings for large shard counts.
+//! Memory: `N² × capacity × size_of::<T>()`, allocated at start-up (4096 rings for 64
+//! shards; the slots are uninitialised, so pages are typically touched only as rings fill).
+//! Keep mesh messages small (ids and numbers, not bodies) and use [`Mesh::with_capacity`] to
+//! shrink rings for large shard counts.
 //!
 //! # Wake-ups
 //!
