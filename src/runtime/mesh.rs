@@ -46,7 +46,7 @@
 //!
 //! # Wake-ups
 //!
-//! Every consumer has an [`Inbox`] with a one-slot atomic waker (the futures-rs `AtomicWaker`
+//! Every consumer has an `Inbox` with a one-slot atomic waker (the futures-rs `AtomicWaker`
 //! protocol: a tiny state machine `WAITING | REGISTERING | WAKING` that never blocks either
 //! side) and a `parked` flag. A parking consumer registers its waker, sets `parked`, issues a
 //! `SeqCst` fence and re-checks its rings; a producer, after publishing its push, issues a
@@ -57,7 +57,7 @@
 //! the wake is queued to the owning runtime and its driver unparked (eventfd). The tests run two
 //! real runtimes on two threads to check exactly that.
 //!
-//! # Why there is `unsafe` here (and only in [`raw`])
+//! # Why there is `unsafe` here (and only in the private `raw` module)
 //!
 //! A ring of generic `T` needs slots that one thread writes and another later reads with no
 //! lock between them. Safe Rust offers no such cell: the safe candidates were a
