@@ -39,13 +39,14 @@
 //! slot read, one `Release` store. Capacity is a power of two ([`RING_CAPACITY`] by default),
 //! so a slot index is `i & mask`.
 //!
-//! Memory: `N² × capacity × size_of::<T>()` of address space (4096 rings for 64 shards), only
-//! touched as the rings fill; keep mesh messages small (ids and numbers, not bodies) and use
-//! [`Mesh::with_capacity`] to shrink rings for large shard counts.
+//! Memory: `N² × capacity × size_of::<T>()`, allocated at start-up (4096 rings for 64
+//! shards; the slots are uninitialised, so pages are typically touched only as rings fill).
+//! Keep mesh messages small (ids and numbers, not bodies) and use [`Mesh::with_capacity`] to
+//! shrink rings for large shard counts.
 //!
 //! # Wake-ups
 //!
-//! Every consumer has an [`Inbox`] with a one-slot atomic waker (the futures-rs `AtomicWaker`
+//! Every consumer has an `Inbox` with a one-slot atomic waker (the futures-rs `AtomicWaker`
 //! protocol: a tiny state machine `WAITING | REGISTERING | WAKING` that never blocks either
 //! side) and a `parked` flag. A parking consumer registers its waker, sets `parked`, issues a
 //! `SeqCst` fence and re-checks its rings; a producer, after publishing its push, issues a
@@ -56,7 +57,7 @@
 //! the wake is queued to the owning runtime and its driver unparked (eventfd). The tests run two
 //! real runtimes on two threads to check exactly that.
 //!
-//! # Why there is `unsafe` here (and only in [`raw`])
+//! # Why there is `unsafe` here (and only in the private `raw` module)
 //!
 //! A ring of generic `T` needs slots that one thread writes and another later reads with no
 //! lock between them. Safe Rust offers no such cell: the safe candidates were a
