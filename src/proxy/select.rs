@@ -5,13 +5,15 @@
 
 use std::time::Duration;
 
-use crate::config::{ConnectionId, ProviderId};
+use crate::clock::Now;
+use crate::config::{Config, ConnectionId, ProviderId};
 use crate::error::{ErrorKind, GatewayError};
 use crate::resilience::breaker::{BreakerKey, ProbeTicket, ViewGate};
 use crate::resilience::connection::{Routability, Terminal};
 use crate::routing::resolve::Target;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
+use crate::shard::views::Views;
 
 /// How long a shard waits for an owner's probe answer.
 pub const PROBE_REPLY_TIMEOUT_MS: u64 = 1_000;
@@ -60,6 +62,61 @@ pub enum Admit {
     Failed(GatewayError),
 }
 
+/// What the local views say about one candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Route freely.
+    Pass,
+    /// Routable once the owners grant these half-open probes (one or both breakers).
+    NeedProbe(Vec<BreakerKey>),
+    /// Skip, for this reason, until about `retry_after_ms` from now (if known).
+    Skip(Exclusion, Option<u64>),
+}
+
+/// The pure part of selection: reads the views only, allocates nothing on the pass path.
+pub fn gate(
+    views: &Views,
+    config: &Config,
+    target: &Target,
+    connection: ConnectionId,
+    now: Now,
+) -> Gate {
+    match views.connections.routability(connection, now) {
+        Routability::Routable => {}
+        Routability::NotUntil { until_ms, .. } => {
+            return Gate::Skip(
+                Exclusion::ConnectionCooldown,
+                Some(until_ms.saturating_sub(now.wall_ms)),
+            );
+        }
+        Routability::Terminal(t) => return Gate::Skip(Exclusion::Terminal(t), None),
+    }
+    let provider = &config.provider(target.provider).name;
+    if let Some(lock) = views
+        .lockouts
+        .lock_of(provider, Some(connection), &target.model, now)
+    {
+        return Gate::Skip(
+            Exclusion::ModelLockout,
+            Some(lock.until_ms.saturating_sub(now.mono_ms())),
+        );
+    }
+    let mut need: Option<Vec<BreakerKey>> = None;
+    for key in BreakerKey::gating(target.provider, connection) {
+        match views.breaker(&key).map(|v| v.gate(now)) {
+            None | Some(ViewGate::Pass) => {}
+            Some(ViewGate::Blocked { retry_after_ms }) => {
+                return Gate::Skip(Exclusion::CircuitOpen, Some(retry_after_ms));
+            }
+            Some(ViewGate::Probe) => need.get_or_insert_with(Vec::new).push(key),
+        }
+    }
+    match need {
+        Some(keys) => Gate::NeedProbe(keys),
+        None => Gate::Pass,
+    }
+}
+
 /// Decides whether `(target, connection)` may be attempted now.
 pub async fn admit(shard: &Shard, target: &Target, connection: ConnectionId) -> Admit {
     let now = shard.now();
@@ -72,39 +129,18 @@ pub async fn admit(shard: &Shard, target: &Target, connection: ConnectionId) -> 
             retry_after_ms,
         })
     };
-    let mut need_probe: Vec<BreakerKey> = Vec::new();
-    {
-        let views = shard.views.borrow();
-        match views.connections.routability(connection, now) {
-            Routability::Routable => {}
-            Routability::NotUntil { until_ms, .. } => {
-                return excluded(
-                    Exclusion::ConnectionCooldown,
-                    Some(until_ms.saturating_sub(now.wall_ms)),
-                );
-            }
-            Routability::Terminal(t) => return excluded(Exclusion::Terminal(t), None),
-        }
-        let provider = &shard.config().provider(target.provider).name;
-        if let Some(lock) = views
-            .lockouts
-            .lock_of(provider, Some(connection), &target.model, now)
-        {
-            return excluded(
-                Exclusion::ModelLockout,
-                Some(lock.until_ms.saturating_sub(now.mono_ms())),
-            );
-        }
-        for key in BreakerKey::gating(target.provider, connection) {
-            match views.breaker(&key).map(|v| v.gate(now)) {
-                None | Some(ViewGate::Pass) => {}
-                Some(ViewGate::Blocked { retry_after_ms }) => {
-                    return excluded(Exclusion::CircuitOpen, Some(retry_after_ms));
-                }
-                Some(ViewGate::Probe) => need_probe.push(key),
-            }
-        }
-    }
+    let verdict = gate(
+        &shard.views.borrow(),
+        shard.config(),
+        target,
+        connection,
+        now,
+    );
+    let need_probe = match verdict {
+        Gate::Pass => return Admit::Yes(Permit::default()),
+        Gate::Skip(reason, retry_after_ms) => return excluded(reason, retry_after_ms),
+        Gate::NeedProbe(keys) => keys,
+    };
     let mut permit = Permit::default();
     for key in need_probe {
         match ask_probe(shard, key).await {

@@ -1027,6 +1027,41 @@ fn to_wall(mono_ms: u64, now: Now) -> u64 {
 #[derive(Debug, Default)]
 pub struct LockoutViews {
     entries: HashMap<LockKey, (u64, Option<LockView>)>,
+    /// Per connection, the latest `until` any lock of it was given: a lookup whose
+    /// connection has nothing here (or only past deadlines) is answered without building
+    /// keys. Conservative: clearing a lock early does not lower it (the full lookup then
+    /// answers); `sweep` recomputes it.
+    horizon: Horizon,
+}
+
+/// Latest lock deadline per connection (dense ids) and for connection-less locks.
+#[derive(Clone, Debug, Default)]
+struct Horizon {
+    by_connection: Vec<u64>,
+    unbound: u64,
+}
+
+impl Horizon {
+    fn get(&self, c: Option<ConnectionId>) -> u64 {
+        match c {
+            Some(c) => self.by_connection.get(c.0 as usize).copied().unwrap_or(0),
+            None => self.unbound,
+        }
+    }
+
+    fn extend(&mut self, c: Option<ConnectionId>, until_ms: u64) {
+        let slot = match c {
+            Some(c) => {
+                let i = c.0 as usize;
+                if self.by_connection.len() <= i {
+                    self.by_connection.resize(i + 1, 0);
+                }
+                &mut self.by_connection[i]
+            }
+            None => &mut self.unbound,
+        };
+        *slot = (*slot).max(until_ms);
+    }
 }
 
 impl LockoutViews {
@@ -1041,12 +1076,20 @@ impl LockoutViews {
             Some((seq, _)) if *seq >= u.seq => false,
             Some(slot) => {
                 *slot = (u.seq, u.lock);
+                self.extend_horizon(u);
                 true
             }
             None => {
                 self.entries.insert(u.key.clone(), (u.seq, u.lock));
+                self.extend_horizon(u);
                 true
             }
+        }
+    }
+
+    fn extend_horizon(&mut self, u: &LockUpdate) {
+        if let Some(l) = u.lock {
+            self.horizon.extend(u.key.connection, l.until_ms);
         }
     }
 
@@ -1059,6 +1102,9 @@ impl LockoutViews {
         now: Now,
     ) -> Option<LockView> {
         let now_ms = now.mono_ms();
+        if self.horizon.get(connection) <= now_ms {
+            return None;
+        }
         LockKey::shapes(provider, connection, model)
             .iter()
             .filter_map(|k| self.entries.get(k).and_then(|(_, l)| *l))
@@ -1083,6 +1129,12 @@ impl LockoutViews {
         let now_ms = now.mono_ms();
         self.entries
             .retain(|_, (_, l)| l.is_some_and(|l| l.until_ms > now_ms));
+        self.horizon = Horizon::default();
+        for (k, (_, l)) in &self.entries {
+            if let Some(l) = l {
+                self.horizon.extend(k.connection, l.until_ms);
+            }
+        }
     }
 }
 

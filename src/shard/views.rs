@@ -3,8 +3,6 @@
 //! broadcast updates; applying one is idempotent (newer epochs win, duplicates are no-ops),
 //! so a dropped or repeated broadcast only delays convergence. Selection reads only these.
 
-use std::collections::HashMap;
-
 use crate::resilience::breaker::{BreakerKey, BreakerView};
 use crate::resilience::connection::ConnectionViews;
 use crate::resilience::lockout::LockoutViews;
@@ -12,7 +10,10 @@ use crate::runtime::msg::Msg;
 
 #[derive(Debug, Default)]
 pub struct Views {
-    pub breakers: HashMap<BreakerKey, BreakerView>,
+    /// Provider breakers, indexed by `ProviderId` (ids are dense).
+    provider_breakers: Vec<Option<BreakerView>>,
+    /// Connection breakers, indexed by `ConnectionId`.
+    connection_breakers: Vec<Option<BreakerView>>,
     pub connections: ConnectionViews,
     pub lockouts: LockoutViews,
 }
@@ -21,13 +22,7 @@ impl Views {
     /// Applies a view message; true when it changed anything. Other messages are ignored.
     pub fn apply(&mut self, msg: &Msg) -> bool {
         match msg {
-            Msg::BreakerView { key, view } => match self.breakers.get_mut(key) {
-                Some(v) => v.apply(view),
-                None => {
-                    self.breakers.insert(*key, *view);
-                    true
-                }
-            },
+            Msg::BreakerView { key, view } => self.apply_breaker(*key, view),
             Msg::ConnectionView { connection, view } => self.connections.apply(*connection, view),
             Msg::Lockout(u) => self.lockouts.apply(u),
             Msg::Outcome(..)
@@ -40,7 +35,33 @@ impl Views {
         }
     }
 
+    fn slot(&mut self, key: BreakerKey) -> &mut Option<BreakerView> {
+        let (list, i) = match key {
+            BreakerKey::Provider(p) => (&mut self.provider_breakers, usize::from(p.0)),
+            BreakerKey::Connection(c) => (&mut self.connection_breakers, c.0 as usize),
+        };
+        if list.len() <= i {
+            list.resize(i + 1, None);
+        }
+        &mut list[i]
+    }
+
+    /// Applies a breaker view (newer epochs win; see `BreakerView::apply`).
+    pub fn apply_breaker(&mut self, key: BreakerKey, view: &BreakerView) -> bool {
+        match self.slot(key) {
+            Some(v) => v.apply(view),
+            slot @ None => {
+                *slot = Some(*view);
+                true
+            }
+        }
+    }
+
     pub fn breaker(&self, key: &BreakerKey) -> Option<&BreakerView> {
-        self.breakers.get(key)
+        let (list, i) = match key {
+            BreakerKey::Provider(p) => (&self.provider_breakers, usize::from(p.0)),
+            BreakerKey::Connection(c) => (&self.connection_breakers, c.0 as usize),
+        };
+        list.get(i).and_then(Option::as_ref)
     }
 }
