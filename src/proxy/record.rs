@@ -41,6 +41,14 @@ pub async fn attempt(
         result,
         probe: permit.connection_probe,
     };
+    if matches!(outcome.result, AttemptResult::Success)
+        && permit.provider_probe.is_none()
+        && !has_state(shard, provider, connection)
+    {
+        // Nothing anywhere to close, clear or decay: a success on a connection that never
+        // failed is not news (and costs no cross-core message).
+        return;
+    }
     let wait_for_owner = !matches!(
         outcome.result,
         AttemptResult::Success | AttemptResult::ClientAbort
@@ -84,4 +92,16 @@ pub async fn attempt(
             },
         );
     }
+}
+
+/// Whether an owner holds anything a success would change for `(provider, connection)`:
+/// a breaker that has counted failures, a connection with a cooldown, error level or
+/// terminal state, or a model lockout. Read from the local views.
+fn has_state(shard: &Shard, provider: crate::config::ProviderId, connection: ConnectionId) -> bool {
+    let views = shard.views.borrow();
+    let c = views.connections.get(connection);
+    c.epoch > 0
+        || views.breaker(&BreakerKey::Connection(connection)).is_some()
+        || views.breaker(&BreakerKey::Provider(provider)).is_some()
+        || views.lockouts.ever_locked(connection)
 }

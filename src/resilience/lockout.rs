@@ -1122,6 +1122,12 @@ impl LockoutViews {
         self.lock_of(provider, connection, model, now).is_some()
     }
 
+    /// Whether any lock was ever seen for `connection` since the last sweep (so a success
+    /// on it has failure counts to decay).
+    pub fn ever_locked(&self, connection: ConnectionId) -> bool {
+        self.horizon.get(Some(connection)) > 0
+    }
+
     /// Drops expired locks and removal markers. Call it no more often than updates can be
     /// delayed in the mesh (e.g. every [`SWEEP_INTERVAL_MS`]): after a marker is gone a
     /// late duplicate of an older update could be applied again until it expires.

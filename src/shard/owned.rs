@@ -291,7 +291,15 @@ impl Owned {
                         breaker_failure,
                         o.probe,
                     );
-                    push_breaker(out, key, t);
+                    match t {
+                        Some(t) => push_breaker(out, key, Some(t)),
+                        // No transition, but shards learn this breaker has counts to
+                        // decay: from now on they report successes on it.
+                        None => {
+                            let view = self.breakers.view(now, key);
+                            out.push((Dest::All, Msg::BreakerView { key, view }));
+                        }
+                    }
                 } else if let Some(p) = o.probe {
                     // A network failure counts on the provider's breaker; the asking shard
                     // reports it to the provider's owner (`ProviderResult`).
