@@ -9,6 +9,7 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod flow;
 pub mod http1;
 pub mod net;
 pub mod providers;
