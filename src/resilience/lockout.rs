@@ -1032,6 +1032,9 @@ pub struct LockoutViews {
     /// keys. Conservative: clearing a lock early does not lower it (the full lookup then
     /// answers); `sweep` recomputes it.
     horizon: Horizon,
+    /// Connections that ever had a lock (never reset): successes on them are reported so
+    /// the owner can decay failure counts that outlive the locks.
+    ever: Vec<bool>,
 }
 
 /// Latest lock deadline per connection (dense ids) and for connection-less locks.
@@ -1090,6 +1093,13 @@ impl LockoutViews {
     fn extend_horizon(&mut self, u: &LockUpdate) {
         if let Some(l) = u.lock {
             self.horizon.extend(u.key.connection, l.until_ms);
+            if let Some(c) = u.key.connection {
+                let i = c.0 as usize;
+                if self.ever.len() <= i {
+                    self.ever.resize(i + 1, false);
+                }
+                self.ever[i] = true;
+            }
         }
     }
 
@@ -1122,10 +1132,13 @@ impl LockoutViews {
         self.lock_of(provider, connection, model, now).is_some()
     }
 
-    /// Whether any lock was ever seen for `connection` since the last sweep (so a success
-    /// on it has failure counts to decay).
+    /// Whether any lock was ever seen for `connection` (so a success on it may have
+    /// failure counts to decay).
     pub fn ever_locked(&self, connection: ConnectionId) -> bool {
-        self.horizon.get(Some(connection)) > 0
+        self.ever
+            .get(connection.0 as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Drops expired locks and removal markers. Call it no more often than updates can be

@@ -25,8 +25,9 @@ use crate::shard::{Shard, Shared};
 
 /// Entries of each io_uring submission queue.
 const URING_ENTRIES: u32 = 4096;
-/// How often idle upstream connections are swept.
-const POOL_SWEEP_MS: u64 = 5_000;
+/// How often idle upstream connections are swept, owner views re-sent (anti-entropy) and
+/// expired lockout replicas dropped.
+const POOL_SWEEP_MS: u64 = crate::shard::HOUSEKEEPING_MS;
 /// How often a draining shard checks whether its in-flight requests are done.
 const DRAIN_POLL_MS: u64 = 10;
 
@@ -301,6 +302,7 @@ async fn shard_main(
                 break;
             }
             sweeper.pool.sweep(sweeper.now().mono_ns);
+            sweeper.housekeeping();
         }
     });
     // Stopping cancels the pending accept. A cancelled io_uring accept may still have

@@ -61,9 +61,13 @@ pub struct Shard {
     pub views: RefCell<Views>,
     /// Sends to other shards (`None` with one shard).
     pub mesh: Option<MeshSender<Msg>>,
-    /// Probe requests waiting for their owner's answer.
+    /// Probe requests and failure acks waiting for their owner's answer.
     pub probes: ProbeWaiters,
+    housekeeping_ticks: Cell<u64>,
 }
+
+/// Period of [`Shard::housekeeping`] (the fleet's sweep task).
+pub const HOUSEKEEPING_MS: u64 = 5_000;
 
 impl Shard {
     pub fn new(id: usize, shared: Arc<Shared>, mesh: Option<MeshSender<Msg>>) -> Self {
@@ -89,6 +93,7 @@ impl Shard {
             views: RefCell::new(Views::default()),
             mesh,
             probes: ProbeWaiters::default(),
+            housekeeping_ticks: Cell::new(0),
             pool_keys,
             id,
             clock: MonoClock,
@@ -194,6 +199,45 @@ impl Shard {
                 };
                 self.dispatch(out);
             }
+        }
+    }
+
+    /// Periodic upkeep: owners re-send the views of keys that are not in their default
+    /// state to every other shard (anti-entropy: a broadcast dropped by a full ring, or
+    /// missed by a shard, converges here rather than at the key's next transition), and
+    /// expired lockout replicas are dropped.
+    pub fn housekeeping(&self) {
+        let now = self.now();
+        let mut out: Vec<Msg> = Vec::new();
+        {
+            let owned = self.owned.borrow();
+            for (key, breaker) in owned.breakers.iter() {
+                if !breaker.state(now).is_closed() || breaker.failure_count() > 0 {
+                    out.push(Msg::BreakerView {
+                        key,
+                        view: breaker.view(now),
+                    });
+                }
+            }
+            for (connection, view) in owned.connections.views() {
+                if view.epoch > 0 {
+                    out.push(Msg::ConnectionView { connection, view });
+                }
+            }
+        }
+        for msg in out {
+            for to in 0..self.shared.shards {
+                if to != self.id {
+                    let _ = self.send(to, msg.clone());
+                }
+            }
+        }
+        let tick = self.housekeeping_ticks.get().wrapping_add(1);
+        self.housekeeping_ticks.set(tick);
+        // Lockout replicas keep removal markers at least one lockout sweep interval.
+        let every = (crate::resilience::lockout::SWEEP_INTERVAL_MS / HOUSEKEEPING_MS).max(1);
+        if tick.is_multiple_of(every) {
+            self.views.borrow_mut().lockouts.sweep(now);
         }
     }
 
