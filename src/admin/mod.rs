@@ -41,7 +41,7 @@ pub fn serve(
             Ok((
                 200,
                 "text/plain; version=0.0.4",
-                metrics::render(&shard.shared.metrics),
+                metrics::render(&shard.shared.metrics, shard.shared.mesh_stats.as_deref()),
             ))
         }
     }

@@ -135,7 +135,17 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     }
     let (addr, listeners) = bind_shards(config.server.listen, shards)
         .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.server.listen)))?;
+    let mut mesh_ends: Vec<Option<MeshEnd<Msg>>> = if shards > 1 {
+        Mesh::<Msg>::build(shards).into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
+    let mesh_stats = mesh_ends
+        .first()
+        .and_then(Option::as_ref)
+        .map(|end| end.stats().clone());
     let shared = Arc::new(Shared {
+        mesh_stats,
         routes: RouteTable::new(&config),
         tls,
         keys,
@@ -154,11 +164,6 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     let (ready_tx, ready_rx) = flume::unbounded::<Result<usize, String>>();
     let mut stops = Vec::with_capacity(shards);
     let mut threads = Vec::with_capacity(shards);
-    let mut mesh_ends: Vec<Option<MeshEnd<Msg>>> = if shards > 1 {
-        Mesh::<Msg>::build(shards).into_iter().map(Some).collect()
-    } else {
-        vec![None]
-    };
     for (id, listener) in listeners.into_iter().enumerate() {
         let mesh_end = mesh_ends.get_mut(id).and_then(Option::take);
         let (stop_tx, stop_rx) = flume::bounded::<()>(1);

@@ -87,7 +87,10 @@ impl ShardMetrics {
 }
 
 /// Renders the Prometheus text exposition of all shards' counters, summed.
-pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
+pub fn render(
+    shards: &[std::sync::Arc<ShardMetrics>],
+    mesh: Option<&crate::runtime::mesh::MeshStats>,
+) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
     };
@@ -198,6 +201,18 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
             out,
             "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}",
             kind.code()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_mesh_drops_total Cross-shard messages not delivered, by reason.\n# TYPE tidegate_mesh_drops_total counter"
+    );
+    for reason in crate::runtime::mesh::DropReason::ALL {
+        let v = mesh.map_or(0, |m| m.total(reason));
+        let _ = writeln!(
+            out,
+            "tidegate_mesh_drops_total{{reason=\"{}\"}} {v}",
+            reason.as_str()
         );
     }
     out

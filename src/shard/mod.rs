@@ -36,6 +36,8 @@ pub struct Shared {
     pub metrics: Vec<Arc<ShardMetrics>>,
     pub shards: usize,
     pub driver: &'static str,
+    /// The mesh's drop counters (`None` with one shard).
+    pub mesh_stats: Option<Arc<crate::runtime::mesh::MeshStats>>,
 }
 
 pub struct Shard {
