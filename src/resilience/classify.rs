@@ -50,8 +50,6 @@
 //!   entries): its 429s keep their quota text and its 403s skip the api-key branch.
 //! - At most [`MAX_CLASSIFIED_TEXT_BYTES`] of the error text are examined; a JSON error
 //!   message is decoded and searched too, so escaped text (`\u989d…`) still matches.
-//! - Upstream hints are read by a minimal stand-in until the backoff module's parsers are
-//!   merged (no ISO timestamps in bodies or text yet).
 
 use std::borrow::Cow;
 
@@ -65,6 +63,7 @@ use crate::config::resilience::{
     ConnectionCooldownProfile, DAY_MS, ErrorReason, HOUR_MS, MINUTE_MS, ModelLockoutSettings,
     ProviderErrorRule, ResilienceSettings, SECOND_MS,
 };
+use crate::resilience::backoff;
 
 /// Error text beyond this many bytes is not examined.
 pub const MAX_CLASSIFIED_TEXT_BYTES: usize = 64 * 1024;
@@ -91,8 +90,6 @@ const DEFAULT_MAX_COOLDOWN_MS: u64 = 2 * MINUTE_MS;
 const MIN_SCALED_BASE_MS: u64 = SECOND_MS;
 const MAX_DAILY_RESET_MS: u64 = 25 * HOUR_MS;
 const BILLING_SUSPENSION_WINDOW_CHARS: usize = 120;
-const RETRY_IN_HINT_CAP_MS: u64 = DAY_MS;
-const LONG_HINT_CAP_MS: u64 = 30 * DAY_MS;
 
 // TODO(merge): belongs beside the slice impl in resilience/mod.rs. Lets a fixed array of
 // pairs be used as `&dyn Headers` (a slice is unsized and cannot be).
@@ -705,186 +702,12 @@ struct Hint {
     source: HintSource,
 }
 
-// TODO(merge): use backoff::upstream_hint (spec A §3.3), which also reads ISO timestamps
-// in JSON (`retryAfter`) and text ("try again at …").
-fn upstream_hint(
-    headers: Option<&dyn Headers>,
-    json: Option<&Value>,
-    lower: &str,
-    now_ms: u64,
-) -> Option<Hint> {
-    headers
-        .and_then(|h| header_hint_ms(h, now_ms))
-        .map(|ms| Hint {
-            ms,
-            source: HintSource::Header,
-        })
-        .or_else(|| json.and_then(json_hint))
-        .or_else(|| {
-            text_hint_ms(lower).map(|ms| Hint {
-                ms,
-                source: HintSource::Body,
-            })
-        })
-}
-
-/// `Retry-After` (seconds or an HTTP date), then `X-RateLimit-Reset` (absolute epoch,
-/// milliseconds above 10^10, else seconds). Past instants are no hint.
-fn header_hint_ms(h: &dyn Headers, now_ms: u64) -> Option<u64> {
-    let retry_after = h.get("retry-after").and_then(|v| {
-        let v = v.trim();
-        if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-            v.parse::<u64>().ok().map(|s| s.saturating_mul(SECOND_MS))
-        } else {
-            http_date_ms(v).and_then(|at| at.checked_sub(now_ms))
-        }
-    });
-    retry_after.filter(|ms| *ms > 0).or_else(|| {
-        let n: u64 = h.get("x-ratelimit-reset")?.trim().parse().ok()?;
-        let at = if n > 10_000_000_000 {
-            n
-        } else {
-            n.saturating_mul(SECOND_MS)
-        };
-        at.checked_sub(now_ms).filter(|ms| *ms > 0)
-    })
-}
-
-/// Google `RetryInfo.retryDelay` (cap 24 h), then `retry_after_ms` / `retryAfterMs` at the
-/// top level or under `error` (cap 30 days).
-fn json_hint(v: &Value) -> Option<Hint> {
-    let root = first_object(v);
-    let err = root.get("error");
-    let retry_info = err
-        .and_then(|e| e.get("details"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|d| {
-            d.get("@type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.contains("RetryInfo"))
-        })
-        .find_map(|d| match d.get("retryDelay")? {
-            Value::String(s) => duration_ms(&s.to_ascii_lowercase(), true),
-            Value::Number(n) => finite_ms(n.as_f64()?, SECOND_MS as f64),
-            _ => None,
-        });
-    if let Some(ms) = retry_info.filter(|ms| *ms > 0) {
-        return Some(Hint {
-            ms: ms.min(RETRY_IN_HINT_CAP_MS),
-            source: HintSource::GoogleRpcRetryInfo,
-        });
-    }
-    [Some(root), err]
-        .into_iter()
-        .flatten()
-        .flat_map(|o| ["retry_after_ms", "retryAfterMs"].map(|k| o.get(k)))
-        .flatten()
-        .find_map(|v| finite_ms(v.as_f64()?, 1.0).filter(|ms| *ms > 0))
-        .map(|ms| Hint {
-            ms: ms.min(LONG_HINT_CAP_MS),
-            source: HintSource::Body,
-        })
-}
-
-/// "retry in 12.5s" (cap 24 h), then "reset(s) after|in 1h 2m 3s" / "… 3 days" (cap 30
-/// days).
-fn text_hint_ms(lower: &str) -> Option<u64> {
-    let after = |phrase: &str, cap: u64| {
-        lower
-            .match_indices(phrase)
-            .find_map(|(i, m)| duration_ms(&lower[i + m.len()..], false))
-            .filter(|ms| *ms > 0)
-            .map(|ms| ms.min(cap))
-    };
-    after("retry in ", RETRY_IN_HINT_CAP_MS).or_else(|| {
-        ["reset after ", "resets after ", "reset in ", "resets in "]
-            .iter()
-            .find_map(|p| after(p, LONG_HINT_CAP_MS))
-    })
-}
-
-fn finite_ms(value: f64, unit_ms: f64) -> Option<u64> {
-    let ms = value * unit_ms;
-    // Float-to-int `as` saturates; the finiteness check keeps NaN and ±inf out.
-    (ms.is_finite() && ms >= 0.0).then_some(ms as u64)
-}
-
-/// A duration at the start of `s` made of `<number><unit>` parts ("1h 2m 3s", "26.66s",
-/// "1500ms", "3 days"); with `bare_seconds` a lone number is seconds.
-fn duration_ms(s: &str, bare_seconds: bool) -> Option<u64> {
-    let mut rest = s;
-    let mut total: u64 = 0;
-    let mut parts = 0;
-    loop {
-        let trimmed = rest.trim_start_matches([' ', ',']);
-        let num_len = trimmed
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        if num_len == 0 || num_len > 16 {
-            break;
-        }
-        let Ok(value) = trimmed[..num_len].parse::<f64>() else {
-            break;
-        };
-        let after = trimmed[num_len..].trim_start();
-        let unit_len = after.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let unit_ms = match &after[..unit_len] {
-            "d" | "day" | "days" => DAY_MS,
-            "h" | "hr" | "hrs" | "hour" | "hours" => HOUR_MS,
-            "m" | "min" | "mins" | "minute" | "minutes" => MINUTE_MS,
-            "s" | "sec" | "secs" | "second" | "seconds" => SECOND_MS,
-            "ms" | "millisecond" | "milliseconds" => 1,
-            "" if bare_seconds && parts == 0 => SECOND_MS,
-            _ => break,
-        };
-        let Some(ms) = finite_ms(value, unit_ms as f64) else {
-            break;
-        };
-        total = total.saturating_add(ms);
-        parts += 1;
-        rest = &after[unit_len..];
-    }
-    (parts > 0).then_some(total)
-}
-
-/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) as Unix milliseconds.
-fn http_date_ms(v: &str) -> Option<u64> {
-    const MONTHS: [&str; 12] = [
-        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-    ];
-    let mut it = v.split_whitespace();
-    let _weekday = it.next()?;
-    let day: u32 = it.next()?.parse().ok()?;
-    let month_name = it.next()?.to_ascii_lowercase();
-    let month = MONTHS.iter().position(|m| *m == month_name)?;
-    let year: i64 = it.next()?.parse().ok()?;
-    let mut hms = it.next()?.split(':').map(|p| p.parse::<u64>().ok());
-    let (h, m, s) = (hms.next()??, hms.next()??, hms.next()??);
-    if !it.next()?.eq_ignore_ascii_case("gmt")
-        || !(1..=31).contains(&day)
-        || h > 23
-        || m > 59
-        || s > 60
-    {
-        return None;
-    }
-    let days = days_from_civil(year, u32::try_from(month).ok()? + 1, day);
-    let secs = u64::try_from(days).ok()? * 86_400 + h * 3_600 + m * 60 + s;
-    secs.checked_mul(SECOND_MS)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// The upstream retry hint (spec A §3.3): headers, then the JSON body, then the prose —
+/// the backoff module's parsers.
+fn upstream_hint(headers: Option<&dyn Headers>, raw_text: &str, now_ms: u64) -> Option<Hint> {
+    let none: [(&str, &str); 0] = [];
+    let h: &dyn Headers = headers.unwrap_or(&none);
+    backoff::upstream_retry_hint(h, raw_text, now_ms).map(|(ms, source)| Hint { ms, source })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -897,7 +720,6 @@ struct Ctx<'a> {
     /// already contain.
     lower: String,
     has_text: bool,
-    json: Option<Value>,
     error: Cow<'a, StructuredError>,
     provider: Option<&'a str>,
     /// Keep quota semantics on a 429: no provider, a non-api-key category, or long-quota
@@ -938,18 +760,12 @@ impl<'a> Ctx<'a> {
         let provider = input.provider.map(str::trim).filter(|p| !p.is_empty());
         let preserve_quota_429 =
             provider.is_none() || input.auth != AuthKind::ApiKey || is_long_quota(&lower);
-        let hint = upstream_hint(
-            Some(input.headers),
-            parsed.json.as_ref(),
-            &lower,
-            input.now.wall_ms,
-        );
+        let hint = upstream_hint(Some(input.headers), input.text, input.now.wall_ms);
         Self {
             input,
             status: input.status,
             has_text: !lower.trim().is_empty(),
             lower,
-            json: parsed.json,
             error,
             provider,
             preserve_quota_429,
@@ -1195,7 +1011,7 @@ impl<'a> Ctx<'a> {
             // clock or a reset header it is an ordinary 429.
             match self.input.daily_reset {
                 Some(c) => c.ms_until_next(now),
-                None => header_hint_ms(self.input.headers, now)?,
+                None => backoff::header_hint(self.input.headers, now)?,
             }
         } else {
             return None;
@@ -1221,13 +1037,8 @@ impl<'a> Ctx<'a> {
         );
         d.used_upstream_retry_hint = hint.is_some();
         d.retry_hint_source = hint.map(|h| h.source);
-        d.quota_reset_hint_ms = upstream_hint(
-            None,
-            self.json.as_ref(),
-            &self.lower,
-            self.input.now.wall_ms,
-        )
-        .map(|h| h.ms);
+        d.quota_reset_hint_ms =
+            upstream_hint(None, self.input.text, self.input.now.wall_ms).map(|h| h.ms);
         d
     }
 
@@ -1939,33 +1750,6 @@ mod tests {
             .ms_until_next(0)
                 <= DAY_MS
         );
-    }
-
-    #[test]
-    fn hint_parsers() {
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2026, 1, 10), 20_463);
-        assert_eq!(
-            http_date_ms("Sun, 06 Nov 1994 08:49:37 GMT"),
-            Some(784_111_777_000)
-        );
-        assert_eq!(http_date_ms("Sun, 06 Nov 1994 08:49:37 PST"), None);
-        assert_eq!(http_date_ms("Sun, 06 Foo 1994 08:49:37 GMT"), None);
-        assert_eq!(http_date_ms("Sun, 06 Nov 99999999999 08:49:37 GMT"), None);
-        assert_eq!(duration_ms("1h 2m 3s", false), Some(3_723_000));
-        assert_eq!(duration_ms("26.66s", true), Some(26_660));
-        assert_eq!(duration_ms("1500ms", true), Some(1_500));
-        assert_eq!(duration_ms("12", true), Some(12_000));
-        assert_eq!(duration_ms("12", false), None);
-        assert_eq!(duration_ms("3 days.", false), Some(3 * DAY_MS));
-        assert_eq!(duration_ms("soon", false), None);
-        assert_eq!(text_hint_ms("please retry in 99999h"), Some(DAY_MS));
-        assert_eq!(
-            text_hint_ms("limit will reset after 2h30m"),
-            Some(9_000_000)
-        );
-        assert_eq!(text_hint_ms("resets in 90 days"), Some(30 * DAY_MS));
-        assert_eq!(text_hint_ms("nothing here"), None);
     }
 
     fn fragment() -> impl Strategy<Value = String> {
