@@ -85,19 +85,8 @@ pub const DEFAULT_BASE_COOLDOWN_MS: u64 = 5 * SECOND_MS;
 /// this connection briefly, the service is not running".
 pub const FALLBACK_HINT_HEADER: &str = "x-omni-fallback-hint";
 
-const NO_PROFILE_MAX_BACKOFF_STEPS: u32 = 15;
-const DEFAULT_MAX_COOLDOWN_MS: u64 = 2 * MINUTE_MS;
-const MIN_SCALED_BASE_MS: u64 = SECOND_MS;
 const MAX_DAILY_RESET_MS: u64 = 25 * HOUR_MS;
 const BILLING_SUSPENSION_WINDOW_CHARS: usize = 120;
-
-// TODO(merge): belongs beside the slice impl in resilience/mod.rs. Lets a fixed array of
-// pairs be used as `&dyn Headers` (a slice is unsized and cannot be).
-impl<const N: usize> Headers for [(&str, &str); N] {
-    fn get(&self, name: &str) -> Option<&str> {
-        <[(&str, &str)] as Headers>::get(self, name)
-    }
-}
 
 /// What classification needs of a category's cooldown settings: the category profile
 /// plus the cap, which OmniRoute takes from the model-lockout settings.
@@ -664,7 +653,7 @@ fn status_rule_for(status: u16) -> Option<&'static ConfiguredRule> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Cooldown arithmetic and upstream hints (stand-ins until the backoff module is merged).
+// Cooldown arithmetic and upstream hints: the backoff module's formulas and parsers.
 
 struct Scaled {
     cooldown_ms: u64,
@@ -672,27 +661,20 @@ struct Scaled {
     new_level: u32,
 }
 
-// TODO(merge): use backoff::scaled_cooldown (spec A §3.3).
+/// The scaled cooldown of spec A §3.3 for this profile (or the no-profile defaults).
 fn scaled_cooldown(profile: Option<&CooldownProfile>, level: u32) -> Scaled {
-    let (base, steps, cap) = match profile {
-        Some(p) => (p.base_cooldown_ms, p.max_backoff_steps, p.max_cooldown_ms),
-        None => (
-            DEFAULT_BASE_COOLDOWN_MS,
-            NO_PROFILE_MAX_BACKOFF_STEPS,
-            DEFAULT_MAX_COOLDOWN_MS,
-        ),
-    };
-    let base = if base > 0 { base } else { MIN_SCALED_BASE_MS };
-    let cap = if cap > 0 {
-        cap
-    } else {
-        DEFAULT_MAX_COOLDOWN_MS
-    };
-    let factor = 1_u64.checked_shl(level.min(steps)).unwrap_or(u64::MAX);
+    let p = profile.map_or(backoff::BackoffProfile::NO_PROFILE, |p| {
+        backoff::BackoffProfile {
+            base_cooldown_ms: p.base_cooldown_ms,
+            max_backoff_steps: p.max_backoff_steps,
+            max_cooldown_ms: p.max_cooldown_ms,
+        }
+    });
+    let s = backoff::scaled_cooldown(&p, level);
     Scaled {
-        cooldown_ms: base.saturating_mul(factor).min(cap),
-        base_ms: base,
-        new_level: level.saturating_add(1).min(steps),
+        cooldown_ms: s.cooldown_ms,
+        base_ms: s.base_cooldown_ms,
+        new_level: s.new_backoff_level,
     }
 }
 

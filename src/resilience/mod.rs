@@ -140,6 +140,13 @@ impl Headers for crate::http1::ResponseHead {
     }
 }
 
+/// A fixed array of pairs as `&dyn Headers` (a slice is unsized and cannot be).
+impl<const N: usize> Headers for [(&str, &str); N] {
+    fn get(&self, name: &str) -> Option<&str> {
+        <[(&str, &str)] as Headers>::get(self, name)
+    }
+}
+
 /// Owned response headers (as carried in a cross-shard outcome message).
 #[derive(Clone, Copy, Debug)]
 pub struct OwnedHeaders<'a>(pub &'a [(String, String)]);
