@@ -69,6 +69,9 @@ pub enum Msg {
     },
     /// Owner → every shard.
     Lockout(Box<LockUpdate>),
+    /// To the owner of a connection that a shard is about to select: its cooldown has
+    /// passed but its backoff level has not decayed yet (spec A §3.1 auto-decay).
+    AutoDecay { connection: ConnectionId },
     /// To the owner of a sibling connection: cool it until `until_ms` (egress lock).
     EgressCool {
         connection: ConnectionId,

@@ -185,6 +185,7 @@ impl Shard {
             Msg::Outcome(..)
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
+            | Msg::AutoDecay { .. }
             | Msg::ProbeRequest { .. }
             | Msg::ReleaseProbe { .. } => {
                 let now = self.now();

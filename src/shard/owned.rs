@@ -118,6 +118,19 @@ impl Owned {
                 let t = self.breakers.release_probe(now, key, ticket);
                 push_breaker(&mut out, key, t);
             }
+            Msg::AutoDecay { connection } => {
+                if let Some(t) = self.connections.auto_decay(connection, now)
+                    && t.view_changed
+                {
+                    out.push((
+                        Dest::All,
+                        Msg::ConnectionView {
+                            connection,
+                            view: t.view,
+                        },
+                    ));
+                }
+            }
             Msg::EgressCool {
                 connection,
                 until_ms,

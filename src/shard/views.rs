@@ -29,6 +29,7 @@ impl Views {
             | Msg::Ack { .. }
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
+            | Msg::AutoDecay { .. }
             | Msg::ProbeRequest { .. }
             | Msg::ProbeReply { .. }
             | Msg::ReleaseProbe { .. } => false,
