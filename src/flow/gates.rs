@@ -17,8 +17,14 @@
 //! * **Unlimited.** A gate whose capacity is `None` or 0 is no gate: it is dropped from the
 //!   request. Duplicate keys are merged keeping the smallest capacity; keys are sorted
 //!   (`GateKey`'s order is global, provider, account, model, qsconn).
-//! * **Capacity changes** (settings PATCHed) take effect on the next acquire naming the key
-//!   (or [`GateTable::set_capacity`]); permits already granted are never revoked.
+//! * **Capacity changes** (settings PATCHed): the owner calls [`GateTable::reconfigure`],
+//!   which applies the new capacities to live gates and grants the waiters a rise lets in.
+//!   Idle gates are not kept, so later acquires carry the new capacity themselves. An
+//!   acquire naming a *lower* capacity applies it at once; one naming a *higher* capacity
+//!   applies it only to a gate without waiters (else the newcomer could pass them; the
+//!   rise waits for `reconfigure`). Permits already granted are never revoked.
+//! * **Leaving the queue** (timeout, cancel) frees no capacity, so it grants nobody: only
+//!   [`GateTable::release`] and capacity rises do.
 //! * **Deadlines.** A queued waiter whose deadline has passed times out
 //!   ([`GateError::Timeout`]). A contended request whose deadline is already due is refused
 //!   with `Timeout` at once (§2.1 rule 6: a zero wait budget is not "no deadline");
@@ -237,8 +243,6 @@ struct Waiter {
 pub struct GateTable {
     gates: HashMap<GateKey, Gate>,
     waiters: HashMap<u64, Waiter>,
-    /// Queued waiters in arrival order (seq → id).
-    arrival: BTreeSet<(u64, u64)>,
     /// Queued waiters with a deadline (deadline, id).
     deadlines: BTreeSet<(u64, u64)>,
     next_seq: u64,
@@ -280,7 +284,11 @@ impl GateTable {
                 in_use: 0,
                 queue: VecDeque::new(),
             });
-            gate.capacity = *capacity;
+            // Lowering is always safe; raising a gate with waiters could let this newcomer
+            // pass them, so it waits for `reconfigure`, which grants them first.
+            if *capacity < gate.capacity || gate.queue.is_empty() {
+                gate.capacity = *capacity;
+            }
         }
         if needs
             .iter()
@@ -314,7 +322,6 @@ impl GateTable {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.arrival.insert((seq, id));
         if let Some(d) = deadline {
             self.deadlines.insert((d, id));
         }
@@ -338,47 +345,63 @@ impl GateTable {
         }
         self.outstanding = self.outstanding.saturating_sub(1);
         let mut wake = self.expire_only(now);
-        self.grant_ready(&mut wake);
+        self.grant_among(&permit.keys, &mut wake);
         self.forget_idle(permit.keys.iter());
         wake
     }
 
-    /// Times out every queued waiter whose deadline is `<= now` and grants the waiters
-    /// their departure unblocked.
-    pub fn expire(&mut self, now: Now) -> Wakeups {
-        let mut wake = self.expire_only(now);
-        if !wake.timed_out.is_empty() {
-            self.grant_ready(&mut wake);
-        }
-        wake
+    /// Times out every queued waiter whose deadline is `<= now`. A departing waiter frees
+    /// no capacity, so nobody is granted.
+    pub fn expire(&mut self, now: Now) -> Vec<(u64, GateError)> {
+        self.expire_only(now).timed_out
     }
 
-    /// Removes a queued waiter whose client went away. Returns `None` if `id` was not
-    /// queued (already granted, timed out or unknown), else the waiters its departure
-    /// unblocked.
-    pub fn cancel(&mut self, id: u64, now: Now) -> Option<Wakeups> {
-        if !self.waiters.contains_key(&id) {
-            return None;
-        }
-        self.remove_waiter(id);
-        let mut wake = self.expire_only(now);
-        self.grant_ready(&mut wake);
-        Some(wake)
+    /// Removes a queued waiter whose client went away; false if `id` was not queued
+    /// (already granted, timed out or unknown). Frees no capacity, so grants nobody.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        self.remove_waiter(id).is_some()
     }
 
-    /// Applies a new capacity to an existing gate (settings PATCHed) and grants the
-    /// waiters a larger capacity lets in. `None`/0 lifts the gate for waiters already
-    /// queued on it. Unknown keys are ignored: the next acquire names its capacity.
-    pub fn set_capacity(&mut self, key: &GateKey, capacity: Option<u32>, now: Now) -> Wakeups {
-        if let Some(g) = self.gates.get_mut(key) {
-            g.capacity = match capacity {
+    /// Applies new capacities to every live gate after settings were PATCHed
+    /// (`capacity_of` reads the new settings; `None`/0 lifts a gate for the permits and
+    /// waiters already on it) and grants the waiters a larger capacity lets in, oldest
+    /// first. Idle gates are not kept, so later acquires name their capacity themselves.
+    pub fn reconfigure(
+        &mut self,
+        capacity_of: impl Fn(&GateKey) -> Option<u32>,
+        now: Now,
+    ) -> Wakeups {
+        let mut raised: Vec<GateKey> = Vec::new();
+        for (k, g) in &mut self.gates {
+            let cap = match capacity_of(k) {
                 Some(c) if c > 0 => c,
                 _ => u32::MAX,
             };
+            if cap > g.capacity {
+                raised.push(k.clone());
+            }
+            g.capacity = cap;
         }
         let mut wake = self.expire_only(now);
-        self.grant_ready(&mut wake);
-        self.forget_idle(std::iter::once(key));
+        self.grant_among(&raised, &mut wake);
+        wake
+    }
+
+    /// [`Self::reconfigure`] for one gate.
+    pub fn set_capacity(&mut self, key: &GateKey, capacity: Option<u32>, now: Now) -> Wakeups {
+        let mut raised = Vec::new();
+        if let Some(g) = self.gates.get_mut(key) {
+            let cap = match capacity {
+                Some(c) if c > 0 => c,
+                _ => u32::MAX,
+            };
+            if cap > g.capacity {
+                raised.push(key.clone());
+            }
+            g.capacity = cap;
+        }
+        let mut wake = self.expire_only(now);
+        self.grant_among(&raised, &mut wake);
         wake
     }
 
@@ -438,9 +461,6 @@ impl GateTable {
                 return Err(format!("waiter {id} is grantable at rest"));
             }
         }
-        if self.arrival.len() != self.waiters.len() {
-            return Err("arrival index out of step".to_owned());
-        }
         Ok(())
     }
 
@@ -464,7 +484,6 @@ impl GateTable {
 
     fn remove_waiter(&mut self, id: u64) -> Option<Waiter> {
         let w = self.waiters.remove(&id)?;
-        self.arrival.remove(&(w.seq, id));
         if let Some(d) = w.deadline {
             self.deadlines.remove(&(d, id));
         }
@@ -489,27 +508,32 @@ impl GateTable {
         wake
     }
 
-    /// Grants queued waiters oldest first until none fits.
-    fn grant_ready(&mut self, wake: &mut Wakeups) {
-        loop {
-            let next = self
-                .arrival
-                .iter()
-                .find(|(_, id)| self.waiters.get(id).is_some_and(|w| self.grantable(w)))
-                .map(|(_, id)| *id);
-            let Some(id) = next else { return };
-            let Some(w) = self.remove_waiter_keep_gates(id) else {
-                return;
-            };
-            let permit = self.take(w.keys);
-            wake.granted.push((id, permit));
+    /// Grants, oldest first, the waiters on `keys` that now fit. At rest no waiter fits,
+    /// and only room on `keys` changed, so only their waiters can; a grant only uses room,
+    /// so one pass in arrival order suffices.
+    fn grant_among(&mut self, keys: &[GateKey], wake: &mut Wakeups) {
+        let mut candidates: Vec<(u64, u64)> = keys
+            .iter()
+            .filter_map(|k| self.gates.get(k))
+            .flat_map(|g| g.queue.iter())
+            .filter_map(|id| self.waiters.get(id).map(|w| (w.seq, *id)))
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        for (_, id) in candidates {
+            if !self.waiters.get(&id).is_some_and(|w| self.grantable(w)) {
+                continue;
+            }
+            if let Some(w) = self.remove_waiter_keep_gates(id) {
+                let permit = self.take(w.keys);
+                wake.granted.push((id, permit));
+            }
         }
     }
 
     /// Like `remove_waiter` but never forgets the gates (they are about to be taken).
     fn remove_waiter_keep_gates(&mut self, id: u64) -> Option<Waiter> {
         let w = self.waiters.remove(&id)?;
-        self.arrival.remove(&(w.seq, id));
         if let Some(d) = w.deadline {
             self.deadlines.remove(&(d, id));
         }
@@ -677,7 +701,7 @@ mod tests {
         );
         assert!(t.expire(at(99)).is_empty());
         let w = t.expire(at(100));
-        assert_eq!(w.timed_out, vec![(2, GateError::Timeout)]);
+        assert_eq!(w, vec![(2, GateError::Timeout)]);
         assert!(!t.is_queued(2));
         assert_eq!(t.next_deadline(), None);
         assert!(t.release(p, at(101)).is_empty());
@@ -761,8 +785,8 @@ mod tests {
         let holder = granted(t.acquire(req(1, &[(GateKey::Account(A), Some(1))], None), at(0)));
         let g = [(GateKey::Global, Some(1)), (GateKey::Account(A), Some(1))];
         assert_eq!(t.acquire(req(2, &g, None), at(0)), Acquire::Queued);
-        assert_eq!(t.cancel(2, at(1)), Some(Wakeups::default()));
-        assert_eq!(t.cancel(2, at(1)), None);
+        assert!(t.cancel(2));
+        assert!(!t.cancel(2));
         assert_eq!(t.acquire(req(3, &g, None), at(2)), Acquire::Queued);
         assert_eq!(t.acquire(req(4, &g, None), at(2)), Acquire::Queued);
         let w = t.set_capacity(&GateKey::Account(A), Some(2), at(3));
@@ -788,6 +812,33 @@ mod tests {
         assert_eq!(t.queued(), 0);
     }
 
+    #[test]
+    fn raised_capacity_never_lets_a_newcomer_pass_waiters() {
+        let mut t = GateTable::new();
+        let g1 = [(GateKey::Account(A), Some(1))];
+        let p = granted(t.acquire(req(1, &g1, None), at(0)));
+        assert_eq!(t.acquire(req(2, &g1, None), at(0)), Acquire::Queued);
+        // Settings now say 2, but the waiter came first: the newcomer queues behind it.
+        let g2 = [(GateKey::Account(A), Some(2))];
+        assert_eq!(t.acquire(req(3, &g2, None), at(1)), Acquire::Queued);
+        t.check_invariants().unwrap();
+        let w = t.reconfigure(|_| Some(2), at(2));
+        assert_eq!(ids(&w), vec![2]);
+        assert_eq!(t.stats(&GateKey::Account(A)).map(|s| s.capacity), Some(2));
+        // Lowering applies at once through an acquire.
+        let g0 = [(GateKey::Account(A), Some(1))];
+        assert_eq!(t.acquire(req(4, &g0, None), at(3)), Acquire::Queued);
+        let w2 = t.release(p, at(4));
+        assert!(w2.is_empty(), "still 1 in use at capacity 1");
+        for (_, p) in w.granted {
+            let w = t.release(p, at(5));
+            assert_eq!(ids(&w), vec![3]);
+            for (_, p) in w.granted {
+                assert_eq!(ids(&t.release(p, at(6))), vec![4]);
+            }
+        }
+    }
+
     // ---- property test: random interleavings against a reference model ----
 
     #[derive(Clone, Debug)]
@@ -801,6 +852,10 @@ mod tests {
         Advance(u64),
         Expire,
         Cancel(usize),
+        /// Settings change every limited gate to `1 + delta`; `true`: the owner also
+        /// calls `reconfigure` (else only later acquires carry the new capacities, and
+        /// capacities only rise).
+        Reconfigure([u32; 6], bool),
     }
 
     fn key(i: usize) -> GateKey {
@@ -826,6 +881,8 @@ mod tests {
             2 => (0u64..30).prop_map(Op::Advance),
             1 => Just(Op::Expire),
             1 => (0usize..64).prop_map(Op::Cancel),
+            1 => (prop::array::uniform6(0u32..3), any::<bool>())
+                .prop_map(|(d, apply)| Op::Reconfigure(d, apply)),
         ]
     }
 
@@ -859,6 +916,7 @@ mod tests {
                 prop_assert_eq!(want.as_slice(), p.keys(), "partial or wrong set");
                 self.grants += 1;
                 self.held.push((id, p));
+                self.check_grant()?;
             }
             for (id, e) in w.timed_out {
                 prop_assert_eq!(e, GateError::Timeout);
@@ -876,18 +934,34 @@ mod tests {
             Ok(())
         }
 
+        /// Granting never takes a gate past the capacity the settings give it now.
+        fn check_grant(&self) -> Result<(), TestCaseError> {
+            let Some((_, p)) = self.held.last() else {
+                return Ok(());
+            };
+            for k in p.keys() {
+                let i = (0..6).find(|i| key(*i) == *k).unwrap_or(0);
+                let in_use = self
+                    .held
+                    .iter()
+                    .filter(|(_, p)| p.keys().contains(k))
+                    .count();
+                prop_assert!(in_use <= self.caps[i] as usize, "gate {} over capacity", k);
+            }
+            Ok(())
+        }
+
         fn check(&self, t: &GateTable) -> Result<(), TestCaseError> {
             prop_assert!(t.check_invariants().is_ok(), "{:?}", t.check_invariants());
             prop_assert_eq!(t.outstanding(), self.held.len());
             prop_assert_eq!(t.queued(), self.waiting.len());
-            for (i, cap) in self.caps.iter().enumerate() {
+            for i in 0..6 {
                 let k = key(i);
                 let in_use = self
                     .held
                     .iter()
                     .filter(|(_, p)| p.keys().contains(&k))
                     .count();
-                prop_assert!(in_use <= *cap as usize, "gate {} over capacity", k);
                 let stats_in_use = t.stats(&k).map_or(0, |s| s.in_use as usize);
                 prop_assert_eq!(in_use, stats_in_use);
             }
@@ -920,7 +994,7 @@ mod tests {
                         run.requests += 1;
                         let gates: Vec<GateReq> = keys
                             .iter()
-                            .map(|i| GateReq::new(key(*i), Some(caps[*i]).filter(|c| *c > 0)))
+                            .map(|i| GateReq::new(key(*i), Some(run.caps[*i]).filter(|_| caps[*i] > 0)))
                             .collect();
                         let mut want: Vec<GateKey> =
                             gates.iter().filter(|g| g.capacity.is_some()).map(|g| g.key.clone()).collect();
@@ -937,6 +1011,7 @@ mod tests {
                                 prop_assert_eq!(p.keys(), want.as_slice());
                                 run.grants += 1;
                                 run.held.push((next_id, p));
+                                run.check_grant()?;
                             }
                             Acquire::Queued => { run.waiting.insert(next_id, want); }
                             Acquire::Rejected(_) => run.rejections += 1,
@@ -952,19 +1027,32 @@ mod tests {
                     }
                     Op::Advance(d) => now_ms += d,
                     Op::Expire => {
-                        let w = t.expire(now);
-                        run.absorb(&t, w)?;
+                        let timed_out = t.expire(now);
+                        run.absorb(&t, Wakeups { granted: Vec::new(), timed_out })?;
+                    }
+                    Op::Reconfigure(delta, apply) => {
+                        // Without `reconfigure` the table only learns capacities from later
+                        // acquires, so the model lets settings only rise then (a lowered
+                        // capacity is applied by `reconfigure` on the PATCH).
+                        for (i, c) in run.caps.iter_mut().enumerate() {
+                            let new = if caps[i] == 0 { u32::MAX } else { 1 + delta[i] };
+                            *c = if apply { new } else { new.max(*c) };
+                        }
+                        if apply {
+                            let now_caps = run.caps;
+                            let cap_of = |k: &GateKey| (0..6).find(|i| key(*i) == *k).map(|i| now_caps[i]);
+                            let w = t.reconfigure(cap_of, now);
+                            run.absorb(&t, w)?;
+                        }
                     }
                     Op::Cancel(i) => {
                         let mut queued: Vec<u64> = run.waiting.keys().copied().collect();
                         queued.sort_unstable();
                         if !queued.is_empty() {
                             let id = queued[i % queued.len()];
-                            let w = t.cancel(id, now);
-                            prop_assert!(w.is_some());
+                            prop_assert!(t.cancel(id));
                             prop_assert!(run.waiting.remove(&id).is_some());
                             run.cancels += 1;
-                            run.absorb(&t, w.unwrap_or_default())?;
                         }
                     }
                 }
@@ -977,8 +1065,8 @@ mod tests {
                 run.absorb(&t, w)?;
                 run.check(&t)?;
             }
-            let w = t.expire(at(u64::MAX / 2_000_000));
-            run.absorb(&t, w)?;
+            let timed_out = t.expire(at(u64::MAX / 2_000_000));
+            run.absorb(&t, Wakeups { granted: Vec::new(), timed_out })?;
             while let Some((_, p)) = run.held.pop() {
                 run.released += 1;
                 let w = t.release(p, at(u64::MAX / 2_000_000));

@@ -561,7 +561,7 @@ mod tests {
             SlotAcquire::Queued
         );
         let w = g.expire(at(QS_QUEUE_TIMEOUT_MS));
-        assert_eq!(w.timed_out.len(), 1);
+        assert_eq!(w.len(), 1);
         let _ = g.release(held, at(QS_QUEUE_TIMEOUT_MS));
     }
 }
