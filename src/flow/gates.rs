@@ -433,10 +433,11 @@ impl GateTable {
         })
     }
 
-    /// Checks the table's internal consistency (for tests and debug builds): in-use never
-    /// above capacity unless capacity was lowered, every queued id is a waiter on that
-    /// gate, the in-use total matches the outstanding permits' holdings, and no queued
-    /// waiter is grantable at rest.
+    /// Checks the table's internal consistency (for tests and debug builds): every queued
+    /// id is a waiter that needs that gate and every waiter sits in the queue of each gate
+    /// it needs, no idle gate is kept, and no queued waiter is grantable at rest (the
+    /// all-or-nothing FIFO rule). Capacity and the permit count are checked by the
+    /// property test against its own model ([`Self::outstanding`]).
     pub fn check_invariants(&self) -> Result<(), String> {
         for (k, g) in &self.gates {
             for id in &g.queue {
