@@ -34,8 +34,8 @@ pub use learn::{
     parse_reset_duration_ms, requests_within_cap,
 };
 pub use limiter::{
-    Grant, KNOWN_COOLDOWN_DEFAULT_MS, LIMITER_IDLE_EVICT_MS, Limiter, LimiterTable, Schedule,
-    WEDGE_AFTER_MS, WaiterId,
+    ComboAdmission, Grant, KNOWN_COOLDOWN_DEFAULT_MS, LIMITER_IDLE_EVICT_MS, Limiter, LimiterTable,
+    Schedule, WEDGE_AFTER_MS, WaiterId,
 };
 pub use window::{
     NVIDIA_DEFAULT_CONCURRENCY, NVIDIA_DEFAULT_RPM, PROVIDER_WINDOW_MS, ProviderWindow,

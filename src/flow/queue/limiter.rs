@@ -49,6 +49,17 @@ pub enum Schedule {
     Queued,
 }
 
+/// Outcome of [`LimiterTable::combo_admission`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComboAdmission {
+    /// Runs now (a slot is held, or the limiter is disabled for the connection).
+    Acquired,
+    /// Something is queued or running, or spacing / reservoir is not ready: skip the target.
+    Busy,
+    /// A remembered 429 window has this much left: skip the target.
+    Cooldown { remaining_ms: u64 },
+}
+
 /// A queued waiter handed a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -154,11 +165,39 @@ impl Limiter {
     /// Enqueues `id` and grants it at once when nobody is ahead and a slot is free.
     /// Admission ([`super::check_queue_admission`]) runs before this.
     pub fn schedule(&mut self, id: WaiterId, now: Now) -> Schedule {
+        self.enqueue(id, None, now)
+    }
+
+    /// [`Limiter::schedule`] for a request with `remaining_budget_ms` of its own left: the
+    /// queue deadline is the earlier of the two, and a spent budget fails at once with the
+    /// queue-timeout error, without being scheduled (B §1.3).
+    pub fn schedule_with_budget(
+        &mut self,
+        id: WaiterId,
+        remaining_budget_ms: u64,
+        now: Now,
+    ) -> Result<Schedule, QueueError> {
+        if remaining_budget_ms == 0 {
+            return Err(QueueError::QueueTimeout {
+                max_wait_ms: self.settings.max_wait_ms,
+            });
+        }
+        let own = now
+            .mono_ns
+            .saturating_add(remaining_budget_ms.saturating_mul(NS_PER_MS));
+        Ok(self.enqueue(id, Some(own), now))
+    }
+
+    fn enqueue(&mut self, id: WaiterId, own_deadline_ns: Option<u64>, now: Now) -> Schedule {
         self.last_used_ns = now.mono_ns;
-        let deadline_ns = (self.settings.max_wait_ms > 0).then(|| {
+        let queue_deadline = (self.settings.max_wait_ms > 0).then(|| {
             now.mono_ns
                 .saturating_add(self.settings.max_wait_ms.saturating_mul(NS_PER_MS))
         });
+        let deadline_ns = match (queue_deadline, own_deadline_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let waiter = Waiter { id, deadline_ns };
         if self.queue.is_empty()
             && let Some(start) = self.try_grant(&waiter, now.mono_ns)
@@ -282,12 +321,40 @@ impl Limiter {
         [deadline, refill].into_iter().flatten().min()
     }
 
-    /// The wedge watchdog's pure check (B §1.2): queued work, no slot held, and no
-    /// dispatch for [`WEDGE_AFTER_MS`].
+    /// The wedge watchdog's pure check (B §1.2): queued work, no slot held, no dispatch
+    /// for [`WEDGE_AFTER_MS`] — and, unlike OmniRoute, nothing legitimate holding the head
+    /// back: a head waiting for a reservoir refill still in the future is not wedged.
     pub fn is_wedged(&self, now: Now) -> bool {
+        let waiting_for_refill = self
+            .reservoir
+            .is_some_and(|r| r.left == 0 && r.next_refill_ns > now.mono_ns);
         !self.queue.is_empty()
             && self.slots.is_empty()
+            && !waiting_for_refill
             && now.mono_ns.saturating_sub(self.last_dispatch_ns) >= WEDGE_AFTER_MS * NS_PER_MS
+    }
+
+    /// Non-blocking admission (B §1.2c): takes a slot for `id` only when the limiter is
+    /// idle (nothing queued) and a start is possible *now* (concurrency, spacing and
+    /// reservoir all ready); never queues.
+    pub fn try_acquire_now(&mut self, id: WaiterId, now: Now) -> bool {
+        self.last_used_ns = now.mono_ns;
+        if !self.queue.is_empty() || !self.slots.is_empty() {
+            return false;
+        }
+        let ready = self
+            .last_start_ns
+            .is_none_or(|l| l.saturating_add(self.min_time_ms * NS_PER_MS) <= now.mono_ns);
+        ready
+            && self
+                .try_grant(
+                    &Waiter {
+                        id,
+                        deadline_ns: Some(now.mono_ns),
+                    },
+                    now.mono_ns,
+                )
+                .is_some()
     }
 
     /// Rejects every queued waiter with [`QueueError::Wedged`].
@@ -396,6 +463,32 @@ impl LimiterTable {
     pub fn known_cooldown_ms(&self, key: &str, now: Now) -> Option<u64> {
         let until = *self.known_cooldowns.get(key)?;
         (until > now.mono_ns).then(|| (until - now.mono_ns).div_ceil(NS_PER_MS))
+    }
+
+    /// Non-blocking admission of a combo target (B §1.2c, optional in the spec): a
+    /// remembered 429 cooldown first, then the limiter's readiness. `Acquired` holds a
+    /// slot: the caller reports `on_start` / `on_finish` as for any grant.
+    pub fn combo_admission(
+        &mut self,
+        key: &str,
+        settings: LimiterSettings,
+        id: WaiterId,
+        now: Now,
+    ) -> ComboAdmission {
+        if !settings.enabled {
+            return ComboAdmission::Acquired;
+        }
+        if let Some(remaining_ms) = self.known_cooldown_ms(key, now) {
+            return ComboAdmission::Cooldown { remaining_ms };
+        }
+        if self
+            .get_or_create(key, settings, now)
+            .try_acquire_now(id, now)
+        {
+            ComboAdmission::Acquired
+        } else {
+            ComboAdmission::Busy
+        }
     }
 
     /// The wedge watchdog's sweep: rejects the waiters of every wedged limiter and

@@ -626,10 +626,15 @@ fn known_cooldown_after_429_and_cleared_by_success() {
 #[test]
 fn wedge_watchdog() {
     let mut t = LimiterTable::new();
-    let l = t.get_or_create("k", settings(10, 0, None, 0), at(0));
-    observe_retry_hint(l, 3_600_000, at(0));
-    assert_eq!(l.schedule(1, at(0)), Schedule::Queued);
-    assert_eq!(l.schedule(2, at(0)), Schedule::Queued);
+    let l = t.get_or_create("k", settings(10, 0, Some(1), 0), at(0));
+    assert_eq!(l.schedule(1, at(0)), Schedule::StartNow);
+    l.on_start(1, at(0));
+    assert_eq!(l.on_finish(1, at(1)), vec![]);
+    assert_eq!(l.schedule(2, at(1)), Schedule::Queued);
+    assert_eq!(l.schedule(3, at(1)), Schedule::Queued);
+    // Waiting for the refill at 60 s is legitimate.
+    assert!(!l.is_wedged(at(59_999)));
+    // The refill passed and nobody promoted: after 120 s without a dispatch it is wedged.
     assert!(!l.is_wedged(at(WEDGE_AFTER_MS - 1)));
     assert!(l.is_wedged(at(WEDGE_AFTER_MS)));
     assert_eq!(t.sweep_wedged(at(WEDGE_AFTER_MS - 1)), vec![]);
@@ -637,16 +642,102 @@ fn wedge_watchdog() {
     assert_eq!(
         out,
         vec![
-            ("k".to_owned(), 1, QueueError::Wedged),
-            ("k".to_owned(), 2, QueueError::Wedged)
+            ("k".to_owned(), 2, QueueError::Wedged),
+            ("k".to_owned(), 3, QueueError::Wedged)
         ]
     );
     // A fresh limiter replaced it.
     let l = t.get_mut("k").unwrap();
-    assert_eq!(l.schedule(3, at(WEDGE_AFTER_MS)), Schedule::StartNow);
-    // Running work is not a wedge.
+    assert_eq!((l.queued(), l.reservoir_left()), (0, Some(1)));
     assert_eq!(l.schedule(4, at(WEDGE_AFTER_MS)), Schedule::StartNow);
+    // Running work is not a wedge.
+    assert_eq!(l.schedule(5, at(WEDGE_AFTER_MS)), Schedule::Queued);
     assert!(!l.is_wedged(at(10 * WEDGE_AFTER_MS)));
+}
+
+#[test]
+fn a_long_retry_hint_is_not_a_wedge() {
+    let mut l = Limiter::new(settings(10, 0, None, 0), at(0));
+    observe_retry_hint(&mut l, 3_600_000, at(0));
+    assert_eq!(l.schedule(1, at(0)), Schedule::Queued);
+    assert!(!l.is_wedged(at(10 * WEDGE_AFTER_MS)));
+}
+
+#[test]
+fn a_spent_request_budget_fails_before_scheduling() {
+    let mut l = Limiter::new(settings(1, 0, None, 30_000), at(0));
+    assert_eq!(
+        l.schedule_with_budget(1, 0, at(0)),
+        Err(QueueError::QueueTimeout {
+            max_wait_ms: 30_000
+        })
+    );
+    assert_eq!((l.queued(), l.running()), (0, 0));
+    assert_eq!(
+        l.schedule_with_budget(1, 5_000, at(0)),
+        Ok(Schedule::StartNow)
+    );
+    // The request's own budget is shorter than max_wait: it bounds the queue wait.
+    assert_eq!(
+        l.schedule_with_budget(2, 2_000, at(0)),
+        Ok(Schedule::Queued)
+    );
+    assert_eq!(l.next_wake_ns(), Some(2_000 * MS));
+    assert_eq!(
+        l.expire(at(2_000)),
+        vec![(
+            2,
+            QueueError::QueueTimeout {
+                max_wait_ms: 30_000
+            }
+        )]
+    );
+    // A longer own budget does not extend max_wait.
+    assert_eq!(
+        l.schedule_with_budget(3, 90_000, at(2_000)),
+        Ok(Schedule::Queued)
+    );
+    assert_eq!(l.next_wake_ns(), Some(32_000 * MS));
+}
+
+#[test]
+fn combo_admission_never_queues() {
+    let mut t = LimiterTable::new();
+    let s = settings(6, 350, Some(60), 30_000);
+    assert_eq!(
+        t.combo_admission("k", s, 1, at(0)),
+        ComboAdmission::Acquired
+    );
+    // Something running: busy.
+    assert_eq!(
+        t.combo_admission("k", s, 2, at(1_000)),
+        ComboAdmission::Busy
+    );
+    t.get_mut("k").unwrap().on_finish(1, at(100));
+    // Spacing not ready yet.
+    assert_eq!(t.combo_admission("k", s, 3, at(200)), ComboAdmission::Busy);
+    assert_eq!(
+        t.combo_admission("k", s, 4, at(350)),
+        ComboAdmission::Acquired
+    );
+    assert_eq!(t.get_mut("k").unwrap().queued(), 0);
+    t.on_upstream_429("k", Some(10_000), at(400));
+    assert_eq!(
+        t.combo_admission("k", s, 5, at(500)),
+        ComboAdmission::Cooldown {
+            remaining_ms: 9_900
+        }
+    );
+    t.on_upstream_success("k");
+    let off = LimiterSettings {
+        enabled: false,
+        ..s
+    };
+    assert_eq!(
+        t.combo_admission("other", off, 6, at(500)),
+        ComboAdmission::Acquired
+    );
+    assert!(t.get_mut("other").is_none());
 }
 
 #[test]
@@ -763,6 +854,7 @@ fn manual_clock_drives_the_limiter() {
 #[derive(Clone, Debug)]
 enum Op {
     Schedule,
+    ScheduleWithBudget(u64),
     Advance(u64),
     Finish(usize),
     Cancel(usize),
@@ -772,6 +864,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => Just(Op::Schedule),
+        1 => (0u64..10_000).prop_map(Op::ScheduleWithBudget),
         3 => (1u64..3_000).prop_map(Op::Advance),
         3 => any::<usize>().prop_map(Op::Finish),
         1 => any::<usize>().prop_map(Op::Cancel),
@@ -792,6 +885,7 @@ struct Model {
     s: LimiterSettings,
     st: HashMap<WaiterId, St>,
     enqueued: HashMap<WaiterId, u64>,
+    own_deadline: HashMap<WaiterId, u64>,
     starts: Vec<(WaiterId, u64)>,
     ends: HashMap<WaiterId, u32>,
 }
@@ -818,6 +912,9 @@ impl Model {
                 start <= self.enqueued[&id] + self.s.max_wait_ms * MS,
                 "started past its queue budget"
             );
+        }
+        if let Some(d) = self.own_deadline.get(&id) {
+            assert!(start <= *d, "started past its own budget");
         }
         self.starts.push((id, start));
         let live = self.st.values().filter(|s| **s == St::Granted).count();
@@ -858,7 +955,7 @@ proptest! {
     ) {
         let s = settings(max_concurrent, min_time_ms, rpm, max_wait_ms);
         let mut l = Limiter::new(s, at(0));
-        let mut m = Model { s, st: HashMap::new(), enqueued: HashMap::new(), starts: Vec::new(), ends: HashMap::new() };
+        let mut m = Model { s, st: HashMap::new(), enqueued: HashMap::new(), own_deadline: HashMap::new(), starts: Vec::new(), ends: HashMap::new() };
         let mut now_ms = 0u64;
         let mut next_id: WaiterId = 0;
         let apply = |m: &mut Model, grants: Vec<Grant>| for g in grants { m.grant(g.waiter, g.start_at_ns) };
@@ -873,6 +970,27 @@ proptest! {
                         Schedule::StartNow => m.grant(next_id, now.mono_ns),
                         Schedule::StartAt(t) => { prop_assert!(t > now.mono_ns); m.grant(next_id, t) }
                         Schedule::Queued => {}
+                    }
+                }
+                Op::ScheduleWithBudget(budget_ms) => {
+                    next_id += 1;
+                    match l.schedule_with_budget(next_id, budget_ms, now) {
+                        Err(e) => {
+                            prop_assert_eq!(budget_ms, 0);
+                            prop_assert_eq!(e, QueueError::QueueTimeout { max_wait_ms });
+                            m.st.insert(next_id, St::TimedOut);
+                            m.end(next_id, St::TimedOut);
+                        }
+                        Ok(sched) => {
+                            m.st.insert(next_id, St::Queued);
+                            m.enqueued.insert(next_id, now.mono_ns);
+                            m.own_deadline.insert(next_id, now.mono_ns + budget_ms * MS);
+                            match sched {
+                                Schedule::StartNow => m.grant(next_id, now.mono_ns),
+                                Schedule::StartAt(t) => m.grant(next_id, t),
+                                Schedule::Queued => {}
+                            }
+                        }
                     }
                 }
                 Op::Advance(ms) => now_ms += ms,
