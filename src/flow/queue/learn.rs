@@ -5,10 +5,11 @@
 //!
 //! Not done here: persisting learned caps (the spec's debounced settings store).
 
-use super::limiter::{Limiter, OVER_LIMIT_MIN_TIME_MS, RETRY_HINT_RESERVOIR};
+use super::limiter::{Limiter, LimiterTable, OVER_LIMIT_MIN_TIME_MS, RETRY_HINT_RESERVOIR};
 use crate::clock::Now;
 use crate::config::resilience::{HOUR_MS, MINUTE_MS, SECOND_MS};
 use crate::resilience::Headers;
+use crate::resilience::backoff::{json_hint, text_hint, upstream_retry_hint};
 
 /// Reset period when the upstream gives none.
 pub const DEFAULT_RESET_MS: u64 = 60_000;
@@ -201,4 +202,63 @@ pub fn learn_cap_from_body(limiter: &mut Limiter, body: &str) -> CapLearn {
     }
     limiter.set_min_time_ms(min_time_ms);
     CapLearn::Applied { min_time_ms }
+}
+
+/// What [`observe_response`] learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseLearn {
+    pub headers: HeaderLearn,
+    /// A 429: the cooldown remembered for the key (ms).
+    pub cooldown_ms: Option<u64>,
+    /// A retry hint in an error body emptied the reservoir (ms until the refill).
+    pub retry_hint_ms: Option<u64>,
+    pub cap: CapLearn,
+}
+
+/// The owner shard's one entry point for an upstream response on limiter `key`:
+/// * every response: the rate-limit headers;
+/// * 2xx: the remembered 429 cooldown is cleared;
+/// * 429: learned limits are discarded, a cooldown (the upstream hint, default 60 s) is
+///   remembered, and a cap in words in the body is learned;
+/// * another error with a retry hint in its body: the reservoir is emptied until then.
+///
+/// A key without a limiter (protection disabled, or evicted) still gets its cooldown.
+pub fn observe_response<H: Headers + ?Sized>(
+    table: &mut LimiterTable,
+    key: &str,
+    status: u16,
+    headers: &H,
+    body: &str,
+    now: Now,
+) -> ResponseLearn {
+    let mut out = ResponseLearn {
+        headers: HeaderLearn::default(),
+        cooldown_ms: None,
+        retry_hint_ms: None,
+        cap: CapLearn::None,
+    };
+    if (200..300).contains(&status) {
+        table.on_upstream_success(key);
+    }
+    if status == 429 {
+        let hint = upstream_retry_hint(headers, body, now.wall_ms).map(|(ms, _)| ms);
+        table.on_upstream_429(key, hint, now);
+        out.cooldown_ms = table.known_cooldown_ms(key, now);
+    }
+    let Some(limiter) = table.get_mut(key) else {
+        return out;
+    };
+    out.headers = observe_headers(limiter, headers, now);
+    if status == 429 {
+        out.cap = learn_cap_from_body(limiter, body);
+    } else if status >= 400 {
+        let hint = json_hint(body, now.wall_ms)
+            .map(|(ms, _)| ms)
+            .or_else(|| text_hint(body, now.wall_ms));
+        if let Some(ms) = hint {
+            observe_retry_hint(limiter, ms, now);
+            out.retry_hint_ms = Some(ms);
+        }
+    }
+    out
 }

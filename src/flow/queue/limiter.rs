@@ -389,6 +389,13 @@ impl Limiter {
         self.reservoir = Some(Reservoir::new(capacity, left, interval_ms, now.mono_ns));
     }
 
+    /// New settings (PATCH, reload): spacing and reservoir go back to the new configured
+    /// ones; waiters keep their place, their deadlines and their slots.
+    pub fn reconfigure(&mut self, settings: LimiterSettings, now: Now) {
+        self.settings = settings;
+        self.relax(now);
+    }
+
     /// Back to the configured spacing and reservoir.
     pub fn relax(&mut self, now: Now) {
         self.min_time_ms = self.settings.min_time_ms;
@@ -417,16 +424,22 @@ impl LimiterTable {
         Self::default()
     }
 
-    /// The limiter of `key`, created with `settings` on first use.
+    /// The limiter of `key`, created with `settings` on first use; an existing limiter
+    /// whose settings changed (PATCH, reload) is reconfigured in place.
     pub fn get_or_create(
         &mut self,
         key: &str,
         settings: LimiterSettings,
         now: Now,
     ) -> &mut Limiter {
-        self.limiters
+        let l = self
+            .limiters
             .entry(key.to_owned())
-            .or_insert_with(|| Limiter::new(settings, now))
+            .or_insert_with(|| Limiter::new(settings, now));
+        if l.settings != settings {
+            l.reconfigure(settings, now);
+        }
+        l
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Limiter> {

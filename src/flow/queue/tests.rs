@@ -1053,3 +1053,81 @@ proptest! {
         prop_assert_eq!((l.queued(), l.running()), (0, 0));
     }
 }
+
+#[test]
+fn observe_response_is_the_one_entry_point() {
+    let mut t = LimiterTable::new();
+    let s = settings(10, 350, Some(60), 30_000);
+    t.get_or_create("k", s, at(0));
+    let h: &[(&str, &str)] = &[("retry-after", "5")];
+    let out = observe_response(
+        &mut t,
+        "k",
+        429,
+        h,
+        "slow down: 5 requests within 1 minutes",
+        at(0),
+    );
+    assert_eq!(out.cooldown_ms, Some(5_000));
+    assert_eq!(
+        out.cap,
+        CapLearn::Applied {
+            min_time_ms: 12_000
+        }
+    );
+    assert_eq!(t.get_mut("k").unwrap().min_time_ms(), 12_000);
+
+    let h: &[(&str, &str)] = &[("x-ratelimit-limit-requests", "600")];
+    let out = observe_response(&mut t, "k", 200, h, "", at(1_000));
+    assert_eq!(out.headers.min_time_ms, Some(90));
+    assert_eq!(t.known_cooldown_ms("k", at(1_000)), None);
+
+    let empty: &[(&str, &str)] = &[];
+    let out = observe_response(
+        &mut t,
+        "k",
+        503,
+        empty,
+        r#"{"retry_after_ms": 2000}"#,
+        at(2_000),
+    );
+    assert_eq!(out.retry_hint_ms, Some(2_000));
+    let l = t.get_mut("k").unwrap();
+    assert_eq!(l.reservoir_left(), Some(0));
+    assert_eq!(l.schedule(1, at(2_000)), Schedule::Queued);
+    assert_eq!(l.promote(at(4_000)).len(), 1);
+
+    // No limiter for the key (protection off): the 429 cooldown is still remembered.
+    let out = observe_response(&mut t, "none", 429, empty, "", at(0));
+    assert_eq!(out.cooldown_ms, Some(KNOWN_COOLDOWN_DEFAULT_MS));
+    assert!(t.get_mut("none").is_none());
+}
+
+#[test]
+fn changed_settings_reconfigure_in_place() {
+    let mut t = LimiterTable::new();
+    let s = settings(1, 350, Some(60), 30_000);
+    let l = t.get_or_create("k", s, at(0));
+    assert_eq!(l.schedule(1, at(0)), Schedule::StartNow);
+    assert_eq!(l.schedule(2, at(0)), Schedule::Queued);
+    l.force_min_time_ms(200);
+    let s2 = LimiterSettings {
+        min_time_ms: 1_000,
+        max_concurrent: 2,
+        ..s
+    };
+    let l = t.get_or_create("k", s2, at(10));
+    assert_eq!((l.min_time_ms(), l.queued(), l.running()), (1_000, 1, 1));
+    assert_eq!(
+        l.reservoir_left(),
+        Some(59),
+        "same rpm: the reservoir is kept"
+    );
+    assert_eq!(
+        l.promote(at(10)),
+        vec![Grant {
+            waiter: 2,
+            start_at_ns: 1_000 * MS
+        }]
+    );
+}
