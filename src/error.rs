@@ -89,6 +89,10 @@ pub enum ErrorKind {
     AllConnectionsTerminal,
     /// A cross-shard request (probe permit) could not be answered in time.
     MeshUnavailable,
+    /// Waited for a concurrency permit past the queue budget (spec B §2.1).
+    SemaphoreTimeout,
+    /// A concurrency gate's wait queue was full.
+    SemaphoreQueueFull,
     /// The gateway is shutting down and takes no new requests.
     ShuttingDown,
     /// A bug or an exhausted internal resource.
@@ -119,6 +123,8 @@ impl ErrorKind {
             ErrorKind::AllTargetsCoolingDown => 503,
             ErrorKind::AllConnectionsTerminal => 401,
             ErrorKind::MeshUnavailable => 503,
+            ErrorKind::SemaphoreTimeout => 429,
+            ErrorKind::SemaphoreQueueFull => 429,
             ErrorKind::ShuttingDown => 503,
             ErrorKind::Internal => 500,
         }
@@ -148,6 +154,8 @@ impl ErrorKind {
             ErrorKind::AllTargetsCoolingDown => "all_targets_cooling_down",
             ErrorKind::AllConnectionsTerminal => "all_connections_unavailable",
             ErrorKind::MeshUnavailable => "shard_mesh_unavailable",
+            ErrorKind::SemaphoreTimeout => "semaphore_timeout",
+            ErrorKind::SemaphoreQueueFull => "semaphore_queue_full",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Internal => "internal_server_error",
         }
@@ -194,6 +202,8 @@ impl ErrorKind {
             | ErrorKind::AllTargetsCoolingDown
             | ErrorKind::AllConnectionsTerminal
             | ErrorKind::MeshUnavailable
+            | ErrorKind::SemaphoreTimeout
+            | ErrorKind::SemaphoreQueueFull
             | ErrorKind::ShuttingDown
             | ErrorKind::Internal => Side::Internal,
         }
@@ -229,6 +239,8 @@ impl ErrorKind {
             | ErrorKind::MeshUnavailable
             | ErrorKind::ShuttingDown
             | ErrorKind::Internal => Retry::Decided(false),
+            // A busy connection: another candidate may have room.
+            ErrorKind::SemaphoreTimeout | ErrorKind::SemaphoreQueueFull => Retry::Decided(true),
         }
     }
 

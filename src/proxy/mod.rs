@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod forward;
+pub mod gate;
 pub mod models;
 pub mod peek;
 pub mod record;

@@ -231,6 +231,15 @@ pub async fn run(
                 continue;
             }
         };
+        // Concurrency permits (released when `_gate` drops, on every path below).
+        let _gate = match super::gate::acquire(shard, *cid, &target.model).await {
+            Ok(g) => g,
+            Err(e) => {
+                select::release(shard, target.provider, *cid, &permit);
+                last = Some(LastFailure::Gateway(e));
+                continue;
+            }
+        };
         let provider = config.provider(target.provider);
         let conn = config.connection(*cid);
         bump(&shard.metrics.upstream_attempts);

@@ -13,6 +13,7 @@ use crate::resilience::connection::{Routability, Terminal};
 use crate::routing::resolve::Target;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
+use crate::shard::probe::Answer;
 use crate::shard::views::Views;
 
 /// How long a shard waits for an owner's probe answer.
@@ -183,8 +184,8 @@ async fn ask_probe(
         ));
     }
     match monoio::time::timeout(Duration::from_millis(PROBE_REPLY_TIMEOUT_MS), wait).await {
-        Ok(answer) => Ok(answer),
-        Err(_) => {
+        Ok(Answer::Probe(ticket, retry_after_ms)) => Ok((ticket, retry_after_ms)),
+        Ok(Answer::Ack | Answer::Gate(_)) | Err(_) => {
             shard.probes.forget(id);
             Err(GatewayError::new(
                 ErrorKind::MeshUnavailable,

@@ -5,6 +5,7 @@
 //! probe request that cannot be sent or answered maps to a typed error on the asker.
 
 use crate::config::{ConnectionId, ProviderId};
+use crate::flow::gates::GateError;
 use crate::resilience::Reason;
 use crate::resilience::breaker::{BreakerKey, BreakerView, ProbeTicket};
 use crate::resilience::connection::ConnectionView;
@@ -86,6 +87,25 @@ pub enum Msg {
         ticket: Option<ProbeTicket>,
         retry_after_ms: u64,
     },
+    /// Asker → owner of `connection`: permits for the connection's concurrency gates
+    /// (`max_concurrent`, and `model_concurrency` for `model`). `id` is unique across shards.
+    GateAcquire {
+        id: u64,
+        connection: ConnectionId,
+        model: String,
+        deadline_ns: Option<u64>,
+    },
+    /// Owner → asker: granted (now or when a permit came free); `serial` names the permit.
+    GateGrant { id: u64, serial: u64 },
+    /// Owner → asker: refused (queue full) or timed out.
+    GateDenied { id: u64, error: GateError },
+    /// Asker → owner: the attempt holding permit `serial` is over (exactly once).
+    GateRelease {
+        connection: ConnectionId,
+        serial: u64,
+    },
+    /// Asker → owner: the waiter `id` gave up.
+    GateCancel { connection: ConnectionId, id: u64 },
     /// Return a probe permit that never produced a verdict.
     ReleaseProbe {
         key: BreakerKey,

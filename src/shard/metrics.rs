@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::ErrorKind;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 25] = [
+pub const ERROR_KINDS: [ErrorKind; 27] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -31,6 +31,8 @@ pub const ERROR_KINDS: [ErrorKind; 25] = [
     ErrorKind::AllTargetsCoolingDown,
     ErrorKind::AllConnectionsTerminal,
     ErrorKind::MeshUnavailable,
+    ErrorKind::SemaphoreTimeout,
+    ErrorKind::SemaphoreQueueFull,
     ErrorKind::ShuttingDown,
     ErrorKind::Internal,
 ];

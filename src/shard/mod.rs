@@ -11,7 +11,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use crate::clock::{Clock, MonoClock, Now};
-use crate::config::Config;
+use crate::config::{Config, ConnectionId};
 use crate::net::dns::DnsCache;
 use crate::net::tls::TlsConfigs;
 use crate::net::upstream::{Pool, PoolKey};
@@ -19,7 +19,7 @@ use crate::proxy::auth::KeyIndex;
 use crate::routing::resolve::RouteTable;
 use metrics::ShardMetrics;
 use owned::{Dest, Owned};
-use probe::ProbeWaiters;
+use probe::{Answer, ProbeWaiters};
 use views::Views;
 
 use crate::runtime::mesh::MeshSender;
@@ -66,6 +66,8 @@ pub struct Shard {
     /// Probe requests and failure acks waiting for their owner's answer.
     pub probes: ProbeWaiters,
     housekeeping_ticks: Cell<u64>,
+    /// Gate waiters of this shard by local id → connection (to return a late grant).
+    pub gate_waiters: RefCell<std::collections::HashMap<u64, ConnectionId>>,
 }
 
 /// Period of [`Shard::housekeeping`] (the fleet's sweep task).
@@ -96,6 +98,7 @@ impl Shard {
             mesh,
             probes: ProbeWaiters::default(),
             housekeeping_ticks: Cell::new(0),
+            gate_waiters: RefCell::new(std::collections::HashMap::new()),
             pool_keys,
             id,
             clock: MonoClock,
@@ -177,17 +180,35 @@ impl Shard {
                 ticket,
                 retry_after_ms,
             } => {
-                self.probes.complete(id, (ticket, retry_after_ms));
+                self.probes
+                    .complete(id, Answer::Probe(ticket, retry_after_ms));
             }
             Msg::Ack { id } => {
-                self.probes.complete(id, (None, 0));
+                self.probes.complete(id, Answer::Ack);
+            }
+            Msg::GateGrant { id, serial } => {
+                if !self.probes.complete(local_id(id), Answer::Gate(Ok(serial))) {
+                    // The waiter gave up before the grant arrived: hand the permit back.
+                    if let Some(connection) = self.gate_waiter_connection(id) {
+                        let _ = self.send(
+                            self.owner(&connection),
+                            Msg::GateRelease { connection, serial },
+                        );
+                    }
+                }
+            }
+            Msg::GateDenied { id, error } => {
+                self.probes.complete(local_id(id), Answer::Gate(Err(error)));
             }
             Msg::Outcome(..)
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
             | Msg::AutoDecay { .. }
             | Msg::ProbeRequest { .. }
-            | Msg::ReleaseProbe { .. } => {
+            | Msg::ReleaseProbe { .. }
+            | Msg::GateAcquire { .. }
+            | Msg::GateRelease { .. }
+            | Msg::GateCancel { .. } => {
                 let now = self.now();
                 let out = {
                     let views = self.views.borrow();
@@ -203,6 +224,11 @@ impl Shard {
                 self.dispatch(out);
             }
         }
+    }
+
+    /// The connection a (forgotten) gate waiter asked for, if this shard still knows it.
+    fn gate_waiter_connection(&self, id: u64) -> Option<ConnectionId> {
+        self.gate_waiters.borrow_mut().remove(&local_id(id))
     }
 
     /// Periodic upkeep: owners re-send the views of keys that are not in their default
@@ -249,6 +275,20 @@ impl Shard {
         self.seq.set(n);
         (n << 8) | (self.id as u64 & 0xff)
     }
+}
+
+/// Gate waiter ids are unique across shards: the asking shard in the top 16 bits.
+pub fn global_waiter_id(shard: usize, local: u64) -> u64 {
+    ((shard as u64 & 0xffff) << 48) | (local & 0xffff_ffff_ffff)
+}
+
+/// The asking shard of a global waiter id.
+pub fn waiter_shard(id: u64) -> usize {
+    (id >> 48) as usize
+}
+
+fn local_id(id: u64) -> u64 {
+    id & 0xffff_ffff_ffff
 }
 
 /// Counts a request as in flight until dropped (covers every exit path).

@@ -23,6 +23,10 @@ use crate::runtime::msg::{AttemptResult, Msg, Outcome};
 use crate::runtime::owner::owner_of;
 
 use super::views::Views;
+use super::waiter_shard;
+use crate::flow::gates::{
+    Acquire, AcquireRequest, GateKey, GateReq, GateTable, Permit, QueueLimit, Wakeups,
+};
 
 /// Where a message produced by the owner goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +42,10 @@ pub struct Owned {
     pub breakers: BreakerTable,
     pub connections: ConnectionTable,
     pub lockouts: LockoutTable,
+    /// Concurrency gates of the connections this shard owns (account and model gates).
+    pub gates: GateTable,
+    /// Permits granted and not yet released, by serial.
+    pub permits: std::collections::HashMap<u64, Permit>,
 }
 
 /// Longest error text kept for classification and `lastError`.
@@ -49,6 +57,8 @@ impl Owned {
             breakers: BreakerTable::new(BreakerSettings::from_resilience(&config.resilience)),
             connections: ConnectionTable::new(),
             lockouts: LockoutTable::new(),
+            gates: GateTable::new(),
+            permits: std::collections::HashMap::new(),
         }
     }
 
@@ -118,6 +128,58 @@ impl Owned {
                 let t = self.breakers.release_probe(now, key, ticket);
                 push_breaker(&mut out, key, t);
             }
+            Msg::GateAcquire {
+                id,
+                connection,
+                model,
+                deadline_ns,
+            } => {
+                self.expire_gates(now, &mut out);
+                let conn = config.connection(connection);
+                let model_cap = conn
+                    .rate_limit_overrides
+                    .model_concurrency
+                    .iter()
+                    .find(|(m, _)| *m == model)
+                    .map(|(_, n)| *n);
+                let request = AcquireRequest {
+                    id,
+                    gates: vec![
+                        GateReq::new(
+                            GateKey::Account(connection),
+                            account_capacity(config, connection),
+                        ),
+                        GateReq::new(
+                            GateKey::Model(connection, model.into_boxed_str()),
+                            model_cap,
+                        ),
+                    ],
+                    deadline: deadline_ns,
+                    max_queue: QueueLimit::from_max_queue_depth(
+                        config.resilience.request_queue.max_queue_depth,
+                    ),
+                };
+                match self.gates.acquire(request, now) {
+                    Acquire::Granted(permit) => {
+                        let serial = permit.serial();
+                        self.permits.insert(serial, permit);
+                        out.push((Dest::Shard(waiter_shard(id)), Msg::GateGrant { id, serial }));
+                    }
+                    Acquire::Queued => {}
+                    Acquire::Rejected(error) => {
+                        out.push((Dest::Shard(waiter_shard(id)), Msg::GateDenied { id, error }));
+                    }
+                }
+            }
+            Msg::GateRelease { serial, .. } => {
+                if let Some(permit) = self.permits.remove(&serial) {
+                    let wakeups = self.gates.release(permit, now);
+                    self.wake(wakeups, &mut out);
+                }
+            }
+            Msg::GateCancel { id, .. } => {
+                self.gates.cancel(id);
+            }
             Msg::AutoDecay { connection } => {
                 if let Some(t) = self.connections.auto_decay(connection, now)
                     && t.view_changed
@@ -154,12 +216,32 @@ impl Owned {
             | Msg::ConnectionView { .. }
             | Msg::Lockout(_)
             | Msg::ProbeReply { .. }
-            | Msg::Ack { .. } => {}
+            | Msg::Ack { .. }
+            | Msg::GateGrant { .. }
+            | Msg::GateDenied { .. } => {}
         }
         for u in self.lockouts.drain_updates() {
             out.push((Dest::All, Msg::Lockout(Box::new(u))));
         }
         out
+    }
+
+    /// Sends grants and timeouts produced by a release or an expiry.
+    fn wake(&mut self, wakeups: Wakeups, out: &mut Vec<(Dest, Msg)>) {
+        for (id, permit) in wakeups.granted {
+            let serial = permit.serial();
+            self.permits.insert(serial, permit);
+            out.push((Dest::Shard(waiter_shard(id)), Msg::GateGrant { id, serial }));
+        }
+        for (id, error) in wakeups.timed_out {
+            out.push((Dest::Shard(waiter_shard(id)), Msg::GateDenied { id, error }));
+        }
+    }
+
+    fn expire_gates(&mut self, now: Now, out: &mut Vec<(Dest, Msg)>) {
+        for (id, error) in self.gates.expire(now) {
+            out.push((Dest::Shard(waiter_shard(id)), Msg::GateDenied { id, error }));
+        }
     }
 
     fn outcome(
@@ -394,6 +476,24 @@ fn push_breaker(out: &mut Vec<(Dest, Msg)>, key: BreakerKey, t: Option<BreakerTr
     if let Some(t) = t {
         out.push((Dest::All, Msg::BreakerView { key, view: t.view }));
     }
+}
+
+/// A connection's account gate capacity: `rate_limit_overrides.max_concurrent`, else the
+/// connection's `max_concurrent`.
+pub fn account_capacity(config: &Config, connection: ConnectionId) -> Option<u32> {
+    let c = config.connection(connection);
+    c.rate_limit_overrides.max_concurrent.or(c.max_concurrent)
+}
+
+/// Whether attempts on `connection` for `model` pass through its concurrency gates.
+pub fn gated(config: &Config, connection: ConnectionId, model: &str) -> bool {
+    account_capacity(config, connection).is_some_and(|n| n > 0)
+        || config
+            .connection(connection)
+            .rate_limit_overrides
+            .model_concurrency
+            .iter()
+            .any(|(m, n)| m == model && *n > 0)
 }
 
 /// The auth category whose profile a breaker uses.

@@ -10,8 +10,19 @@ use std::task::{Context, Poll, Waker};
 
 use crate::resilience::breaker::ProbeTicket;
 
-/// The owner's answer: a ticket (the probe is ours), or none with a retry-after.
-pub type ProbeAnswer = (Option<ProbeTicket>, u64);
+/// An owner's answer to one request of this shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Probe request: a ticket (the probe is ours), or none with a retry-after.
+    Probe(Option<ProbeTicket>, u64),
+    /// A failure outcome was applied and its views sent.
+    Ack,
+    /// Gate request: the permit's serial, or why not.
+    Gate(Result<u64, crate::flow::gates::GateError>),
+}
+
+/// Kept for the probe call sites.
+pub type ProbeAnswer = Answer;
 
 #[derive(Debug, Default)]
 struct Slot {

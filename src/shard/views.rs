@@ -30,6 +30,11 @@ impl Views {
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
             | Msg::AutoDecay { .. }
+            | Msg::GateAcquire { .. }
+            | Msg::GateGrant { .. }
+            | Msg::GateDenied { .. }
+            | Msg::GateRelease { .. }
+            | Msg::GateCancel { .. }
             | Msg::ProbeRequest { .. }
             | Msg::ProbeReply { .. }
             | Msg::ReleaseProbe { .. } => false,

@@ -1,0 +1,120 @@
+//! Admit (concurrency): an attempt on a connection with `max_concurrent` or a
+//! `model_concurrency` entry for its model first takes permits from the connection's
+//! owner shard — all-or-nothing, FIFO, bounded by the queue budget — and gives them back
+//! exactly once when the attempt ends, on every path (the guard's `Drop`).
+
+use std::time::Duration;
+
+use crate::config::ConnectionId;
+use crate::error::{ErrorKind, GatewayError};
+use crate::flow::gates::GateError;
+use crate::runtime::msg::Msg;
+use crate::shard::owned::gated;
+use crate::shard::probe::Answer;
+use crate::shard::{Shard, global_waiter_id};
+
+/// Held while an attempt runs; dropping it releases the permits.
+pub struct GatePermit<'a> {
+    shard: &'a Shard,
+    connection: ConnectionId,
+    serial: u64,
+}
+
+impl Drop for GatePermit<'_> {
+    fn drop(&mut self) {
+        let owner = self.shard.owner(&self.connection);
+        let msg = Msg::GateRelease {
+            connection: self.connection,
+            serial: self.serial,
+        };
+        if self.shard.send(owner, msg).is_err() {
+            tracing::error!(
+                connection = self.connection.0,
+                "a gate permit could not be returned (mesh ring full)"
+            );
+        }
+    }
+}
+
+/// Takes the connection's concurrency permits for `model`, waiting at most the queue
+/// budget (`max_wait_ms`, per-connection override first). `Ok(None)`: not gated.
+pub async fn acquire<'a>(
+    shard: &'a Shard,
+    connection: ConnectionId,
+    model: &str,
+) -> Result<Option<GatePermit<'a>>, GatewayError> {
+    let config = shard.config();
+    if !gated(config, connection, model) {
+        return Ok(None);
+    }
+    let conn = config.connection(connection);
+    let max_wait_ms = conn
+        .rate_limit_overrides
+        .max_wait_ms
+        .unwrap_or(config.resilience.request_queue.max_wait_ms);
+    let now = shard.now();
+    let deadline_ns = (max_wait_ms > 0).then(|| {
+        now.mono_ns
+            .saturating_add(max_wait_ms.saturating_mul(1_000_000))
+    });
+    let (local, wait) = shard.probes.register();
+    let id = global_waiter_id(shard.id, local);
+    shard.gate_waiters.borrow_mut().insert(local, connection);
+    let owner = shard.owner(&connection);
+    let msg = Msg::GateAcquire {
+        id,
+        connection,
+        model: model.to_owned(),
+        deadline_ns,
+    };
+    if shard.send(owner, msg).is_err() {
+        shard.probes.forget(local);
+        shard.gate_waiters.borrow_mut().remove(&local);
+        return Err(GatewayError::new(
+            ErrorKind::MeshUnavailable,
+            "the connection's owner shard could not be asked for a permit",
+        ));
+    }
+    // The owner times the wait out itself; the local bound only guards a lost reply.
+    let budget = if max_wait_ms > 0 {
+        Duration::from_millis(max_wait_ms + 1_000)
+    } else {
+        Duration::from_secs(24 * 3600)
+    };
+    let answer = monoio::time::timeout(budget, wait).await;
+    let answer = match answer {
+        Ok(a) => a,
+        Err(_) => {
+            shard.probes.forget(local);
+            let _ = shard.send(owner, Msg::GateCancel { connection, id });
+            // A grant racing the cancel is returned by the pump (`gate_waiters`).
+            return Err(timeout_error(max_wait_ms));
+        }
+    };
+    shard.gate_waiters.borrow_mut().remove(&local);
+    match answer {
+        Answer::Gate(Ok(serial)) => Ok(Some(GatePermit {
+            shard,
+            connection,
+            serial,
+        })),
+        Answer::Gate(Err(GateError::Timeout)) => Err(timeout_error(max_wait_ms)),
+        Answer::Gate(Err(GateError::QueueFull | GateError::DuplicateWaiter)) => {
+            Err(GatewayError::new(
+                ErrorKind::SemaphoreQueueFull,
+                "the connection's concurrency queue is full",
+            ))
+        }
+        Answer::Probe(..) | Answer::Ack => Err(GatewayError::new(
+            ErrorKind::Internal,
+            "unexpected answer to a permit request",
+        )),
+    }
+}
+
+fn timeout_error(max_wait_ms: u64) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::SemaphoreTimeout,
+        format!("no concurrency permit for the connection within {max_wait_ms} ms"),
+    )
+}
