@@ -33,6 +33,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway until SIGTERM or SIGINT.
+    #[command(
+        after_help = "Environment:\n  TIDEGATE_CONFIG   configuration file when --config is not given\n  TIDEGATE_LOG      log filter (error, warn, info, debug; default info)\n  TIDEGATE_DRIVER   auto (default), io_uring or epoll\n\nWhen every shard accepts, prints: tidegate listening on <addr> (shards=<n>, driver=<io_uring|epoll>)"
+    )]
     Serve {
         /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
         #[arg(long, value_name = "PATH")]
