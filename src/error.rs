@@ -93,6 +93,14 @@ pub enum ErrorKind {
     SemaphoreTimeout,
     /// A concurrency gate's wait queue was full.
     SemaphoreQueueFull,
+    /// The connection's request queue is at `max_queue_depth` (spec B §1.4).
+    RateLimitQueueFull,
+    /// Queued past `max_wait_ms`; never reached the upstream (spec B §1.3).
+    RateLimitQueueTimeout,
+    /// Ran past the execution budget `execution_max_wait_ms` (spec B §1.3).
+    RateLimitExecutionTimeout,
+    /// The queue stopped making progress (wedge watchdog).
+    RateLimitQueueWedged,
     /// The gateway is shutting down and takes no new requests.
     ShuttingDown,
     /// A bug or an exhausted internal resource.
@@ -125,6 +133,10 @@ impl ErrorKind {
             ErrorKind::MeshUnavailable => 503,
             ErrorKind::SemaphoreTimeout => 429,
             ErrorKind::SemaphoreQueueFull => 429,
+            ErrorKind::RateLimitQueueFull => 429,
+            ErrorKind::RateLimitQueueTimeout => 503,
+            ErrorKind::RateLimitExecutionTimeout => 504,
+            ErrorKind::RateLimitQueueWedged => 503,
             ErrorKind::ShuttingDown => 503,
             ErrorKind::Internal => 500,
         }
@@ -156,6 +168,10 @@ impl ErrorKind {
             ErrorKind::MeshUnavailable => "shard_mesh_unavailable",
             ErrorKind::SemaphoreTimeout => "semaphore_timeout",
             ErrorKind::SemaphoreQueueFull => "semaphore_queue_full",
+            ErrorKind::RateLimitQueueFull => "rate_limit_queue_full",
+            ErrorKind::RateLimitQueueTimeout => "rate_limit_queue_timeout",
+            ErrorKind::RateLimitExecutionTimeout => "rate_limit_execution_timeout",
+            ErrorKind::RateLimitQueueWedged => "rate_limit_queue_wedged",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Internal => "internal_server_error",
         }
@@ -204,6 +220,10 @@ impl ErrorKind {
             | ErrorKind::MeshUnavailable
             | ErrorKind::SemaphoreTimeout
             | ErrorKind::SemaphoreQueueFull
+            | ErrorKind::RateLimitQueueFull
+            | ErrorKind::RateLimitQueueTimeout
+            | ErrorKind::RateLimitExecutionTimeout
+            | ErrorKind::RateLimitQueueWedged
             | ErrorKind::ShuttingDown
             | ErrorKind::Internal => Side::Internal,
         }
@@ -241,6 +261,12 @@ impl ErrorKind {
             | ErrorKind::Internal => Retry::Decided(false),
             // A busy connection: another candidate may have room.
             ErrorKind::SemaphoreTimeout | ErrorKind::SemaphoreQueueFull => Retry::Decided(true),
+            // Local limits of this connection: another candidate may have room; an
+            // execution that ran out of budget is not retried.
+            ErrorKind::RateLimitQueueFull
+            | ErrorKind::RateLimitQueueTimeout
+            | ErrorKind::RateLimitQueueWedged => Retry::Decided(true),
+            ErrorKind::RateLimitExecutionTimeout => Retry::Decided(false),
         }
     }
 

@@ -105,7 +105,7 @@ pub async fn acquire<'a>(
                 "the connection's concurrency queue is full",
             ))
         }
-        Answer::Probe(..) | Answer::Ack => Err(GatewayError::new(
+        Answer::Probe(..) | Answer::Ack | Answer::Queue(_) => Err(GatewayError::new(
             ErrorKind::Internal,
             "unexpected answer to a permit request",
         )),

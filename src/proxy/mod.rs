@@ -7,6 +7,7 @@ pub mod forward;
 pub mod gate;
 pub mod models;
 pub mod peek;
+pub mod queue;
 pub mod record;
 pub mod relay;
 pub mod respond;

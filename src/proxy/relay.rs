@@ -231,7 +231,17 @@ pub async fn run(
                 continue;
             }
         };
-        // Concurrency permits (released when `_gate` drops, on every path below).
+        // A slot in the connection's request queue, then its concurrency permits (both
+        // returned when their guards drop, on every path below).
+        let queue_slot = match super::queue::acquire(shard, *cid, &target.model).await {
+            Ok(q) => q,
+            Err(e) => {
+                select::release(shard, target.provider, *cid, &permit);
+                last = Some(LastFailure::Gateway(e));
+                continue;
+            }
+        };
+        let execution_budget = queue_slot.as_ref().map(|q| q.execution_budget);
         let _gate = match super::gate::acquire(shard, *cid, &target.model).await {
             Ok(g) => g,
             Err(e) => {
@@ -252,21 +262,38 @@ pub async fn run(
         } else {
             peek::rewrite_model(&body, plan.peek.model_span.clone(), &target.model)
         };
-        let opened = match provider.format {
-            ProviderFormat::Mock => {
-                open_mock(
-                    shard,
-                    endpoint,
-                    &target.model,
-                    plan.peek.stream,
-                    &body,
-                    &budgets,
-                )
-                .await
+        let open = async {
+            match provider.format {
+                ProviderFormat::Mock => {
+                    open_mock(
+                        shard,
+                        endpoint,
+                        &target.model,
+                        plan.peek.stream,
+                        &body,
+                        &budgets,
+                    )
+                    .await
+                }
+                ProviderFormat::Openai | ProviderFormat::Anthropic => {
+                    open_net(shard, head, provider, conn, endpoint, body, &budgets).await
+                }
             }
-            ProviderFormat::Openai | ProviderFormat::Anthropic => {
-                open_net(shard, head, provider, conn, endpoint, body, &budgets).await
-            }
+        };
+        // With a request queue, the upstream call is bounded by the execution budget,
+        // separately from the time spent queued (spec B §1.3).
+        let opened = match execution_budget {
+            Some(b) => match monoio::time::timeout(b, open).await {
+                Ok(r) => r,
+                Err(_) => Err(GatewayError::new(
+                    ErrorKind::RateLimitExecutionTimeout,
+                    format!(
+                        "the upstream call ran past the execution budget ({} ms)",
+                        b.as_millis()
+                    ),
+                )),
+            },
+            None => open.await,
         };
         let mut up = match opened {
             Ok(up) => up,

@@ -287,6 +287,7 @@ async fn shard_main(
         None => (None, None),
     };
     let shard = Rc::new(Shard::new(id, shared, sender));
+    *shard.me.borrow_mut() = Rc::downgrade(&shard);
     // The message pump: every fact for this shard's keys and every view update arrives here.
     if let Some(mut receiver) = receiver {
         let pump = shard.clone();

@@ -6,6 +6,7 @@
 
 use crate::config::{ConnectionId, ProviderId};
 use crate::flow::gates::GateError;
+use crate::flow::queue::QueueError;
 use crate::resilience::Reason;
 use crate::resilience::breaker::{BreakerKey, BreakerView, ProbeTicket};
 use crate::resilience::connection::ConnectionView;
@@ -106,6 +107,23 @@ pub enum Msg {
     },
     /// Asker → owner: the waiter `id` gave up.
     GateCancel { connection: ConnectionId, id: u64 },
+    /// Asker → owner of `connection`: a slot in the connection's request queue (the
+    /// per-connection limiter; granted at once when the limiter is off).
+    QueueAcquire {
+        id: u64,
+        connection: ConnectionId,
+        model: String,
+    },
+    /// Owner → asker: the slot is held; dispatch at `start_at_ns` (monotonic).
+    QueueGrant { id: u64, start_at_ns: u64 },
+    /// Owner → asker: queue full, queue-wait timeout or wedged.
+    QueueDenied { id: u64, error: QueueError },
+    /// Asker → owner: the attempt holding slot `id` is over (exactly once).
+    QueueFinish { connection: ConnectionId, id: u64 },
+    /// Asker → owner: the waiter `id` gave up.
+    QueueCancel { connection: ConnectionId, id: u64 },
+    /// Owner → itself, at a limiter's next wake-up: expire overdue waiters, grant the next.
+    QueueTick { key: String },
     /// Return a probe permit that never produced a verdict.
     ReleaseProbe {
         key: BreakerKey,

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::ErrorKind;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 27] = [
+pub const ERROR_KINDS: [ErrorKind; 31] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -33,6 +33,10 @@ pub const ERROR_KINDS: [ErrorKind; 27] = [
     ErrorKind::MeshUnavailable,
     ErrorKind::SemaphoreTimeout,
     ErrorKind::SemaphoreQueueFull,
+    ErrorKind::RateLimitQueueFull,
+    ErrorKind::RateLimitQueueTimeout,
+    ErrorKind::RateLimitExecutionTimeout,
+    ErrorKind::RateLimitQueueWedged,
     ErrorKind::ShuttingDown,
     ErrorKind::Internal,
 ];

@@ -66,8 +66,12 @@ pub struct Shard {
     /// Probe requests and failure acks waiting for their owner's answer.
     pub probes: ProbeWaiters,
     housekeeping_ticks: Cell<u64>,
+    /// This shard's own `Rc`, for timers that outlive a call.
+    pub me: RefCell<std::rc::Weak<Shard>>,
     /// Gate waiters of this shard by local id → connection (to return a late grant).
     pub gate_waiters: RefCell<std::collections::HashMap<u64, ConnectionId>>,
+    /// Queue waiters of this shard by local id → connection (to return a late grant).
+    pub queue_waiters: RefCell<std::collections::HashMap<u64, ConnectionId>>,
 }
 
 /// Period of [`Shard::housekeeping`] (the fleet's sweep task).
@@ -98,7 +102,9 @@ impl Shard {
             mesh,
             probes: ProbeWaiters::default(),
             housekeeping_ticks: Cell::new(0),
+            me: RefCell::new(std::rc::Weak::new()),
             gate_waiters: RefCell::new(std::collections::HashMap::new()),
+            queue_waiters: RefCell::new(std::collections::HashMap::new()),
             pool_keys,
             id,
             clock: MonoClock,
@@ -151,6 +157,7 @@ impl Shard {
     pub fn dispatch(&self, out: Vec<(Dest, Msg)>) {
         for (dest, msg) in out {
             match dest {
+                Dest::SelfAt(at_ns) => self.later(at_ns, msg),
                 Dest::Shard(to) => {
                     if self.send(to, msg).is_err() {
                         tracing::warn!(shard = self.id, to, "mesh ring full: message dropped");
@@ -166,6 +173,18 @@ impl Shard {
                 }
             }
         }
+    }
+
+    /// Handles `msg` on this shard at monotonic instant `at_ns` (owner timers).
+    fn later(&self, at_ns: u64, msg: Msg) {
+        let Some(me) = self.me.borrow().upgrade() else {
+            return;
+        };
+        let wait = std::time::Duration::from_nanos(at_ns.saturating_sub(self.now().mono_ns));
+        monoio::spawn(async move {
+            monoio::time::sleep(wait).await;
+            me.handle(me.id, msg);
+        });
     }
 
     /// Handles one message from shard `from`: views are applied, replies complete their
@@ -200,6 +219,23 @@ impl Shard {
             Msg::GateDenied { id, error } => {
                 self.probes.complete(local_id(id), Answer::Gate(Err(error)));
             }
+            Msg::QueueGrant { id, start_at_ns } => {
+                if !self
+                    .probes
+                    .complete(local_id(id), Answer::Queue(Ok(start_at_ns)))
+                {
+                    // The waiter gave up before the grant arrived: give the slot back.
+                    if let Some(connection) = self.queue_waiters.borrow_mut().remove(&local_id(id))
+                    {
+                        let _ =
+                            self.send(self.owner(&connection), Msg::QueueFinish { connection, id });
+                    }
+                }
+            }
+            Msg::QueueDenied { id, error } => {
+                self.probes
+                    .complete(local_id(id), Answer::Queue(Err(error)));
+            }
             Msg::Outcome(..)
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
@@ -208,7 +244,11 @@ impl Shard {
             | Msg::ReleaseProbe { .. }
             | Msg::GateAcquire { .. }
             | Msg::GateRelease { .. }
-            | Msg::GateCancel { .. } => {
+            | Msg::GateCancel { .. }
+            | Msg::QueueAcquire { .. }
+            | Msg::QueueFinish { .. }
+            | Msg::QueueCancel { .. }
+            | Msg::QueueTick { .. } => {
                 let now = self.now();
                 let out = {
                     let views = self.views.borrow();

@@ -27,6 +27,10 @@ use super::waiter_shard;
 use crate::flow::gates::{
     Acquire, AcquireRequest, GateKey, GateReq, GateTable, Permit, QueueLimit, Wakeups,
 };
+use crate::flow::queue::{
+    Grant, KeyParts, Limiter, LimiterSettings, LimiterTable, Schedule, check_queue_admission,
+    limiter_key,
+};
 
 /// Where a message produced by the owner goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +38,8 @@ pub enum Dest {
     /// Every shard, this one included (view updates).
     All,
     Shard(usize),
+    /// This shard, at a monotonic instant (owner timers).
+    SelfAt(u64),
 }
 
 /// The owner-side tables of one shard.
@@ -46,6 +52,10 @@ pub struct Owned {
     pub gates: GateTable,
     /// Permits granted and not yet released, by serial.
     pub permits: std::collections::HashMap<u64, Permit>,
+    /// Request queues (per-connection limiters) of the connections this shard owns.
+    pub limiters: LimiterTable,
+    /// Queue waiters (queued or holding a slot) → their limiter key.
+    pub queue_waiters: std::collections::HashMap<u64, String>,
 }
 
 /// Longest error text kept for classification and `lastError`.
@@ -59,6 +69,8 @@ impl Owned {
             lockouts: LockoutTable::new(),
             gates: GateTable::new(),
             permits: std::collections::HashMap::new(),
+            limiters: LimiterTable::default(),
+            queue_waiters: std::collections::HashMap::new(),
         }
     }
 
@@ -171,6 +183,32 @@ impl Owned {
                     }
                 }
             }
+            Msg::QueueAcquire {
+                id,
+                connection,
+                model,
+            } => {
+                self.queue_acquire(config, id, connection, &model, now, &mut out);
+            }
+            Msg::QueueFinish { id, .. } => {
+                if let Some(key) = self.queue_waiters.remove(&id)
+                    && let Some(l) = self.limiters.get_mut(&key)
+                {
+                    let grants = l.on_finish(id, now);
+                    self.queue_grants(&key, grants, now, &mut out);
+                }
+            }
+            Msg::QueueCancel { id, .. } => {
+                if let Some(key) = self.queue_waiters.remove(&id)
+                    && let Some(l) = self.limiters.get_mut(&key)
+                {
+                    let (_, grants) = l.cancel(id, now);
+                    self.queue_grants(&key, grants, now, &mut out);
+                }
+            }
+            Msg::QueueTick { key } => {
+                self.queue_tick(&key, now, &mut out);
+            }
             Msg::GateRelease { serial, .. } => {
                 if let Some(permit) = self.permits.remove(&serial) {
                     let wakeups = self.gates.release(permit, now);
@@ -218,12 +256,128 @@ impl Owned {
             | Msg::ProbeReply { .. }
             | Msg::Ack { .. }
             | Msg::GateGrant { .. }
-            | Msg::GateDenied { .. } => {}
+            | Msg::GateDenied { .. }
+            | Msg::QueueGrant { .. }
+            | Msg::QueueDenied { .. } => {}
         }
         for u in self.lockouts.drain_updates() {
             out.push((Dest::All, Msg::Lockout(Box::new(u))));
         }
         out
+    }
+
+    /// Admits a request into its connection's queue (spec B §1): depth admission first,
+    /// then a slot now, at a later start, or a place in the FIFO queue.
+    fn queue_acquire(
+        &mut self,
+        config: &Config,
+        id: u64,
+        connection: ConnectionId,
+        model: &str,
+        now: Now,
+        out: &mut Vec<(Dest, Msg)>,
+    ) {
+        let conn = config.connection(connection);
+        let provider = config.provider(conn.provider);
+        let settings = LimiterSettings::resolve(
+            &config.resilience,
+            &conn.rate_limit_overrides,
+            &provider.name,
+            provider.auth,
+            conn.enabled,
+        );
+        let to = Dest::Shard(waiter_shard(id));
+        if !settings.enabled {
+            out.push((
+                to,
+                Msg::QueueGrant {
+                    id,
+                    start_at_ns: now.mono_ns,
+                },
+            ));
+            return;
+        }
+        let key = limiter_key(KeyParts {
+            provider: &provider.name,
+            connection: &conn.name,
+            model: Some(model),
+            codex_key: None,
+            quota_family: None,
+        });
+        let limiter = self.limiters.get_or_create(&key, settings, now);
+        if let Err(error) = check_queue_admission(limiter.queued(), settings.max_queue_depth) {
+            out.push((to, Msg::QueueDenied { id, error }));
+            return;
+        }
+        match limiter.schedule(id, now) {
+            Schedule::StartNow => out.push((
+                to,
+                Msg::QueueGrant {
+                    id,
+                    start_at_ns: now.mono_ns,
+                },
+            )),
+            Schedule::StartAt(at) => out.push((
+                to,
+                Msg::QueueGrant {
+                    id,
+                    start_at_ns: at,
+                },
+            )),
+            Schedule::Queued => {}
+        }
+        self.queue_waiters.insert(id, key.clone());
+        self.arm(&key, out);
+    }
+
+    /// Expires overdue waiters of `key`'s limiter and grants the next ones.
+    fn queue_tick(&mut self, key: &str, now: Now, out: &mut Vec<(Dest, Msg)>) {
+        let Some(l) = self.limiters.get_mut(key) else {
+            return;
+        };
+        let expired = l.expire(now);
+        let grants = l.promote(now);
+        for (id, error) in expired {
+            self.queue_waiters.remove(&id);
+            out.push((
+                Dest::Shard(waiter_shard(id)),
+                Msg::QueueDenied { id, error },
+            ));
+        }
+        self.queue_grants(key, grants, now, out);
+    }
+
+    fn queue_grants(
+        &mut self,
+        key: &str,
+        grants: Vec<Grant>,
+        now: Now,
+        out: &mut Vec<(Dest, Msg)>,
+    ) {
+        for g in grants {
+            let start_at_ns = g.start_at_ns.max(now.mono_ns);
+            out.push((
+                Dest::Shard(waiter_shard(g.waiter)),
+                Msg::QueueGrant {
+                    id: g.waiter,
+                    start_at_ns,
+                },
+            ));
+        }
+        self.arm(key, out);
+    }
+
+    /// Schedules a tick for the limiter's next wake-up (a queued waiter's deadline, or
+    /// when the head may start).
+    fn arm(&self, key: &str, out: &mut Vec<(Dest, Msg)>) {
+        if let Some(at) = self.limiters.get(key).and_then(Limiter::next_wake_ns) {
+            out.push((
+                Dest::SelfAt(at),
+                Msg::QueueTick {
+                    key: key.to_owned(),
+                },
+            ));
+        }
     }
 
     /// Sends grants and timeouts produced by a release or an expiry.

@@ -19,6 +19,8 @@ pub enum Answer {
     Ack,
     /// Gate request: the permit's serial, or why not.
     Gate(Result<u64, crate::flow::gates::GateError>),
+    /// Queue request: dispatch at this monotonic instant, or why not.
+    Queue(Result<u64, crate::flow::queue::QueueError>),
 }
 
 /// Kept for the probe call sites.

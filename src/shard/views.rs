@@ -35,6 +35,12 @@ impl Views {
             | Msg::GateDenied { .. }
             | Msg::GateRelease { .. }
             | Msg::GateCancel { .. }
+            | Msg::QueueAcquire { .. }
+            | Msg::QueueGrant { .. }
+            | Msg::QueueDenied { .. }
+            | Msg::QueueFinish { .. }
+            | Msg::QueueCancel { .. }
+            | Msg::QueueTick { .. }
             | Msg::ProbeRequest { .. }
             | Msg::ProbeReply { .. }
             | Msg::ReleaseProbe { .. } => false,

@@ -442,6 +442,10 @@ impl LimiterTable {
         l
     }
 
+    pub fn get(&self, key: &str) -> Option<&Limiter> {
+        self.limiters.get(key)
+    }
+
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Limiter> {
         self.limiters.get_mut(key)
     }

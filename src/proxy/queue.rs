@@ -1,0 +1,142 @@
+//! Admit (request queue): an attempt on a connection whose per-connection limiter is on
+//! (ARCHITECTURE §6: `RATE_LIMIT_AUTO_ENABLE` / `auto_enable_api_key_providers`, or a
+//! `requests_per_minute` / `min_time_between_requests_ms` override) first takes a slot in
+//! the connection's queue on its owner shard: queue-depth admission (429
+//! `rate_limit_queue_full`), then a start now, at a spaced start, or FIFO behind others —
+//! bounded by `max_wait_ms` (503 `rate_limit_queue_timeout`; the upstream never sees it). The
+//! slot is returned exactly once by the guard's `Drop`. The execution budget is separate.
+
+use std::time::Duration;
+
+use crate::config::ConnectionId;
+use crate::error::{ErrorKind, GatewayError};
+use crate::flow::queue::{LimiterSettings, QueueError};
+use crate::runtime::msg::Msg;
+use crate::shard::probe::Answer;
+use crate::shard::{Shard, global_waiter_id};
+
+/// Held while an attempt runs; dropping it returns the queue slot.
+pub struct QueueSlot<'a> {
+    shard: &'a Shard,
+    connection: ConnectionId,
+    id: u64,
+    /// The execution budget of the attempt (`execution_max_wait_ms`, at least the
+    /// upstream's own response-head budget).
+    pub execution_budget: Duration,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        let owner = self.shard.owner(&self.connection);
+        let msg = Msg::QueueFinish {
+            connection: self.connection,
+            id: self.id,
+        };
+        if self.shard.send(owner, msg).is_err() {
+            tracing::error!(
+                connection = self.connection.0,
+                "a queue slot could not be returned (mesh ring full)"
+            );
+        }
+    }
+}
+
+/// The connection's limiter settings, if its limiter is on.
+pub fn settings(shard: &Shard, connection: ConnectionId) -> Option<LimiterSettings> {
+    let config = shard.config();
+    let conn = config.connection(connection);
+    let provider = config.provider(conn.provider);
+    let s = LimiterSettings::resolve(
+        &config.resilience,
+        &conn.rate_limit_overrides,
+        &provider.name,
+        provider.auth,
+        conn.enabled,
+    );
+    s.enabled.then_some(s)
+}
+
+pub fn error(e: QueueError) -> GatewayError {
+    let kind = match e {
+        QueueError::Full { .. } => ErrorKind::RateLimitQueueFull,
+        QueueError::QueueTimeout { .. } => ErrorKind::RateLimitQueueTimeout,
+        QueueError::ExecutionTimeout { .. } => ErrorKind::RateLimitExecutionTimeout,
+        QueueError::Wedged => ErrorKind::RateLimitQueueWedged,
+    };
+    GatewayError::new(kind, e.message("this connection"))
+}
+
+/// Takes a slot in the connection's request queue. `Ok(None)`: its limiter is off.
+pub async fn acquire<'a>(
+    shard: &'a Shard,
+    connection: ConnectionId,
+    model: &str,
+) -> Result<Option<QueueSlot<'a>>, GatewayError> {
+    let Some(settings) = settings(shard, connection) else {
+        return Ok(None);
+    };
+    let (local, wait) = shard.probes.register();
+    let id = global_waiter_id(shard.id, local);
+    shard.queue_waiters.borrow_mut().insert(local, connection);
+    let owner = shard.owner(&connection);
+    if shard
+        .send(
+            owner,
+            Msg::QueueAcquire {
+                id,
+                connection,
+                model: model.to_owned(),
+            },
+        )
+        .is_err()
+    {
+        shard.probes.forget(local);
+        shard.queue_waiters.borrow_mut().remove(&local);
+        return Err(GatewayError::new(
+            ErrorKind::MeshUnavailable,
+            "the connection's owner shard could not be asked for a queue slot",
+        ));
+    }
+    // The owner times the queue wait out itself; this bound only guards a lost reply.
+    let bound = if settings.max_wait_ms > 0 {
+        Duration::from_millis(settings.max_wait_ms.saturating_add(1_000))
+    } else {
+        Duration::from_secs(24 * 3600)
+    };
+    let answer = match monoio::time::timeout(bound, wait).await {
+        Ok(a) => a,
+        Err(_) => {
+            shard.probes.forget(local);
+            let _ = shard.send(owner, Msg::QueueCancel { connection, id });
+            return Err(error(QueueError::QueueTimeout {
+                max_wait_ms: settings.max_wait_ms,
+            }));
+        }
+    };
+    shard.queue_waiters.borrow_mut().remove(&local);
+    let start_at_ns = match answer {
+        Answer::Queue(Ok(at)) => at,
+        Answer::Queue(Err(e)) => return Err(error(e)),
+        Answer::Probe(..) | Answer::Ack | Answer::Gate(_) => {
+            return Err(GatewayError::new(
+                ErrorKind::Internal,
+                "unexpected answer to a queue request",
+            ));
+        }
+    };
+    let slot = QueueSlot {
+        shard,
+        connection,
+        id,
+        // The gateway has no separate per-provider start timeout to raise it to.
+        execution_budget: Duration::from_millis(
+            crate::flow::queue::execution_budget_ms(&settings, 0).max(1),
+        ),
+    };
+    // A spaced start: the slot is ours, its start is later.
+    let now = shard.now().mono_ns;
+    if start_at_ns > now {
+        monoio::time::sleep(Duration::from_nanos(start_at_ns - now)).await;
+    }
+    Ok(Some(slot))
+}
