@@ -301,6 +301,8 @@ impl Shard {
                 }
             }
         }
+        let queue_out = self.owned.borrow_mut().queue_housekeeping(now);
+        self.dispatch(queue_out);
         let tick = self.housekeeping_ticks.get().wrapping_add(1);
         self.housekeeping_ticks.set(tick);
         // Lockout replicas keep removal markers at least one lockout sweep interval.

@@ -29,7 +29,7 @@ use crate::flow::gates::{
 };
 use crate::flow::queue::{
     Grant, KeyParts, Limiter, LimiterSettings, LimiterTable, Schedule, check_queue_admission,
-    limiter_key,
+    limiter_key, observe_response,
 };
 
 /// Where a message produced by the owner goes.
@@ -380,6 +380,22 @@ impl Owned {
         }
     }
 
+    /// Periodic upkeep of the request queues: the wedge watchdog answers waiters of a queue
+    /// that stopped making progress (503 `rate_limit_queue_wedged`), and idle limiters are
+    /// dropped.
+    pub fn queue_housekeeping(&mut self, now: Now) -> Vec<(Dest, Msg)> {
+        let mut out = Vec::new();
+        for (_key, id, error) in self.limiters.sweep_wedged(now) {
+            self.queue_waiters.remove(&id);
+            out.push((
+                Dest::Shard(waiter_shard(id)),
+                Msg::QueueDenied { id, error },
+            ));
+        }
+        self.limiters.evict_idle(now);
+        out
+    }
+
     /// Sends grants and timeouts produced by a release or an expiry.
     fn wake(&mut self, wakeups: Wakeups, out: &mut Vec<(Dest, Msg)>) {
         for (id, permit) in wakeups.granted {
@@ -555,6 +571,18 @@ impl Owned {
                     let t = self.breakers.release_probe(now, conn_key, p);
                     push_breaker(out, conn_key, t);
                 }
+                // The connection's request queue learns from the upstream's answer (429
+                // cooldowns, rate-limit headers, caps and retry hints in the body).
+                if let AttemptResult::Upstream {
+                    status,
+                    text,
+                    headers,
+                } = &o.result
+                    && let Some(key) = queue_key(config, o.connection, &o.model)
+                {
+                    let h = OwnedHeaders(headers);
+                    observe_response(&mut self.limiters, &key, *status, &h, text, now);
+                }
                 // Egress: one 429 quota / rate limit cools the whole family behind the same egress.
                 self.egress(config, views, shards, o, status, &decision, now, out);
             }
@@ -630,6 +658,28 @@ fn push_breaker(out: &mut Vec<(Dest, Msg)>, key: BreakerKey, t: Option<BreakerTr
     if let Some(t) = t {
         out.push((Dest::All, Msg::BreakerView { key, view: t.view }));
     }
+}
+
+/// The limiter key of a connection's request queue for `model`, when its limiter is on.
+pub fn queue_key(config: &Config, connection: ConnectionId, model: &str) -> Option<String> {
+    let conn = config.connection(connection);
+    let provider = config.provider(conn.provider);
+    let settings = LimiterSettings::resolve(
+        &config.resilience,
+        &conn.rate_limit_overrides,
+        &provider.name,
+        provider.auth,
+        conn.enabled,
+    );
+    settings.enabled.then(|| {
+        limiter_key(KeyParts {
+            provider: &provider.name,
+            connection: &conn.name,
+            model: Some(model),
+            codex_key: None,
+            quota_family: None,
+        })
+    })
 }
 
 /// A connection's account gate capacity: `rate_limit_overrides.max_concurrent`, else the
