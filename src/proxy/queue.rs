@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
-use crate::flow::queue::{LimiterSettings, QueueError};
+use crate::flow::queue::QueueError;
 use crate::runtime::msg::Msg;
+use crate::shard::owned::queue_of;
 use crate::shard::probe::Answer;
 use crate::shard::{Shard, global_waiter_id};
 
@@ -41,21 +42,6 @@ impl Drop for QueueSlot<'_> {
     }
 }
 
-/// The connection's limiter settings, if its limiter is on.
-pub fn settings(shard: &Shard, connection: ConnectionId) -> Option<LimiterSettings> {
-    let config = shard.config();
-    let conn = config.connection(connection);
-    let provider = config.provider(conn.provider);
-    let s = LimiterSettings::resolve(
-        &config.resilience,
-        &conn.rate_limit_overrides,
-        &provider.name,
-        provider.auth,
-        conn.enabled,
-    );
-    s.enabled.then_some(s)
-}
-
 pub fn error(e: QueueError) -> GatewayError {
     let kind = match e {
         QueueError::Full { .. } => ErrorKind::RateLimitQueueFull,
@@ -72,7 +58,7 @@ pub async fn acquire<'a>(
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<QueueSlot<'a>>, GatewayError> {
-    let Some(settings) = settings(shard, connection) else {
+    let Some((settings, _)) = queue_of(shard.config(), connection, model) else {
         return Ok(None);
     };
     let (local, wait) = shard.probes.register();

@@ -277,17 +277,8 @@ impl Owned {
         now: Now,
         out: &mut Vec<(Dest, Msg)>,
     ) {
-        let conn = config.connection(connection);
-        let provider = config.provider(conn.provider);
-        let settings = LimiterSettings::resolve(
-            &config.resilience,
-            &conn.rate_limit_overrides,
-            &provider.name,
-            provider.auth,
-            conn.enabled,
-        );
         let to = Dest::Shard(waiter_shard(id));
-        if !settings.enabled {
+        let Some((settings, key)) = queue_of(config, connection, model) else {
             out.push((
                 to,
                 Msg::QueueGrant {
@@ -296,14 +287,7 @@ impl Owned {
                 },
             ));
             return;
-        }
-        let key = limiter_key(KeyParts {
-            provider: &provider.name,
-            connection: &conn.name,
-            model: Some(model),
-            codex_key: None,
-            quota_family: None,
-        });
+        };
         let limiter = self.limiters.get_or_create(&key, settings, now);
         if let Err(error) = check_queue_admission(limiter.queued(), settings.max_queue_depth) {
             out.push((to, Msg::QueueDenied { id, error }));
@@ -578,7 +562,7 @@ impl Owned {
                     text,
                     headers,
                 } = &o.result
-                    && let Some(key) = queue_key(config, o.connection, &o.model)
+                    && let Some((_, key)) = queue_of(config, o.connection, &o.model)
                 {
                     let h = OwnedHeaders(headers);
                     observe_response(&mut self.limiters, &key, *status, &h, text, now);
@@ -660,8 +644,13 @@ fn push_breaker(out: &mut Vec<(Dest, Msg)>, key: BreakerKey, t: Option<BreakerTr
     }
 }
 
-/// The limiter key of a connection's request queue for `model`, when its limiter is on.
-pub fn queue_key(config: &Config, connection: ConnectionId, model: &str) -> Option<String> {
+/// The settings and limiter key of a connection's request queue for `model`, when its
+/// limiter is on (the one place both are derived).
+pub fn queue_of(
+    config: &Config,
+    connection: ConnectionId,
+    model: &str,
+) -> Option<(LimiterSettings, String)> {
     let conn = config.connection(connection);
     let provider = config.provider(conn.provider);
     let settings = LimiterSettings::resolve(
@@ -672,13 +661,14 @@ pub fn queue_key(config: &Config, connection: ConnectionId, model: &str) -> Opti
         conn.enabled,
     );
     settings.enabled.then(|| {
-        limiter_key(KeyParts {
+        let key = limiter_key(KeyParts {
             provider: &provider.name,
             connection: &conn.name,
             model: Some(model),
             codex_key: None,
             quota_family: None,
-        })
+        });
+        (settings, key)
     })
 }
 
