@@ -9,9 +9,11 @@ use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::gates::GateError;
 use crate::runtime::msg::Msg;
+use crate::shard::Shard;
 use crate::shard::owned::gated;
 use crate::shard::probe::Answer;
-use crate::shard::{Shard, global_waiter_id};
+
+use super::ask::{Asked, ask_owner};
 
 /// Held while an attempt runs; dropping it releases the permits.
 pub struct GatePermit<'a> {
@@ -57,41 +59,37 @@ pub async fn acquire<'a>(
         now.mono_ns
             .saturating_add(max_wait_ms.saturating_mul(1_000_000))
     });
-    let (local, wait) = shard.probes.register();
-    let id = global_waiter_id(shard.id, local);
-    shard.gate_waiters.borrow_mut().insert(local, connection);
-    let owner = shard.owner(&connection);
-    let msg = Msg::GateAcquire {
-        id,
-        connection,
-        model: model.to_owned(),
-        deadline_ns,
-    };
-    if shard.send(owner, msg).is_err() {
-        shard.probes.forget(local);
-        shard.gate_waiters.borrow_mut().remove(&local);
-        return Err(GatewayError::new(
-            ErrorKind::MeshUnavailable,
-            "the connection's owner shard could not be asked for a permit",
-        ));
-    }
     // The owner times the wait out itself; the local bound only guards a lost reply.
-    let budget = if max_wait_ms > 0 {
+    let bound = if max_wait_ms > 0 {
         Duration::from_millis(max_wait_ms + 1_000)
     } else {
         Duration::from_secs(24 * 3600)
     };
-    let answer = monoio::time::timeout(budget, wait).await;
-    let answer = match answer {
-        Ok(a) => a,
-        Err(_) => {
-            shard.probes.forget(local);
-            let _ = shard.send(owner, Msg::GateCancel { connection, id });
-            // A grant racing the cancel is returned by the pump (`gate_waiters`).
-            return Err(timeout_error(max_wait_ms));
+    let model = model.to_owned();
+    let asked = ask_owner(
+        shard,
+        connection,
+        &shard.gate_waiters,
+        |id| Msg::GateAcquire {
+            id,
+            connection,
+            model,
+            deadline_ns,
+        },
+        |id| Msg::GateCancel { connection, id },
+        bound,
+    )
+    .await;
+    let answer = match asked {
+        Asked::Answered(_, a) => a,
+        Asked::Unsent => {
+            return Err(GatewayError::new(
+                ErrorKind::MeshUnavailable,
+                "the connection's owner shard could not be asked for a permit",
+            ));
         }
+        Asked::TimedOut => return Err(timeout_error(max_wait_ms)),
     };
-    shard.gate_waiters.borrow_mut().remove(&local);
     match answer {
         Answer::Gate(Ok(serial)) => Ok(Some(GatePermit {
             shard,

@@ -2,6 +2,7 @@
 //! route, authenticate, peek, resolve, select, forward, relay — each returning an owned
 //! decision. Errors become responses only in `respond`.
 
+pub mod ask;
 pub mod auth;
 pub mod forward;
 pub mod gate;

@@ -12,9 +12,11 @@ use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::queue::QueueError;
 use crate::runtime::msg::Msg;
+use crate::shard::Shard;
 use crate::shard::owned::queue_of;
 use crate::shard::probe::Answer;
-use crate::shard::{Shard, global_waiter_id};
+
+use super::ask::{Asked, ask_owner};
 
 /// Held while an attempt runs; dropping it returns the queue slot.
 pub struct QueueSlot<'a> {
@@ -61,45 +63,40 @@ pub async fn acquire<'a>(
     let Some((settings, _)) = queue_of(shard.config(), connection, model) else {
         return Ok(None);
     };
-    let (local, wait) = shard.probes.register();
-    let id = global_waiter_id(shard.id, local);
-    shard.queue_waiters.borrow_mut().insert(local, connection);
-    let owner = shard.owner(&connection);
-    if shard
-        .send(
-            owner,
-            Msg::QueueAcquire {
-                id,
-                connection,
-                model: model.to_owned(),
-            },
-        )
-        .is_err()
-    {
-        shard.probes.forget(local);
-        shard.queue_waiters.borrow_mut().remove(&local);
-        return Err(GatewayError::new(
-            ErrorKind::MeshUnavailable,
-            "the connection's owner shard could not be asked for a queue slot",
-        ));
-    }
     // The owner times the queue wait out itself; this bound only guards a lost reply.
     let bound = if settings.max_wait_ms > 0 {
         Duration::from_millis(settings.max_wait_ms.saturating_add(1_000))
     } else {
         Duration::from_secs(24 * 3600)
     };
-    let answer = match monoio::time::timeout(bound, wait).await {
-        Ok(a) => a,
-        Err(_) => {
-            shard.probes.forget(local);
-            let _ = shard.send(owner, Msg::QueueCancel { connection, id });
+    let model = model.to_owned();
+    let asked = ask_owner(
+        shard,
+        connection,
+        &shard.queue_waiters,
+        |id| Msg::QueueAcquire {
+            id,
+            connection,
+            model,
+        },
+        |id| Msg::QueueCancel { connection, id },
+        bound,
+    )
+    .await;
+    let (id, answer) = match asked {
+        Asked::Answered(id, a) => (id, a),
+        Asked::Unsent => {
+            return Err(GatewayError::new(
+                ErrorKind::MeshUnavailable,
+                "the connection's owner shard could not be asked for a queue slot",
+            ));
+        }
+        Asked::TimedOut => {
             return Err(error(QueueError::QueueTimeout {
                 max_wait_ms: settings.max_wait_ms,
             }));
         }
     };
-    shard.queue_waiters.borrow_mut().remove(&local);
     let start_at_ns = match answer {
         Answer::Queue(Ok(at)) => at,
         Answer::Queue(Err(e)) => return Err(error(e)),

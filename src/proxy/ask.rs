@@ -1,0 +1,55 @@
+//! Asking a connection's owner shard for a grant (a gate permit, a queue slot) and waiting,
+//! bounded, for the answer. The waiter id is unique across shards; the waiter's connection
+//! is remembered so that a grant arriving after the asker gave up is handed back.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::config::ConnectionId;
+use crate::runtime::msg::Msg;
+use crate::shard::probe::Answer;
+use crate::shard::{Shard, global_waiter_id};
+
+/// How asking went.
+pub enum Asked {
+    /// The owner's answer to waiter `id`.
+    Answered(u64, Answer),
+    /// The request could not be sent (mesh ring full).
+    Unsent,
+    /// No answer within the bound; the owner was told to cancel the waiter.
+    TimedOut,
+}
+
+/// Sends `request(id)` to the owner of `connection` and waits at most `bound`; on timeout
+/// sends `cancel(id)`. `waiters` is the shard's table of outstanding waiters of this kind.
+pub async fn ask_owner(
+    shard: &Shard,
+    connection: ConnectionId,
+    waiters: &RefCell<HashMap<u64, ConnectionId>>,
+    request: impl FnOnce(u64) -> Msg,
+    cancel: impl FnOnce(u64) -> Msg,
+    bound: Duration,
+) -> Asked {
+    let (local, wait) = shard.probes.register();
+    let id = global_waiter_id(shard.id, local);
+    waiters.borrow_mut().insert(local, connection);
+    let owner = shard.owner(&connection);
+    if shard.send(owner, request(id)).is_err() {
+        shard.probes.forget(local);
+        waiters.borrow_mut().remove(&local);
+        return Asked::Unsent;
+    }
+    match monoio::time::timeout(bound, wait).await {
+        Ok(answer) => {
+            waiters.borrow_mut().remove(&local);
+            Asked::Answered(id, answer)
+        }
+        Err(_) => {
+            // The waiter entry stays: a grant racing this cancel is handed back by the pump.
+            shard.probes.forget(local);
+            let _ = shard.send(owner, cancel(id));
+            Asked::TimedOut
+        }
+    }
+}
