@@ -105,6 +105,8 @@ fn the_upstream_sees_the_rewritten_model_its_credentials_and_no_client_only_head
             ("x-custom", "kept"),
             ("connection", "keep-alive, x-hop"),
             ("x-hop", "dropped"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+            ("te", "trailers"),
         ],
         body.as_bytes(),
     );
@@ -131,6 +133,8 @@ fn the_upstream_sees_the_rewritten_model_its_credentials_and_no_client_only_head
         "x-goog-api-key",
         "accept-encoding",
         "x-hop",
+        "proxy-authorization",
+        "te",
     ] {
         assert!(!r.has_header(gone), "{gone} must not reach the upstream");
     }

@@ -107,10 +107,6 @@ impl Pool {
             !list.is_empty()
         });
     }
-
-    pub fn idle_count(&self) -> usize {
-        self.idle.borrow().values().map(Vec::len).sum()
-    }
 }
 
 /// Opens a new connection (DNS, TCP, TLS) within `budget`.
@@ -411,19 +407,6 @@ impl BodyReader {
                     ErrorKind::UpstreamProtocol,
                     format!("upstream body: {e:?}"),
                 ))
-            }
-        }
-    }
-
-    /// Reads and discards the rest of a body up to `limit` bytes so the connection can be
-    /// reused; gives up (dropping the connection) past the limit.
-    pub async fn drain(&mut self, idle: Duration, limit: usize) {
-        let mut seen = 0usize;
-        while let Ok(Some(b)) = self.next(idle).await {
-            seen += b.len();
-            if seen > limit {
-                self.conn = None;
-                return;
             }
         }
     }

@@ -5,24 +5,15 @@
 use bytes::BytesMut;
 
 use crate::config::{BaseUrl, Connection, Provider, Scheme};
-use crate::http1::{Framing, RequestHead, write_request_head};
+use crate::http1::{Framing, RequestHead, is_hop_by_hop, write_request_head};
 use crate::providers::{Endpoint, auth_headers};
 
-/// Client headers never forwarded upstream (compared lower-case). Hop-by-hop headers,
-/// the client's own credentials, the gateway's session and lease headers, and framing
-/// the gateway recomputes. `accept-encoding` is dropped so streams arrive as plain text
-/// the gateway can inspect.
+/// Client fields never forwarded upstream besides the hop-by-hop ones
+/// (`http1::is_hop_by_hop`): the host and framing the gateway recomputes, `expect`, the
+/// client's own credentials, the gateway's session and lease headers, and
+/// `accept-encoding` (so streams arrive as plain text the gateway can inspect).
 pub const STRIPPED_HEADERS: &[&str] = &[
     "host",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
     "content-length",
     "expect",
     "accept-encoding",
@@ -45,9 +36,10 @@ fn listed_in_connection(head: &RequestHead, name: &str) -> bool {
 
 /// Is this client header forwarded?
 pub fn forwarded(head: &RequestHead, name: &str) -> bool {
-    !STRIPPED_HEADERS
-        .iter()
-        .any(|s| s.eq_ignore_ascii_case(name))
+    !is_hop_by_hop(name)
+        && !STRIPPED_HEADERS
+            .iter()
+            .any(|s| s.eq_ignore_ascii_case(name))
         && !listed_in_connection(head, name)
 }
 

@@ -16,7 +16,7 @@ use super::{After, Plan, peek, respond, send_error};
 use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::http1::{
-    BodyKind, Framing, RequestHead, ResponseHead, write_chunk, write_last_chunk,
+    BodyKind, Framing, RequestHead, ResponseHead, is_hop_by_hop, write_chunk, write_last_chunk,
     write_response_head,
 };
 use crate::net::io::write_all;
@@ -27,18 +27,6 @@ use crate::resilience::restate::apply_status_restatement;
 use crate::runtime::msg::{AttemptResult, Outcome};
 use crate::shard::owned;
 use crate::shard::{Shard, metrics::bump};
-
-/// Upstream response headers never relayed (framing and hop-by-hop).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "content-length",
-    "te",
-    "trailer",
-    "upgrade",
-];
 
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
@@ -163,6 +151,12 @@ struct Budgets {
     connect: Duration,
     header: Duration,
     idle: Duration,
+}
+
+/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`) and
+/// `content-length`, which the gateway writes from its own framing.
+fn relayed_never(name: &str) -> bool {
+    is_hop_by_hop(name) || name.eq_ignore_ascii_case("content-length")
 }
 
 /// An upstream error answer read in full, kept to relay if nothing better comes.
@@ -432,7 +426,7 @@ async fn buffer_error(
     let headers: Vec<(String, Vec<u8>)> = match &up.head {
         UpHead::Net(h) => h
             .headers()
-            .filter(|(n, _)| !HOP_BY_HOP.iter().any(|x| x.eq_ignore_ascii_case(n)))
+            .filter(|(n, _)| !relayed_never(n))
             .map(|(n, v)| (n.to_owned(), v.to_vec()))
             .collect(),
         UpHead::Mock {
@@ -745,9 +739,7 @@ async fn commit(
         ];
         match &up.head {
             UpHead::Net(h) => {
-                let relayed = h
-                    .headers()
-                    .filter(|(n, _)| !HOP_BY_HOP.iter().any(|x| x.eq_ignore_ascii_case(n)));
+                let relayed = h.headers().filter(|(n, _)| !relayed_never(n));
                 write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
             }
             UpHead::Mock {

@@ -23,12 +23,9 @@ pub enum Answer {
     Queue(Result<u64, crate::flow::queue::QueueError>),
 }
 
-/// Kept for the probe call sites.
-pub type ProbeAnswer = Answer;
-
 #[derive(Debug, Default)]
 struct Slot {
-    answer: Cell<Option<ProbeAnswer>>,
+    answer: Cell<Option<Answer>>,
     waker: RefCell<Option<Waker>>,
 }
 
@@ -50,7 +47,7 @@ impl ProbeWaiters {
     }
 
     /// Completes a waiter (a late reply for a forgotten id is ignored: returns false).
-    pub fn complete(&self, id: u64, answer: ProbeAnswer) -> bool {
+    pub fn complete(&self, id: u64, answer: Answer) -> bool {
         let Some(slot) = self.slots.borrow_mut().remove(&id) else {
             return false;
         };
@@ -74,9 +71,9 @@ pub struct ProbeWait {
 }
 
 impl Future for ProbeWait {
-    type Output = ProbeAnswer;
+    type Output = Answer;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ProbeAnswer> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
         match self.slot.answer.take() {
             Some(a) => Poll::Ready(a),
             None => {
