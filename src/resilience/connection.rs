@@ -1657,6 +1657,55 @@ mod tests {
     }
 
     #[test]
+    fn egress_cooling_extends_but_never_shortens_and_never_touches_terminal() {
+        let c = clock();
+        let p = policy(AuthKind::ApiKey);
+        let mut t = ConnectionTable::new();
+        // A clean connection is cooled until the family's deadline, level untouched.
+        let until = T0 + 20_000;
+        let tr = t
+            .cool_for_egress(ID, until, Reason::RateLimitExceeded, c.now())
+            .unwrap();
+        assert_eq!(
+            tr.view.routability(c.now()),
+            Routability::NotUntil {
+                until_ms: until,
+                reason: Reason::RateLimitExceeded
+            }
+        );
+        assert_eq!(t.backoff_level(ID), 0);
+        // An earlier deadline changes nothing; a later one extends.
+        assert!(
+            t.cool_for_egress(ID, T0 + 5_000, Reason::RateLimitExceeded, c.now())
+                .is_none()
+        );
+        assert_eq!(t.state(ID).rate_limited_until_ms(), Some(until));
+        assert!(
+            t.cool_for_egress(ID, T0 + 30_000, Reason::QuotaExhausted, c.now())
+                .is_some()
+        );
+        assert_eq!(t.state(ID).rate_limited_until_ms(), Some(T0 + 30_000));
+        // A deadline already past is no cooldown.
+        c.advance_ms(40_000);
+        assert!(
+            t.cool_for_egress(ID, T0 + 35_000, Reason::RateLimitExceeded, c.now())
+                .is_none()
+        );
+        // A banned connection is never cooled (and stays banned).
+        let mut ban = FallbackDecision::new(true, 31_536_000_000, Reason::AuthError);
+        ban.permanent = true;
+        mark(&mut t, &p, 403, &ban, c.now());
+        assert!(
+            t.cool_for_egress(ID, T0 + 3_600_000, Reason::RateLimitExceeded, c.now())
+                .is_none()
+        );
+        assert_eq!(
+            t.view(ID).routability(c.now()),
+            Routability::Terminal(Terminal::Banned)
+        );
+    }
+
+    #[test]
     fn terminal_states_survive_failures_and_successes_until_reset() {
         let c = clock();
         let p = policy(AuthKind::OAuth);

@@ -758,3 +758,53 @@ pub fn per_model_quota(config: &Config, provider: ProviderId) -> bool {
 pub fn connection_owner(connection: ConnectionId, shards: usize) -> usize {
     owner_of(&connection, shards)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_types_for_terminal_rules() {
+        let d = |r| FallbackDecision::new(true, 0, r);
+        assert_eq!(
+            error_type_of(401, &d(Reason::AuthError), ""),
+            Some(ProviderErrorType::Unauthorized)
+        );
+        // A plain 403 is not a ban (bans come from ban signals, `decision.permanent`).
+        assert_eq!(error_type_of(403, &d(Reason::AuthError), "forbidden"), None);
+        assert_eq!(
+            error_type_of(403, &d(Reason::RateLimitExceeded), "request not allowed"),
+            Some(ProviderErrorType::RequestRejected)
+        );
+        assert_eq!(
+            error_type_of(429, &d(Reason::QuotaExhausted), ""),
+            Some(ProviderErrorType::QuotaExhausted)
+        );
+        assert_eq!(
+            error_type_of(429, &d(Reason::RateLimitExceeded), ""),
+            Some(ProviderErrorType::RateLimited)
+        );
+        assert_eq!(
+            error_type_of(504, &d(Reason::ServerError), ""),
+            Some(ProviderErrorType::Timeout)
+        );
+        assert_eq!(
+            error_type_of(503, &d(Reason::ServerError), ""),
+            Some(ProviderErrorType::ServerError)
+        );
+        assert_eq!(error_type_of(400, &d(Reason::Unknown), ""), None);
+    }
+
+    #[test]
+    fn per_model_quota_providers() {
+        let toml = "[[providers]]\nid = \"openai-compatible-x\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[providers]]\nid = \"plain\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[providers]]\nid = \"self\"\nformat = \"openai\"\nauth = \"local\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[providers]]\nid = \"mock\"\nformat = \"mock\"\n";
+        let config = crate::config::load_str(toml, &|_| None).unwrap().config;
+        let per_model: Vec<bool> = (0..4)
+            .map(|i| per_model_quota(&config, ProviderId(i)))
+            .collect();
+        assert_eq!(per_model, vec![true, false, true, true]);
+    }
+}
