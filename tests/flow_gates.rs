@@ -18,25 +18,7 @@ use support::Deadline;
 use support::*;
 
 fn config(mock: &MockUpstream, connection_extra: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{}"
-models = ["m1", "m2"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-{connection_extra}
-"#,
-        mock.base_url()
-    )
+    one_upstream(&mock.base_url(), 2, connection_extra, "")
 }
 
 fn ask(addr: std::net::SocketAddr, model: &str) -> Response {

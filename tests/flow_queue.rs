@@ -17,32 +17,15 @@ use std::time::Duration;
 use support::*;
 
 fn config(mock: &MockUpstream, overrides: &str, queue: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{}"
-models = ["m1"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-
-[connections.rate_limit_overrides]
-# An explicit rate makes this connection's request queue active.
-requests_per_minute = 60000
-max_concurrent = 1
-{overrides}
-
-[resilience.request_queue]
-{queue}
-"#,
-        mock.base_url()
+    // An explicit rate makes this connection's request queue active.
+    let connection = format!(
+        "[connections.rate_limit_overrides]\nrequests_per_minute = 60000\nmax_concurrent = 1\n{overrides}"
+    );
+    one_upstream(
+        &mock.base_url(),
+        2,
+        &connection,
+        &format!("[resilience.request_queue]\n{queue}"),
     )
 }
 

@@ -15,31 +15,11 @@ use support::*;
 const THRESHOLD: usize = 6;
 
 fn config(mock: &MockUpstream) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{}"
-models = ["m1"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-# Keep the connection itself routable so every 503 reaches the breaker.
-disable_cooling = true
-
-[resilience.provider_breaker.apikey]
-failure_threshold = {THRESHOLD}
-degradation_threshold = 3
-reset_timeout_ms = 1000
-"#,
-        mock.base_url()
-    )
+    // Keep the connection itself routable so every 503 reaches the breaker.
+    let breaker = format!(
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = {THRESHOLD}\ndegradation_threshold = 3\nreset_timeout_ms = 1000"
+    );
+    one_upstream(&mock.base_url(), 2, "disable_cooling = true", &breaker)
 }
 
 fn ask(gw: &Gateway) -> Response {

@@ -13,24 +13,7 @@ use support::*;
 fn two_shards_serve_from_one_address() {
     let mock = MockUpstream::start();
     mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
-    let gw = Gateway::start(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{}"
-models = ["m1"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-"#,
-        mock.base_url()
-    ));
+    let gw = Gateway::start(&one_upstream(&mock.base_url(), 2, "", ""));
     assert_eq!(gw.shards(), 2);
     assert!(gw.driver() == "io_uring" || gw.driver() == "epoll");
     let health = Client::connect(gw.addr())
@@ -103,24 +86,7 @@ fn the_epoll_driver_serves_the_same_requests() {
         Reply::openai_stream(&["via ", "epoll"]),
     );
     let gw = Gateway::start_with_env(
-        &format!(
-            r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{}"
-models = ["m1"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-"#,
-            mock.base_url()
-        ),
+        &one_upstream(&mock.base_url(), 2, "", ""),
         &[("TIDEGATE_DRIVER", "epoll")],
     );
     assert_eq!(gw.driver(), "epoll");

@@ -9,24 +9,7 @@ mod support;
 use support::*;
 
 fn config(mock: &MockUpstream) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{}"
-models = ["m1"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-"#,
-        mock.base_url()
-    )
+    one_upstream(&mock.base_url(), 1, "", "")
 }
 
 fn ask(c: &mut Client) -> Response {

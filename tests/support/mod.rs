@@ -17,6 +17,7 @@
 
 pub mod client;
 pub mod compat;
+pub mod config;
 pub mod eventually;
 pub mod gateway;
 pub mod mock_upstream;
@@ -27,6 +28,8 @@ mod wire;
 pub use client::{Client, Piece, Response, SseEvent, json_post, parse_sse, send_raw};
 #[allow(unused_imports)]
 pub use compat::{python, run_sdk_client};
+#[allow(unused_imports)]
+pub use config::one_upstream;
 #[allow(unused_imports)]
 pub use eventually::eventually;
 #[allow(unused_imports)]
