@@ -1,7 +1,9 @@
 //! Concurrency gates on two shards: a connection with `max_concurrent = 1` never sees two
 //! concurrent requests whatever shard the clients landed on; `model_concurrency` caps one
 //! model while another runs freely on the same connection; a request that waits past the
-//! queue budget gets 429 `semaphore_timeout` and never reaches the upstream.
+//! queue budget gets 429 `semaphore_timeout` and never reaches the upstream; the provider
+//! gate (`provider_concurrency`) caps every connection of a provider together and the global
+//! gate (`global_concurrent_requests`) caps everything, while other work runs freely.
 
 #![allow(
     clippy::unwrap_used,
@@ -123,5 +125,138 @@ fn waiting_past_the_queue_budget_is_a_429_that_never_reaches_the_upstream() {
     assert_eq!(
         ask(addr, "m1").json()["choices"][0]["message"]["content"],
         "later"
+    );
+}
+
+/// Provider `up` with connections `c1` (client key `k1`) and `c2` (key `k2`); provider
+/// `other` with `c3` (either key) serving `m2`. All three at the same mock.
+fn three_connections(mock: &MockUpstream, resilience: &str) -> String {
+    let base = mock.base_url();
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[client_keys]]
+id = "one"
+key = "k1"
+allowed_connections = ["c1", "c3"]
+
+[[client_keys]]
+id = "two"
+key = "k2"
+allowed_connections = ["c2", "c3"]
+
+[[providers]]
+id = "up"
+format = "openai"
+base_url = "{base}"
+models = ["m1"]
+
+[[providers]]
+id = "other"
+format = "openai"
+base_url = "{base}"
+models = ["m2"]
+
+[[connections]]
+id = "c1"
+provider = "up"
+
+[[connections]]
+id = "c2"
+provider = "up"
+
+[[connections]]
+id = "c3"
+provider = "other"
+
+{resilience}
+"#
+    )
+}
+
+fn ask_as(addr: std::net::SocketAddr, key: &str, model: &str) -> Response {
+    let mut c = Client::connect(addr);
+    c.set_timeout(Duration::from_secs(60));
+    let auth = format!("Bearer {key}");
+    c.request(
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", auth.as_str())],
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+            .as_bytes(),
+    )
+}
+
+fn by_model(mock: &MockUpstream, model: &str) -> usize {
+    mock.requests_to("/v1/chat/completions")
+        .iter()
+        .filter(|r| r.json()["model"] == model)
+        .count()
+}
+
+#[test]
+fn provider_gate_caps_all_connections_of_the_provider_together() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::openai_chat("ok").wait_for(&gate),
+    );
+    let gw = Gateway::start(&three_connections(
+        &mock,
+        "[resilience.provider_quota_overrides.up]\nprovider_concurrency = 1\n",
+    ));
+    let addr = gw.addr();
+    let mut clients = Vec::new();
+    // Two connections of `up` (one per key) and two requests to `other`.
+    for (key, model) in [("k1", "up/m1"), ("k2", "up/m1"), ("k1", "other/m2"), ("k2", "other/m2")]
+    {
+        clients.push(std::thread::spawn(move || ask_as(addr, key, model).status));
+    }
+    mock.wait_for_hits("/v1/chat/completions", 3, Duration::from_secs(10));
+    let deadline = Deadline::after(Duration::from_millis(300));
+    while !deadline.passed() {
+        assert_eq!(by_model(&mock, "m1"), 1, "both connections of `up` ran at once");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(by_model(&mock, "m2"), 2, "`other` has no provider gate");
+    gate.open();
+    let statuses: Vec<u16> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(by_model(&mock, "m1"), 2);
+}
+
+#[test]
+fn global_gate_caps_every_provider_across_shards() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::openai_chat("ok").delay_ms(10),
+    );
+    let gw = Gateway::start(&three_connections(
+        &mock,
+        "[resilience.request_queue]\nglobal_concurrent_requests = 1\n",
+    ));
+    let addr = gw.addr();
+    let clients: Vec<_> = (0..30)
+        .map(|i| {
+            let (key, model) = match i % 3 {
+                0 => ("k1", "up/m1"),
+                1 => ("k2", "up/m1"),
+                _ => ("k1", "other/m2"),
+            };
+            std::thread::spawn(move || ask_as(addr, key, model).status)
+        })
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(mock.hits("/v1/chat/completions"), 30);
+    assert_eq!(
+        mock.peak_concurrency(),
+        1,
+        "two requests passed the global gate at once"
     );
 }

@@ -3,6 +3,7 @@
 //! quota-share serialization. Pure state machines over an injected clock; permits and
 //! queues live on the owner shard of their key.
 
+pub mod admission;
 pub mod gates;
 pub mod queue;
 pub mod quota_share;

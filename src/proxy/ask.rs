@@ -1,6 +1,7 @@
-//! Asking a connection's owner shard for a grant (a gate permit, a queue slot) and waiting,
-//! bounded, for the answer. The waiter id is unique across shards; the waiter's connection
-//! is remembered so that a grant arriving after the asker gave up is handed back.
+//! Asking the shard that holds a connection's grants (its owner for queue slots, its gate
+//! home for permits) for one and waiting, bounded, for the answer. The waiter id is unique
+//! across shards; the waiter's connection is remembered so that a grant arriving after the
+//! asker gave up is handed back (to the shard that sent it).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -21,10 +22,11 @@ pub enum Asked {
     TimedOut,
 }
 
-/// Sends `request(id)` to the owner of `connection` and waits at most `bound`; on timeout
-/// sends `cancel(id)`. `waiters` is the shard's table of outstanding waiters of this kind.
+/// Sends `request(id)` to shard `owner` and waits at most `bound`; on timeout sends
+/// `cancel(id)`. `waiters` is the shard's table of outstanding waiters of this kind.
 pub async fn ask_owner(
     shard: &Shard,
+    owner: usize,
     connection: ConnectionId,
     waiters: &RefCell<HashMap<u64, ConnectionId>>,
     request: impl FnOnce(u64) -> Msg,
@@ -34,7 +36,6 @@ pub async fn ask_owner(
     let (local, wait) = shard.probes.register();
     let id = global_waiter_id(shard.id, local);
     waiters.borrow_mut().insert(local, connection);
-    let owner = shard.owner(&connection);
     if shard.send(owner, request(id)).is_err() {
         shard.probes.forget(local);
         waiters.borrow_mut().remove(&local);

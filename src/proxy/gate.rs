@@ -1,7 +1,8 @@
-//! Admit (concurrency): an attempt on a connection with `max_concurrent` or a
-//! `model_concurrency` entry for its model first takes permits from the connection's
-//! owner shard — all-or-nothing, FIFO, bounded by the queue budget — and gives them back
-//! exactly once when the attempt ends, on every path (the guard's `Drop`).
+//! Admit (concurrency): an attempt that needs any gate of the composite gate (global →
+//! provider → account → model: `global_concurrent_requests`, `provider_concurrency`,
+//! `max_concurrent`, `model_concurrency`) first takes all of them from the connection's gate
+//! home (`flow::admission`) — all-or-nothing, FIFO, bounded by the queue budget — and gives
+//! them back exactly once when the attempt ends, on every path (the guard's `Drop`).
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::flow::gates::GateError;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
-use crate::shard::owned::gated;
+use crate::flow::admission::{gate_home, gated};
 use crate::shard::probe::Answer;
 
 use super::ask::{Asked, ask_owner};
@@ -18,18 +19,19 @@ use super::ask::{Asked, ask_owner};
 /// Held while an attempt runs; dropping it releases the permits.
 pub struct GatePermit<'a> {
     shard: &'a Shard,
+    /// The shard holding the permits (the connection's gate home).
+    home: usize,
     connection: ConnectionId,
     serial: u64,
 }
 
 impl Drop for GatePermit<'_> {
     fn drop(&mut self) {
-        let owner = self.shard.owner(&self.connection);
         let msg = Msg::GateRelease {
             connection: self.connection,
             serial: self.serial,
         };
-        if self.shard.send(owner, msg).is_err() {
+        if self.shard.send(self.home, msg).is_err() {
             tracing::error!(
                 connection = self.connection.0,
                 "a gate permit could not be returned (mesh ring full)"
@@ -66,8 +68,10 @@ pub async fn acquire<'a>(
         Duration::from_secs(24 * 3600)
     };
     let model = model.to_owned();
+    let home = shard.owner(&gate_home(config, connection));
     let asked = ask_owner(
         shard,
+        home,
         connection,
         &shard.gate_waiters,
         |id| Msg::GateAcquire {
@@ -85,7 +89,7 @@ pub async fn acquire<'a>(
         Asked::Unsent => {
             return Err(GatewayError::new(
                 ErrorKind::MeshUnavailable,
-                "the connection's owner shard could not be asked for a permit",
+                "the connection's gate shard could not be asked for a permit",
             ));
         }
         Asked::TimedOut => return Err(timeout_error(max_wait_ms)),
@@ -93,6 +97,7 @@ pub async fn acquire<'a>(
     match answer {
         Answer::Gate(Ok(serial)) => Ok(Some(GatePermit {
             shard,
+            home,
             connection,
             serial,
         })),
@@ -100,7 +105,7 @@ pub async fn acquire<'a>(
         Answer::Gate(Err(GateError::QueueFull | GateError::DuplicateWaiter)) => {
             Err(GatewayError::new(
                 ErrorKind::SemaphoreQueueFull,
-                "the connection's concurrency queue is full",
+                "a concurrency gate's queue is full",
             ))
         }
         Answer::Probe(..) | Answer::Ack | Answer::Queue(_) => Err(GatewayError::new(

@@ -13,7 +13,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::flow::queue::QueueError;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
-use crate::shard::owned::queue_of;
+use crate::flow::admission::queue_of;
 use crate::shard::probe::Answer;
 
 use super::ask::{Asked, ask_owner};
@@ -72,6 +72,7 @@ pub async fn acquire<'a>(
     let model = model.to_owned();
     let asked = ask_owner(
         shard,
+        shard.owner(&connection),
         connection,
         &shard.queue_waiters,
         |id| Msg::QueueAcquire {

@@ -208,11 +208,9 @@ impl Shard {
             Msg::GateGrant { id, serial } => {
                 if !self.probes.complete(local_id(id), Answer::Gate(Ok(serial))) {
                     // The waiter gave up before the grant arrived: hand the permit back.
+                    // It goes back to the shard that granted it (the gate home).
                     if let Some(connection) = self.gate_waiter_connection(id) {
-                        let _ = self.send(
-                            self.owner(&connection),
-                            Msg::GateRelease { connection, serial },
-                        );
+                        let _ = self.send(from, Msg::GateRelease { connection, serial });
                     }
                 }
             }
@@ -227,8 +225,7 @@ impl Shard {
                     // The waiter gave up before the grant arrived: give the slot back.
                     if let Some(connection) = self.queue_waiters.borrow_mut().remove(&local_id(id))
                     {
-                        let _ =
-                            self.send(self.owner(&connection), Msg::QueueFinish { connection, id });
+                        let _ = self.send(from, Msg::QueueFinish { connection, id });
                     }
                 }
             }

@@ -24,12 +24,10 @@ use crate::runtime::owner::owner_of;
 
 use super::views::Views;
 use super::waiter_shard;
-use crate::flow::gates::{
-    Acquire, AcquireRequest, GateKey, GateReq, GateTable, Permit, QueueLimit, Wakeups,
-};
+use crate::flow::admission::{gate_requirements, queue_of};
+use crate::flow::gates::{Acquire, AcquireRequest, GateTable, Permit, QueueLimit, Wakeups};
 use crate::flow::queue::{
-    Grant, KeyParts, Limiter, LimiterSettings, LimiterTable, Schedule, check_queue_admission,
-    limiter_key, observe_response,
+    Grant, Limiter, LimiterTable, Schedule, check_queue_admission, observe_response,
 };
 
 /// Where a message produced by the owner goes.
@@ -147,25 +145,9 @@ impl Owned {
                 deadline_ns,
             } => {
                 self.expire_gates(now, &mut out);
-                let conn = config.connection(connection);
-                let model_cap = conn
-                    .rate_limit_overrides
-                    .model_concurrency
-                    .iter()
-                    .find(|(m, _)| *m == model)
-                    .map(|(_, n)| *n);
                 let request = AcquireRequest {
                     id,
-                    gates: vec![
-                        GateReq::new(
-                            GateKey::Account(connection),
-                            account_capacity(config, connection),
-                        ),
-                        GateReq::new(
-                            GateKey::Model(connection, model.into_boxed_str()),
-                            model_cap,
-                        ),
-                    ],
+                    gates: gate_requirements(config, connection, &model),
                     deadline: deadline_ns,
                     max_queue: QueueLimit::from_max_queue_depth(
                         config.resilience.request_queue.max_queue_depth,
@@ -642,52 +624,6 @@ fn push_breaker(out: &mut Vec<(Dest, Msg)>, key: BreakerKey, t: Option<BreakerTr
     if let Some(t) = t {
         out.push((Dest::All, Msg::BreakerView { key, view: t.view }));
     }
-}
-
-/// The settings and limiter key of a connection's request queue for `model`, when its
-/// limiter is on (the one place both are derived).
-pub fn queue_of(
-    config: &Config,
-    connection: ConnectionId,
-    model: &str,
-) -> Option<(LimiterSettings, String)> {
-    let conn = config.connection(connection);
-    let provider = config.provider(conn.provider);
-    let settings = LimiterSettings::resolve(
-        &config.resilience,
-        &conn.rate_limit_overrides,
-        &provider.name,
-        provider.auth,
-        conn.enabled,
-    );
-    settings.enabled.then(|| {
-        let key = limiter_key(KeyParts {
-            provider: &provider.name,
-            connection: &conn.name,
-            model: Some(model),
-            codex_key: None,
-            quota_family: None,
-        });
-        (settings, key)
-    })
-}
-
-/// A connection's account gate capacity: `rate_limit_overrides.max_concurrent`, else the
-/// connection's `max_concurrent`.
-pub fn account_capacity(config: &Config, connection: ConnectionId) -> Option<u32> {
-    let c = config.connection(connection);
-    c.rate_limit_overrides.max_concurrent.or(c.max_concurrent)
-}
-
-/// Whether attempts on `connection` for `model` pass through its concurrency gates.
-pub fn gated(config: &Config, connection: ConnectionId, model: &str) -> bool {
-    account_capacity(config, connection).is_some_and(|n| n > 0)
-        || config
-            .connection(connection)
-            .rate_limit_overrides
-            .model_concurrency
-            .iter()
-            .any(|(m, n)| m == model && *n > 0)
 }
 
 /// The auth category whose profile a breaker uses.

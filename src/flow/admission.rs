@@ -1,0 +1,259 @@
+//! What admission an attempt on a connection needs, derived from the configuration: the
+//! gates of the composite gate (B §2.1) with their capacities, the shard that holds them
+//! (the *gate home*), and the connection's request-queue settings and limiter key (B §1.1).
+//!
+//! # The gate home
+//!
+//! The composite gate takes every gate an attempt needs all-or-nothing, so they must sit in
+//! one table. The account and model gates belong to the connection, the provider gate to
+//! every connection of the provider, the global gate to everything. A connection's gates
+//! therefore live on the owner of the widest gate that is configured for it:
+//!
+//! * `request_queue.global_concurrent_requests > 0` → every connection's gates live on the
+//!   owner of `global` (one shard serialises all admissions — the price of a global cap);
+//! * else `provider_quota_overrides[p].provider_concurrency > 0` → the connections of `p`
+//!   have their gates on the owner of `p`;
+//! * else on the owner of the connection.
+//!
+//! A given connection always maps to one home, so its account gate is never split across
+//! two tables. The home is a function of settings that are fixed while the process runs.
+
+use crate::config::{Config, ConnectionId, ProviderId};
+use crate::flow::gates::{GateKey, GateReq};
+use crate::flow::queue::{
+    KeyParts, LimiterSettings, ProviderWindow, limiter_key, provider_default_concurrency,
+};
+use crate::runtime::owner::{DOMAIN_GLOBAL, OwnerKey, mix64};
+
+/// Where a connection's concurrency gates live (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateHome {
+    Global,
+    Provider(ProviderId),
+    Connection(ConnectionId),
+}
+
+impl OwnerKey for GateHome {
+    fn owner_hash(&self) -> u64 {
+        match self {
+            GateHome::Global => mix64(DOMAIN_GLOBAL),
+            GateHome::Provider(p) => p.owner_hash(),
+            GateHome::Connection(c) => c.owner_hash(),
+        }
+    }
+}
+
+/// `provider_quota_overrides[<provider>].provider_concurrency` (0 = none).
+pub fn provider_capacity(config: &Config, provider: ProviderId) -> Option<u32> {
+    let name = &config.provider(provider).name;
+    config
+        .resilience
+        .provider_quota_overrides
+        .iter()
+        .find(|(p, _)| p.eq_ignore_ascii_case(name))
+        .and_then(|(_, o)| o.provider_concurrency)
+        .filter(|n| *n > 0)
+}
+
+/// `request_queue.global_concurrent_requests` (0 = none).
+pub fn global_capacity(config: &Config) -> Option<u32> {
+    Some(config.resilience.request_queue.global_concurrent_requests).filter(|n| *n > 0)
+}
+
+/// A connection's account gate capacity: `rate_limit_overrides.max_concurrent`, else the
+/// connection's `max_concurrent`, else its provider's default per-connection cap
+/// (`provider_quota_overrides[p].concurrency`, built in: `nvidia` 6).
+pub fn account_capacity(config: &Config, connection: ConnectionId) -> Option<u32> {
+    let c = config.connection(connection);
+    c.rate_limit_overrides
+        .max_concurrent
+        .or(c.max_concurrent)
+        .or_else(|| {
+            provider_default_concurrency(&config.resilience, &config.provider(c.provider).name)
+        })
+        .filter(|n| *n > 0)
+}
+
+/// `rate_limit_overrides.model_concurrency[model]` (exact upstream model id).
+pub fn model_capacity(config: &Config, connection: ConnectionId, model: &str) -> Option<u32> {
+    config
+        .connection(connection)
+        .rate_limit_overrides
+        .model_concurrency
+        .iter()
+        .find(|(m, _)| m == model)
+        .map(|(_, n)| *n)
+        .filter(|n| *n > 0)
+}
+
+/// Where `connection`'s gates live.
+pub fn gate_home(config: &Config, connection: ConnectionId) -> GateHome {
+    if global_capacity(config).is_some() {
+        return GateHome::Global;
+    }
+    let provider = config.connection(connection).provider;
+    if provider_capacity(config, provider).is_some() {
+        return GateHome::Provider(provider);
+    }
+    GateHome::Connection(connection)
+}
+
+/// Whether attempts on `connection` for `model` pass through the composite gate.
+pub fn gated(config: &Config, connection: ConnectionId, model: &str) -> bool {
+    global_capacity(config).is_some()
+        || provider_capacity(config, config.connection(connection).provider).is_some()
+        || account_capacity(config, connection).is_some()
+        || model_capacity(config, connection, model).is_some()
+}
+
+/// The gates an attempt on `connection` for `model` needs, widest first (gates without a
+/// capacity are dropped by the table).
+pub fn gate_requirements(config: &Config, connection: ConnectionId, model: &str) -> Vec<GateReq> {
+    let provider = config.connection(connection).provider;
+    vec![
+        GateReq::new(GateKey::Global, global_capacity(config)),
+        GateReq::new(
+            GateKey::Provider(provider),
+            provider_capacity(config, provider),
+        ),
+        GateReq::new(
+            GateKey::Account(connection),
+            account_capacity(config, connection),
+        ),
+        GateReq::new(
+            GateKey::Model(connection, model.into()),
+            model_capacity(config, connection, model),
+        ),
+    ]
+}
+
+/// The settings and limiter key of a connection's request queue for `model`, when its
+/// limiter is on (the one place both are derived).
+pub fn queue_of(
+    config: &Config,
+    connection: ConnectionId,
+    model: &str,
+) -> Option<(LimiterSettings, String)> {
+    let conn = config.connection(connection);
+    let provider = config.provider(conn.provider);
+    let settings = LimiterSettings::resolve(
+        &config.resilience,
+        &conn.rate_limit_overrides,
+        &provider.name,
+        provider.auth,
+        conn.enabled,
+    );
+    settings.enabled.then(|| {
+        let key = limiter_key(KeyParts {
+            provider: &provider.name,
+            connection: &conn.name,
+            model: Some(model),
+            codex_key: None,
+            quota_family: None,
+        });
+        (settings, key)
+    })
+}
+
+/// The provider sliding window (B §1.2b) of `connection`, with its counter key.
+pub fn window_of(config: &Config, connection: ConnectionId) -> Option<(ProviderWindow, String)> {
+    let conn = config.connection(connection);
+    let provider = &config.provider(conn.provider).name;
+    ProviderWindow::for_provider(&config.resilience, provider)
+        .map(|w| (w, ProviderWindow::key(provider, Some(&conn.name))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use crate::runtime::owner::owner_of;
+
+    fn config(extra: &str) -> Config {
+        let toml = format!(
+            "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+             [[providers]]\nid = \"nvidia\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+             [[connections]]\nid = \"a\"\nprovider = \"p\"\n\
+             [[connections]]\nid = \"b\"\nprovider = \"p\"\nmax_concurrent = 3\n\
+             [connections.rate_limit_overrides]\nmodel_concurrency = {{ \"m1\" = 1 }}\n\
+             [[connections]]\nid = \"n\"\nprovider = \"nvidia\"\n{extra}"
+        );
+        match load_str(&toml, &|_| None) {
+            Ok(o) => o.config,
+            Err(e) => panic!("config: {e}"),
+        }
+    }
+
+    const A: ConnectionId = ConnectionId(0);
+    const B: ConnectionId = ConnectionId(1);
+    const N: ConnectionId = ConnectionId(2);
+
+    #[test]
+    fn home_is_the_widest_configured_gate() {
+        let c = config("");
+        assert_eq!(gate_home(&c, A), GateHome::Connection(A));
+        assert_eq!(gate_home(&c, N), GateHome::Connection(N));
+        let c = config("[resilience.provider_quota_overrides.p]\nprovider_concurrency = 2\n");
+        assert_eq!(gate_home(&c, A), GateHome::Provider(ProviderId(0)));
+        assert_eq!(gate_home(&c, B), GateHome::Provider(ProviderId(0)));
+        assert_eq!(gate_home(&c, N), GateHome::Connection(N));
+        let c = config(
+            "[resilience.request_queue]\nglobal_concurrent_requests = 5\n\
+             [resilience.provider_quota_overrides.p]\nprovider_concurrency = 2\n",
+        );
+        for conn in [A, B, N] {
+            assert_eq!(gate_home(&c, conn), GateHome::Global);
+        }
+    }
+
+    #[test]
+    fn homes_hash_like_their_keys_and_global_has_its_own_domain() {
+        for shards in [2, 3, 8] {
+            assert_eq!(
+                owner_of(&GateHome::Provider(ProviderId(1)), shards),
+                owner_of(&ProviderId(1), shards)
+            );
+            assert_eq!(
+                owner_of(&GateHome::Connection(B), shards),
+                owner_of(&B, shards)
+            );
+            assert!(owner_of(&GateHome::Global, shards) < shards);
+        }
+    }
+
+    #[test]
+    fn requirements_and_gated() {
+        let c = config("");
+        assert!(!gated(&c, A, "m"));
+        assert!(gated(&c, B, "m"), "max_concurrent");
+        assert!(gated(&c, N, "m"), "nvidia's default per-connection cap");
+        assert_eq!(account_capacity(&c, N), Some(6));
+        assert_eq!(model_capacity(&c, B, "m1"), Some(1));
+        assert_eq!(model_capacity(&c, B, "m"), None);
+        let reqs = gate_requirements(&c, B, "m1");
+        let caps: Vec<Option<u32>> = reqs.iter().map(|r| r.capacity).collect();
+        assert_eq!(caps, vec![None, None, Some(3), Some(1)]);
+        let c = config(
+            "[resilience.request_queue]\nglobal_concurrent_requests = 5\n\
+             [resilience.provider_quota_overrides.p]\nprovider_concurrency = 2\n\
+             [resilience.provider_quota_overrides.nvidia]\nconcurrency = 2\n",
+        );
+        assert!(gated(&c, A, "m"));
+        let caps: Vec<Option<u32>> = gate_requirements(&c, A, "m")
+            .iter()
+            .map(|r| r.capacity)
+            .collect();
+        assert_eq!(caps, vec![Some(5), Some(2), None, None]);
+        assert_eq!(account_capacity(&c, N), Some(2), "override of the nvidia default");
+    }
+
+    #[test]
+    fn windows() {
+        let c = config("");
+        assert_eq!(window_of(&c, A), None);
+        let (w, key) = window_of(&c, N).expect("nvidia has a default window");
+        assert_eq!((w.limit, key.as_str()), (40, "nvidia:n"));
+        let c = config("[resilience.provider_quota_overrides.p]\nrpm = 3\n");
+        assert_eq!(window_of(&c, A).map(|(w, _)| w.limit), Some(3));
+    }
+}
