@@ -1,7 +1,8 @@
 //! The per-connection request queue on two shards: queue-depth admission answers
 //! 429 `rate_limit_queue_full` at once; a request queued past `max_wait_ms` gets 503
 //! `rate_limit_queue_timeout` and never reaches the upstream; a slow upstream call outlives
-//! `max_wait_ms` and is cut only at `execution_max_wait_ms` with 504.
+//! `max_wait_ms` and is cut only at `execution_max_wait_ms` with 504; a success's rate-limit
+//! headers teach the queue its spacing.
 
 #![allow(
     clippy::unwrap_used,
@@ -135,4 +136,37 @@ fn a_slow_call_outlives_max_wait_and_is_cut_only_at_the_execution_budget() {
         Some("rate_limit_execution_timeout")
     );
     assert_eq!(r.json()["error"]["type"], "gateway_timeout");
+}
+
+#[test]
+fn a_successful_answers_rate_limit_headers_space_the_next_request() {
+    let mock = MockUpstream::start();
+    // Two plain answers, then one that announces 60 requests per minute.
+    mock.on("/v1/chat/completions", Reply::openai_chat("plain"));
+    mock.on("/v1/chat/completions", Reply::openai_chat("plain"));
+    mock.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("limited").header("x-ratelimit-limit-requests", "60"),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("later"));
+    let gw = Gateway::start(&config(
+        &mock,
+        "max_wait_ms = 300",
+        "min_time_between_requests_ms = 0",
+    ));
+    let addr = gw.addr();
+    // Without rate-limit headers, back-to-back requests start at once.
+    assert_eq!(ask(addr).status, 200);
+    assert_eq!(ask(addr).status, 200);
+    let r = ask(addr);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "limited");
+    // The queue learned a spacing of 60000 / 60 − 10 = 990 ms from that success: the next
+    // request would start later than its 300 ms queue budget allows.
+    let r = ask(addr);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("rate_limit_queue_timeout")
+    );
+    assert_eq!(mock.hits("/v1/chat/completions"), 3, "it never reached the upstream");
 }

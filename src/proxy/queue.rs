@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::queue::QueueError;
-use crate::runtime::msg::Msg;
+use crate::runtime::msg::{Msg, SuccessAnswer};
 use crate::shard::Shard;
 use crate::flow::admission::queue_of;
 use crate::shard::probe::Answer;
@@ -26,7 +26,37 @@ pub struct QueueSlot<'a> {
     /// The execution budget of the attempt (`execution_max_wait_ms`, at least the
     /// upstream's own response-head budget).
     pub execution_budget: Duration,
+    /// A successful answer's rate-limit fields, sent with the slot's return.
+    answered: Option<Box<SuccessAnswer>>,
 }
+
+impl QueueSlot<'_> {
+    /// Keeps what a successful upstream head tells the queue (its status and `x-ratelimit-*`
+    /// fields); the owner applies it when the slot comes back. Error answers reach the
+    /// owner as outcomes instead.
+    pub fn learn_from<'h>(
+        &mut self,
+        status: u16,
+        fields: impl Iterator<Item = (&'h str, &'h [u8])>,
+    ) {
+        let headers = fields
+            .filter(|(n, _)| {
+                n.len() > RATE_LIMIT_PREFIX.len()
+                    && n.as_bytes()[..RATE_LIMIT_PREFIX.len()]
+                        .eq_ignore_ascii_case(RATE_LIMIT_PREFIX.as_bytes())
+            })
+            .map(|(n, v)| (n.to_owned(), String::from_utf8_lossy(v).into_owned()))
+            .collect();
+        self.answered = Some(Box::new(SuccessAnswer {
+            status,
+            headers,
+        }));
+    }
+}
+
+/// Header fields a queue learns from (`x-ratelimit-limit-requests`, `…-remaining…`,
+/// `…-reset…`, `x-ratelimit-over-limit`).
+const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
@@ -34,6 +64,7 @@ impl Drop for QueueSlot<'_> {
         let msg = Msg::QueueFinish {
             connection: self.connection,
             id: self.id,
+            answered: self.answered.take(),
         };
         if self.shard.send(owner, msg).is_err() {
             tracing::error!(
@@ -116,6 +147,7 @@ pub async fn acquire<'a>(
         execution_budget: Duration::from_millis(
             crate::flow::queue::execution_budget_ms(&settings, 0).max(1),
         ),
+        answered: None,
     };
     // A spaced start: the slot is ours, its start is later.
     let now = shard.now().mono_ns;

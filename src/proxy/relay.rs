@@ -227,7 +227,7 @@ pub async fn run(
         };
         // A slot in the connection's request queue, then its concurrency permits (both
         // returned when their guards drop, on every path below).
-        let queue_slot = match super::queue::acquire(shard, *cid, &target.model).await {
+        let mut queue_slot = match super::queue::acquire(shard, *cid, &target.model).await {
             Ok(q) => q,
             Err(e) => {
                 select::release(shard, target.provider, *cid, &permit);
@@ -366,6 +366,14 @@ pub async fn run(
                 continue;
             }
             return relay_buffered(shard, &buffered, attempts, client, keep_alive).await;
+        }
+        if let Some(q) = queue_slot.as_mut() {
+            match &up.head {
+                UpHead::Net(h) => q.learn_from(status, h.headers()),
+                UpHead::Mock { extra, .. } => {
+                    q.learn_from(status, extra.iter().map(|(n, v)| (*n, v.as_bytes())));
+                }
+            }
         }
         // The first piece is read before anything reaches the client, so a failure here
         // can still move on.

@@ -46,6 +46,14 @@ pub struct Outcome {
     pub probe: Option<ProbeTicket>,
 }
 
+/// What a successful upstream answer tells its connection's request queue: the status and
+/// the rate-limit fields (`x-ratelimit-*`) of its head — nothing else is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SuccessAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+}
+
 #[derive(Clone, Debug)]
 pub enum Msg {
     /// To the owner of the connection. With `ack`, the owner answers `Ack { id }` after
@@ -118,8 +126,13 @@ pub enum Msg {
     QueueGrant { id: u64, start_at_ns: u64 },
     /// Owner → asker: queue full, queue-wait timeout or wedged.
     QueueDenied { id: u64, error: QueueError },
-    /// Asker → owner: the attempt holding slot `id` is over (exactly once).
-    QueueFinish { connection: ConnectionId, id: u64 },
+    /// Asker → owner: the attempt holding slot `id` is over (exactly once). `answered`:
+    /// the upstream's successful answer, for the queue to learn from (B §1.2).
+    QueueFinish {
+        connection: ConnectionId,
+        id: u64,
+        answered: Option<Box<SuccessAnswer>>,
+    },
     /// Asker → owner: the waiter `id` gave up.
     QueueCancel { connection: ConnectionId, id: u64 },
     /// Owner → itself, at a limiter's next wake-up: expire overdue waiters, grant the next.

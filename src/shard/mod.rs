@@ -225,7 +225,12 @@ impl Shard {
                     // The waiter gave up before the grant arrived: give the slot back.
                     if let Some(connection) = self.queue_waiters.borrow_mut().remove(&local_id(id))
                     {
-                        let _ = self.send(from, Msg::QueueFinish { connection, id });
+                        let msg = Msg::QueueFinish {
+                            connection,
+                            id,
+                            answered: None,
+                        };
+                        let _ = self.send(from, msg);
                     }
                 }
             }

@@ -172,12 +172,18 @@ impl Owned {
             } => {
                 self.queue_acquire(config, id, connection, &model, now, &mut out);
             }
-            Msg::QueueFinish { id, .. } => {
-                if let Some(key) = self.queue_waiters.remove(&id)
-                    && let Some(l) = self.limiters.get_mut(&key)
-                {
-                    let grants = l.on_finish(id, now);
-                    self.queue_grants(&key, grants, now, &mut out);
+            Msg::QueueFinish { id, answered, .. } => {
+                if let Some(key) = self.queue_waiters.remove(&id) {
+                    // A success teaches the queue too (rate-limit headers; a 2xx clears a
+                    // remembered 429 cooldown). Errors arrive as outcomes.
+                    if let Some(a) = answered {
+                        let h = OwnedHeaders(&a.headers);
+                        observe_response(&mut self.limiters, &key, a.status, &h, "", now);
+                    }
+                    if let Some(l) = self.limiters.get_mut(&key) {
+                        let grants = l.on_finish(id, now);
+                        self.queue_grants(&key, grants, now, &mut out);
+                    }
                 }
             }
             Msg::QueueCancel { id, .. } => {
