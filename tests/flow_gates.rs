@@ -212,14 +212,22 @@ fn provider_gate_caps_all_connections_of_the_provider_together() {
     let addr = gw.addr();
     let mut clients = Vec::new();
     // Two connections of `up` (one per key) and two requests to `other`.
-    for (key, model) in [("k1", "up/m1"), ("k2", "up/m1"), ("k1", "other/m2"), ("k2", "other/m2")]
-    {
+    for (key, model) in [
+        ("k1", "up/m1"),
+        ("k2", "up/m1"),
+        ("k1", "other/m2"),
+        ("k2", "other/m2"),
+    ] {
         clients.push(std::thread::spawn(move || ask_as(addr, key, model).status));
     }
     mock.wait_for_hits("/v1/chat/completions", 3, Duration::from_secs(10));
     let deadline = Deadline::after(Duration::from_millis(300));
     while !deadline.passed() {
-        assert_eq!(by_model(&mock, "m1"), 1, "both connections of `up` ran at once");
+        assert_eq!(
+            by_model(&mock, "m1"),
+            1,
+            "both connections of `up` ran at once"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(by_model(&mock, "m2"), 2, "`other` has no provider gate");

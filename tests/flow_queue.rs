@@ -2,7 +2,8 @@
 //! 429 `rate_limit_queue_full` at once; a request queued past `max_wait_ms` gets 503
 //! `rate_limit_queue_timeout` and never reaches the upstream; a slow upstream call outlives
 //! `max_wait_ms` and is cut only at `execution_max_wait_ms` with 504; a success's rate-limit
-//! headers teach the queue its spacing.
+//! headers teach the queue its spacing; a provider's sliding window holds the third start of
+//! the minute while another provider flows.
 
 #![allow(
     clippy::unwrap_used,
@@ -168,5 +169,50 @@ fn a_successful_answers_rate_limit_headers_space_the_next_request() {
         r.header("x-tidegate-error"),
         Some("rate_limit_queue_timeout")
     );
-    assert_eq!(mock.hits("/v1/chat/completions"), 3, "it never reached the upstream");
+    assert_eq!(
+        mock.hits("/v1/chat/completions"),
+        3,
+        "it never reached the upstream"
+    );
+}
+
+#[test]
+fn a_provider_window_holds_the_third_start_of_the_minute_while_others_flow() {
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    // Provider `up` gets a sliding window of 2 starts per minute (no request queue); the
+    // provider `other` has none.
+    let tail = "[[providers]]\nid = \"other\"\nformat = \"openai\"\n\
+                base_url = \"BASE\"\nmodels = [\"m2\"]\n\
+                [[connections]]\nid = \"c2\"\nprovider = \"other\"\n\
+                [resilience.provider_quota_overrides.up]\nrpm = 2\n"
+        .replace("BASE", &mock.base_url());
+    let gw = Gateway::start(&one_upstream(&mock.base_url(), 2, "", &tail));
+    let addr = gw.addr();
+    let send = |model: &str| {
+        let mut c = Client::connect(addr);
+        c.set_timeout(Duration::from_secs(10));
+        let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+        c.start_request("POST", "/v1/chat/completions", &[], body.as_bytes());
+        c
+    };
+    assert_eq!(send("up/m1").read_response().status, 200);
+    assert_eq!(send("up/m1").read_response().status, 200);
+    let mut third = send("up/m1");
+    third.set_timeout(Duration::from_millis(500));
+    assert_eq!(
+        send("other/m2").read_response().status,
+        200,
+        "no window on `other`"
+    );
+    assert!(
+        third.try_read_response().is_err(),
+        "the third start within the minute was answered"
+    );
+    let m1 = mock
+        .requests_to("/v1/chat/completions")
+        .iter()
+        .filter(|r| r.json()["model"] == "m1")
+        .count();
+    assert_eq!(m1, 2, "the window let a third request through");
 }

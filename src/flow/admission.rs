@@ -127,6 +127,25 @@ pub fn gate_requirements(config: &Config, connection: ConnectionId, model: &str)
     ]
 }
 
+/// A connection's request-queue settings (whether or not its limiter is on).
+pub fn limiter_settings(config: &Config, connection: ConnectionId) -> LimiterSettings {
+    let conn = config.connection(connection);
+    let provider = config.provider(conn.provider);
+    LimiterSettings::resolve(
+        &config.resilience,
+        &conn.rate_limit_overrides,
+        &provider.name,
+        provider.auth,
+        conn.enabled,
+    )
+}
+
+/// The queue budget `max_wait_ms` of a connection (its override, else the setting with the
+/// provider's floor): bounds every local wait of an attempt — queue, gates, window.
+pub fn effective_max_wait_ms(config: &Config, connection: ConnectionId) -> u64 {
+    limiter_settings(config, connection).max_wait_ms
+}
+
 /// The settings and limiter key of a connection's request queue for `model`, when its
 /// limiter is on (the one place both are derived).
 pub fn queue_of(
@@ -134,15 +153,9 @@ pub fn queue_of(
     connection: ConnectionId,
     model: &str,
 ) -> Option<(LimiterSettings, String)> {
+    let settings = limiter_settings(config, connection);
     let conn = config.connection(connection);
     let provider = config.provider(conn.provider);
-    let settings = LimiterSettings::resolve(
-        &config.resilience,
-        &conn.rate_limit_overrides,
-        &provider.name,
-        provider.auth,
-        conn.enabled,
-    );
     settings.enabled.then(|| {
         let key = limiter_key(KeyParts {
             provider: &provider.name,
@@ -244,7 +257,11 @@ mod tests {
             .map(|r| r.capacity)
             .collect();
         assert_eq!(caps, vec![Some(5), Some(2), None, None]);
-        assert_eq!(account_capacity(&c, N), Some(2), "override of the nvidia default");
+        assert_eq!(
+            account_capacity(&c, N),
+            Some(2),
+            "override of the nvidia default"
+        );
     }
 
     #[test]

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
+use crate::flow::admission::{effective_max_wait_ms, gate_home, gated};
 use crate::flow::gates::GateError;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
-use crate::flow::admission::{gate_home, gated};
 use crate::shard::probe::Answer;
 
 use super::ask::{Asked, ask_owner};
@@ -51,11 +51,7 @@ pub async fn acquire<'a>(
     if !gated(config, connection, model) {
         return Ok(None);
     }
-    let conn = config.connection(connection);
-    let max_wait_ms = conn
-        .rate_limit_overrides
-        .max_wait_ms
-        .unwrap_or(config.resilience.request_queue.max_wait_ms);
+    let max_wait_ms = effective_max_wait_ms(config, connection);
     let now = shard.now();
     let deadline_ns = (max_wait_ms > 0).then(|| {
         now.mono_ns
@@ -108,10 +104,9 @@ pub async fn acquire<'a>(
                 "a concurrency gate's queue is full",
             ))
         }
-        Answer::Probe(..) | Answer::Ack | Answer::Queue(_) => Err(GatewayError::new(
-            ErrorKind::Internal,
-            "unexpected answer to a permit request",
-        )),
+        Answer::Probe(..) | Answer::Ack | Answer::Queue(_) | Answer::QueueRetry(_) => Err(
+            GatewayError::new(ErrorKind::Internal, "unexpected answer to a permit request"),
+        ),
     }
 }
 

@@ -5,15 +5,20 @@
 //! `rate_limit_queue_full`), then a start now, at a spaced start, or FIFO behind others —
 //! bounded by `max_wait_ms` (503 `rate_limit_queue_timeout`; the upstream never sees it). The
 //! slot is returned exactly once by the guard's `Drop`. The execution budget is separate.
+//!
+//! A provider with a sliding window (B §1.2b: `nvidia` 40 per minute per connection, or
+//! `provider_quota_overrides.<p>.rpm`) takes a start in it first, on the same owner: when the
+//! window is full the owner answers when to ask again, and past `max(60 s, max_wait_ms)` of
+//! waiting lets the request through anyway (fail open; the queue still applies).
 
 use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
+use crate::flow::admission::{limiter_settings, queue_of, window_of};
 use crate::flow::queue::QueueError;
 use crate::runtime::msg::{Msg, SuccessAnswer};
 use crate::shard::Shard;
-use crate::flow::admission::queue_of;
 use crate::shard::probe::Answer;
 
 use super::ask::{Asked, ask_owner};
@@ -23,9 +28,10 @@ pub struct QueueSlot<'a> {
     shard: &'a Shard,
     connection: ConnectionId,
     id: u64,
-    /// The execution budget of the attempt (`execution_max_wait_ms`, at least the
-    /// upstream's own response-head budget).
-    pub execution_budget: Duration,
+    /// The execution budget of the attempt when the connection's request queue is on
+    /// (`execution_max_wait_ms`, at least the upstream's own response-head budget); `None`
+    /// for a start taken only in the provider's sliding window.
+    pub execution_budget: Option<Duration>,
     /// A successful answer's rate-limit fields, sent with the slot's return.
     answered: Option<Box<SuccessAnswer>>,
 }
@@ -39,6 +45,9 @@ impl QueueSlot<'_> {
         status: u16,
         fields: impl Iterator<Item = (&'h str, &'h [u8])>,
     ) {
+        if self.execution_budget.is_none() {
+            return; // no request queue to teach
+        }
         let headers = fields
             .filter(|(n, _)| {
                 n.len() > RATE_LIMIT_PREFIX.len()
@@ -47,10 +56,7 @@ impl QueueSlot<'_> {
             })
             .map(|(n, v)| (n.to_owned(), String::from_utf8_lossy(v).into_owned()))
             .collect();
-        self.answered = Some(Box::new(SuccessAnswer {
-            status,
-            headers,
-        }));
+        self.answered = Some(Box::new(SuccessAnswer { status, headers }));
     }
 }
 
@@ -60,6 +66,10 @@ const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
+        if self.execution_budget.is_none() {
+            // Only a sliding-window start: nothing is held on the owner.
+            return;
+        }
         let owner = self.shard.owner(&self.connection);
         let msg = Msg::QueueFinish {
             connection: self.connection,
@@ -85,74 +95,94 @@ pub fn error(e: QueueError) -> GatewayError {
     GatewayError::new(kind, e.message("this connection"))
 }
 
-/// Takes a slot in the connection's request queue. `Ok(None)`: its limiter is off.
+/// Takes a slot in the connection's request queue, after a start in its provider's sliding
+/// window when the provider has one. `Ok(None)`: neither applies.
 pub async fn acquire<'a>(
     shard: &'a Shard,
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<QueueSlot<'a>>, GatewayError> {
-    let Some((settings, _)) = queue_of(shard.config(), connection, model) else {
+    let config = shard.config();
+    let queue = queue_of(config, connection, model);
+    if queue.is_none() && window_of(config, connection).is_none() {
         return Ok(None);
-    };
+    }
+    let settings = limiter_settings(config, connection);
     // The owner times the queue wait out itself; this bound only guards a lost reply.
     let bound = if settings.max_wait_ms > 0 {
         Duration::from_millis(settings.max_wait_ms.saturating_add(1_000))
     } else {
         Duration::from_secs(24 * 3600)
     };
-    let model = model.to_owned();
-    let asked = ask_owner(
-        shard,
-        shard.owner(&connection),
-        connection,
-        &shard.queue_waiters,
-        |id| Msg::QueueAcquire {
-            id,
+    let waiting_since_ns = shard.now().mono_ns;
+    let owner = shard.owner(&connection);
+    loop {
+        let model = model.to_owned();
+        let asked = ask_owner(
+            shard,
+            owner,
             connection,
-            model,
-        },
-        |id| Msg::QueueCancel { connection, id },
-        bound,
-    )
-    .await;
-    let (id, answer) = match asked {
-        Asked::Answered(id, a) => (id, a),
-        Asked::Unsent => {
-            return Err(GatewayError::new(
-                ErrorKind::MeshUnavailable,
-                "the connection's owner shard could not be asked for a queue slot",
-            ));
-        }
-        Asked::TimedOut => {
-            return Err(error(QueueError::QueueTimeout {
-                max_wait_ms: settings.max_wait_ms,
-            }));
-        }
-    };
-    let start_at_ns = match answer {
-        Answer::Queue(Ok(at)) => at,
-        Answer::Queue(Err(e)) => return Err(error(e)),
-        Answer::Probe(..) | Answer::Ack | Answer::Gate(_) => {
-            return Err(GatewayError::new(
-                ErrorKind::Internal,
-                "unexpected answer to a queue request",
-            ));
-        }
-    };
-    let slot = QueueSlot {
-        shard,
-        connection,
-        id,
-        // The gateway has no separate per-provider start timeout to raise it to.
-        execution_budget: Duration::from_millis(
-            crate::flow::queue::execution_budget_ms(&settings, 0).max(1),
-        ),
-        answered: None,
-    };
-    // A spaced start: the slot is ours, its start is later.
-    let now = shard.now().mono_ns;
-    if start_at_ns > now {
-        monoio::time::sleep(Duration::from_nanos(start_at_ns - now)).await;
+            &shard.queue_waiters,
+            |id| Msg::QueueAcquire {
+                id,
+                connection,
+                model,
+                waiting_since_ns,
+            },
+            |id| Msg::QueueCancel { connection, id },
+            bound,
+        )
+        .await;
+        let (id, answer) = match asked {
+            Asked::Answered(id, a) => (id, a),
+            Asked::Unsent => {
+                return Err(GatewayError::new(
+                    ErrorKind::MeshUnavailable,
+                    "the connection's owner shard could not be asked for a queue slot",
+                ));
+            }
+            Asked::TimedOut => {
+                return Err(error(QueueError::QueueTimeout {
+                    max_wait_ms: settings.max_wait_ms,
+                }));
+            }
+        };
+        let start_at_ns = match answer {
+            Answer::Queue(Ok(at)) => at,
+            Answer::Queue(Err(e)) => return Err(error(e)),
+            // The provider's window is full: wait and ask again (the owner lets the request
+            // through once its wait budget is spent).
+            Answer::QueueRetry(at) => {
+                sleep_until(shard, at).await;
+                continue;
+            }
+            Answer::Probe(..) | Answer::Ack | Answer::Gate(_) => {
+                return Err(GatewayError::new(
+                    ErrorKind::Internal,
+                    "unexpected answer to a queue request",
+                ));
+            }
+        };
+        let slot = QueueSlot {
+            shard,
+            connection,
+            id,
+            // Only a request queue bounds the execution; the gateway has no separate
+            // per-provider start timeout to raise it to.
+            execution_budget: queue.as_ref().map(|(settings, _)| {
+                Duration::from_millis(crate::flow::queue::execution_budget_ms(settings, 0).max(1))
+            }),
+            answered: None,
+        };
+        // A spaced start: the slot is ours, its start is later.
+        sleep_until(shard, start_at_ns).await;
+        return Ok(Some(slot));
     }
-    Ok(Some(slot))
+}
+
+async fn sleep_until(shard: &Shard, at_ns: u64) {
+    let now = shard.now().mono_ns;
+    if at_ns > now {
+        monoio::time::sleep(Duration::from_nanos(at_ns - now)).await;
+    }
 }

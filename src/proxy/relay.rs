@@ -235,7 +235,7 @@ pub async fn run(
                 continue;
             }
         };
-        let execution_budget = queue_slot.as_ref().map(|q| q.execution_budget);
+        let execution_budget = queue_slot.as_ref().and_then(|q| q.execution_budget);
         let _gate = match super::gate::acquire(shard, *cid, &target.model).await {
             Ok(g) => g,
             Err(e) => {

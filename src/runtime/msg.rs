@@ -121,9 +121,14 @@ pub enum Msg {
         id: u64,
         connection: ConnectionId,
         model: String,
+        /// When this request first asked (monotonic ns): bounds its wait for the
+        /// provider's sliding window before it fails open (B §1.2b).
+        waiting_since_ns: u64,
     },
     /// Owner → asker: the slot is held; dispatch at `start_at_ns` (monotonic).
     QueueGrant { id: u64, start_at_ns: u64 },
+    /// Owner → asker: the provider's sliding window is full; ask again at `at_ns`.
+    QueueRetry { id: u64, at_ns: u64 },
     /// Owner → asker: queue full, queue-wait timeout or wedged.
     QueueDenied { id: u64, error: QueueError },
     /// Asker → owner: the attempt holding slot `id` is over (exactly once). `answered`:

@@ -238,6 +238,10 @@ impl Shard {
                 self.probes
                     .complete(local_id(id), Answer::Queue(Err(error)));
             }
+            Msg::QueueRetry { id, at_ns } => {
+                self.probes
+                    .complete(local_id(id), Answer::QueueRetry(at_ns));
+            }
             Msg::Outcome(..)
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }

@@ -24,10 +24,11 @@ use crate::runtime::owner::owner_of;
 
 use super::views::Views;
 use super::waiter_shard;
-use crate::flow::admission::{gate_requirements, queue_of};
+use crate::flow::admission::{effective_max_wait_ms, gate_requirements, queue_of, window_of};
 use crate::flow::gates::{Acquire, AcquireRequest, GateTable, Permit, QueueLimit, Wakeups};
 use crate::flow::queue::{
-    Grant, Limiter, LimiterTable, Schedule, check_queue_admission, observe_response,
+    Grant, Limiter, LimiterTable, Schedule, SlidingWindow, WindowDecision, check_queue_admission,
+    observe_response,
 };
 
 /// Where a message produced by the owner goes.
@@ -54,6 +55,8 @@ pub struct Owned {
     pub limiters: LimiterTable,
     /// Queue waiters (queued or holding a slot) → their limiter key.
     pub queue_waiters: std::collections::HashMap<u64, String>,
+    /// Provider sliding windows (B §1.2b) by `<provider>:<connection>`.
+    pub windows: std::collections::HashMap<String, SlidingWindow>,
 }
 
 /// Longest error text kept for classification and `lastError`.
@@ -69,6 +72,7 @@ impl Owned {
             permits: std::collections::HashMap::new(),
             limiters: LimiterTable::default(),
             queue_waiters: std::collections::HashMap::new(),
+            windows: std::collections::HashMap::new(),
         }
     }
 
@@ -169,8 +173,11 @@ impl Owned {
                 id,
                 connection,
                 model,
+                waiting_since_ns,
             } => {
-                self.queue_acquire(config, id, connection, &model, now, &mut out);
+                if self.window_admits(config, id, connection, waiting_since_ns, now, &mut out) {
+                    self.queue_acquire(config, id, connection, &model, now, &mut out);
+                }
             }
             Msg::QueueFinish { id, answered, .. } => {
                 if let Some(key) = self.queue_waiters.remove(&id) {
@@ -246,12 +253,39 @@ impl Owned {
             | Msg::GateGrant { .. }
             | Msg::GateDenied { .. }
             | Msg::QueueGrant { .. }
-            | Msg::QueueDenied { .. } => {}
+            | Msg::QueueDenied { .. }
+            | Msg::QueueRetry { .. } => {}
         }
         for u in self.lockouts.drain_updates() {
             out.push((Dest::All, Msg::Lockout(Box::new(u))));
         }
         out
+    }
+
+    /// The provider's sliding window (B §1.2b), before the queue: a slot now, or — while
+    /// the request's wait budget (`max(window, max_wait_ms)`) lasts — an answer telling the
+    /// asker when to ask again. Past the budget the request goes through anyway (fail open).
+    fn window_admits(
+        &mut self,
+        config: &Config,
+        id: u64,
+        connection: ConnectionId,
+        waiting_since_ns: u64,
+        now: Now,
+        out: &mut Vec<(Dest, Msg)>,
+    ) -> bool {
+        let Some((spec, key)) = window_of(config, connection) else {
+            return true;
+        };
+        let max_wait_ms = effective_max_wait_ms(config, connection);
+        let window = self.windows.entry(key).or_default();
+        match window.admit(spec, waiting_since_ns, max_wait_ms, now) {
+            WindowDecision::Go | WindowDecision::FailOpen => true,
+            WindowDecision::WaitUntil(at_ns) => {
+                out.push((Dest::Shard(waiter_shard(id)), Msg::QueueRetry { id, at_ns }));
+                false
+            }
+        }
     }
 
     /// Admits a request into its connection's queue (spec B §1): depth admission first,
@@ -365,6 +399,7 @@ impl Owned {
             ));
         }
         self.limiters.evict_idle(now);
+        self.windows.retain(|_, w| !w.is_idle(now));
         out
     }
 
@@ -735,6 +770,59 @@ mod tests {
             Some(ProviderErrorType::ServerError)
         );
         assert_eq!(error_type_of(400, &d(Reason::Unknown), ""), None);
+    }
+
+    /// The provider window on the owner (B §1.2b): two starts per minute pass, the third is
+    /// told when to ask again (the window's first start + 60 s, or its wait budget's end),
+    /// and once its budget is spent it goes through anyway; no queue is involved.
+    #[test]
+    fn provider_window_admits_retries_then_fails_open() {
+        let toml = "[[providers]]\nid = \"nvidia\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[connections]]\nid = \"n\"\nprovider = \"nvidia\"\n\
+                    [resilience.provider_quota_overrides.nvidia]\nrpm = 2\n\
+                    [resilience.request_queue]\nmax_wait_ms = 90000\n";
+        let config = crate::config::load_str(toml, &|_| None).unwrap().config;
+        let views = Views::default();
+        let mut owned = Owned::new(&config);
+        let at = |ms: u64| Now {
+            mono_ns: ms * 1_000_000,
+            wall_ms: 1_800_000_000_000 + ms,
+        };
+        let mut ask = |id: u64, since_ms: u64, now_ms: u64| {
+            let msg = Msg::QueueAcquire {
+                id: super::super::global_waiter_id(1, id),
+                connection: ConnectionId(0),
+                model: "m".to_owned(),
+                waiting_since_ns: at(since_ms).mono_ns,
+            };
+            match owned
+                .apply(&config, &views, 2, 1, msg, at(now_ms))
+                .as_slice()
+            {
+                [(Dest::Shard(1), Msg::QueueGrant { start_at_ns, .. })] => {
+                    assert_eq!(*start_at_ns, at(now_ms).mono_ns);
+                    None
+                }
+                [(Dest::Shard(1), Msg::QueueRetry { at_ns, .. })] => Some(*at_ns / 1_000_000),
+                other => panic!("unexpected answer {other:?}"),
+            }
+        };
+        assert_eq!(ask(1, 1_000, 1_000), None);
+        assert_eq!(ask(2, 2_000, 2_000), None);
+        // Full: the first start leaves the window at 61 s.
+        assert_eq!(ask(3, 3_000, 3_000), Some(61_000));
+        // Asked again then: a slot is free.
+        assert_eq!(ask(3, 3_000, 61_000), None);
+        // Full again (starts at 2 s and 61 s): wait for 62 s.
+        assert_eq!(ask(4, 61_500, 61_500), Some(62_000));
+        // Requests waiting since 0 have a budget of max(60 s, 90 s) = 90 s.
+        assert_eq!(ask(5, 0, 61_600), Some(62_000));
+        assert_eq!(ask(6, 0, 89_000), None, "slot freed at 62 s");
+        // The window frees at 121 s, after the budget: come back at the budget's end …
+        assert_eq!(ask(7, 0, 89_500), Some(90_000));
+        // … and be let through (fail open).
+        assert_eq!(ask(7, 0, 90_000), None);
+        assert!(owned.queue_waiters.is_empty(), "no queue was involved");
     }
 
     #[test]

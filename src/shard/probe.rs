@@ -21,6 +21,8 @@ pub enum Answer {
     Gate(Result<u64, crate::flow::gates::GateError>),
     /// Queue request: dispatch at this monotonic instant, or why not.
     Queue(Result<u64, crate::flow::queue::QueueError>),
+    /// Queue request: the provider's sliding window is full; ask again at this instant.
+    QueueRetry(u64),
 }
 
 #[derive(Debug, Default)]

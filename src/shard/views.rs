@@ -38,6 +38,7 @@ impl Views {
             | Msg::QueueAcquire { .. }
             | Msg::QueueGrant { .. }
             | Msg::QueueDenied { .. }
+            | Msg::QueueRetry { .. }
             | Msg::QueueFinish { .. }
             | Msg::QueueCancel { .. }
             | Msg::QueueTick { .. }

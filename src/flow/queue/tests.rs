@@ -806,26 +806,29 @@ fn sliding_window_blocks_then_fails_open() {
         window_ms: 60_000,
     };
     let mut w = SlidingWindow::new();
-    assert_eq!(w.admit(spec, at(0), 30_000, at(0)), WindowDecision::Go);
     assert_eq!(
-        w.admit(spec, at(10_000), 30_000, at(10_000)),
+        w.admit(spec, at(0).mono_ns, 30_000, at(0)),
         WindowDecision::Go
     );
     assert_eq!(
-        w.admit(spec, at(20_000), 30_000, at(20_000)),
+        w.admit(spec, at(10_000).mono_ns, 30_000, at(10_000)),
+        WindowDecision::Go
+    );
+    assert_eq!(
+        w.admit(spec, at(20_000).mono_ns, 30_000, at(20_000)),
         WindowDecision::WaitUntil(60_000 * MS)
     );
     assert_eq!(
-        w.admit(spec, at(20_000), 30_000, at(60_000)),
+        w.admit(spec, at(20_000).mono_ns, 30_000, at(60_000)),
         WindowDecision::Go
     );
     // Budget = max(window, max_wait) = 60 s.
     assert_eq!(
-        w.admit(spec, at(61_000), 30_000, at(61_000)),
+        w.admit(spec, at(61_000).mono_ns, 30_000, at(61_000)),
         WindowDecision::WaitUntil(70_000 * MS)
     );
     assert_eq!(
-        w.admit(spec, at(0), 30_000, at(65_000)),
+        w.admit(spec, at(0).mono_ns, 30_000, at(65_000)),
         WindowDecision::FailOpen
     );
     assert_eq!(w.count(spec, at(65_000)), 3);

@@ -118,7 +118,7 @@ impl SlidingWindow {
     pub fn admit(
         &mut self,
         spec: ProviderWindow,
-        waiting_since: Now,
+        waiting_since_ns: u64,
         max_wait_ms: u64,
         now: Now,
     ) -> WindowDecision {
@@ -127,8 +127,7 @@ impl SlidingWindow {
             self.starts.push_back(now.mono_ns);
             return WindowDecision::Go;
         }
-        let budget_end = waiting_since
-            .mono_ns
+        let budget_end = waiting_since_ns
             .saturating_add(spec.wait_budget_ms(max_wait_ms).saturating_mul(NS_PER_MS));
         if now.mono_ns >= budget_end {
             self.starts.push_back(now.mono_ns);
@@ -143,5 +142,13 @@ impl SlidingWindow {
     /// True when nothing in the window is left (the owner may drop it).
     pub fn is_empty(&mut self, spec: ProviderWindow, now: Now) -> bool {
         self.count(spec, now) == 0
+    }
+
+    /// True when the last start is older than every provider window ([`PROVIDER_WINDOW_MS`]):
+    /// the counter can be dropped without knowing its spec.
+    pub fn is_idle(&self, now: Now) -> bool {
+        self.starts.back().is_none_or(|t| {
+            now.mono_ns.saturating_sub(*t) >= PROVIDER_WINDOW_MS.saturating_mul(NS_PER_MS)
+        })
     }
 }
