@@ -1,25 +1,161 @@
 //! Concurrency permits, uncontended: the pure gate table (acquire + release of an account and
-//! a model gate), and the owner's full path as the same shard runs it — a `GateAcquire`
-//! message applied by the owner tables, the grant, then `GateRelease`. A remote shard adds
-//! one mesh round trip each way (`benches/mesh.rs`: ~90 ns spinning, ~40 µs when the owner's
-//! thread is parked).
+//! a model gate), and the owner's full path — a `GateAcquire` message applied by the owner
+//! tables, the grant, then `GateRelease`.
+//!
+//! - `owner_same_shard_acquire_release`: the asking shard is the owner, so both messages are
+//!   applied in place (no mesh).
+//! - `owner_remote_shard_acquire_release_{spin,parked}`: the owner's tables live on another
+//!   thread (shard `owner_of(connection, 2)` of a two-shard mesh) whose pump receives from
+//!   the mesh, applies each message and sends every `Dest::Shard` output back over the mesh —
+//!   what `Shard::handle` + `Shard::dispatch` do. One iteration is: send `GateAcquire`, wait
+//!   for the `GateGrant`, send `GateRelease`. The release is fire-and-forget, as in the
+//!   gateway; the ring is FIFO, so the owner applies it before the next acquire. `spin`:
+//!   both sides spin on `try_recv` (the latency floor); `parked`: both sides are monoio
+//!   runtimes awaiting `recv()`, so the owner is woken from the other thread for the acquire
+//!   (and possibly again for the release) and the asker for the grant. Compare with
+//!   `benches/mesh.rs` `round_trip/mesh_spin` and `mesh_parked_monoio`: the difference is
+//!   the owner's apply plus the extra release message.
+//!
+//! Every variant uses the same config and a fixed `now` (the real pump reads the clock once
+//! per message). The remote variants are timed with `iter_custom` on the crate's clock; on
+//! a small shared VM read the medians, not the means.
 #![allow(clippy::unreachable)]
 
 use std::hint::black_box;
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tidegate::clock::Now;
-use tidegate::config::{ConnectionId, load_str};
+use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
+use tidegate::clock::{Clock, MonoClock, Now};
+use tidegate::config::{Config, ConnectionId, load_str};
 use tidegate::flow::gates::{Acquire, AcquireRequest, GateKey, GateReq, GateTable, QueueLimit};
+use tidegate::runtime::mesh::{Mesh, MeshEnd};
 use tidegate::runtime::msg::Msg;
+use tidegate::runtime::owner::owner_of;
+use tidegate::shard::global_waiter_id;
 use tidegate::shard::owned::{Dest, Owned};
 use tidegate::shard::views::Views;
 
-fn bench(c: &mut Criterion) {
-    let now = Now {
+/// Shards in the remote benches' mesh.
+const SHARDS: usize = 2;
+
+/// Tells a remote owner thread to stop. `Ack` is a reply the owner tables never act on, so
+/// this id cannot be confused with gate traffic.
+const STOP_ID: u64 = u64::MAX;
+
+fn now() -> Now {
+    Now {
         mono_ns: 1_000_000_000,
         wall_ms: 1_800_000_000_000,
-    };
+    }
+}
+
+fn config() -> Config {
+    let toml = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+                [[connections]]\nid = \"c\"\nprovider = \"p\"\nmax_concurrent = 4\n\
+                [connections.rate_limit_overrides]\nmodel_concurrency = { \"m\" = 2 }\n";
+    match load_str(toml, &|_| None) {
+        Ok(o) => o.config,
+        Err(e) => unreachable!("bench config: {e}"),
+    }
+}
+
+fn acquire(id: u64) -> Msg {
+    Msg::GateAcquire {
+        id,
+        connection: ConnectionId(0),
+        model: "m".to_owned(),
+        deadline_ns: None,
+    }
+}
+
+fn release(serial: u64) -> Msg {
+    Msg::GateRelease {
+        connection: ConnectionId(0),
+        serial,
+    }
+}
+
+fn is_stop(msg: &Msg) -> bool {
+    matches!(msg, Msg::Ack { id: STOP_ID })
+}
+
+fn grant_serial(msg: &Msg) -> u64 {
+    match msg {
+        Msg::GateGrant { serial, .. } => *serial,
+        _ => unreachable!("uncontended grant, got {msg:?}"),
+    }
+}
+
+fn elapsed_since(start_ns: u64) -> Duration {
+    Duration::from_nanos(MonoClock.now().mono_ns.saturating_sub(start_ns))
+}
+
+/// The owner of `ConnectionId(0)` and the asking shard, each with its mesh end.
+fn ends() -> ((usize, MeshEnd<Msg>), (usize, MeshEnd<Msg>)) {
+    let owner = owner_of(&ConnectionId(0), SHARDS);
+    let asker = (owner + 1) % SHARDS;
+    let mut ends: Vec<Option<MeshEnd<Msg>>> =
+        Mesh::<Msg>::build(SHARDS).into_iter().map(Some).collect();
+    match (
+        ends.get_mut(owner).and_then(Option::take),
+        ends.get_mut(asker).and_then(Option::take),
+    ) {
+        (Some(o), Some(a)) => ((owner, o), (asker, a)),
+        _ => unreachable!("a two-shard mesh has two ends"),
+    }
+}
+
+fn send_until_taken(end: &MeshEnd<Msg>, to: usize, mut msg: Msg) {
+    while let Err(back) = end.send(to, msg) {
+        msg = back;
+        std::hint::spin_loop();
+    }
+}
+
+/// The owner's tables on their own thread: apply what arrives, send the replies back.
+struct OwnerPump {
+    config: Config,
+    views: Views,
+    owned: Owned,
+}
+
+impl OwnerPump {
+    fn new(config: Config) -> Self {
+        let owned = Owned::new(&config);
+        Self {
+            config,
+            views: Views::default(),
+            owned,
+        }
+    }
+
+    fn handle(&mut self, end: &MeshEnd<Msg>, from: usize, msg: Msg) {
+        for (dest, out) in self
+            .owned
+            .apply(&self.config, &self.views, SHARDS, from, msg, now())
+        {
+            // Uncontended acquires and releases produce no views and no timers.
+            if let Dest::Shard(to) = dest {
+                send_until_taken(end, to, out);
+            }
+        }
+    }
+}
+
+/// Runs `f` on the io_uring driver when the kernel has it (as the fleet does), else epoll.
+fn run_monoio<F: std::future::Future>(f: F) -> Option<F::Output> {
+    if monoio::utils::detect_uring() {
+        let mut rt = RuntimeBuilder::<IoUringDriver>::new().build().ok()?;
+        Some(rt.block_on(f))
+    } else {
+        let mut rt = RuntimeBuilder::<LegacyDriver>::new().build().ok()?;
+        Some(rt.block_on(f))
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let now = now();
     let mut g = c.benchmark_group("gates_uncontended");
 
     let mut table = GateTable::new();
@@ -43,43 +179,91 @@ fn bench(c: &mut Criterion) {
         })
     });
 
-    let toml = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
-                [[connections]]\nid = \"c\"\nprovider = \"p\"\nmax_concurrent = 4\n\
-                [connections.rate_limit_overrides]\nmodel_concurrency = { \"m\" = 2 }\n";
-    let config = match load_str(toml, &|_| None) {
-        Ok(o) => o.config,
-        Err(e) => unreachable!("bench config: {e}"),
-    };
+    let config = config();
     let views = Views::default();
     let mut owned = Owned::new(&config);
     let mut wid = 0u64;
     g.bench_function("owner_same_shard_acquire_release", |b| {
         b.iter(|| {
             wid += 1;
-            let acquire = Msg::GateAcquire {
-                id: wid,
-                connection: ConnectionId(0),
-                model: "m".to_owned(),
-                deadline_ns: None,
-            };
-            let out = owned.apply(&config, &views, 1, 0, acquire, now);
+            let out = owned.apply(&config, &views, 1, 0, acquire(wid), now);
             let serial = match out.first() {
                 Some((Dest::Shard(0), Msg::GateGrant { serial, .. })) => *serial,
                 _ => unreachable!("uncontended grant"),
             };
-            black_box(owned.apply(
-                &config,
-                &views,
-                1,
-                0,
-                Msg::GateRelease {
-                    connection: ConnectionId(0),
-                    serial,
-                },
-                now,
-            ));
+            black_box(owned.apply(&config, &views, 1, 0, release(serial), now));
         })
     });
+
+    // Remote owner, both sides spinning on try_recv.
+    {
+        let ((owner, owner_end), (asker, asker_end)) = ends();
+        let mut pump = OwnerPump::new(config.clone());
+        let owner_thread = std::thread::spawn(move || {
+            loop {
+                match owner_end.try_recv() {
+                    Some((_, msg)) if is_stop(&msg) => break,
+                    Some((from, msg)) => pump.handle(&owner_end, from, msg),
+                    None => std::hint::spin_loop(),
+                }
+            }
+        });
+        let mut local = 0u64;
+        g.bench_function("owner_remote_shard_acquire_release_spin", |b| {
+            b.iter_custom(|iters| {
+                let start = MonoClock.now().mono_ns;
+                for _ in 0..iters {
+                    local += 1;
+                    send_until_taken(&asker_end, owner, acquire(global_waiter_id(asker, local)));
+                    let serial = loop {
+                        if let Some((_, msg)) = asker_end.try_recv() {
+                            break grant_serial(&msg);
+                        }
+                        std::hint::spin_loop();
+                    };
+                    send_until_taken(&asker_end, owner, release(black_box(serial)));
+                }
+                elapsed_since(start)
+            })
+        });
+        send_until_taken(&asker_end, owner, Msg::Ack { id: STOP_ID });
+        let _ = owner_thread.join();
+    }
+
+    // Remote owner, both sides monoio runtimes parked in recv().await.
+    {
+        let ((owner, mut owner_end), (asker, mut asker_end)) = ends();
+        let mut pump = OwnerPump::new(config.clone());
+        let owner_thread = std::thread::spawn(move || {
+            run_monoio(async move {
+                loop {
+                    let (from, msg) = owner_end.recv().await;
+                    if is_stop(&msg) {
+                        break;
+                    }
+                    pump.handle(&owner_end, from, msg);
+                }
+            })
+        });
+        let mut local = 0u64;
+        g.bench_function("owner_remote_shard_acquire_release_parked", |b| {
+            b.iter_custom(|iters| {
+                run_monoio(async {
+                    let start = MonoClock.now().mono_ns;
+                    for _ in 0..iters {
+                        local += 1;
+                        let _ = asker_end.send(owner, acquire(global_waiter_id(asker, local)));
+                        let (_, msg) = asker_end.recv().await;
+                        let _ = asker_end.send(owner, release(black_box(grant_serial(&msg))));
+                    }
+                    elapsed_since(start)
+                })
+                .unwrap_or_default()
+            })
+        });
+        let _ = asker_end.send(owner, Msg::Ack { id: STOP_ID });
+        let _ = owner_thread.join();
+    }
     g.finish();
 }
 
