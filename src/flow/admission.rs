@@ -43,6 +43,17 @@ impl OwnerKey for GateHome {
     }
 }
 
+/// The shard that runs quota-share selection (B §2.4) for every combo: its in-flight
+/// counters are per connection and must see every quota-share dispatch, whichever combo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaShareHome;
+
+impl OwnerKey for QuotaShareHome {
+    fn owner_hash(&self) -> u64 {
+        mix64(DOMAIN_GLOBAL | 1)
+    }
+}
+
 /// `provider_quota_overrides[<provider>].provider_concurrency` (0 = none).
 pub fn provider_capacity(config: &Config, provider: ProviderId) -> Option<u32> {
     let name = &config.provider(provider).name;

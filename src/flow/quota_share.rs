@@ -164,6 +164,11 @@ impl InflightTicket {
     pub fn connection(&self) -> ConnectionId {
         self.connection
     }
+
+    /// Unique among this selector's tickets (names it in a release message).
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
 }
 
 /// The result of [`QuotaShareSelector::select`]; indices point into the input targets.

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
-use crate::flow::admission::{effective_max_wait_ms, gate_home, gated};
+use crate::flow::admission::{account_capacity, effective_max_wait_ms, gate_home, gated};
 use crate::flow::gates::GateError;
+use crate::flow::quota_share::QS_QUEUE_TIMEOUT_MS;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
 use crate::shard::probe::Answer;
@@ -104,9 +105,55 @@ pub async fn acquire<'a>(
                 "a concurrency gate's queue is full",
             ))
         }
-        Answer::Probe(..) | Answer::Ack | Answer::Queue(_) | Answer::QueueRetry(_) => Err(
-            GatewayError::new(ErrorKind::Internal, "unexpected answer to a permit request"),
-        ),
+        Answer::Probe(..)
+        | Answer::Ack
+        | Answer::Queue(_)
+        | Answer::QueueRetry(_)
+        | Answer::QuotaShare(_) => Err(GatewayError::new(
+            ErrorKind::Internal,
+            "unexpected answer to a permit request",
+        )),
+    }
+}
+
+/// Takes `connection`'s quota-share slot (`qsconn:<connection>`, cap = its account capacity;
+/// B §2.3) on its gate home for an attempt of a quota-share combo. Fails open: disabled,
+/// no cap, queue full (20 waiting), a 30 s wait or an unreachable home all give `None`, and
+/// the attempt runs without a slot.
+pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option<GatePermit<'_>> {
+    let config = shard.config();
+    if !config.resilience.quota_share_concurrency_limit.enabled
+        || account_capacity(config, connection).is_none()
+    {
+        return None;
+    }
+    let deadline_ns = shard
+        .now()
+        .mono_ns
+        .saturating_add(QS_QUEUE_TIMEOUT_MS.saturating_mul(1_000_000));
+    let home = shard.owner(&gate_home(config, connection));
+    let asked = ask_owner(
+        shard,
+        home,
+        connection,
+        &shard.gate_waiters,
+        |id| Msg::QsSlotAcquire {
+            id,
+            connection,
+            deadline_ns: Some(deadline_ns),
+        },
+        |id| Msg::GateCancel { connection, id },
+        Duration::from_millis(QS_QUEUE_TIMEOUT_MS + 1_000),
+    )
+    .await;
+    match asked {
+        Asked::Answered(_, Answer::Gate(Ok(serial))) => Some(GatePermit {
+            shard,
+            home,
+            connection,
+            serial,
+        }),
+        _ => None,
     }
 }
 

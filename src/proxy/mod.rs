@@ -9,6 +9,7 @@ pub mod gate;
 pub mod models;
 pub mod peek;
 pub mod queue;
+pub mod quota_share;
 pub mod record;
 pub mod relay;
 pub mod respond;
@@ -198,6 +199,8 @@ async fn inference(
 pub struct Plan {
     pub peek: peek::Peek,
     pub candidates: Vec<(Target, ConnectionId)>,
+    /// The quota-share combo the model names (its index), if it is one.
+    pub quota_share: Option<usize>,
 }
 
 /// Authenticate → peek → resolve → select.
@@ -259,7 +262,12 @@ fn plan(
         };
         return Err(GatewayError::new(kind, why));
     }
-    Ok(Plan { peek, candidates })
+    let quota_share = quota_share::combo_of(config, &peek.model);
+    Ok(Plan {
+        peek,
+        candidates,
+        quota_share,
+    })
 }
 
 fn peek_message(e: &peek::PeekError) -> String {

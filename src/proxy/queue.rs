@@ -156,7 +156,7 @@ pub async fn acquire<'a>(
                 sleep_until(shard, at).await;
                 continue;
             }
-            Answer::Probe(..) | Answer::Ack | Answer::Gate(_) => {
+            Answer::Probe(..) | Answer::Ack | Answer::Gate(_) | Answer::QuotaShare(_) => {
                 return Err(GatewayError::new(
                     ErrorKind::Internal,
                     "unexpected answer to a queue request",

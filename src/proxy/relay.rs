@@ -210,6 +210,13 @@ pub async fn run(
         header: Duration::from_millis(s.response_header_timeout_ms),
         idle: Duration::from_millis(s.body_idle_timeout_ms),
     };
+    let mut plan = plan;
+    // A quota-share combo: the home orders the candidates and counts the pick in flight
+    // until this request ends (the ticket's drop).
+    let _in_flight = match plan.quota_share {
+        Some(combo) => super::quota_share::order(shard, combo, &mut plan.candidates).await,
+        None => None,
+    };
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut attempts = 0usize;
@@ -224,6 +231,11 @@ pub async fn run(
                 last = Some(LastFailure::Gateway(e));
                 continue;
             }
+        };
+        // A quota-share combo's attempt holds its connection's qsconn slot (fail open).
+        let _qs_slot = match plan.quota_share {
+            Some(_) => super::gate::quota_share_slot(shard, *cid).await,
+            None => None,
         };
         // A slot in the connection's request queue, then its concurrency permits (both
         // returned when their guards drop, on every path below).

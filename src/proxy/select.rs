@@ -185,7 +185,14 @@ async fn ask_probe(
     }
     match monoio::time::timeout(Duration::from_millis(PROBE_REPLY_TIMEOUT_MS), wait).await {
         Ok(Answer::Probe(ticket, retry_after_ms)) => Ok((ticket, retry_after_ms)),
-        Ok(Answer::Ack | Answer::Gate(_) | Answer::Queue(_) | Answer::QueueRetry(_)) | Err(_) => {
+        Ok(
+            Answer::Ack
+            | Answer::Gate(_)
+            | Answer::Queue(_)
+            | Answer::QueueRetry(_)
+            | Answer::QuotaShare(_),
+        )
+        | Err(_) => {
             shard.probes.forget(id);
             Err(GatewayError::new(
                 ErrorKind::MeshUnavailable,

@@ -46,6 +46,24 @@ pub struct Outcome {
     pub probe: Option<ProbeTicket>,
 }
 
+/// One candidate of a quota-share dispatch (a combo target on one connection).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QsCandidate {
+    pub connection: ConnectionId,
+    /// `provider/model/connection`: the deficit round robin's key.
+    pub execution_key: String,
+    /// Target weight × connection weight.
+    pub weight: u32,
+}
+
+/// The quota-share home's answer: the candidates' order (indices into the request's list)
+/// and the chosen connection's in-flight ticket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QsPick {
+    pub ordered: Vec<u32>,
+    pub ticket: Option<u64>,
+}
+
 /// What a successful upstream answer tells its connection's request queue: the status and
 /// the rate-limit fields (`x-ratelimit-*`) of its head — nothing else is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +133,24 @@ pub enum Msg {
     },
     /// Asker → owner: the waiter `id` gave up.
     GateCancel { connection: ConnectionId, id: u64 },
+    /// Asker → quota-share home: order these candidates of combo `combo` (its name) and
+    /// count the chosen one in flight (B §2.4).
+    QsSelect {
+        id: u64,
+        combo: String,
+        candidates: Vec<QsCandidate>,
+    },
+    /// Quota-share home → asker.
+    QsPicked { id: u64, pick: Box<QsPick> },
+    /// Asker → quota-share home: the dispatch holding in-flight ticket `serial` is over.
+    QsRelease { serial: u64 },
+    /// Asker → gate home of `connection`: its `qsconn` slot (B §2.3; answered with
+    /// `GateGrant` / `GateDenied`, returned with `GateRelease`).
+    QsSlotAcquire {
+        id: u64,
+        connection: ConnectionId,
+        deadline_ns: Option<u64>,
+    },
     /// Asker → owner of `connection`: a slot in the connection's request queue (the
     /// per-connection limiter; granted at once when the limiter is off).
     QueueAcquire {

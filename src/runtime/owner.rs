@@ -15,6 +15,7 @@
 //! | string `s` (session keys, model keys) | `mix64(fnv1a64(utf8 bytes of s))` |
 //! | pair `(a, b)` (connection × model) | `mix64(DOMAIN_PAIR ^ hash(a) ^ hash(b).rotate_left(32))` |
 //! | the global concurrency gate (`flow::admission::GateHome::Global`) | `mix64(DOMAIN_GLOBAL)` |
+//! | quota-share selection (`flow::admission::QuotaShareHome`) | `mix64(DOMAIN_GLOBAL \| 1)` |
 //!
 //! [`fnv1a64`] is 64-bit FNV-1a (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`);
 //! [`mix64`] is the splitmix64 finaliser (Stafford's "Mix13"), a bijection that spreads every
@@ -39,7 +40,8 @@ pub const DOMAIN_PROVIDER: u64 = 0x01 << 56;
 pub const DOMAIN_CONNECTION: u64 = 0x02 << 56;
 /// Domain tag mixed into pair keys.
 pub const DOMAIN_PAIR: u64 = 0x03 << 56;
-/// Domain tag of the process-wide singletons (the global concurrency gate).
+/// Domain tag of the process-wide singletons (the global concurrency gate, quota-share
+/// selection).
 pub const DOMAIN_GLOBAL: u64 = 0x04 << 56;
 
 /// The shard that owns the key whose stable hash is `key_hash`: `key_hash % shards`

@@ -242,6 +242,15 @@ impl Shard {
                 self.probes
                     .complete(local_id(id), Answer::QueueRetry(at_ns));
             }
+            Msg::QsPicked { id, pick } => {
+                let ticket = pick.ticket;
+                if !self.probes.complete(local_id(id), Answer::QuotaShare(pick))
+                    && let Some(serial) = ticket
+                {
+                    // The asker gave up: the dispatch never happens, so it is not in flight.
+                    let _ = self.send(from, Msg::QsRelease { serial });
+                }
+            }
             Msg::Outcome(..)
             | Msg::ProviderResult { .. }
             | Msg::EgressCool { .. }
@@ -252,6 +261,9 @@ impl Shard {
             | Msg::GateRelease { .. }
             | Msg::GateCancel { .. }
             | Msg::QueueAcquire { .. }
+            | Msg::QsSelect { .. }
+            | Msg::QsRelease { .. }
+            | Msg::QsSlotAcquire { .. }
             | Msg::QueueFinish { .. }
             | Msg::QueueCancel { .. }
             | Msg::QueueTick { .. } => {

@@ -24,12 +24,20 @@ use crate::runtime::owner::owner_of;
 
 use super::views::Views;
 use super::waiter_shard;
-use crate::flow::admission::{effective_max_wait_ms, gate_requirements, queue_of, window_of};
+use crate::flow::admission::{
+    account_capacity, effective_max_wait_ms, gate_requirements, queue_of, window_of,
+};
+use crate::flow::gates::GateError;
 use crate::flow::gates::{Acquire, AcquireRequest, GateTable, Permit, QueueLimit, Wakeups};
 use crate::flow::queue::{
     Grant, Limiter, LimiterTable, Schedule, SlidingWindow, WindowDecision, check_queue_admission,
     observe_response,
 };
+use crate::flow::quota_share::{
+    INFLIGHT_LEASE_MS, InflightTicket, NoBuckets, QS_QUEUE_DEPTH, QsTarget, QuotaShareSelector,
+    SlotAcquire, SlotRequest, acquire_slot,
+};
+use crate::runtime::msg::{QsCandidate, QsPick};
 
 /// Where a message produced by the owner goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +65,10 @@ pub struct Owned {
     pub queue_waiters: std::collections::HashMap<u64, String>,
     /// Provider sliding windows (B §1.2b) by `<provider>:<connection>`.
     pub windows: std::collections::HashMap<String, SlidingWindow>,
+    /// Quota-share selection state (on the quota-share home only).
+    pub quota_share: QuotaShareSelector,
+    /// Outstanding in-flight tickets by serial, with when they were taken.
+    pub qs_tickets: std::collections::HashMap<u64, (InflightTicket, u64)>,
 }
 
 /// Longest error text kept for classification and `lastError`.
@@ -73,6 +85,8 @@ impl Owned {
             limiters: LimiterTable::default(),
             queue_waiters: std::collections::HashMap::new(),
             windows: std::collections::HashMap::new(),
+            quota_share: QuotaShareSelector::new(),
+            qs_tickets: std::collections::HashMap::new(),
         }
     }
 
@@ -201,6 +215,56 @@ impl Owned {
                     self.queue_grants(&key, grants, now, &mut out);
                 }
             }
+            Msg::QsSelect {
+                id,
+                combo,
+                candidates,
+            } => {
+                let pick = self.quota_share_select(config, &combo, &candidates, now);
+                out.push((
+                    Dest::Shard(waiter_shard(id)),
+                    Msg::QsPicked {
+                        id,
+                        pick: Box::new(pick),
+                    },
+                ));
+            }
+            Msg::QsRelease { serial } => {
+                if let Some((ticket, _)) = self.qs_tickets.remove(&serial) {
+                    self.quota_share.release(ticket);
+                }
+            }
+            Msg::QsSlotAcquire {
+                id,
+                connection,
+                deadline_ns,
+            } => {
+                self.expire_gates(now, &mut out);
+                let request = SlotRequest {
+                    id,
+                    connection: Some(connection),
+                    max_concurrent: account_capacity(config, connection),
+                    deadline: deadline_ns,
+                    queue_depth: QS_QUEUE_DEPTH,
+                };
+                let enabled = config.resilience.quota_share_concurrency_limit.enabled;
+                let to = Dest::Shard(waiter_shard(id));
+                match acquire_slot(&mut self.gates, enabled, request, now) {
+                    SlotAcquire::Slot(permit) => {
+                        let serial = permit.serial();
+                        self.permits.insert(serial, permit);
+                        out.push((to, Msg::GateGrant { id, serial }));
+                    }
+                    SlotAcquire::Queued => {}
+                    SlotAcquire::NoSlot => out.push((
+                        to,
+                        Msg::GateDenied {
+                            id,
+                            error: GateError::QueueFull,
+                        },
+                    )),
+                }
+            }
             Msg::QueueTick { key } => {
                 self.queue_tick(&key, now, &mut out);
             }
@@ -254,12 +318,52 @@ impl Owned {
             | Msg::GateDenied { .. }
             | Msg::QueueGrant { .. }
             | Msg::QueueDenied { .. }
-            | Msg::QueueRetry { .. } => {}
+            | Msg::QueueRetry { .. }
+            | Msg::QsPicked { .. } => {}
         }
         for u in self.lockouts.drain_updates() {
             out.push((Dest::All, Msg::Lockout(Box::new(u))));
         }
         out
+    }
+
+    /// Quota-share selection (B §2.4) over a combo's candidates: caps are the connections'
+    /// account capacities; no quota buckets are tracked (nothing is ever saturated).
+    fn quota_share_select(
+        &mut self,
+        config: &Config,
+        combo: &str,
+        candidates: &[QsCandidate],
+        now: Now,
+    ) -> QsPick {
+        let targets: Vec<QsTarget> = candidates
+            .iter()
+            .map(|c| QsTarget {
+                execution_key: c.execution_key.clone(),
+                connection: Some(c.connection),
+                weight: Some(f64::from(c.weight)),
+            })
+            .collect();
+        let caps: std::collections::HashMap<ConnectionId, u32> = candidates
+            .iter()
+            .filter_map(|c| account_capacity(config, c.connection).map(|n| (c.connection, n)))
+            .collect();
+        let selection =
+            self.quota_share
+                .select(&targets, combo, combo, Some(&caps), &NoBuckets, now);
+        let ticket = selection.ticket.map(|t| {
+            let serial = t.serial();
+            self.qs_tickets.insert(serial, (t, now.mono_ns));
+            serial
+        });
+        QsPick {
+            ordered: selection
+                .ordered
+                .iter()
+                .map(|i| u32::try_from(*i).unwrap_or(u32::MAX))
+                .collect(),
+            ticket,
+        }
     }
 
     /// The provider's sliding window (B §1.2b), before the queue: a slot now, or — while
@@ -400,6 +504,11 @@ impl Owned {
         }
         self.limiters.evict_idle(now);
         self.windows.retain(|_, w| !w.is_idle(now));
+        // In-flight tickets whose release was lost stop counting after their lease.
+        self.quota_share.sweep(now);
+        let lease_ns = INFLIGHT_LEASE_MS.saturating_mul(1_000_000);
+        self.qs_tickets
+            .retain(|_, (_, taken)| now.mono_ns.saturating_sub(*taken) < lease_ns);
         out
     }
 
@@ -823,6 +932,59 @@ mod tests {
         // … and be let through (fail open).
         assert_eq!(ask(7, 0, 90_000), None);
         assert!(owned.queue_waiters.is_empty(), "no queue was involved");
+    }
+
+    /// The `qsconn` slot on the gate home (B §2.3): cap = the account capacity, a second
+    /// request waits until the first releases, and a disabled limit gives no slot at once.
+    #[test]
+    fn quota_share_slot_serialises_and_fails_open_when_disabled() {
+        let toml = |enabled: bool| {
+            format!(
+                "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                 [[connections]]\nid = \"c\"\nprovider = \"p\"\nmax_concurrent = 1\n\
+                 [resilience.quota_share_concurrency_limit]\nenabled = {enabled}\n"
+            )
+        };
+        let now = Now {
+            mono_ns: 1_000_000_000,
+            wall_ms: 1_800_000_000_000,
+        };
+        let views = Views::default();
+        let slot = |id: u64| Msg::QsSlotAcquire {
+            id: super::super::global_waiter_id(1, id),
+            connection: ConnectionId(0),
+            deadline_ns: Some(now.mono_ns + 30_000_000_000),
+        };
+        let config = crate::config::load_str(&toml(true), &|_| None)
+            .unwrap()
+            .config;
+        let mut owned = Owned::new(&config);
+        let serial = match owned.apply(&config, &views, 2, 1, slot(1), now).as_slice() {
+            [(Dest::Shard(1), Msg::GateGrant { serial, .. })] => *serial,
+            other => panic!("first slot: {other:?}"),
+        };
+        assert!(
+            owned.apply(&config, &views, 2, 1, slot(2), now).is_empty(),
+            "queued"
+        );
+        let release = Msg::GateRelease {
+            connection: ConnectionId(0),
+            serial,
+        };
+        match owned.apply(&config, &views, 2, 1, release, now).as_slice() {
+            [(Dest::Shard(1), Msg::GateGrant { id, .. })] => {
+                assert_eq!(*id, super::super::global_waiter_id(1, 2));
+            }
+            other => panic!("the waiter was not granted on release: {other:?}"),
+        }
+        let config = crate::config::load_str(&toml(false), &|_| None)
+            .unwrap()
+            .config;
+        let mut owned = Owned::new(&config);
+        assert!(matches!(
+            owned.apply(&config, &views, 2, 1, slot(1), now).as_slice(),
+            [(Dest::Shard(1), Msg::GateDenied { .. })]
+        ));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use crate::resilience::breaker::ProbeTicket;
 
 /// An owner's answer to one request of this shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// Probe request: a ticket (the probe is ours), or none with a retry-after.
     Probe(Option<ProbeTicket>, u64),
@@ -23,11 +23,13 @@ pub enum Answer {
     Queue(Result<u64, crate::flow::queue::QueueError>),
     /// Queue request: the provider's sliding window is full; ask again at this instant.
     QueueRetry(u64),
+    /// Quota-share selection: the candidates' order and the in-flight ticket.
+    QuotaShare(Box<crate::runtime::msg::QsPick>),
 }
 
 #[derive(Debug, Default)]
 struct Slot {
-    answer: Cell<Option<Answer>>,
+    answer: RefCell<Option<Answer>>,
     waker: RefCell<Option<Waker>>,
 }
 
@@ -53,7 +55,7 @@ impl ProbeWaiters {
         let Some(slot) = self.slots.borrow_mut().remove(&id) else {
             return false;
         };
-        slot.answer.set(Some(answer));
+        *slot.answer.borrow_mut() = Some(answer);
         if let Some(w) = slot.waker.borrow_mut().take() {
             w.wake();
         }
@@ -76,7 +78,8 @@ impl Future for ProbeWait {
     type Output = Answer;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
-        match self.slot.answer.take() {
+        let answer = self.slot.answer.borrow_mut().take();
+        match answer {
             Some(a) => Poll::Ready(a),
             None => {
                 *self.slot.waker.borrow_mut() = Some(cx.waker().clone());

@@ -39,6 +39,10 @@ impl Views {
             | Msg::QueueGrant { .. }
             | Msg::QueueDenied { .. }
             | Msg::QueueRetry { .. }
+            | Msg::QsSelect { .. }
+            | Msg::QsPicked { .. }
+            | Msg::QsRelease { .. }
+            | Msg::QsSlotAcquire { .. }
             | Msg::QueueFinish { .. }
             | Msg::QueueCancel { .. }
             | Msg::QueueTick { .. }
