@@ -268,3 +268,29 @@ fn global_gate_caps_every_provider_across_shards() {
         "two requests passed the global gate at once"
     );
 }
+
+#[test]
+fn a_429_with_retry_after_blocks_the_gate_so_its_waiter_never_meets_the_same_refusal() {
+    let mock = MockUpstream::start();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::error(429, "slow down")
+            .header("retry-after", "5")
+            .delay_ms(600),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    let gw = Gateway::start(&config(
+        &mock,
+        "max_concurrent = 1\n[connections.rate_limit_overrides]\nmax_wait_ms = 1000",
+    ));
+    let addr = gw.addr();
+    let first = std::thread::spawn(move || ask(addr, "m1"));
+    mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(10));
+    // Queued behind the first at the account gate; the first's 429 blocks the gate for 5 s,
+    // so this one waits out its 1 s budget instead of being sent on the first's release.
+    let second = ask(addr, "m1");
+    assert_eq!(first.join().unwrap().status, 429);
+    assert_eq!(second.status, 429, "{}", second.text());
+    assert_eq!(second.header("x-tidegate-error"), Some("semaphore_timeout"));
+    assert_eq!(mock.hits("/v1/chat/completions"), 1);
+}

@@ -25,6 +25,10 @@
 //!   rise waits for `reconfigure`). Permits already granted are never revoked.
 //! * **Leaving the queue** (timeout, cancel) frees no capacity, so it grants nobody: only
 //!   [`GateTable::release`] and capacity rises do.
+//! * **Temporary blocking** (§2.1 rule 7, [`GateTable::mark_blocked`]): a blocked gate admits
+//!   nothing — newcomers queue behind it, waiters stay queued — until [`GateTable::tick`]
+//!   lifts the block at its end and grants the waiters that then fit, oldest first. A later
+//!   block extends an earlier one, never shortens it. Permits already held are kept.
 //! * **Deadlines.** A queued waiter whose deadline has passed times out
 //!   ([`GateError::Timeout`]). A contended request whose deadline is already due is refused
 //!   with `Timeout` at once (§2.1 rule 6: a zero wait budget is not "no deadline");
@@ -34,7 +38,8 @@
 //!
 //! Every mutating method takes [`Now`]; before granting anything it times out overdue
 //! waiters, so a waiter past its deadline is never granted even if the owner has not run
-//! [`GateTable::expire`] yet. [`GateTable::next_deadline`] tells the owner when to wake.
+//! [`GateTable::expire`] yet. [`GateTable::next_deadline`] tells the owner when to wake
+//! (the earliest waiter deadline or block end); it then calls [`GateTable::tick`].
 //!
 //! # Deviations from OmniRoute (copy to `docs/compat.md`)
 //!
@@ -43,8 +48,7 @@
 //!    global gate enabled stalls every other account's traffic (head-of-line blocking
 //!    across accounts). Here a waiter blocks later ones only on a gate it could use: the
 //!    oldest *grantable* waiter wins.
-//! 2. `markBlocked(key, until)` is not kept (no caller in the request path needs it).
-//! 3. Release is exactly-once by type (a [`Permit`] is consumed), not idempotent by lookup.
+//! 2. Release is exactly-once by type (a [`Permit`] is consumed), not idempotent by lookup.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
@@ -222,11 +226,26 @@ struct Gate {
     in_use: u32,
     /// Waiter ids in arrival order.
     queue: VecDeque<u64>,
+    /// Admits nothing until this monotonic instant (lifted by `tick`).
+    blocked_until: Option<u64>,
 }
 
 impl Gate {
+    fn new(capacity: u32) -> Self {
+        Self {
+            capacity,
+            in_use: 0,
+            queue: VecDeque::new(),
+            blocked_until: None,
+        }
+    }
+
     fn has_room(&self) -> bool {
-        self.in_use < self.capacity
+        self.in_use < self.capacity && self.blocked_until.is_none()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_use == 0 && self.queue.is_empty() && self.blocked_until.is_none()
     }
 }
 
@@ -245,6 +264,8 @@ pub struct GateTable {
     waiters: HashMap<u64, Waiter>,
     /// Queued waiters with a deadline (deadline, id).
     deadlines: BTreeSet<(u64, u64)>,
+    /// Blocked gates by the end of their block (until, key).
+    blocks: BTreeSet<(u64, GateKey)>,
     next_seq: u64,
     next_serial: u64,
     outstanding: usize,
@@ -279,11 +300,10 @@ impl GateTable {
         } = request;
         let needs = normalize(gates);
         for (key, capacity) in &needs {
-            let gate = self.gates.entry(key.clone()).or_insert_with(|| Gate {
-                capacity: *capacity,
-                in_use: 0,
-                queue: VecDeque::new(),
-            });
+            let gate = self
+                .gates
+                .entry(key.clone())
+                .or_insert_with(|| Gate::new(*capacity));
             // Lowering is always safe; raising a gate with waiters could let this newcomer
             // pass them, so it waits for `reconfigure`, which grants them first.
             if *capacity < gate.capacity || gate.queue.is_empty() {
@@ -405,9 +425,66 @@ impl GateTable {
         wake
     }
 
-    /// The earliest deadline of a queued waiter: when the owner should call [`Self::expire`].
+    /// Blocks gate `key` until `until_ns` (monotonic): it admits nothing before then. A
+    /// block that ends earlier than one already in place changes nothing; one already over
+    /// is ignored. The owner arms a wake-up at [`Self::next_deadline`] and calls
+    /// [`Self::tick`] to lift it.
+    pub fn mark_blocked(&mut self, key: GateKey, until_ns: u64, now: Now) {
+        if until_ns <= now.mono_ns {
+            return;
+        }
+        let gate = self
+            .gates
+            .entry(key.clone())
+            .or_insert_with(|| Gate::new(u32::MAX));
+        match gate.blocked_until {
+            Some(old) if old >= until_ns => return,
+            Some(old) => {
+                self.blocks.remove(&(old, key.clone()));
+            }
+            None => {}
+        }
+        gate.blocked_until = Some(until_ns);
+        self.blocks.insert((until_ns, key));
+    }
+
+    /// Whether `key` is blocked (its block not yet lifted by [`Self::tick`]).
+    pub fn is_blocked(&self, key: &GateKey) -> bool {
+        self.gates
+            .get(key)
+            .is_some_and(|g| g.blocked_until.is_some())
+    }
+
+    /// The owner's timer: times out overdue waiters, lifts the blocks that are over and
+    /// grants the waiters that then fit, oldest first.
+    pub fn tick(&mut self, now: Now) -> Wakeups {
+        let mut wake = self.expire_only(now);
+        let mut lifted = Vec::new();
+        while let Some((until, _)) = self.blocks.first() {
+            if *until > now.mono_ns {
+                break;
+            }
+            if let Some((_, key)) = self.blocks.pop_first() {
+                if let Some(g) = self.gates.get_mut(&key) {
+                    g.blocked_until = None;
+                }
+                lifted.push(key);
+            }
+        }
+        self.grant_among(&lifted, &mut wake);
+        self.forget_idle(lifted.iter());
+        wake
+    }
+
+    /// When the owner should call [`Self::tick`]: the earliest deadline of a queued waiter
+    /// or end of a block.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.deadlines.first().map(|(d, _)| *d)
+        let deadline = self.deadlines.first().map(|(d, _)| *d);
+        let block = self.blocks.first().map(|(u, _)| *u);
+        match (deadline, block) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Permits granted and not yet released.
@@ -448,8 +525,13 @@ impl GateTable {
                     return Err(format!("gate {k} queues waiter {id} that does not need it"));
                 }
             }
-            if g.in_use == 0 && g.queue.is_empty() {
+            if g.is_idle() {
                 return Err(format!("idle gate {k} kept"));
+            }
+            if let Some(until) = g.blocked_until
+                && !self.blocks.contains(&(until, k.clone()))
+            {
+                return Err(format!("blocked gate {k} missing from the block index"));
             }
         }
         for (id, w) in &self.waiters {
@@ -549,11 +631,7 @@ impl GateTable {
     /// Drops gates with no permit and no waiter (§2.1: idle gates disappear).
     fn forget_idle<'a>(&mut self, keys: impl Iterator<Item = &'a GateKey>) {
         for k in keys {
-            if self
-                .gates
-                .get(k)
-                .is_some_and(|g| g.in_use == 0 && g.queue.is_empty())
-            {
+            if self.gates.get(k).is_some_and(Gate::is_idle) {
                 self.gates.remove(k);
             }
         }
@@ -628,6 +706,51 @@ mod tests {
         assert_eq!(t.outstanding(), 0);
         assert_eq!(t.stats(&GateKey::Account(A)), None, "idle gates disappear");
         t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_blocked_gate_admits_nothing_until_the_tick_that_lifts_it() {
+        let mut t = GateTable::new();
+        let g = [(GateKey::Account(A), Some(2))];
+        let held = granted(t.acquire(req(1, &g, None), at(0)));
+        t.mark_blocked(GateKey::Account(A), ms(100), at(10));
+        assert!(t.is_blocked(&GateKey::Account(A)));
+        // Room, but blocked: newcomers queue; the permit already held is kept.
+        assert_eq!(t.acquire(req(2, &g, None), at(20)), Acquire::Queued);
+        assert_eq!(t.acquire(req(3, &g, Some(50)), at(30)), Acquire::Queued);
+        // A shorter block changes nothing; the next wake-up is the earliest of the
+        // waiter's deadline and the block's end.
+        t.mark_blocked(GateKey::Account(A), ms(60), at(30));
+        assert_eq!(t.next_deadline(), Some(ms(50)));
+        // Releasing during the block grants nobody.
+        assert!(t.release(held, at(40)).granted.is_empty());
+        let w = t.tick(at(50));
+        assert_eq!(
+            (ids(&w), w.timed_out.len()),
+            (vec![], 1),
+            "waiter 3 timed out"
+        );
+        assert_eq!(t.next_deadline(), Some(ms(100)));
+        assert!(t.tick(at(99)).is_empty());
+        // Other gates are not affected.
+        let other = granted(t.acquire(req(4, &[(GateKey::Account(B), Some(1))], None), at(99)));
+        let w = t.tick(at(100));
+        assert_eq!(ids(&w), vec![2]);
+        assert!(!t.is_blocked(&GateKey::Account(A)));
+        t.check_invariants().unwrap();
+        // A block on an idle gate keeps it until lifted; one already over is ignored.
+        t.mark_blocked(GateKey::Global, ms(90), at(100));
+        assert!(!t.is_blocked(&GateKey::Global));
+        t.mark_blocked(GateKey::Global, ms(200), at(100));
+        assert!(t.is_blocked(&GateKey::Global));
+        t.check_invariants().unwrap();
+        assert!(t.tick(at(200)).is_empty());
+        assert_eq!(
+            t.stats(&GateKey::Global),
+            None,
+            "an idle gate goes once unblocked"
+        );
+        drop(other);
     }
 
     #[test]
@@ -857,6 +980,10 @@ mod tests {
         /// calls `reconfigure` (else only later acquires carry the new capacities, and
         /// capacities only rise).
         Reconfigure([u32; 6], bool),
+        /// Block gate `key(i)` for this many ms.
+        Block(usize, u64),
+        /// The owner's timer: `tick`.
+        Tick,
     }
 
     fn key(i: usize) -> GateKey {
@@ -884,11 +1011,15 @@ mod tests {
             1 => (0usize..64).prop_map(Op::Cancel),
             1 => (prop::array::uniform6(0u32..3), any::<bool>())
                 .prop_map(|(d, apply)| Op::Reconfigure(d, apply)),
+            1 => (0usize..6, 0u64..40).prop_map(|(i, d)| Op::Block(i, d)),
+            1 => Just(Op::Tick),
         ]
     }
 
     struct Run {
         caps: [u32; 6],
+        /// Blocks not yet lifted by a tick (until, ms).
+        blocked: [Option<u64>; 6],
         held: Vec<(u64, Permit)>,
         /// Waiter id → keys it asked for (normalized).
         waiting: HashMap<u64, Vec<GateKey>>,
@@ -935,13 +1066,19 @@ mod tests {
             Ok(())
         }
 
-        /// Granting never takes a gate past the capacity the settings give it now.
+        /// Granting never takes a gate past the capacity the settings give it now, nor
+        /// passes a block that is not lifted.
         fn check_grant(&self) -> Result<(), TestCaseError> {
             let Some((_, p)) = self.held.last() else {
                 return Ok(());
             };
             for k in p.keys() {
                 let i = (0..6).find(|i| key(*i) == *k).unwrap_or(0);
+                prop_assert!(
+                    self.blocked[i].is_none(),
+                    "granted through blocked gate {}",
+                    k
+                );
                 let in_use = self
                     .held
                     .iter()
@@ -981,6 +1118,7 @@ mod tests {
             let mut t = GateTable::new();
             let mut run = Run {
                 caps: caps.map(|c| if c == 0 { u32::MAX } else { c }),
+                blocked: [None; 6],
                 held: Vec::new(),
                 waiting: HashMap::new(),
                 requests: 0, grants: 0, timeouts: 0, cancels: 0, rejections: 0, released: 0,
@@ -1046,6 +1184,25 @@ mod tests {
                             run.absorb(&t, w)?;
                         }
                     }
+                    Op::Block(i, d) => {
+                        t.mark_blocked(key(i), ms(now_ms + d), now);
+                        if d > 0 {
+                            let until = run.blocked[i].map_or(now_ms + d, |u| u.max(now_ms + d));
+                            run.blocked[i] = Some(until);
+                        }
+                    }
+                    Op::Tick => {
+                        for b in &mut run.blocked {
+                            if b.is_some_and(|u| u <= now_ms) {
+                                *b = None;
+                            }
+                        }
+                        let w = t.tick(now);
+                        run.absorb(&t, w)?;
+                        for i in 0..6 {
+                            prop_assert_eq!(t.is_blocked(&key(i)), run.blocked[i].is_some());
+                        }
+                    }
                     Op::Cancel(i) => {
                         let mut queued: Vec<u64> = run.waiting.keys().copied().collect();
                         queued.sort_unstable();
@@ -1059,7 +1216,13 @@ mod tests {
                 }
                 run.check(&t)?;
             }
-            // Drain: release everything, then expire the rest far in the future.
+            // Drain: lift every block, release everything, then expire the rest far in the
+            // future.
+            let end = now_ms + 1_000;
+            run.blocked = [None; 6];
+            let w = t.tick(at(end));
+            run.absorb(&t, w)?;
+            now_ms = end;
             while let Some((_, p)) = run.held.pop() {
                 run.released += 1;
                 let w = t.release(p, at(now_ms));

@@ -133,6 +133,15 @@ pub enum Msg {
     },
     /// Asker → owner: the waiter `id` gave up.
     GateCancel { connection: ConnectionId, id: u64 },
+    /// Gate home → itself: its next waiter deadline or block end is due.
+    GateTick,
+    /// Connection owner → gate home: the upstream refused with a retry hint; block the
+    /// connection's account gate (else its `model` gate) until `until_ns` (monotonic).
+    GateBlock {
+        connection: ConnectionId,
+        model: String,
+        until_ns: u64,
+    },
     /// Asker → quota-share home: order these candidates of combo `combo` (its name) and
     /// count the chosen one in flight (B §2.4).
     QsSelect {

@@ -260,6 +260,8 @@ impl Shard {
             | Msg::GateAcquire { .. }
             | Msg::GateRelease { .. }
             | Msg::GateCancel { .. }
+            | Msg::GateTick
+            | Msg::GateBlock { .. }
             | Msg::QueueAcquire { .. }
             | Msg::QsSelect { .. }
             | Msg::QsRelease { .. }

@@ -25,10 +25,13 @@ use crate::runtime::owner::owner_of;
 use super::views::Views;
 use super::waiter_shard;
 use crate::flow::admission::{
-    account_capacity, effective_max_wait_ms, gate_requirements, queue_of, window_of,
+    account_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated, model_capacity,
+    queue_of, window_of,
 };
 use crate::flow::gates::GateError;
-use crate::flow::gates::{Acquire, AcquireRequest, GateTable, Permit, QueueLimit, Wakeups};
+use crate::flow::gates::{
+    Acquire, AcquireRequest, GateKey, GateTable, Permit, QueueLimit, Wakeups,
+};
 use crate::flow::queue::{
     Grant, Limiter, LimiterTable, Schedule, SlidingWindow, WindowDecision, check_queue_admission,
     observe_response,
@@ -65,6 +68,8 @@ pub struct Owned {
     pub queue_waiters: std::collections::HashMap<u64, String>,
     /// Provider sliding windows (B §1.2b) by `<provider>:<connection>`.
     pub windows: std::collections::HashMap<String, SlidingWindow>,
+    /// When the gate timer is armed for (monotonic ns).
+    pub gate_timer: Option<u64>,
     /// Quota-share selection state (on the quota-share home only).
     pub quota_share: QuotaShareSelector,
     /// Outstanding in-flight tickets by serial, with when they were taken.
@@ -85,6 +90,7 @@ impl Owned {
             limiters: LimiterTable::default(),
             queue_waiters: std::collections::HashMap::new(),
             windows: std::collections::HashMap::new(),
+            gate_timer: None,
             quota_share: QuotaShareSelector::new(),
             qs_tickets: std::collections::HashMap::new(),
         }
@@ -162,7 +168,7 @@ impl Owned {
                 model,
                 deadline_ns,
             } => {
-                self.expire_gates(now, &mut out);
+                self.tick_gates(now, &mut out);
                 let request = AcquireRequest {
                     id,
                     gates: gate_requirements(config, connection, &model),
@@ -177,7 +183,7 @@ impl Owned {
                         self.permits.insert(serial, permit);
                         out.push((Dest::Shard(waiter_shard(id)), Msg::GateGrant { id, serial }));
                     }
-                    Acquire::Queued => {}
+                    Acquire::Queued => self.arm_gates(&mut out),
                     Acquire::Rejected(error) => {
                         out.push((Dest::Shard(waiter_shard(id)), Msg::GateDenied { id, error }));
                     }
@@ -239,7 +245,7 @@ impl Owned {
                 connection,
                 deadline_ns,
             } => {
-                self.expire_gates(now, &mut out);
+                self.tick_gates(now, &mut out);
                 let request = SlotRequest {
                     id,
                     connection: Some(connection),
@@ -255,7 +261,7 @@ impl Owned {
                         self.permits.insert(serial, permit);
                         out.push((to, Msg::GateGrant { id, serial }));
                     }
-                    SlotAcquire::Queued => {}
+                    SlotAcquire::Queued => self.arm_gates(&mut out),
                     SlotAcquire::NoSlot => out.push((
                         to,
                         Msg::GateDenied {
@@ -272,6 +278,27 @@ impl Owned {
                 if let Some(permit) = self.permits.remove(&serial) {
                     let wakeups = self.gates.release(permit, now);
                     self.wake(wakeups, &mut out);
+                }
+            }
+            Msg::GateTick => {
+                self.gate_timer = None;
+                self.tick_gates(now, &mut out);
+                self.arm_gates(&mut out);
+            }
+            Msg::GateBlock {
+                connection,
+                model,
+                until_ns,
+            } => {
+                let key = if account_capacity(config, connection).is_some() {
+                    Some(GateKey::Account(connection))
+                } else {
+                    model_capacity(config, connection, &model)
+                        .map(|_| GateKey::Model(connection, model.into_boxed_str()))
+                };
+                if let Some(key) = key {
+                    self.gates.mark_blocked(key, until_ns, now);
+                    self.arm_gates(&mut out);
                 }
             }
             Msg::GateCancel { id, .. } => {
@@ -524,9 +551,20 @@ impl Owned {
         }
     }
 
-    fn expire_gates(&mut self, now: Now, out: &mut Vec<(Dest, Msg)>) {
-        for (id, error) in self.gates.expire(now) {
-            out.push((Dest::Shard(waiter_shard(id)), Msg::GateDenied { id, error }));
+    /// Times out overdue gate waiters and lifts blocks that are over (granting who fits).
+    fn tick_gates(&mut self, now: Now, out: &mut Vec<(Dest, Msg)>) {
+        let wakeups = self.gates.tick(now);
+        self.wake(wakeups, out);
+    }
+
+    /// Arms the gate timer for the table's next deadline (a waiter's or a block's end)
+    /// unless an earlier one is armed already.
+    fn arm_gates(&mut self, out: &mut Vec<(Dest, Msg)>) {
+        if let Some(at) = self.gates.next_deadline()
+            && self.gate_timer.is_none_or(|armed| at < armed)
+        {
+            self.gate_timer = Some(at);
+            out.push((Dest::SelfAt(at), Msg::GateTick));
         }
     }
 
@@ -700,6 +738,27 @@ impl Owned {
                     observe_response(&mut self.limiters, &key, *status, &h, text, now);
                 }
                 // Egress: one 429 quota / rate limit cools the whole family behind the same egress.
+                // An upstream 429 that says when to come back blocks the connection's
+                // gate until then: its queued waiters wait (or time out) instead of
+                // meeting the same refusal (B §2.1 rule 7).
+                if status == 429
+                    && decision.used_upstream_retry_hint
+                    && decision.cooldown_ms > 0
+                    && !conn.disable_cooling
+                    && gated(config, o.connection, &o.model)
+                {
+                    let home = owner_of(&gate_home(config, o.connection), shards);
+                    out.push((
+                        Dest::Shard(home),
+                        Msg::GateBlock {
+                            connection: o.connection,
+                            model: o.model.clone(),
+                            until_ns: now
+                                .mono_ns
+                                .saturating_add(decision.cooldown_ms.saturating_mul(1_000_000)),
+                        },
+                    ));
+                }
                 self.egress(config, views, shards, o, status, &decision, now, out);
             }
         }
@@ -963,10 +1022,11 @@ mod tests {
             [(Dest::Shard(1), Msg::GateGrant { serial, .. })] => *serial,
             other => panic!("first slot: {other:?}"),
         };
-        assert!(
-            owned.apply(&config, &views, 2, 1, slot(2), now).is_empty(),
-            "queued"
-        );
+        // Queued: no answer, only the gate timer armed for its deadline.
+        assert!(matches!(
+            owned.apply(&config, &views, 2, 1, slot(2), now).as_slice(),
+            [(Dest::SelfAt(_), Msg::GateTick)]
+        ));
         let release = Msg::GateRelease {
             connection: ConnectionId(0),
             serial,

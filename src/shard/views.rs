@@ -35,6 +35,8 @@ impl Views {
             | Msg::GateDenied { .. }
             | Msg::GateRelease { .. }
             | Msg::GateCancel { .. }
+            | Msg::GateTick
+            | Msg::GateBlock { .. }
             | Msg::QueueAcquire { .. }
             | Msg::QueueGrant { .. }
             | Msg::QueueDenied { .. }
