@@ -294,3 +294,40 @@ fn a_429_with_retry_after_blocks_the_gate_so_its_waiter_never_meets_the_same_ref
     assert_eq!(second.header("x-tidegate-error"), Some("semaphore_timeout"));
     assert_eq!(mock.hits("/v1/chat/completions"), 1);
 }
+
+#[test]
+fn permits_come_back_when_a_stream_ends_and_when_its_client_goes_away() {
+    let mock = MockUpstream::start();
+    let mut pieces = Vec::new();
+    for i in 0..40 {
+        pieces.push(Chunk::openai_delta(&format!("p{i}")));
+        pieces.push(Chunk::delay_ms(50));
+    }
+    pieces.push(Chunk::done());
+    mock.on("/v1/chat/completions", Reply::sse(pieces));
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::openai_stream(&["short", " stream"]),
+    );
+    let gw = Gateway::start(&config(
+        &mock,
+        "max_concurrent = 1\n[connections.rate_limit_overrides]\nmax_wait_ms = 3000",
+    ));
+    let addr = gw.addr();
+    let body = br#"{"model":"up/m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    // A 2 s stream whose client hangs up after the head.
+    let mut c = Client::connect(addr);
+    c.start_request("POST", "/v1/chat/completions", &[], body);
+    assert_eq!(c.read_head().status, 200);
+    drop(c);
+    // Its permit comes back when the gateway notices (its next write), long before the
+    // stream would have ended; then two streams in a row each return theirs at the end.
+    for _ in 0..2 {
+        let mut c = Client::connect(addr);
+        c.set_timeout(Duration::from_secs(10));
+        let r = c.request("POST", "/v1/chat/completions", &[], body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.text().contains("short"), "{}", r.text());
+    }
+    assert_eq!(mock.peak_concurrency(), 1);
+}
