@@ -132,48 +132,15 @@ fn waiting_past_the_queue_budget_is_a_429_that_never_reaches_the_upstream() {
 /// `other` with `c3` (either key) serving `m2`. All three at the same mock.
 fn three_connections(mock: &MockUpstream, resilience: &str) -> String {
     let base = mock.base_url();
+    let keys = "[[client_keys]]\nid = \"one\"\nkey = \"k1\"\nallowed_connections = [\"c1\", \"c3\"]\n\n\
+                [[client_keys]]\nid = \"two\"\nkey = \"k2\"\nallowed_connections = [\"c2\", \"c3\"]\n\n";
     format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[client_keys]]
-id = "one"
-key = "k1"
-allowed_connections = ["c1", "c3"]
-
-[[client_keys]]
-id = "two"
-key = "k2"
-allowed_connections = ["c2", "c3"]
-
-[[providers]]
-id = "up"
-format = "openai"
-base_url = "{base}"
-models = ["m1"]
-
-[[providers]]
-id = "other"
-format = "openai"
-base_url = "{base}"
-models = ["m2"]
-
-[[connections]]
-id = "c1"
-provider = "up"
-
-[[connections]]
-id = "c2"
-provider = "up"
-
-[[connections]]
-id = "c3"
-provider = "other"
-
-{resilience}
-"#
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{keys}{}{}{}{}{}{resilience}",
+        provider("up", &base, &["m1"]),
+        provider("other", &base, &["m2"]),
+        connection("c1", "up"),
+        connection("c2", "up"),
+        connection("c3", "other"),
     )
 }
 

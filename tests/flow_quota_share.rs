@@ -19,36 +19,13 @@ use support::*;
 fn config(mock: &MockUpstream) -> String {
     let base = mock.base_url();
     format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 2
-
-[[providers]]
-id = "a"
-format = "openai"
-base_url = "{base}"
-models = ["ma"]
-
-[[providers]]
-id = "b"
-format = "openai"
-base_url = "{base}"
-models = ["mb"]
-
-[[connections]]
-id = "ca"
-provider = "a"
-
-[[connections]]
-id = "cb"
-provider = "b"
-
-[[combos]]
-name = "share"
-strategy = "quota-share"
-targets = [{{ model = "a/ma", weight = 3 }}, {{ model = "b/mb", weight = 1 }}]
-"#
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}\
+         [[combos]]\nname = \"share\"\nstrategy = \"quota-share\"\n\
+         targets = [{{ model = \"a/ma\", weight = 3 }}, {{ model = \"b/mb\", weight = 1 }}]\n",
+        provider("a", &base, &["ma"]),
+        provider("b", &base, &["mb"]),
+        connection("ca", "a"),
+        connection("cb", "b"),
     )
 }
 

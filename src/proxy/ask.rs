@@ -12,6 +12,17 @@ use crate::runtime::msg::Msg;
 use crate::shard::probe::Answer;
 use crate::shard::{Shard, global_waiter_id};
 
+/// How long an asker waits for the answer to a request whose owner times the wait out
+/// itself after `wait_ms` (0 = no deadline): that, plus a second for the reply. The bound
+/// only guards a lost reply.
+pub fn reply_bound(wait_ms: u64) -> Duration {
+    if wait_ms > 0 {
+        Duration::from_millis(wait_ms.saturating_add(1_000))
+    } else {
+        Duration::from_secs(24 * 3600)
+    }
+}
+
 /// How asking went.
 pub enum Asked {
     /// The owner's answer to waiter `id`.

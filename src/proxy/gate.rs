@@ -4,8 +4,6 @@
 //! home (`flow::admission`) — all-or-nothing, FIFO, bounded by the queue budget — and gives
 //! them back exactly once when the attempt ends, on every path (the guard's `Drop`).
 
-use std::time::Duration;
-
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::admission::{account_capacity, effective_max_wait_ms, gate_home, gated};
@@ -15,7 +13,7 @@ use crate::runtime::msg::Msg;
 use crate::shard::Shard;
 use crate::shard::probe::Answer;
 
-use super::ask::{Asked, ask_owner};
+use super::ask::{Asked, ask_owner, reply_bound};
 
 /// Held while an attempt runs; dropping it releases the permits.
 pub struct GatePermit<'a> {
@@ -41,6 +39,34 @@ impl Drop for GatePermit<'_> {
     }
 }
 
+/// Asks `connection`'s gate home for a grant (`request(id, deadline_ns)`), waiting until
+/// `wait_ms` from now (0 = no deadline); the home times the wait out itself.
+async fn ask_home(
+    shard: &Shard,
+    connection: ConnectionId,
+    wait_ms: u64,
+    request: impl FnOnce(u64, Option<u64>) -> Msg,
+) -> (usize, Asked) {
+    let deadline_ns = (wait_ms > 0).then(|| {
+        shard
+            .now()
+            .mono_ns
+            .saturating_add(wait_ms.saturating_mul(1_000_000))
+    });
+    let home = shard.owner(&gate_home(shard.config(), connection));
+    let asked = ask_owner(
+        shard,
+        home,
+        connection,
+        &shard.gate_waiters,
+        |id| request(id, deadline_ns),
+        |id| Msg::GateCancel { connection, id },
+        reply_bound(wait_ms),
+    )
+    .await;
+    (home, asked)
+}
+
 /// Takes the connection's concurrency permits for `model`, waiting at most the queue
 /// budget (`max_wait_ms`, per-connection override first). `Ok(None)`: not gated.
 pub async fn acquire<'a>(
@@ -53,33 +79,15 @@ pub async fn acquire<'a>(
         return Ok(None);
     }
     let max_wait_ms = effective_max_wait_ms(config, connection);
-    let now = shard.now();
-    let deadline_ns = (max_wait_ms > 0).then(|| {
-        now.mono_ns
-            .saturating_add(max_wait_ms.saturating_mul(1_000_000))
-    });
-    // The owner times the wait out itself; the local bound only guards a lost reply.
-    let bound = if max_wait_ms > 0 {
-        Duration::from_millis(max_wait_ms + 1_000)
-    } else {
-        Duration::from_secs(24 * 3600)
-    };
     let model = model.to_owned();
-    let home = shard.owner(&gate_home(config, connection));
-    let asked = ask_owner(
-        shard,
-        home,
-        connection,
-        &shard.gate_waiters,
-        |id| Msg::GateAcquire {
+    let (home, asked) = ask_home(shard, connection, max_wait_ms, |id, deadline_ns| {
+        Msg::GateAcquire {
             id,
             connection,
             model,
             deadline_ns,
-        },
-        |id| Msg::GateCancel { connection, id },
-        bound,
-    )
+        }
+    })
     .await;
     let answer = match asked {
         Asked::Answered(_, a) => a,
@@ -127,24 +135,13 @@ pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option
     {
         return None;
     }
-    let deadline_ns = shard
-        .now()
-        .mono_ns
-        .saturating_add(QS_QUEUE_TIMEOUT_MS.saturating_mul(1_000_000));
-    let home = shard.owner(&gate_home(config, connection));
-    let asked = ask_owner(
-        shard,
-        home,
-        connection,
-        &shard.gate_waiters,
-        |id| Msg::QsSlotAcquire {
+    let (home, asked) = ask_home(shard, connection, QS_QUEUE_TIMEOUT_MS, |id, deadline_ns| {
+        Msg::QsSlotAcquire {
             id,
             connection,
-            deadline_ns: Some(deadline_ns),
-        },
-        |id| Msg::GateCancel { connection, id },
-        Duration::from_millis(QS_QUEUE_TIMEOUT_MS + 1_000),
-    )
+            deadline_ns,
+        }
+    })
     .await;
     match asked {
         Asked::Answered(_, Answer::Gate(Ok(serial))) => Some(GatePermit {

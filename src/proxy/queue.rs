@@ -21,7 +21,7 @@ use crate::runtime::msg::{Msg, SuccessAnswer};
 use crate::shard::Shard;
 use crate::shard::probe::Answer;
 
-use super::ask::{Asked, ask_owner};
+use super::ask::{Asked, ask_owner, reply_bound};
 
 /// Held while an attempt runs; dropping it returns the queue slot.
 pub struct QueueSlot<'a> {
@@ -108,12 +108,7 @@ pub async fn acquire<'a>(
         return Ok(None);
     }
     let settings = limiter_settings(config, connection);
-    // The owner times the queue wait out itself; this bound only guards a lost reply.
-    let bound = if settings.max_wait_ms > 0 {
-        Duration::from_millis(settings.max_wait_ms.saturating_add(1_000))
-    } else {
-        Duration::from_secs(24 * 3600)
-    };
+    let bound = reply_bound(settings.max_wait_ms);
     let waiting_since_ns = shard.now().mono_ns;
     let owner = shard.owner(&connection);
     loop {

@@ -25,3 +25,17 @@ provider = "up"
 "#
     )
 }
+
+/// A `[[providers]]` table: an `openai`-format provider at `base_url`.
+pub fn provider(id: &str, base_url: &str, models: &[&str]) -> String {
+    let models: Vec<String> = models.iter().map(|m| format!("{m:?}")).collect();
+    format!(
+        "[[providers]]\nid = \"{id}\"\nformat = \"openai\"\nbase_url = \"{base_url}\"\nmodels = [{}]\n\n",
+        models.join(", ")
+    )
+}
+
+/// A `[[connections]]` table.
+pub fn connection(id: &str, provider: &str) -> String {
+    format!("[[connections]]\nid = \"{id}\"\nprovider = \"{provider}\"\n\n")
+}

@@ -29,7 +29,7 @@ pub use client::{Client, Piece, Response, SseEvent, json_post, parse_sse, send_r
 #[allow(unused_imports)]
 pub use compat::{python, run_sdk_client};
 #[allow(unused_imports)]
-pub use config::one_upstream;
+pub use config::{connection, one_upstream, provider};
 #[allow(unused_imports)]
 pub use eventually::eventually;
 #[allow(unused_imports)]
