@@ -3,7 +3,9 @@
 //! model while another runs freely on the same connection; a request that waits past the
 //! queue budget gets 429 `semaphore_timeout` and never reaches the upstream; the provider
 //! gate (`provider_concurrency`) caps every connection of a provider together and the global
-//! gate (`global_concurrent_requests`) caps everything, while other work runs freely.
+//! gate (`global_concurrent_requests`) caps everything, while other work runs freely; a 429
+//! with a retry hint blocks the gate; permits come back on every exit path; a client that
+//! hangs up while waiting (gate or request queue) never reaches the upstream.
 
 #![allow(
     clippy::unwrap_used,
@@ -297,4 +299,104 @@ fn permits_come_back_when_a_stream_ends_and_when_its_client_goes_away() {
         assert!(r.text().contains("short"), "{}", r.text());
     }
     assert_eq!(mock.peak_concurrency(), 1);
+}
+
+fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
+    let r = Client::connect(addr).request("GET", "/metrics", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// One request holds the connection; a second waits for admission and its client hangs
+/// up: it is counted as abandoned, never reaches the upstream, and gives its place back.
+fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) {
+    let gw = Gateway::start(&config_toml);
+    let addr = gw.addr();
+    let first = std::thread::spawn(move || ask(addr, "m1"));
+    mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(10));
+    let mut quitter = Client::connect(addr);
+    quitter.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        br#"{"model":"up/m1","messages":[]}"#,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    drop(quitter);
+    eventually(
+        Duration::from_secs(5),
+        "the abandoned request to be counted",
+        || (metric(addr, "tidegate_requests_abandoned_total") == 1).then_some(()),
+    );
+    gate.open();
+    assert_eq!(first.join().unwrap().status, 200);
+    // The next request flows, and the upstream saw two requests, not three.
+    assert_eq!(
+        ask(addr, "m1").json()["choices"][0]["message"]["content"],
+        "later"
+    );
+    assert_eq!(mock.hits("/v1/chat/completions"), 2);
+}
+
+fn held_then_later() -> (MockUpstream, Gate) {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("first").wait_for(&gate),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("later"));
+    (mock, gate)
+}
+
+#[test]
+fn a_client_that_hangs_up_while_queued_at_a_gate_never_reaches_the_upstream() {
+    let (mock, gate) = held_then_later();
+    hang_up_while_waiting(config(&mock, "max_concurrent = 1"), &mock, &gate);
+}
+
+#[test]
+fn a_client_that_hangs_up_while_in_the_request_queue_never_reaches_the_upstream() {
+    let (mock, gate) = held_then_later();
+    // The connection's request queue (one at a time), no concurrency gate.
+    let toml = one_upstream(
+        &mock.base_url(),
+        2,
+        "[connections.rate_limit_overrides]\nrequests_per_minute = 60000",
+        "[resilience.request_queue]\nconcurrent_requests = 1\nmin_time_between_requests_ms = 0",
+    );
+    hang_up_while_waiting(toml, &mock, &gate);
+}
+
+#[test]
+fn a_request_pipelined_while_the_previous_waits_is_kept_and_answered_in_order() {
+    let (mock, gate) = held_then_later();
+    let gw = Gateway::start(&config(&mock, "max_concurrent = 1"));
+    let addr = gw.addr();
+    let first = std::thread::spawn(move || ask(addr, "m1"));
+    mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(10));
+    let mut c = Client::connect(addr);
+    c.set_timeout(Duration::from_secs(10));
+    let body = |m: &str| format!(r#"{{"model":"up/{m}","messages":[]}}"#);
+    c.start_request("POST", "/v1/chat/completions", &[], body("m1").as_bytes());
+    // Sent while the first of this connection waits for its permit (the wait reads it).
+    std::thread::sleep(Duration::from_millis(300));
+    c.start_request("POST", "/v1/chat/completions", &[], body("m2").as_bytes());
+    std::thread::sleep(Duration::from_millis(100));
+    gate.open();
+    assert_eq!(first.join().unwrap().status, 200);
+    for _ in 0..2 {
+        let r = c.read_response();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let models: Vec<String> = mock
+        .requests_to("/v1/chat/completions")
+        .iter()
+        .map(|r| r.json()["model"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(models, vec!["m1", "m1", "m2"]);
 }

@@ -44,7 +44,7 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
             }
             Err(None) => break,
         };
-        let after = proxy::handle(&shard, &head, body, &mut stream).await;
+        let after = proxy::handle(&shard, &head, body, &mut stream, &mut buf).await;
         if after == After::Close || shard.draining.get() {
             break;
         }
@@ -54,6 +54,45 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
         }
     }
     drop_one(&shard.metrics.connections_open);
+}
+
+/// Most pipelined bytes read from a client while its request waits for admission; past
+/// this the watch stops (the wait goes on, unwatched).
+pub const MAX_PENDING_WHILE_WAITING: usize = 64 * 1024;
+
+/// Runs `wait` (a request's admission: queue slot, gate permits) unless the client hangs
+/// up first (`None`), so a request whose client is gone never reaches the upstream and
+/// gives its place back. `wait` is polled first: one that is ready at once costs no
+/// readiness poll. Bytes the client pipelines meanwhile are appended to `pending` (the
+/// connection's read buffer), where the keep-alive loop finds them.
+pub async fn unless_client_gone<F: std::future::Future>(
+    client: &mut TcpStream,
+    pending: &mut BytesMut,
+    wait: F,
+) -> Option<F::Output> {
+    let mut wait = std::pin::pin!(wait);
+    loop {
+        if pending.len() >= MAX_PENDING_WHILE_WAITING {
+            return Some(wait.await);
+        }
+        monoio::select! {
+            biased;
+            out = &mut wait => return Some(out),
+            ready = client.readable(false) => {
+                if ready.is_err() {
+                    return None;
+                }
+            }
+        }
+        // Readable: the client closed (EOF), reset, or pipelined more bytes. Data is
+        // waiting, so this read completes at once.
+        let (res, b) = read_more(client, std::mem::take(pending), READ_BUF_BYTES).await;
+        *pending = b;
+        match res {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
 }
 
 fn head_error(e: HeadError) -> GatewayError {

@@ -35,13 +35,13 @@ pub enum Asked {
 
 /// Sends `request(id)` to shard `owner` and waits at most `bound`; on timeout sends
 /// `cancel(id)`. `waiters` is the shard's table of outstanding waiters of this kind.
-pub async fn ask_owner(
+pub async fn ask_owner<C: FnOnce(u64) -> Msg>(
     shard: &Shard,
     owner: usize,
     connection: ConnectionId,
     waiters: &RefCell<HashMap<u64, ConnectionId>>,
     request: impl FnOnce(u64) -> Msg,
-    cancel: impl FnOnce(u64) -> Msg,
+    cancel: C,
     bound: Duration,
 ) -> Asked {
     let (local, wait) = shard.probes.register();
@@ -52,16 +52,41 @@ pub async fn ask_owner(
         waiters.borrow_mut().remove(&local);
         return Asked::Unsent;
     }
+    // From here, giving up — on timeout, or because the asker's future is dropped (its
+    // client hung up) — cancels the waiter on the owner.
+    let mut outstanding = Outstanding {
+        shard,
+        owner,
+        local,
+        id,
+        cancel: Some(cancel),
+    };
     match monoio::time::timeout(bound, wait).await {
         Ok(answer) => {
+            outstanding.cancel = None;
             waiters.borrow_mut().remove(&local);
             Asked::Answered(id, answer)
         }
-        Err(_) => {
-            // The waiter entry stays: a grant racing this cancel is handed back by the pump.
-            shard.probes.forget(local);
-            let _ = shard.send(owner, cancel(id));
-            Asked::TimedOut
+        Err(_) => Asked::TimedOut,
+    }
+}
+
+/// A request sent and not yet answered. Dropped unanswered, it forgets the local waiter and
+/// tells the owner to cancel; the waiter's entry in the shard's table stays, so a grant
+/// racing the cancel is handed back by the pump.
+struct Outstanding<'s, C: FnOnce(u64) -> Msg> {
+    shard: &'s Shard,
+    owner: usize,
+    local: u64,
+    id: u64,
+    cancel: Option<C>,
+}
+
+impl<C: FnOnce(u64) -> Msg> Drop for Outstanding<'_, C> {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            self.shard.probes.forget(self.local);
+            let _ = self.shard.send(self.owner, cancel(self.id));
         }
     }
 }

@@ -77,13 +77,14 @@ pub async fn handle(
     head: &RequestHead,
     body: Bytes,
     client: &mut TcpStream,
+    pending: &mut BytesMut,
 ) -> After {
     // Whether the connection stays open is decided when the response head is written
     // (`keep_alive_now`), since shutdown may begin while the request is served.
     let keep_alive = head.keep_alive();
     let result = match route(head) {
         Ok(Route::Inference(ep)) => {
-            return inference(shard, head, ep, body, client, keep_alive).await;
+            return inference(shard, head, ep, body, client, pending, keep_alive).await;
         }
         Ok(Route::Models) => match authorize(shard, head, Scope::Inference) {
             Ok(_) => Ok(models::list(shard.config())),
@@ -186,10 +187,18 @@ async fn inference(
     endpoint: Endpoint,
     body: Bytes,
     client: &mut TcpStream,
+    pending: &mut BytesMut,
     keep_alive: bool,
 ) -> After {
     match plan(shard, head, endpoint, &body) {
-        Ok(plan) => relay::run(shard, head, endpoint, body, plan, client, keep_alive).await,
+        Ok(plan) => {
+            let downstream = relay::Downstream {
+                client,
+                pending,
+                keep_alive,
+            };
+            relay::run(shard, head, endpoint, body, plan, downstream).await
+        }
         Err(err) => send_error(shard, client, &err, keep_alive).await,
     }
 }

@@ -19,6 +19,7 @@ use crate::http1::{
     BodyKind, Framing, RequestHead, ResponseHead, is_hop_by_hop, write_chunk, write_last_chunk,
     write_response_head,
 };
+use crate::net::downstream::unless_client_gone;
 use crate::net::io::write_all;
 use crate::net::upstream::{self, BodyReader, Buffered as InBuffer};
 use crate::providers::{Endpoint, mock};
@@ -193,6 +194,14 @@ fn result_of(err: &GatewayError) -> AttemptResult {
     }
 }
 
+/// The client side of a request: its connection, the connection's read buffer (bytes the
+/// client pipelines while the request waits land there), and whether keep-alive holds.
+pub struct Downstream<'c> {
+    pub client: &'c mut TcpStream,
+    pub pending: &'c mut BytesMut,
+    pub keep_alive: bool,
+}
+
 /// Tries the plan's candidates in order and relays the first acceptable answer.
 pub async fn run(
     shard: &Shard,
@@ -200,9 +209,13 @@ pub async fn run(
     endpoint: Endpoint,
     body: Bytes,
     plan: Plan,
-    client: &mut TcpStream,
-    keep_alive: bool,
+    downstream: Downstream<'_>,
 ) -> After {
+    let Downstream {
+        client,
+        pending,
+        keep_alive,
+    } = downstream;
     let config = shard.config();
     let s = &config.server;
     let budgets = Budgets {
@@ -232,30 +245,34 @@ pub async fn run(
                 continue;
             }
         };
-        // A quota-share combo's attempt holds its connection's qsconn slot (fail open).
-        let _qs_slot = match plan.quota_share {
-            Some(_) => super::gate::quota_share_slot(shard, *cid).await,
-            None => None,
+        // Admission: a quota-share combo's attempt holds its connection's qsconn slot (fail
+        // open); then a slot in the connection's request queue and its concurrency permits.
+        // All are returned when their guards drop, on every path below. A client that hangs
+        // up meanwhile ends the request here: it never reaches the upstream.
+        let admission = async {
+            let qs_slot = match plan.quota_share {
+                Some(_) => super::gate::quota_share_slot(shard, *cid).await,
+                None => None,
+            };
+            let queue_slot = super::queue::acquire(shard, *cid, &target.model).await?;
+            let gate = super::gate::acquire(shard, *cid, &target.model).await?;
+            Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
         };
-        // A slot in the connection's request queue, then its concurrency permits (both
-        // returned when their guards drop, on every path below).
-        let mut queue_slot = match super::queue::acquire(shard, *cid, &target.model).await {
-            Ok(q) => q,
-            Err(e) => {
-                select::release(shard, target.provider, *cid, &permit);
-                last = Some(LastFailure::Gateway(e));
-                continue;
-            }
-        };
+        let (_qs_slot, mut queue_slot, _gate) =
+            match unless_client_gone(client, pending, admission).await {
+                Some(Ok(admitted)) => admitted,
+                Some(Err(e)) => {
+                    select::release(shard, target.provider, *cid, &permit);
+                    last = Some(LastFailure::Gateway(e));
+                    continue;
+                }
+                None => {
+                    select::release(shard, target.provider, *cid, &permit);
+                    bump(&shard.metrics.abandoned_while_waiting);
+                    return After::Close;
+                }
+            };
         let execution_budget = queue_slot.as_ref().and_then(|q| q.execution_budget);
-        let _gate = match super::gate::acquire(shard, *cid, &target.model).await {
-            Ok(g) => g,
-            Err(e) => {
-                select::release(shard, target.provider, *cid, &permit);
-                last = Some(LastFailure::Gateway(e));
-                continue;
-            }
-        };
         let provider = config.provider(target.provider);
         let conn = config.connection(*cid);
         bump(&shard.metrics.upstream_attempts);

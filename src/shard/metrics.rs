@@ -63,6 +63,7 @@ pub struct ShardMetrics {
     pub upstream_connects: AtomicU64,
     pub upstream_reuses: AtomicU64,
     pub streams_broken: AtomicU64,
+    pub abandoned_while_waiting: AtomicU64,
     gateway_errors: [AtomicU64; ERROR_KINDS.len()],
 }
 
@@ -148,6 +149,12 @@ pub fn render(
         "Moves to the next connection before the first byte.",
         "counter",
         sum(&|s| &s.upstream_failovers),
+    );
+    counter(
+        "tidegate_requests_abandoned_total",
+        "Requests whose client hung up while they waited for admission (queue, gates); never sent upstream.",
+        "counter",
+        sum(&|s| &s.abandoned_while_waiting),
     );
     counter(
         "tidegate_upstream_connects_total",

@@ -215,7 +215,10 @@ impl Shard {
                 }
             }
             Msg::GateDenied { id, error } => {
-                self.probes.complete(local_id(id), Answer::Gate(Err(error)));
+                if !self.probes.complete(local_id(id), Answer::Gate(Err(error))) {
+                    // The answer to a cancel: the waiter is over.
+                    self.gate_waiters.borrow_mut().remove(&local_id(id));
+                }
             }
             Msg::QueueGrant { id, start_at_ns } => {
                 if !self
@@ -235,8 +238,13 @@ impl Shard {
                 }
             }
             Msg::QueueDenied { id, error } => {
-                self.probes
-                    .complete(local_id(id), Answer::Queue(Err(error)));
+                if !self
+                    .probes
+                    .complete(local_id(id), Answer::Queue(Err(error)))
+                {
+                    // The answer to a cancel: the waiter is over.
+                    self.queue_waiters.borrow_mut().remove(&local_id(id));
+                }
             }
             Msg::QueueRetry { id, at_ns } => {
                 self.probes

@@ -33,8 +33,8 @@ use crate::flow::gates::{
     Acquire, AcquireRequest, GateKey, GateTable, Permit, QueueLimit, Wakeups,
 };
 use crate::flow::queue::{
-    Grant, Limiter, LimiterTable, Schedule, SlidingWindow, WindowDecision, check_queue_admission,
-    observe_response,
+    Grant, Limiter, LimiterTable, QueueError, Schedule, SlidingWindow, WindowDecision,
+    check_queue_admission, observe_response,
 };
 use crate::flow::quota_share::{
     INFLIGHT_LEASE_MS, InflightTicket, NoBuckets, QS_QUEUE_DEPTH, QsTarget, QuotaShareSelector,
@@ -217,8 +217,17 @@ impl Owned {
                 if let Some(key) = self.queue_waiters.remove(&id)
                     && let Some(l) = self.limiters.get_mut(&key)
                 {
+                    let max_wait_ms = l.settings().max_wait_ms;
                     let (_, grants) = l.cancel(id, now);
                     self.queue_grants(&key, grants, now, &mut out);
+                    // Answered so the asker can forget the waiter (see `GateCancel`).
+                    out.push((
+                        Dest::Shard(waiter_shard(id)),
+                        Msg::QueueDenied {
+                            id,
+                            error: QueueError::QueueTimeout { max_wait_ms },
+                        },
+                    ));
                 }
             }
             Msg::QsSelect {
@@ -302,7 +311,16 @@ impl Owned {
                 }
             }
             Msg::GateCancel { id, .. } => {
+                // Answered either way, so the asker can forget the waiter (a grant already
+                // on its way arrives first and is handed back).
                 self.gates.cancel(id);
+                out.push((
+                    Dest::Shard(waiter_shard(id)),
+                    Msg::GateDenied {
+                        id,
+                        error: GateError::Timeout,
+                    },
+                ));
             }
             Msg::AutoDecay { connection } => {
                 if let Some(t) = self.connections.auto_decay(connection, now)
