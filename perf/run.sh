@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Load test: the same wrk load against tidegate-mock directly and through Tidegate, in one
-# run, non-stream and stream, 64 and 256 connections. Writes perf/RESULTS.md (figures and
+# run, non-stream and stream, 64 and 256 connections. Writes perf/out/load.md (figures and
 # the exact commands). Traffic stays on 127.0.0.1; every process started here is ended by PID.
 #
 #   perf/run.sh [DURATION_S]        (default 10 s per measurement)
