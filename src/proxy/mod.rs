@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
 use crate::admin;
-use crate::config::{ConnectionId, Scope};
+use crate::config::{ComboStrategy, ConnectionId, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 use crate::net::io::write_all;
@@ -226,11 +226,11 @@ fn plan(
             .map_err(|e| GatewayError::new(ErrorKind::InvalidJson, peek_message(&e)))?
     };
     let config = shard.config();
-    let targets = resolve(config, &shard.shared.routes, &peek.model)?;
+    let resolved = resolve(config, &shard.shared.routes, &peek.model)?;
     let mut candidates = Vec::new();
     let mut any_enabled = false;
     let mut any_format = false;
-    for t in targets {
+    for t in resolved.targets {
         let provider = config.provider(t.provider);
         if !serves(provider.format, endpoint) {
             continue;
@@ -271,7 +271,9 @@ fn plan(
         };
         return Err(GatewayError::new(kind, why));
     }
-    let quota_share = quota_share::combo_of(config, &peek.model);
+    let quota_share = resolved
+        .combo
+        .filter(|i| config.combos[*i].strategy == ComboStrategy::QuotaShare);
     Ok(Plan {
         peek,
         candidates,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::config::{ComboStrategy, Config, ConnectionId};
+use crate::config::ConnectionId;
 use crate::flow::admission::QuotaShareHome;
 use crate::routing::resolve::Target;
 use crate::runtime::msg::{Msg, QsCandidate};
@@ -17,14 +17,6 @@ use crate::shard::{Shard, global_waiter_id};
 /// How long an asker waits for the home's order before keeping its own (a lost reply; the
 /// home answers at once).
 const ORDER_REPLY_TIMEOUT_MS: u64 = 1_000;
-
-/// The index of the quota-share combo named `model`, if it is one.
-pub fn combo_of(config: &Config, model: &str) -> Option<usize> {
-    config
-        .combos
-        .iter()
-        .position(|c| c.name == model && c.strategy == ComboStrategy::QuotaShare)
-}
 
 /// Counts the chosen connection in flight on the home until dropped (the request's end).
 pub struct QsTicket<'a> {

@@ -47,12 +47,42 @@ impl RouteTable {
     }
 }
 
+/// What a requested model resolved to.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub targets: Vec<Target>,
+    /// The combo the model names (its index in `config.combos`), if it is one.
+    pub combo: Option<usize>,
+}
+
 /// Resolves the `model` field of a request.
 pub fn resolve(
     config: &Config,
     routes: &RouteTable,
     model: &str,
-) -> Result<Vec<Target>, GatewayError> {
+) -> Result<Resolved, GatewayError> {
+    check_model(model)?;
+    if let Some(i) = config.combos.iter().position(|c| c.name == model) {
+        let targets = config.combos[i]
+            .targets
+            .iter()
+            .map(|t| Target {
+                provider: t.provider,
+                model: t.model.clone(),
+            })
+            .collect();
+        return Ok(Resolved {
+            targets,
+            combo: Some(i),
+        });
+    }
+    Ok(Resolved {
+        targets: direct_targets(config, routes, model)?,
+        combo: None,
+    })
+}
+
+fn check_model(model: &str) -> Result<(), GatewayError> {
     if model.is_empty() || model.len() > MAX_MODEL_BYTES {
         return Err(GatewayError::new(
             ErrorKind::InvalidJson,
@@ -65,16 +95,15 @@ pub fn resolve(
             "model contains forbidden characters",
         ));
     }
-    if let Some(combo) = config.combos.iter().find(|c| c.name == model) {
-        return Ok(combo
-            .targets
-            .iter()
-            .map(|t| Target {
-                provider: t.provider,
-                model: t.model.clone(),
-            })
-            .collect());
-    }
+    Ok(())
+}
+
+/// `provider/model`, or a bare model found in the providers' catalogs.
+fn direct_targets(
+    config: &Config,
+    routes: &RouteTable,
+    model: &str,
+) -> Result<Vec<Target>, GatewayError> {
     if let Some((prefix, rest)) = model.split_once('/')
         && let Some(p) = config.provider_by_name(prefix)
     {
