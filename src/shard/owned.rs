@@ -1065,6 +1065,75 @@ mod tests {
         ));
     }
 
+    /// The gate home's timer on a manual clock: a queued waiter arms a tick at its deadline
+    /// and is answered there; a block (an upstream 429's retry hint) arms a tick at its end,
+    /// and the waiter queued behind it is granted then.
+    #[test]
+    fn gate_timer_answers_deadlines_and_lifts_blocks() {
+        let toml = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[connections]]\nid = \"c\"\nprovider = \"p\"\nmax_concurrent = 1\n";
+        let config = crate::config::load_str(toml, &|_| None).unwrap().config;
+        let views = Views::default();
+        let mut owned = Owned::new(&config);
+        let at = |ms: u64| Now {
+            mono_ns: ms * 1_000_000,
+            wall_ms: 1_800_000_000_000 + ms,
+        };
+        let id = |n: u64| super::super::global_waiter_id(1, n);
+        let acquire = |n: u64, deadline_ms: u64| Msg::GateAcquire {
+            id: id(n),
+            connection: ConnectionId(0),
+            model: "m".to_owned(),
+            deadline_ns: Some(deadline_ms * 1_000_000),
+        };
+        let mut apply = |msg: Msg, now_ms: u64| owned.apply(&config, &views, 2, 1, msg, at(now_ms));
+        let serial = match apply(acquire(1, 1_000), 0).as_slice() {
+            [(Dest::Shard(1), Msg::GateGrant { serial, .. })] => *serial,
+            other => panic!("{other:?}"),
+        };
+        // Queued with a 100 ms deadline: the timer is armed for it and answers it.
+        assert!(matches!(
+            apply(acquire(2, 100), 0).as_slice(),
+            [(Dest::SelfAt(t), Msg::GateTick)] if *t == 100 * 1_000_000
+        ));
+        assert!(matches!(
+            apply(Msg::GateTick, 100).as_slice(),
+            [(
+                Dest::Shard(1),
+                Msg::GateDenied {
+                    error: GateError::Timeout,
+                    ..
+                }
+            )]
+        ));
+        // A block until 500 ms arms the timer; a waiter queued behind it is not granted by
+        // the release, only by the tick that lifts the block.
+        let block = Msg::GateBlock {
+            connection: ConnectionId(0),
+            model: "m".to_owned(),
+            until_ns: 500 * 1_000_000,
+        };
+        assert!(matches!(
+            apply(block, 200).as_slice(),
+            [(Dest::SelfAt(t), Msg::GateTick)] if *t == 500 * 1_000_000
+        ));
+        assert!(
+            apply(acquire(3, 10_000), 300).is_empty(),
+            "earlier timer already armed"
+        );
+        let release = Msg::GateRelease {
+            connection: ConnectionId(0),
+            serial,
+        };
+        assert!(apply(release, 400).is_empty(), "blocked: nobody granted");
+        let out = apply(Msg::GateTick, 500);
+        assert!(
+            out.iter().any(|(d, m)| *d == Dest::Shard(1)
+                && matches!(m, Msg::GateGrant { id: g, .. } if *g == id(3))),
+            "{out:?}"
+        );
+    }
+
     #[test]
     fn per_model_quota_providers() {
         let toml = "[[providers]]\nid = \"openai-compatible-x\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
