@@ -332,6 +332,7 @@ fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) 
         "the abandoned request to be counted",
         || (metric(addr, "tidegate_requests_abandoned_total") == 1).then_some(()),
     );
+    assert_eq!(flow_held(addr), 1, "only the first request holds its place");
     gate.open();
     assert_eq!(first.join().unwrap().status, 200);
     // The next request flows, and the upstream saw two requests, not three.
@@ -340,6 +341,22 @@ fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) 
         "later"
     );
     assert_eq!(mock.hits("/v1/chat/completions"), 2);
+    // Nothing is left held or waiting anywhere.
+    eventually(Duration::from_secs(5), "every permit and slot back", || {
+        (flow_held(addr) == 0).then_some(())
+    });
+}
+
+/// Gate permits, gate waiters and request-queue entries, over every shard.
+fn flow_held(addr: std::net::SocketAddr) -> u64 {
+    [
+        "tidegate_gate_permits",
+        "tidegate_gate_waiters",
+        "tidegate_queue_requests",
+    ]
+    .iter()
+    .map(|m| metric(addr, m))
+    .sum()
 }
 
 fn held_then_later() -> (MockUpstream, Gate) {

@@ -64,7 +64,20 @@ pub struct ShardMetrics {
     pub upstream_reuses: AtomicU64,
     pub streams_broken: AtomicU64,
     pub abandoned_while_waiting: AtomicU64,
+    pub gate_permits: AtomicU64,
+    pub gate_waiters: AtomicU64,
+    pub queue_requests: AtomicU64,
     gateway_errors: [AtomicU64; ERROR_KINDS.len()],
+}
+
+impl ShardMetrics {
+    /// Publishes the owner tables' flow-control occupancy (after each owner message).
+    pub fn publish_flow(&self, g: &crate::shard::owned::FlowGauges) {
+        let set = |c: &AtomicU64, v: usize| c.store(v as u64, Ordering::Relaxed);
+        set(&self.gate_permits, g.gate_permits);
+        set(&self.gate_waiters, g.gate_waiters);
+        set(&self.queue_requests, g.queue_requests);
+    }
 }
 
 pub fn bump(c: &AtomicU64) {
@@ -149,6 +162,24 @@ pub fn render(
         "Moves to the next connection before the first byte.",
         "counter",
         sum(&|s| &s.upstream_failovers),
+    );
+    counter(
+        "tidegate_gate_permits",
+        "Concurrency-gate permits held (all gate homes).",
+        "gauge",
+        sum(&|s| &s.gate_permits),
+    );
+    counter(
+        "tidegate_gate_waiters",
+        "Requests waiting for concurrency-gate permits.",
+        "gauge",
+        sum(&|s| &s.gate_waiters),
+    );
+    counter(
+        "tidegate_queue_requests",
+        "Requests in per-connection request queues (waiting or holding a slot).",
+        "gauge",
+        sum(&|s| &s.queue_requests),
     );
     counter(
         "tidegate_requests_abandoned_total",

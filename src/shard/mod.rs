@@ -280,14 +280,11 @@ impl Shard {
                 let now = self.now();
                 let out = {
                     let views = self.views.borrow();
-                    self.owned.borrow_mut().apply(
-                        self.config(),
-                        &views,
-                        self.shared.shards,
-                        from,
-                        msg,
-                        now,
-                    )
+                    let mut owned = self.owned.borrow_mut();
+                    let out =
+                        owned.apply(self.config(), &views, self.shared.shards, from, msg, now);
+                    self.metrics.publish_flow(&owned.flow_gauges());
+                    out
                 };
                 self.dispatch(out);
             }

@@ -42,6 +42,17 @@ use crate::flow::quota_share::{
 };
 use crate::runtime::msg::{QsCandidate, QsPick};
 
+/// Flow-control occupancy of one owner shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowGauges {
+    /// Gate permits granted and not yet released.
+    pub gate_permits: usize,
+    /// Requests waiting for gate permits.
+    pub gate_waiters: usize,
+    /// Requests in request queues, waiting or holding a slot.
+    pub queue_requests: usize,
+}
+
 /// Where a message produced by the owner goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dest {
@@ -566,6 +577,15 @@ impl Owned {
         }
         for (id, error) in wakeups.timed_out {
             out.push((Dest::Shard(waiter_shard(id)), Msg::GateDenied { id, error }));
+        }
+    }
+
+    /// What this shard's flow-control tables hold now (for `/metrics`).
+    pub fn flow_gauges(&self) -> FlowGauges {
+        FlowGauges {
+            gate_permits: self.gates.outstanding(),
+            gate_waiters: self.gates.queued(),
+            queue_requests: self.queue_waiters.len(),
         }
     }
 
