@@ -417,3 +417,37 @@ fn a_request_pipelined_while_the_previous_waits_is_kept_and_answered_in_order() 
         .collect();
     assert_eq!(models, vec!["m1", "m1", "m2"]);
 }
+
+#[test]
+fn with_tiny_mesh_rings_no_permit_is_lost() {
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok").delay_ms(5));
+    // Two-slot rings between the shards: grants, releases and cancels find them full and
+    // wait in the sender's outbox; requests that cannot be sent are answered 503.
+    let toml = config(&mock, "max_concurrent = 4")
+        .replace("workers = 2", "workers = 2\nmesh_ring_capacity = 2");
+    let gw = Gateway::start(&toml);
+    let addr = gw.addr();
+    let clients: Vec<_> = (0..80)
+        .map(|_| std::thread::spawn(move || ask(addr, "m1")))
+        .collect();
+    for c in clients {
+        let r = c.join().unwrap();
+        assert!(
+            r.status == 200 || r.header("x-tidegate-error") == Some("shard_mesh_unavailable"),
+            "{} {}",
+            r.status,
+            r.text()
+        );
+    }
+    assert!(
+        mock.peak_concurrency() <= 4,
+        "the gate let more than 4 through"
+    );
+    // Every permit came back: nothing held, nothing waiting, and the connection still
+    // serves.
+    eventually(Duration::from_secs(5), "every permit back", || {
+        (flow_held(addr) == 0).then_some(())
+    });
+    assert_eq!(ask(addr, "m1").status, 200);
+}

@@ -80,6 +80,9 @@ pub struct ServerConfig {
     /// busy processes).
     pub pin_threads: bool,
     pub snapshot_interval_ms: u64,
+    /// Slots per cross-shard ring (a power of two). Point-to-point messages that find a
+    /// ring full wait in the sender's outbox; view broadcasts are dropped and re-sent.
+    pub mesh_ring_capacity: usize,
 }
 
 /// How a client key is matched.

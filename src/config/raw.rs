@@ -47,6 +47,7 @@ pub struct RawServer {
     pub shutdown_grace_ms: Option<u64>,
     pub pin_threads: Option<bool>,
     pub snapshot_interval_ms: Option<u64>,
+    pub mesh_ring_capacity: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -133,6 +133,7 @@ impl Default for ServerConfig {
             pool_max_idle_per_host: 64,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pin_threads: true,
+            mesh_ring_capacity: crate::runtime::mesh::RING_CAPACITY,
             snapshot_interval_ms: DEFAULT_SNAPSHOT_INTERVAL_MS,
         }
     }
@@ -387,10 +388,25 @@ impl Loader<'_> {
                 10,
                 resilience::HOUR_MS,
             ),
+            mesh_ring_capacity: self.ring_capacity(raw.mesh_ring_capacity, d.mesh_ring_capacity),
         }
     }
 
     /// `v` (or `default` when unset) if within `min..=max`; else a problem and the default.
+    /// `server.mesh_ring_capacity`: a power of two in 2..=65536.
+    fn ring_capacity(&mut self, v: Option<u64>, default: usize) -> usize {
+        const KEY: &str = "server.mesh_ring_capacity";
+        let max = crate::runtime::mesh::MAX_RING_CAPACITY as u64;
+        match v {
+            None => default,
+            Some(v) if !(2..=max).contains(&v) || !v.is_power_of_two() => {
+                self.problem(KEY, format!("{v} is not a power of two in 2..={max}"));
+                default
+            }
+            Some(v) => usize::try_from(v).unwrap_or(default),
+        }
+    }
+
     fn bounded(&mut self, key: &str, v: Option<u64>, default: u64, min: u64, max: u64) -> u64 {
         match v {
             None => default,
@@ -1346,8 +1362,27 @@ mod tests {
             (s.shutdown_grace_ms, s.snapshot_interval_ms),
             (10_000, 1_000)
         );
+        assert_eq!(s.mesh_ring_capacity, 1024);
         assert_eq!(out.config.resilience, ResilienceSettings::default());
         assert!(out.warnings.is_empty());
+    }
+
+    #[test]
+    fn mesh_ring_capacity_is_a_power_of_two_in_range() {
+        let cap = |v: u64| load(&format!("[server]\nmesh_ring_capacity = {v}\n"));
+        assert_eq!(cap(2).unwrap().config.server.mesh_ring_capacity, 2);
+        assert_eq!(
+            cap(65_536).unwrap().config.server.mesh_ring_capacity,
+            65_536
+        );
+        for bad in [0, 1, 3, 1000, 131_072] {
+            assert_eq!(
+                problems(&format!("[server]\nmesh_ring_capacity = {bad}\n")),
+                vec![format!(
+                    "server.mesh_ring_capacity: {bad} is not a power of two in 2..=65536"
+                )],
+            );
+        }
     }
 
     #[test]

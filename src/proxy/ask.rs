@@ -86,7 +86,7 @@ impl<C: FnOnce(u64) -> Msg> Drop for Outstanding<'_, C> {
     fn drop(&mut self) {
         if let Some(cancel) = self.cancel.take() {
             self.shard.probes.forget(self.local);
-            let _ = self.shard.send(self.owner, cancel(self.id));
+            self.shard.send_reliable(self.owner, cancel(self.id));
         }
     }
 }

@@ -30,12 +30,7 @@ impl Drop for GatePermit<'_> {
             connection: self.connection,
             serial: self.serial,
         };
-        if self.shard.send(self.home, msg).is_err() {
-            tracing::error!(
-                connection = self.connection.0,
-                "a gate permit could not be returned (mesh ring full)"
-            );
-        }
+        self.shard.send_reliable(self.home, msg);
     }
 }
 

@@ -76,12 +76,7 @@ impl Drop for QueueSlot<'_> {
             id: self.id,
             answered: self.answered.take(),
         };
-        if self.shard.send(owner, msg).is_err() {
-            tracing::error!(
-                connection = self.connection.0,
-                "a queue slot could not be returned (mesh ring full)"
-            );
-        }
+        self.shard.send_reliable(owner, msg);
     }
 }
 

@@ -30,11 +30,7 @@ impl Drop for QsTicket<'_> {
         let msg = Msg::QsRelease {
             serial: self.serial,
         };
-        if self.shard.send(self.home, msg).is_err() {
-            tracing::error!(
-                "a quota-share in-flight ticket could not be returned (mesh ring full)"
-            );
-        }
+        self.shard.send_reliable(self.home, msg);
     }
 }
 

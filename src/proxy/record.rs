@@ -55,15 +55,10 @@ pub async fn attempt(
     );
     let ack = wait_for_owner.then(|| shard.probes.register());
     let msg = Msg::Outcome(Box::new(outcome), ack.as_ref().map(|(id, _)| *id));
-    if shard.send(shard.owner(&connection), msg).is_err() {
-        tracing::warn!(
-            shard = shard.id,
-            "mesh ring full: an attempt outcome was dropped"
-        );
-        if let Some((id, _)) = &ack {
-            shard.probes.forget(*id);
-        }
-    } else if let Some((id, wait)) = ack {
+    // Facts must arrive (a lost one could hold a probe permit or miss a failure): a full
+    // ring keeps them in the shard's outbox.
+    shard.send_reliable(shard.owner(&connection), msg);
+    if let Some((id, wait)) = ack {
         let budget = std::time::Duration::from_millis(ACK_TIMEOUT_MS);
         if monoio::time::timeout(budget, wait).await.is_err() {
             shard.probes.forget(id);
@@ -77,14 +72,9 @@ pub async fn attempt(
             network,
             probe: permit.provider_probe,
         };
-        if shard.send(provider_owner, msg).is_err() {
-            tracing::warn!(
-                shard = shard.id,
-                "mesh ring full: a provider result was dropped"
-            );
-        }
+        shard.send_reliable(provider_owner, msg);
     } else if let Some(ticket) = permit.provider_probe {
-        let _ = shard.send(
+        shard.send_reliable(
             provider_owner,
             Msg::ReleaseProbe {
                 key: BreakerKey::Provider(provider),

@@ -205,7 +205,7 @@ async fn ask_probe(
 /// Returns permits an attempt will not use.
 pub fn release(shard: &Shard, provider: ProviderId, connection: ConnectionId, permit: &Permit) {
     if let Some(ticket) = permit.provider_probe {
-        let _ = shard.send(
+        shard.send_reliable(
             shard.owner(&provider),
             Msg::ReleaseProbe {
                 key: BreakerKey::Provider(provider),
@@ -214,7 +214,7 @@ pub fn release(shard: &Shard, provider: ProviderId, connection: ConnectionId, pe
         );
     }
     if let Some(ticket) = permit.connection_probe {
-        let _ = shard.send(
+        shard.send_reliable(
             shard.owner(&connection),
             Msg::ReleaseProbe {
                 key: BreakerKey::Connection(connection),

@@ -136,7 +136,10 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     let (addr, listeners) = bind_shards(config.server.listen, shards)
         .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.server.listen)))?;
     let mut mesh_ends: Vec<Option<MeshEnd<Msg>>> = if shards > 1 {
-        Mesh::<Msg>::build(shards).into_iter().map(Some).collect()
+        Mesh::<Msg>::with_capacity(shards, config.server.mesh_ring_capacity)
+            .into_iter()
+            .map(Some)
+            .collect()
     } else {
         vec![None]
     };

@@ -5,5 +5,6 @@
 pub mod fleet;
 pub mod mesh;
 pub mod msg;
+pub mod outbox;
 pub mod owner;
 pub mod view;

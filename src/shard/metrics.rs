@@ -64,6 +64,7 @@ pub struct ShardMetrics {
     pub upstream_reuses: AtomicU64,
     pub streams_broken: AtomicU64,
     pub abandoned_while_waiting: AtomicU64,
+    pub mesh_outbox: AtomicU64,
     pub gate_permits: AtomicU64,
     pub gate_waiters: AtomicU64,
     pub queue_requests: AtomicU64,
@@ -162,6 +163,12 @@ pub fn render(
         "Moves to the next connection before the first byte.",
         "counter",
         sum(&|s| &s.upstream_failovers),
+    );
+    counter(
+        "tidegate_mesh_outbox",
+        "Cross-shard messages waiting for room in a full ring (retried until delivered).",
+        "gauge",
+        sum(&|s| &s.mesh_outbox),
     );
     counter(
         "tidegate_gate_permits",

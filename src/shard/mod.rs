@@ -9,6 +9,8 @@ pub mod views;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::clock::{Clock, MonoClock, Now};
 use crate::config::{Config, ConnectionId};
@@ -24,6 +26,7 @@ use views::Views;
 
 use crate::runtime::mesh::MeshSender;
 use crate::runtime::msg::Msg;
+use crate::runtime::outbox::{Outbox, Sent};
 
 /// Read-only facts every shard shares, built once at start-up.
 #[derive(Debug)]
@@ -63,6 +66,10 @@ pub struct Shard {
     pub views: RefCell<Views>,
     /// Sends to other shards (`None` with one shard).
     pub mesh: Option<MeshSender<Msg>>,
+    /// Point-to-point messages waiting for room in a full ring (`send_reliable`).
+    outbox: RefCell<Outbox<Msg>>,
+    /// Whether the outbox's retry task runs.
+    outbox_retrying: Cell<bool>,
     /// Probe requests and failure acks waiting for their owner's answer.
     pub probes: ProbeWaiters,
     housekeeping_ticks: Cell<u64>,
@@ -73,6 +80,9 @@ pub struct Shard {
     /// Queue waiters of this shard by local id → connection (to return a late grant).
     pub queue_waiters: RefCell<std::collections::HashMap<u64, ConnectionId>>,
 }
+
+/// How often the outbox retries messages waiting for a full ring.
+pub const OUTBOX_RETRY_MS: u64 = 1;
 
 /// Period of [`Shard::housekeeping`] (the fleet's sweep task).
 pub const HOUSEKEEPING_MS: u64 = 5_000;
@@ -100,6 +110,8 @@ impl Shard {
             owned,
             views: RefCell::new(Views::default()),
             mesh,
+            outbox: RefCell::new(Outbox::default()),
+            outbox_retrying: Cell::new(false),
             probes: ProbeWaiters::default(),
             housekeeping_ticks: Cell::new(0),
             me: RefCell::new(std::rc::Weak::new()),
@@ -152,17 +164,76 @@ impl Shard {
         }
     }
 
+    /// Sends a message that must arrive (grants, denials, replies, releases, cancels): a
+    /// full ring keeps it in the outbox, retried every millisecond in order until it goes.
+    /// Only a closed peer (shutdown) drops it.
+    pub fn send_reliable(&self, to: usize, msg: Msg) {
+        if to == self.id {
+            self.handle(self.id, msg);
+            return;
+        }
+        let Some(mesh) = &self.mesh else {
+            return;
+        };
+        let sent = self
+            .outbox
+            .borrow_mut()
+            .send(to, msg, &mut |to, m| mesh.try_send(to, m));
+        match sent {
+            Sent::Delivered => {}
+            Sent::Waiting => self.retry_outbox(),
+            Sent::Dropped(reason) => {
+                tracing::warn!(
+                    shard = self.id,
+                    to,
+                    reason = reason.as_str(),
+                    "message dropped"
+                );
+            }
+        }
+        self.metrics
+            .mesh_outbox
+            .store(self.outbox.borrow().len() as u64, Ordering::Relaxed);
+    }
+
+    /// Starts the outbox's retry task unless it runs.
+    fn retry_outbox(&self) {
+        if self.outbox_retrying.replace(true) {
+            return;
+        }
+        let Some(me) = self.me.borrow().upgrade() else {
+            return;
+        };
+        monoio::spawn(async move {
+            loop {
+                monoio::time::sleep(Duration::from_millis(OUTBOX_RETRY_MS)).await;
+                let Some(mesh) = &me.mesh else {
+                    break;
+                };
+                let mut outbox = me.outbox.borrow_mut();
+                let dropped = outbox.flush(&mut |to, m| mesh.try_send(to, m));
+                if dropped > 0 {
+                    tracing::warn!(shard = me.id, dropped, "messages to closed shards dropped");
+                }
+                me.metrics
+                    .mesh_outbox
+                    .store(outbox.len() as u64, Ordering::Relaxed);
+                if outbox.is_empty() {
+                    break;
+                }
+            }
+            me.outbox_retrying.set(false);
+        });
+    }
+
     /// Sends what an owner produced: views to every shard (applied here too), the rest to
-    /// their destination. Dropped view broadcasts only delay convergence (counted by the mesh).
+    /// their destination (reliably). Dropped view broadcasts only delay convergence (counted
+    /// by the mesh; re-sent by anti-entropy).
     pub fn dispatch(&self, out: Vec<(Dest, Msg)>) {
         for (dest, msg) in out {
             match dest {
                 Dest::SelfAt(at_ns) => self.later(at_ns, msg),
-                Dest::Shard(to) => {
-                    if self.send(to, msg).is_err() {
-                        tracing::warn!(shard = self.id, to, "mesh ring full: message dropped");
-                    }
-                }
+                Dest::Shard(to) => self.send_reliable(to, msg),
                 Dest::All => {
                     for to in 0..self.shared.shards {
                         if to != self.id {
@@ -210,7 +281,7 @@ impl Shard {
                     // The waiter gave up before the grant arrived: hand the permit back.
                     // It goes back to the shard that granted it (the gate home).
                     if let Some(connection) = self.gate_waiter_connection(id) {
-                        let _ = self.send(from, Msg::GateRelease { connection, serial });
+                        self.send_reliable(from, Msg::GateRelease { connection, serial });
                     }
                 }
             }
@@ -233,7 +304,7 @@ impl Shard {
                             id,
                             answered: None,
                         };
-                        let _ = self.send(from, msg);
+                        self.send_reliable(from, msg);
                     }
                 }
             }
@@ -256,7 +327,7 @@ impl Shard {
                     && let Some(serial) = ticket
                 {
                     // The asker gave up: the dispatch never happens, so it is not in flight.
-                    let _ = self.send(from, Msg::QsRelease { serial });
+                    self.send_reliable(from, Msg::QsRelease { serial });
                 }
             }
             Msg::Outcome(..)
