@@ -117,6 +117,10 @@ fn waiting_past_the_queue_budget_is_a_429_that_never_reaches_the_upstream() {
     assert_eq!(r.header("x-tidegate-error"), Some("semaphore_timeout"));
     assert_eq!(r.json()["error"]["type"], "rate_limit_error");
     assert_eq!(
+        r.json()["error"]["message"],
+        "Semaphore timeout after 200ms for up:c1"
+    );
+    assert_eq!(
         mock.hits("/v1/chat/completions"),
         1,
         "the timed-out request never reached the upstream"

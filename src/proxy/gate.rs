@@ -4,10 +4,13 @@
 //! home (`flow::admission`) — all-or-nothing, FIFO, bounded by the queue budget — and gives
 //! them back exactly once when the attempt ends, on every path (the guard's `Drop`).
 
+use crate::config::Config;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
-use crate::flow::admission::{account_capacity, effective_max_wait_ms, gate_home, gated};
-use crate::flow::gates::GateError;
+use crate::flow::admission::{
+    account_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated,
+};
+use crate::flow::gates::{GateError, GateKey};
 use crate::flow::quota_share::QS_QUEUE_TIMEOUT_MS;
 use crate::runtime::msg::Msg;
 use crate::shard::Shard;
@@ -74,12 +77,11 @@ pub async fn acquire<'a>(
         return Ok(None);
     }
     let max_wait_ms = effective_max_wait_ms(config, connection);
-    let model = model.to_owned();
     let (home, asked) = ask_home(shard, connection, max_wait_ms, |id, deadline_ns| {
         Msg::GateAcquire {
             id,
             connection,
-            model,
+            model: model.to_owned(),
             deadline_ns,
         }
     })
@@ -92,7 +94,7 @@ pub async fn acquire<'a>(
                 "the connection's gate shard could not be asked for a permit",
             ));
         }
-        Asked::TimedOut => return Err(timeout_error(max_wait_ms)),
+        Asked::TimedOut => return Err(timeout_error(config, connection, &model, max_wait_ms)),
     };
     match answer {
         Answer::Gate(Ok(serial)) => Ok(Some(GatePermit {
@@ -101,7 +103,9 @@ pub async fn acquire<'a>(
             connection,
             serial,
         })),
-        Answer::Gate(Err(GateError::Timeout)) => Err(timeout_error(max_wait_ms)),
+        Answer::Gate(Err(GateError::Timeout)) => {
+            Err(timeout_error(config, connection, &model, max_wait_ms))
+        }
         Answer::Gate(Err(GateError::QueueFull | GateError::DuplicateWaiter)) => {
             Err(GatewayError::new(
                 ErrorKind::SemaphoreQueueFull,
@@ -149,9 +153,32 @@ pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option
     }
 }
 
-fn timeout_error(max_wait_ms: u64) -> GatewayError {
+/// "Semaphore timeout after <ms>ms for <keys>" (B §2.1 rule 5), keys named as the spec
+/// writes them: `global`, `provider:<p>`, `<p>:<connection>`, `<p>:<connection>:model:<m>`.
+fn timeout_error(
+    config: &Config,
+    connection: ConnectionId,
+    model: &str,
+    max_wait_ms: u64,
+) -> GatewayError {
+    let conn = config.connection(connection);
+    let provider = &config.provider(conn.provider).name;
+    let keys: Vec<String> = gate_requirements(config, connection, model)
+        .into_iter()
+        .filter(|g| g.capacity.is_some())
+        .map(|g| match g.key {
+            GateKey::Global => "global".to_owned(),
+            GateKey::Provider(_) => format!("provider:{provider}"),
+            GateKey::Account(_) => format!("{provider}:{}", conn.name),
+            GateKey::QuotaShare(_) => format!("qsconn:{}", conn.name),
+            GateKey::Model(_, m) => format!("{provider}:{}:model:{m}", conn.name),
+        })
+        .collect();
     GatewayError::new(
         ErrorKind::SemaphoreTimeout,
-        format!("no concurrency permit for the connection within {max_wait_ms} ms"),
+        format!(
+            "Semaphore timeout after {max_wait_ms}ms for {}",
+            keys.join(",")
+        ),
     )
 }
