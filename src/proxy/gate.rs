@@ -94,7 +94,7 @@ pub async fn acquire<'a>(
                 "the connection's gate shard could not be asked for a permit",
             ));
         }
-        Asked::TimedOut => return Err(timeout_error(config, connection, &model, max_wait_ms)),
+        Asked::TimedOut => return Err(timeout_error(config, connection, model, max_wait_ms)),
     };
     match answer {
         Answer::Gate(Ok(serial)) => Ok(Some(GatePermit {
@@ -104,7 +104,7 @@ pub async fn acquire<'a>(
             serial,
         })),
         Answer::Gate(Err(GateError::Timeout)) => {
-            Err(timeout_error(config, connection, &model, max_wait_ms))
+            Err(timeout_error(config, connection, model, max_wait_ms))
         }
         Answer::Gate(Err(GateError::QueueFull | GateError::DuplicateWaiter)) => {
             Err(GatewayError::new(
