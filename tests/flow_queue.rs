@@ -65,6 +65,14 @@ fn a_full_queue_answers_429_rate_limit_queue_full_at_once() {
     });
     assert_eq!(r.header("x-tidegate-error"), Some("rate_limit_queue_full"));
     assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        message.contains("up/m1") && message.contains("maxQueueDepth 2"),
+        "{message}"
+    );
     for _ in 0..3 {
         assert_eq!(
             ask(addr).header("x-tidegate-error"),
@@ -97,6 +105,11 @@ fn a_request_queued_past_max_wait_gets_503_and_never_reaches_the_upstream() {
         Some("rate_limit_queue_timeout")
     );
     assert_eq!(r.json()["error"]["type"], "service_unavailable");
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(message.contains("maxWaitMs (200ms) for up/m1"), "{message}");
     assert_eq!(
         mock.hits("/v1/chat/completions"),
         1,
@@ -137,6 +150,11 @@ fn a_slow_call_outlives_max_wait_and_is_cut_only_at_the_execution_budget() {
         Some("rate_limit_execution_timeout")
     );
     assert_eq!(r.json()["error"]["type"], "gateway_timeout");
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(message.contains("up/m1"), "{message}");
 }
 
 #[test]

@@ -80,14 +80,15 @@ impl Drop for QueueSlot<'_> {
     }
 }
 
-pub fn error(e: QueueError) -> GatewayError {
+/// The gateway error of a queue error, naming `target` (`<provider>/<model>`).
+pub fn error(e: QueueError, target: &str) -> GatewayError {
     let kind = match e {
         QueueError::Full { .. } => ErrorKind::RateLimitQueueFull,
         QueueError::QueueTimeout { .. } => ErrorKind::RateLimitQueueTimeout,
         QueueError::ExecutionTimeout { .. } => ErrorKind::RateLimitExecutionTimeout,
         QueueError::Wedged => ErrorKind::RateLimitQueueWedged,
     };
-    GatewayError::new(kind, e.message("this connection"))
+    GatewayError::new(kind, e.message(target))
 }
 
 /// Takes a slot in the connection's request queue, after a start in its provider's sliding
@@ -107,7 +108,6 @@ pub async fn acquire<'a>(
     let waiting_since_ns = shard.now().mono_ns;
     let owner = shard.owner(&connection);
     loop {
-        let model = model.to_owned();
         let asked = ask_owner(
             shard,
             owner,
@@ -116,7 +116,7 @@ pub async fn acquire<'a>(
             |id| Msg::QueueAcquire {
                 id,
                 connection,
-                model,
+                model: model.to_owned(),
                 waiting_since_ns,
             },
             |id| Msg::QueueCancel { connection, id },
@@ -132,14 +132,19 @@ pub async fn acquire<'a>(
                 ));
             }
             Asked::TimedOut => {
-                return Err(error(QueueError::QueueTimeout {
-                    max_wait_ms: settings.max_wait_ms,
-                }));
+                return Err(error(
+                    QueueError::QueueTimeout {
+                        max_wait_ms: settings.max_wait_ms,
+                    },
+                    &target_name(shard, connection, model),
+                ));
             }
         };
         let start_at_ns = match answer {
             Answer::Queue(Ok(at)) => at,
-            Answer::Queue(Err(e)) => return Err(error(e)),
+            Answer::Queue(Err(e)) => {
+                return Err(error(e, &target_name(shard, connection, model)));
+            }
             // The provider's window is full: wait and ask again (the owner lets the request
             // through once its wait budget is spent).
             Answer::QueueRetry(at) => {
@@ -168,6 +173,13 @@ pub async fn acquire<'a>(
         sleep_until(shard, start_at_ns).await;
         return Ok(Some(slot));
     }
+}
+
+/// `<provider>/<model>`, as queue errors name their target.
+pub fn target_name(shard: &Shard, connection: ConnectionId, model: &str) -> String {
+    let config = shard.config();
+    let provider = &config.provider(config.connection(connection).provider).name;
+    format!("{provider}/{model}")
 }
 
 async fn sleep_until(shard: &Shard, at_ns: u64) {

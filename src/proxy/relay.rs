@@ -15,6 +15,7 @@ use super::select::{self, Admit, Excluded, Exclusion};
 use super::{After, Plan, peek, respond, send_error};
 use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
+use crate::flow::queue::QueueError;
 use crate::http1::{
     BodyKind, Framing, RequestHead, ResponseHead, is_hop_by_hop, write_chunk, write_last_chunk,
     write_response_head,
@@ -308,12 +309,11 @@ pub async fn run(
         let opened = match execution_budget {
             Some(b) => match monoio::time::timeout(b, open).await {
                 Ok(r) => r,
-                Err(_) => Err(GatewayError::new(
-                    ErrorKind::RateLimitExecutionTimeout,
-                    format!(
-                        "the upstream call ran past the execution budget ({} ms)",
-                        b.as_millis()
-                    ),
+                Err(_) => Err(super::queue::error(
+                    QueueError::ExecutionTimeout {
+                        execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
+                    },
+                    &super::queue::target_name(shard, *cid, &target.model),
                 )),
             },
             None => open.await,
