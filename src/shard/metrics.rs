@@ -73,7 +73,7 @@ pub struct ShardMetrics {
 
 impl ShardMetrics {
     /// Publishes the owner tables' flow-control occupancy (after each owner message).
-    pub fn publish_flow(&self, g: &crate::shard::owned::FlowGauges) {
+    pub fn publish_flow(&self, g: &crate::shard::flow::FlowGauges) {
         let set = |c: &AtomicU64, v: usize| c.store(v as u64, Ordering::Relaxed);
         set(&self.gate_permits, g.gate_permits);
         set(&self.gate_waiters, g.gate_waiters);

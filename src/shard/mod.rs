@@ -2,6 +2,7 @@
 //! upstream pool, DNS cache, counters and drain state. Tasks on the shard share it through
 //! an `Rc`; no borrow of its cells is held across an `.await`.
 
+pub mod flow;
 pub mod metrics;
 pub mod owned;
 pub mod probe;
@@ -354,7 +355,7 @@ impl Shard {
                     let mut owned = self.owned.borrow_mut();
                     let out =
                         owned.apply(self.config(), &views, self.shared.shards, from, msg, now);
-                    self.metrics.publish_flow(&owned.flow_gauges());
+                    self.metrics.publish_flow(&owned.flow.gauges());
                     out
                 };
                 self.dispatch(out);
@@ -397,7 +398,7 @@ impl Shard {
                 }
             }
         }
-        let queue_out = self.owned.borrow_mut().queue_housekeeping(now);
+        let queue_out = self.owned.borrow_mut().flow.housekeeping(now);
         self.dispatch(queue_out);
         let tick = self.housekeeping_ticks.get().wrapping_add(1);
         self.housekeeping_ticks.set(tick);
