@@ -242,9 +242,11 @@ fn global_gate_caps_every_provider_across_shards() {
     );
 }
 
-#[test]
-fn a_429_with_retry_after_blocks_the_gate_so_its_waiter_never_meets_the_same_refusal() {
-    let mock = MockUpstream::start();
+/// The first request's 429 (`retry-after: 5`) blocks the connection's gate for 5 s: the
+/// second, queued behind it, waits out its 1 s budget instead of being sent on the first's
+/// release. `toml` gives `up/m1` one connection with `max_concurrent = 1` and
+/// `max_wait_ms = 1000`.
+fn retry_after_blocks_the_gate(mock: MockUpstream, toml: &str) {
     mock.on(
         "/v1/chat/completions",
         Reply::error(429, "slow down")
@@ -252,20 +254,44 @@ fn a_429_with_retry_after_blocks_the_gate_so_its_waiter_never_meets_the_same_ref
             .delay_ms(600),
     );
     mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
-    let gw = Gateway::start(&config(
-        &mock,
-        "max_concurrent = 1\n[connections.rate_limit_overrides]\nmax_wait_ms = 1000",
-    ));
+    let gw = Gateway::start(toml);
     let addr = gw.addr();
     let first = std::thread::spawn(move || ask(addr, "m1"));
     mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(10));
-    // Queued behind the first at the account gate; the first's 429 blocks the gate for 5 s,
-    // so this one waits out its 1 s budget instead of being sent on the first's release.
     let second = ask(addr, "m1");
     assert_eq!(first.join().unwrap().status, 429);
     assert_eq!(second.status, 429, "{}", second.text());
     assert_eq!(second.header("x-tidegate-error"), Some("semaphore_timeout"));
     assert_eq!(mock.hits("/v1/chat/completions"), 1);
+}
+
+const ONE_AT_A_TIME: &str =
+    "max_concurrent = 1\n[connections.rate_limit_overrides]\nmax_wait_ms = 1000\n\n";
+
+#[test]
+fn a_429_with_retry_after_blocks_the_gate_so_its_waiter_never_meets_the_same_refusal() {
+    let mock = MockUpstream::start();
+    let toml = one_upstream(&mock.base_url(), 2, ONE_AT_A_TIME, "");
+    retry_after_blocks_the_gate(mock, &toml);
+}
+
+#[test]
+fn the_block_reaches_a_gate_home_that_is_not_the_connections_owner() {
+    // A global gate puts every connection's gates on the owner of `global` (shard 0 of 2);
+    // `c1` is the third connection, owned by shard 1, so the 429 is classified on shard 1
+    // and the block travels to shard 0.
+    let mock = MockUpstream::start();
+    let base = mock.base_url();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}{}{ONE_AT_A_TIME}\
+         [resilience.request_queue]\nglobal_concurrent_requests = 5\n",
+        provider("up", &base, &["m1"]),
+        provider("other", &base, &["zz"]),
+        connection("x0", "other"),
+        connection("x1", "other"),
+        connection("c1", "up"),
+    );
+    retry_after_blocks_the_gate(mock, &toml);
 }
 
 #[test]

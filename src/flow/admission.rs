@@ -23,6 +23,7 @@ use crate::flow::gates::{GateKey, GateReq};
 use crate::flow::queue::{
     KeyParts, LimiterSettings, ProviderWindow, limiter_key, provider_default_concurrency,
 };
+use crate::resilience::FallbackDecision;
 use crate::runtime::owner::{DOMAIN_GLOBAL, OwnerKey, mix64};
 
 /// Where a connection's concurrency gates live (see the module docs).
@@ -155,6 +156,22 @@ pub fn limiter_settings(config: &Config, connection: ConnectionId) -> LimiterSet
 /// provider's floor): bounds every local wait of an attempt — queue, gates, window.
 pub fn effective_max_wait_ms(config: &Config, connection: ConnectionId) -> u64 {
     limiter_settings(config, connection).max_wait_ms
+}
+
+/// How long an upstream answer blocks the connection's gate (B §2.1 rule 7): a 429 that
+/// says when to come back blocks it until then, so waiters queued there wait (or time
+/// out) instead of meeting the same refusal. Not for `disable_cooling` connections.
+pub fn gate_block_ms(
+    config: &Config,
+    connection: ConnectionId,
+    status: u16,
+    decision: &FallbackDecision,
+) -> Option<u64> {
+    let applies = status == 429
+        && decision.used_upstream_retry_hint
+        && decision.cooldown_ms > 0
+        && !config.connection(connection).disable_cooling;
+    applies.then_some(decision.cooldown_ms)
 }
 
 /// The settings and limiter key of a connection's request queue for `model`, when its

@@ -27,6 +27,24 @@ pub struct GatePermit<'a> {
     serial: u64,
 }
 
+impl GatePermit<'_> {
+    /// Blocks the connection's gate on its home for `ms` (an upstream refusal with a retry
+    /// hint). Sent on the same ring as this permit's release, so the block lands first.
+    pub fn block_for(&self, model: &str, ms: u64) {
+        let until_ns = self
+            .shard
+            .now()
+            .mono_ns
+            .saturating_add(ms.saturating_mul(1_000_000));
+        let msg = Msg::GateBlock {
+            connection: self.connection,
+            model: model.to_owned(),
+            until_ns,
+        };
+        self.shard.send_reliable(self.home, msg);
+    }
+}
+
 impl Drop for GatePermit<'_> {
     fn drop(&mut self) {
         let msg = Msg::GateRelease {

@@ -15,6 +15,7 @@ use super::select::{self, Admit, Excluded, Exclusion};
 use super::{After, Plan, peek, respond, send_error};
 use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
+use crate::flow::admission::gate_block_ms;
 use crate::flow::queue::QueueError;
 use crate::http1::{
     BodyKind, Framing, RequestHead, ResponseHead, is_hop_by_hop, write_chunk, write_last_chunk,
@@ -259,7 +260,7 @@ pub async fn run(
             let gate = super::gate::acquire(shard, *cid, &target.model).await?;
             Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
         };
-        let (_qs_slot, mut queue_slot, _gate) =
+        let (_qs_slot, mut queue_slot, gate) =
             match unless_client_gone(client, pending, admission).await {
                 Some(Ok(admitted)) => admitted,
                 Some(Err(e)) => {
@@ -376,6 +377,11 @@ pub async fn run(
                     shard.now(),
                 )
             };
+            if let Some(g) = &gate
+                && let Some(ms) = gate_block_ms(config, *cid, buffered.status, &decision)
+            {
+                g.block_for(&target.model, ms);
+            }
             record::attempt(
                 shard,
                 target,

@@ -9,8 +9,7 @@ use std::collections::HashMap;
 use crate::clock::Now;
 use crate::config::{Config, ConnectionId};
 use crate::flow::admission::{
-    account_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated, model_capacity,
-    queue_of, window_of,
+    account_capacity, effective_max_wait_ms, gate_requirements, model_capacity, queue_of, window_of,
 };
 use crate::flow::gates::{
     Acquire, AcquireRequest, GateError, GateKey, GateTable, Permit, QueueLimit, Wakeups,
@@ -23,9 +22,8 @@ use crate::flow::quota_share::{
     INFLIGHT_LEASE_MS, InflightTicket, NoBuckets, QS_QUEUE_DEPTH, QsTarget, QuotaShareSelector,
     SlotAcquire, SlotRequest, acquire_slot,
 };
-use crate::resilience::{FallbackDecision, OwnedHeaders};
+use crate::resilience::OwnedHeaders;
 use crate::runtime::msg::{AttemptResult, Msg, Outcome, QsCandidate, QsPick, SuccessAnswer};
-use crate::runtime::owner::owner_of;
 
 use super::owned::Dest;
 use super::waiter_shard;
@@ -507,38 +505,6 @@ impl Flow {
             out.push((Dest::SelfAt(at), Msg::GateTick));
         }
     }
-}
-
-/// An upstream 429 that says when to come back blocks the connection's gate until then, so
-/// its queued waiters wait (or time out) instead of meeting the same refusal (B §2.1 rule
-/// 7): the message for the connection's gate home, if any.
-pub fn gate_block_for(
-    config: &Config,
-    o: &Outcome,
-    status: u16,
-    decision: &FallbackDecision,
-    shards: usize,
-    now: Now,
-) -> Option<(Dest, Msg)> {
-    let conn = config.connection(o.connection);
-    let applies = status == 429
-        && decision.used_upstream_retry_hint
-        && decision.cooldown_ms > 0
-        && !conn.disable_cooling
-        && gated(config, o.connection, &o.model);
-    applies.then(|| {
-        let home = owner_of(&gate_home(config, o.connection), shards);
-        (
-            Dest::Shard(home),
-            Msg::GateBlock {
-                connection: o.connection,
-                model: o.model.clone(),
-                until_ns: now
-                    .mono_ns
-                    .saturating_add(decision.cooldown_ms.saturating_mul(1_000_000)),
-            },
-        )
-    })
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use crate::resilience::{FallbackDecision, OwnedHeaders, Reason};
 use crate::runtime::msg::{AttemptResult, Msg, Outcome};
 use crate::runtime::owner::owner_of;
 
-use super::flow::{Flow, gate_block_for};
+use super::flow::Flow;
 use super::views::Views;
 
 /// Where a message produced by the owner goes.
@@ -388,7 +388,6 @@ impl Owned {
                 // The connection's request queue learns from the upstream's answer.
                 self.flow.learn_from_outcome(config, o, now);
                 // Egress: one 429 quota / rate limit cools the whole family behind the same egress.
-                out.extend(gate_block_for(config, o, status, &decision, shards, now));
                 self.egress(config, views, shards, o, status, &decision, now, out);
             }
         }
