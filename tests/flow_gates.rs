@@ -328,7 +328,11 @@ fn permits_come_back_when_a_stream_ends_and_when_its_client_goes_away() {
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(r.text().contains("short"), "{}", r.text());
     }
-    assert_eq!(mock.peak_concurrency(), 1);
+    // (The mock's own concurrency count is no measure here: it counts the abandoned
+    // stream until its next write fails, after the gateway has let go of it.)
+    eventually(Duration::from_secs(5), "every permit back", || {
+        (flow_held(addr) == 0).then_some(())
+    });
 }
 
 fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
@@ -362,7 +366,12 @@ fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) 
         "the abandoned request to be counted",
         || (metric(addr, "tidegate_requests_abandoned_total") == 1).then_some(()),
     );
-    assert_eq!(flow_held(addr), 1, "only the first request holds its place");
+    // Only the first request holds its place (the cancel reaches the owner shortly).
+    eventually(
+        Duration::from_secs(5),
+        "the abandoned waiter to be gone",
+        || (flow_held(addr) == 1).then_some(()),
+    );
     gate.open();
     assert_eq!(first.join().unwrap().status, 200);
     // The next request flows, and the upstream saw two requests, not three.
