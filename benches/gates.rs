@@ -16,6 +16,11 @@
 //!   `benches/mesh.rs` `round_trip/mesh_spin` and `mesh_parked_monoio`: the difference is
 //!   the owner's apply plus the extra release message.
 //!
+//! `admission_checks/*`: what every attempt pays before any message, deriving its admission
+//! from config (`flow::admission`): whether the connection is gated, has a request queue
+//! or a provider window — for a plain connection (the common case: all three no) and the
+//! gate requirements of a gated one.
+//!
 //! Every variant uses the same config and a fixed `now` (the real pump reads the clock once
 //! per message). The remote variants are timed with `iter_custom` on the crate's clock; on
 //! a small shared VM read the medians, not the means.
@@ -28,6 +33,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use tidegate::clock::{Clock, MonoClock, Now};
 use tidegate::config::{Config, ConnectionId, load_str};
+use tidegate::flow::admission;
 use tidegate::flow::gates::{Acquire, AcquireRequest, GateKey, GateReq, GateTable, QueueLimit};
 use tidegate::runtime::mesh::{Mesh, MeshEnd};
 use tidegate::runtime::msg::Msg;
@@ -267,5 +273,33 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+fn admission(c: &mut Criterion) {
+    let mut g = c.benchmark_group("admission_checks");
+    let plain = match load_str(
+        "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+         [[connections]]\nid = \"c\"\nprovider = \"p\"\n",
+        &|_| None,
+    ) {
+        Ok(o) => o.config,
+        Err(e) => unreachable!("bench config: {e}"),
+    };
+    let c0 = ConnectionId(0);
+    g.bench_function("plain_connection_gated_queue_window", |b| {
+        b.iter(|| {
+            let cfg = black_box(&plain);
+            black_box(
+                admission::gated(cfg, c0, "m")
+                    || admission::queue_of(cfg, c0, "m").is_some()
+                    || admission::window_of(cfg, c0).is_some(),
+            )
+        })
+    });
+    let gated = config();
+    g.bench_function("gated_connection_requirements", |b| {
+        b.iter(|| black_box(admission::gate_requirements(black_box(&gated), c0, "m")))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, admission);
 criterion_main!(benches);
