@@ -26,11 +26,14 @@
 //! a small shared VM read the medians, not the means.
 #![allow(clippy::unreachable)]
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{run_monoio, send_until_taken};
+
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use tidegate::clock::{Clock, MonoClock, Now};
 use tidegate::config::{Config, ConnectionId, load_str};
 use tidegate::flow::admission;
@@ -112,13 +115,6 @@ fn ends() -> ((usize, MeshEnd<Msg>), (usize, MeshEnd<Msg>)) {
     }
 }
 
-fn send_until_taken(end: &MeshEnd<Msg>, to: usize, mut msg: Msg) {
-    while let Err(back) = end.send(to, msg) {
-        msg = back;
-        std::hint::spin_loop();
-    }
-}
-
 /// The owner's tables on their own thread: apply what arrives, send the replies back.
 struct OwnerPump {
     config: Config,
@@ -146,17 +142,6 @@ impl OwnerPump {
                 send_until_taken(end, to, out);
             }
         }
-    }
-}
-
-/// Runs `f` on the io_uring driver when the kernel has it (as the fleet does), else epoll.
-fn run_monoio<F: std::future::Future>(f: F) -> Option<F::Output> {
-    if monoio::utils::detect_uring() {
-        let mut rt = RuntimeBuilder::<IoUringDriver>::new().build().ok()?;
-        Some(rt.block_on(f))
-    } else {
-        let mut rt = RuntimeBuilder::<LegacyDriver>::new().build().ok()?;
-        Some(rt.block_on(f))
     }
 }
 

@@ -21,6 +21,10 @@
 //! parked on monoio (io_uring) 37 µs, flume on monoio 38 µs, blocking std channel 44 µs — a
 //! parked round trip is the OS wake-up path on both sides, which the mesh adds nothing to.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{run_monoio, send_until_taken};
+
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::mpsc;
@@ -28,7 +32,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use tidegate::clock::{Clock, MonoClock};
 use tidegate::runtime::mesh::{Mesh, MeshEnd};
 
@@ -91,24 +94,6 @@ fn pair() -> (MeshEnd<u64>, MeshEnd<u64>) {
     match (ends.next(), ends.next()) {
         (Some(a), Some(b)) => (a, b),
         _ => unreachable!("a two-shard mesh has two ends"),
-    }
-}
-
-fn send_until_taken(end: &MeshEnd<u64>, to: usize, mut v: u64) {
-    while let Err(back) = end.send(to, v) {
-        v = back;
-        std::hint::spin_loop();
-    }
-}
-
-/// Runs `f` on the io_uring driver when the kernel has it (as the fleet does), else epoll.
-fn run_monoio<F: std::future::Future>(f: F) -> Option<F::Output> {
-    if monoio::utils::detect_uring() {
-        let mut rt = RuntimeBuilder::<IoUringDriver>::new().build().ok()?;
-        Some(rt.block_on(f))
-    } else {
-        let mut rt = RuntimeBuilder::<LegacyDriver>::new().build().ok()?;
-        Some(rt.block_on(f))
     }
 }
 
