@@ -47,7 +47,7 @@ pub async fn ask_owner<C: FnOnce(u64) -> Msg>(
     let (local, wait) = shard.probes.register();
     let id = global_waiter_id(shard.id, local);
     waiters.borrow_mut().insert(local, connection);
-    if shard.send(owner, request(id)).is_err() {
+    if !shard.send_reliable(owner, request(id)) {
         shard.probes.forget(local);
         waiters.borrow_mut().remove(&local);
         return Asked::Unsent;

@@ -66,7 +66,7 @@ pub async fn order<'a>(
         combo: combo.name.clone(),
         candidates: list,
     };
-    if shard.send(home, msg).is_err() {
+    if !shard.send_reliable(home, msg) {
         shard.probes.forget(local);
         return None;
     }

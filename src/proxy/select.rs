@@ -176,7 +176,7 @@ async fn ask_probe(
         BreakerKey::Connection(c) => shard.owner(&c),
     };
     let (id, wait) = shard.probes.register();
-    if shard.send(owner, Msg::ProbeRequest { key, id }).is_err() {
+    if !shard.send_reliable(owner, Msg::ProbeRequest { key, id }) {
         shard.probes.forget(id);
         return Err(GatewayError::new(
             ErrorKind::MeshUnavailable,

@@ -165,24 +165,27 @@ impl Shard {
         }
     }
 
-    /// Sends a message that must arrive (grants, denials, replies, releases, cancels): a
-    /// full ring keeps it in the outbox, retried every millisecond in order until it goes.
-    /// Only a closed peer (shutdown) drops it.
-    pub fn send_reliable(&self, to: usize, msg: Msg) {
+    /// Sends a point-to-point message (requests, grants, denials, replies, releases,
+    /// cancels, facts): a full ring keeps it in the outbox, retried every millisecond in
+    /// order until it goes. Only a closed peer (shutdown) drops it: `false`.
+    pub fn send_reliable(&self, to: usize, msg: Msg) -> bool {
         if to == self.id {
             self.handle(self.id, msg);
-            return;
+            return true;
         }
         let Some(mesh) = &self.mesh else {
-            return;
+            return false;
         };
         let sent = self
             .outbox
             .borrow_mut()
             .send(to, msg, &mut |to, m| mesh.try_send(to, m));
-        match sent {
-            Sent::Delivered => {}
-            Sent::Waiting => self.retry_outbox(),
+        let taken = match sent {
+            Sent::Delivered => true,
+            Sent::Waiting => {
+                self.retry_outbox();
+                true
+            }
             Sent::Dropped(reason) => {
                 tracing::warn!(
                     shard = self.id,
@@ -190,11 +193,13 @@ impl Shard {
                     reason = reason.as_str(),
                     "message dropped"
                 );
+                false
             }
-        }
+        };
         self.metrics
             .mesh_outbox
             .store(self.outbox.borrow().len() as u64, Ordering::Relaxed);
+        taken
     }
 
     /// Starts the outbox's retry task unless it runs.
@@ -234,7 +239,9 @@ impl Shard {
         for (dest, msg) in out {
             match dest {
                 Dest::SelfAt(at_ns) => self.later(at_ns, msg),
-                Dest::Shard(to) => self.send_reliable(to, msg),
+                Dest::Shard(to) => {
+                    self.send_reliable(to, msg);
+                }
                 Dest::All => {
                     for to in 0..self.shared.shards {
                         if to != self.id {
