@@ -204,12 +204,13 @@ impl Shard {
 
     /// Starts the outbox's retry task unless it runs.
     fn retry_outbox(&self) {
-        if self.outbox_retrying.replace(true) {
+        if self.outbox_retrying.get() {
             return;
         }
         let Some(me) = self.me.borrow().upgrade() else {
             return;
         };
+        self.outbox_retrying.set(true);
         monoio::spawn(async move {
             loop {
                 monoio::time::sleep(Duration::from_millis(OUTBOX_RETRY_MS)).await;
