@@ -98,13 +98,7 @@ fn model_concurrency_caps_one_model_while_another_runs_freely() {
 
 #[test]
 fn waiting_past_the_queue_budget_is_a_429_that_never_reaches_the_upstream() {
-    let mock = MockUpstream::start();
-    let gate = Gate::new();
-    mock.on(
-        "/v1/chat/completions",
-        Reply::openai_chat("first").wait_for(&gate),
-    );
-    mock.on_always("/v1/chat/completions", Reply::openai_chat("later"));
+    let (mock, gate) = held_then_later();
     let gw = Gateway::start(&config(
         &mock,
         "max_concurrent = 1\n[connections.rate_limit_overrides]\nmax_wait_ms = 200",
@@ -335,16 +329,6 @@ fn permits_come_back_when_a_stream_ends_and_when_its_client_goes_away() {
     });
 }
 
-fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
-    let r = Client::connect(addr).request("GET", "/metrics", &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-}
-
 /// One request holds the connection; a second waits for admission and its client hangs
 /// up: it is counted as abandoned, never reaches the upstream, and gives its place back.
 fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) {
@@ -384,29 +368,6 @@ fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) 
     eventually(Duration::from_secs(5), "every permit and slot back", || {
         (flow_held(addr) == 0).then_some(())
     });
-}
-
-/// Gate permits, gate waiters and request-queue entries, over every shard.
-fn flow_held(addr: std::net::SocketAddr) -> u64 {
-    [
-        "tidegate_gate_permits",
-        "tidegate_gate_waiters",
-        "tidegate_queue_requests",
-    ]
-    .iter()
-    .map(|m| metric(addr, m))
-    .sum()
-}
-
-fn held_then_later() -> (MockUpstream, Gate) {
-    let mock = MockUpstream::start();
-    let gate = Gate::new();
-    mock.on(
-        "/v1/chat/completions",
-        Reply::openai_chat("first").wait_for(&gate),
-    );
-    mock.on_always("/v1/chat/completions", Reply::openai_chat("later"));
-    (mock, gate)
 }
 
 #[test]

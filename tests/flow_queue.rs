@@ -87,13 +87,7 @@ fn a_full_queue_answers_429_rate_limit_queue_full_at_once() {
 
 #[test]
 fn a_request_queued_past_max_wait_gets_503_and_never_reaches_the_upstream() {
-    let mock = MockUpstream::start();
-    let gate = Gate::new();
-    mock.on(
-        "/v1/chat/completions",
-        Reply::openai_chat("first").wait_for(&gate),
-    );
-    mock.on_always("/v1/chat/completions", Reply::openai_chat("later"));
+    let (mock, gate) = held_then_later();
     let gw = Gateway::start(&config(&mock, "max_wait_ms = 200", ""));
     let addr = gw.addr();
     let first = std::thread::spawn(move || ask(addr));

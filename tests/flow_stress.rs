@@ -36,15 +36,6 @@ impl Rng {
     }
 }
 
-fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
-    let r = Client::connect(addr).request("GET", "/metrics", &[], b"");
-    r.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-}
-
 const FLOW_ERRORS: [&str; 4] = [
     "semaphore_timeout",
     "semaphore_queue_full",
@@ -118,18 +109,7 @@ fn a_seeded_storm_leaves_no_permit_behind() {
     eventually(
         Duration::from_secs(10),
         "every permit and slot back",
-        || {
-            let held: u64 = [
-                "tidegate_gate_permits",
-                "tidegate_gate_waiters",
-                "tidegate_queue_requests",
-                "tidegate_mesh_outbox",
-            ]
-            .iter()
-            .map(|m| metric(addr, m))
-            .sum();
-            (held == 0).then_some(())
-        },
+        || (flow_held(addr) == 0).then_some(()),
     );
     let mut c = Client::connect(addr);
     let r = c.request(

@@ -19,6 +19,7 @@ pub mod client;
 pub mod compat;
 pub mod config;
 pub mod eventually;
+pub mod flow;
 pub mod gateway;
 pub mod mock_upstream;
 mod wire;
@@ -32,6 +33,8 @@ pub use compat::{python, run_sdk_client};
 pub use config::{connection, one_upstream, provider};
 #[allow(unused_imports)]
 pub use eventually::eventually;
+#[allow(unused_imports)]
+pub use flow::{flow_held, held_then_later, metric};
 #[allow(unused_imports)]
 pub use gateway::{Gateway, ReadyLine, RunOutput, StartFailure, run_check, run_tidegate};
 #[allow(unused_imports)]
