@@ -38,12 +38,14 @@ use tidegate::clock::{Clock, MonoClock, Now};
 use tidegate::config::{Config, ConnectionId, load_str};
 use tidegate::flow::admission;
 use tidegate::flow::gates::{Acquire, AcquireRequest, GateKey, GateReq, GateTable, QueueLimit};
-use tidegate::runtime::mesh::{Mesh, MeshEnd};
-use tidegate::runtime::msg::Msg;
-use tidegate::runtime::owner::owner_of;
-use tidegate::shard::global_waiter_id;
-use tidegate::shard::owned::{Dest, Owned};
-use tidegate::shard::views::Views;
+use tidegate::mesh::placement::owner_of;
+use tidegate::mesh::ring::{Mesh, MeshEnd};
+use tidegate::owners::gates::Gates;
+use tidegate::owners::gates::protocol as gp;
+use tidegate::owners::health::views::Views;
+use tidegate::owners::{Cx, Fact, Kind, Mechanism, Msg, Reply, Request};
+use tidegate::shard::Dest;
+use tidegate::shard::call::global_id as global_waiter_id;
 
 /// Shards in the remote benches' mesh.
 const SHARDS: usize = 2;
@@ -70,30 +72,53 @@ fn config() -> Config {
 }
 
 fn acquire(id: u64) -> Msg {
-    Msg::GateAcquire {
+    Msg::Call {
         id,
-        connection: ConnectionId(0),
-        model: "m".to_owned(),
-        deadline_ns: None,
+        request: Request::Gates(gp::Request::Acquire {
+            connection: ConnectionId(0),
+            model: "m".to_owned(),
+            deadline_ns: None,
+        }),
     }
 }
 
 fn release(serial: u64) -> Msg {
-    Msg::GateRelease {
-        connection: ConnectionId(0),
-        serial,
+    Msg::Fact(Fact::Gates(gp::Fact::Release { serial }))
+}
+
+fn stop() -> Msg {
+    Msg::Cancel {
+        id: STOP_ID,
+        kind: Kind::Gates,
     }
 }
 
 fn is_stop(msg: &Msg) -> bool {
-    matches!(msg, Msg::Ack { id: STOP_ID })
+    matches!(msg, Msg::Cancel { id: STOP_ID, .. })
 }
 
 fn grant_serial(msg: &Msg) -> u64 {
     match msg {
-        Msg::GateGrant { serial, .. } => *serial,
-        _ => unreachable!("uncontended grant, got {msg:?}"),
+        Msg::Reply {
+            reply: Reply::Gates(gp::Reply::Granted(serial)),
+            ..
+        } => *serial,
+        _ => unreachable!("uncontended grant"),
     }
+}
+
+/// Applies one message to a gate table as its owner would; returns what it sends.
+fn apply(gates: &mut Gates, config: &Config, views: &Views, msg: Msg) -> Vec<(Dest, Msg)> {
+    let mut cx = Cx::detached(config, views, now(), SHARDS);
+    match msg {
+        Msg::Call {
+            id,
+            request: Request::Gates(r),
+        } => gates.call(&mut cx, id, r),
+        Msg::Fact(Fact::Gates(f)) => gates.fact(&mut cx, f),
+        _ => {}
+    }
+    cx.take()
 }
 
 fn elapsed_since(start_ns: u64) -> Duration {
@@ -119,24 +144,21 @@ fn ends() -> ((usize, MeshEnd<Msg>), (usize, MeshEnd<Msg>)) {
 struct OwnerPump {
     config: Config,
     views: Views,
-    owned: Owned,
+    gates: Gates,
 }
 
 impl OwnerPump {
     fn new(config: Config) -> Self {
-        let owned = Owned::new(&config);
+        let gates = Gates::new(&config);
         Self {
             config,
             views: Views::default(),
-            owned,
+            gates,
         }
     }
 
-    fn handle(&mut self, end: &MeshEnd<Msg>, from: usize, msg: Msg) {
-        for (dest, out) in self
-            .owned
-            .apply(&self.config, &self.views, SHARDS, from, msg, now())
-        {
+    fn handle(&mut self, end: &MeshEnd<Msg>, _from: usize, msg: Msg) {
+        for (dest, out) in apply(&mut self.gates, &self.config, &self.views, msg) {
             // Uncontended acquires and releases produce no views and no timers.
             if let Dest::Shard(to) = dest {
                 send_until_taken(end, to, out);
@@ -172,17 +194,17 @@ fn bench(c: &mut Criterion) {
 
     let config = config();
     let views = Views::default();
-    let mut owned = Owned::new(&config);
+    let mut gates = Gates::new(&config);
     let mut wid = 0u64;
     g.bench_function("owner_same_shard_acquire_release", |b| {
         b.iter(|| {
             wid += 1;
-            let out = owned.apply(&config, &views, 1, 0, acquire(wid), now);
+            let out = apply(&mut gates, &config, &views, acquire(wid));
             let serial = match out.first() {
-                Some((Dest::Shard(0), Msg::GateGrant { serial, .. })) => *serial,
+                Some((Dest::Shard(0), m)) => grant_serial(m),
                 _ => unreachable!("uncontended grant"),
             };
-            black_box(owned.apply(&config, &views, 1, 0, release(serial), now));
+            black_box(apply(&mut gates, &config, &views, release(serial)));
         })
     });
 
@@ -217,7 +239,7 @@ fn bench(c: &mut Criterion) {
                 elapsed_since(start)
             })
         });
-        send_until_taken(&asker_end, owner, Msg::Ack { id: STOP_ID });
+        send_until_taken(&asker_end, owner, stop());
         let _ = owner_thread.join();
     }
 
@@ -252,7 +274,7 @@ fn bench(c: &mut Criterion) {
                 .unwrap_or_default()
             })
         });
-        let _ = asker_end.send(owner, Msg::Ack { id: STOP_ID });
+        let _ = asker_end.send(owner, stop());
         let _ = owner_thread.join();
     }
     g.finish();

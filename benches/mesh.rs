@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tidegate::clock::{Clock, MonoClock};
-use tidegate::runtime::mesh::{Mesh, MeshEnd};
+use tidegate::mesh::ring::{Mesh, MeshEnd};
 
 /// The message that tells an echo thread to stop.
 const STOP: u64 = u64::MAX;

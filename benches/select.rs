@@ -10,13 +10,13 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tidegate::clock::Now;
 use tidegate::config::{Config, ConnectionId, ProviderId, load_str};
+use tidegate::owners::health::views::Views;
 use tidegate::proxy::select::{Gate, gate};
 use tidegate::resilience::Reason;
 use tidegate::resilience::breaker::{BreakerKey, BreakerState, BreakerView};
 use tidegate::resilience::connection::{ConnectionView, Cooldown};
 use tidegate::resilience::lockout::{LockKey, LockReason, LockUpdate, LockView};
 use tidegate::routing::resolve::Target;
-use tidegate::shard::views::Views;
 
 const CONNECTIONS: u32 = 1_000;
 const NOW_WALL_MS: u64 = 1_800_000_000_000;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
 
 use tidegate::config::{self, Config};
-use tidegate::runtime::fleet::{self, DriverChoice};
+use tidegate::server::{self as fleet, DriverChoice};
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;

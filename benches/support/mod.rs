@@ -1,7 +1,7 @@
 //! Scaffolding shared by the benches that run two threads over the shard mesh.
 
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
-use tidegate::runtime::mesh::MeshEnd;
+use tidegate::mesh::ring::MeshEnd;
 
 /// Sends `msg` to shard `to`, spinning while the ring is full.
 pub fn send_until_taken<T>(end: &MeshEnd<T>, to: usize, mut msg: T) {

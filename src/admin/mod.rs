@@ -1,10 +1,11 @@
 //! The management surface: liveness and the Prometheus exposition. (The resilience
 //! management API of `ARCHITECTURE.md` §5 joins here as its mechanisms land.)
 
+use crate::auth::Caller;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
-use crate::proxy::auth::Caller;
-use crate::shard::{Shard, metrics};
+use crate::owners::Shard;
+use crate::shard::metrics;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -33,7 +34,8 @@ pub fn serve(
             "application/json",
             format!(
                 "{{\"status\":\"ok\",\"shards\":{},\"driver\":\"{}\"}}",
-                shard.shared.shards, shard.shared.driver
+                shard.shared().shards,
+                shard.shared().driver
             ),
         )),
         Route::Metrics => {
@@ -41,7 +43,10 @@ pub fn serve(
             Ok((
                 200,
                 "text/plain; version=0.0.4",
-                metrics::render(&shard.shared.metrics, shard.shared.mesh_stats.as_deref()),
+                metrics::render(
+                    &shard.shared().metrics,
+                    shard.shared().mesh_stats.as_deref(),
+                ),
             ))
         }
     }
@@ -51,7 +56,7 @@ pub fn serve(
 /// are configured).
 pub fn authorize_manage(shard: &Shard, head: &RequestHead) -> Result<(), GatewayError> {
     let open = shard.config().server.admin_token.is_none();
-    match shard.shared.keys.identify(head) {
+    match shard.shared().keys.identify(head) {
         Caller::Admin => Ok(()),
         Caller::Open if open => Ok(()),
         Caller::Key(i)

@@ -36,7 +36,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let workers = tidegate::runtime::fleet::shard_count(cli.workers);
+    let workers = tidegate::server::shard_count(cli.workers);
     let (addr, listeners) = match bind_shards(cli.listen, workers) {
         Ok(v) => v,
         Err(e) => {

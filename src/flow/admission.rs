@@ -23,8 +23,8 @@ use crate::flow::gates::{GateKey, GateReq};
 use crate::flow::queue::{
     KeyParts, LimiterSettings, ProviderWindow, limiter_key, provider_default_concurrency,
 };
+use crate::mesh::placement::{ConnectionKey, DOMAIN_GLOBAL, OwnerKey, ProviderKey, mix64};
 use crate::resilience::FallbackDecision;
-use crate::runtime::owner::{DOMAIN_GLOBAL, OwnerKey, mix64};
 
 /// Where a connection's concurrency gates live (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,8 +38,8 @@ impl OwnerKey for GateHome {
     fn owner_hash(&self) -> u64 {
         match self {
             GateHome::Global => mix64(DOMAIN_GLOBAL),
-            GateHome::Provider(p) => p.owner_hash(),
-            GateHome::Connection(c) => c.owner_hash(),
+            GateHome::Provider(p) => ProviderKey(p.0).owner_hash(),
+            GateHome::Connection(c) => ConnectionKey(c.0).owner_hash(),
         }
     }
 }
@@ -208,7 +208,7 @@ pub fn window_of(config: &Config, connection: ConnectionId) -> Option<(ProviderW
 mod tests {
     use super::*;
     use crate::config::load_str;
-    use crate::runtime::owner::owner_of;
+    use crate::mesh::placement::owner_of;
 
     fn config(extra: &str) -> Config {
         let toml = format!(

@@ -30,8 +30,9 @@ pub mod limiter;
 pub mod window;
 
 pub use learn::{
-    CapLearn, HeaderLearn, ResponseLearn, learn_cap_from_body, observe_headers, observe_response,
-    observe_retry_hint, parse_reset_duration_ms, requests_within_cap,
+    CapLearn, HeaderLearn, ResponseFacts, ResponseLearn, apply_response, learn_cap_from_body,
+    observe_headers, observe_response, observe_retry_hint, parse_reset_duration_ms,
+    requests_within_cap,
 };
 pub use limiter::{
     ComboAdmission, Grant, KNOWN_COOLDOWN_DEFAULT_MS, LIMITER_IDLE_EVICT_MS, Limiter, LimiterTable,

@@ -1,6 +1,6 @@
 //! A client connection: read a request head (idle budget before its first byte, head
 //! budget after), read its body (length or chunked, bounded, `Expect: 100-continue`),
-//! hand it to the proxy, and loop while keep-alive holds. Pipelined requests are read
+//! hand it to the [`Handler`] it was given, and loop while keep-alive holds. Pipelined requests are read
 //! from the same buffer and so answered in order. Bad input gets its typed response
 //! and closes the connection; nothing here panics.
 
@@ -15,37 +15,81 @@ use crate::http1::{
     self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
 };
 use crate::net::io::{READ_BUF_BYTES, read_more, write_all};
-use crate::proxy::{self, After};
-use crate::shard::metrics::{bump, drop_one};
-use crate::shard::{InFlight, Shard};
+
+/// What happens to the client connection after a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    KeepAlive,
+    Close,
+}
+
+/// The budgets and limits of reading requests.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Before a request's first byte (keep-alive idle).
+    pub idle_timeout_ms: u64,
+    /// From a head's first byte to its end.
+    pub header_timeout_ms: u64,
+    pub max_request_body_bytes: usize,
+}
+
+/// What serves the requests of a connection.
+pub trait Handler {
+    /// A request's in-flight mark, held from its complete head to the end of its response.
+    type InFlight<'a>
+    where
+        Self: 'a;
+
+    fn limits(&self) -> Limits;
+    /// Monotonic now, in ns.
+    fn now_ns(&self) -> u64;
+    /// Shutting down: finish what is in flight, read no new request.
+    fn is_draining(&self) -> bool;
+    fn connection_opened(&self);
+    fn connection_closed(&self);
+    /// A complete request head has arrived.
+    fn request_started(&self) -> Self::InFlight<'_>;
+    /// Serves one request whose head and body have been read, writing its whole response.
+    fn handle(
+        &self,
+        head: &RequestHead,
+        body: Bytes,
+        client: &mut TcpStream,
+        pending: &mut BytesMut,
+    ) -> impl std::future::Future<Output = After>;
+    /// Answers bad input with its typed error; the connection closes after it.
+    fn reject(
+        &self,
+        client: &mut TcpStream,
+        err: &GatewayError,
+    ) -> impl std::future::Future<Output = ()>;
+}
 
 /// Serves one accepted client connection until it closes.
-pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
-    bump(&shard.metrics.connections_accepted);
-    bump(&shard.metrics.connections_open);
+pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: TcpStream) {
+    handler.connection_opened();
     let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     loop {
-        let head = match read_head(&shard, &mut stream, &mut buf).await {
+        let head = match read_head(&*handler, &mut stream, &mut buf).await {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(err) => {
-                proxy::send_error(&shard, &mut stream, &err, false).await;
+                handler.reject(&mut stream, &err).await;
                 break;
             }
         };
-        let _in_flight = InFlight::enter(&shard);
-        bump(&shard.metrics.requests);
-        let body = match read_body(&shard, &mut stream, &mut buf, &head).await {
+        let _in_flight = handler.request_started();
+        let body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
             Ok(b) => b,
             Err(Some(err)) => {
-                proxy::send_error(&shard, &mut stream, &err, false).await;
+                handler.reject(&mut stream, &err).await;
                 break;
             }
             Err(None) => break,
         };
-        let after = proxy::handle(&shard, &head, body, &mut stream, &mut buf).await;
-        if after == After::Close || shard.draining.get() {
+        let after = handler.handle(&head, body, &mut stream, &mut buf).await;
+        if after == After::Close || handler.is_draining() {
             break;
         }
         // Keep an idle connection's buffer small: drop a grown one.
@@ -53,7 +97,7 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
             buf = BytesMut::with_capacity(READ_BUF_BYTES);
         }
     }
-    drop_one(&shard.metrics.connections_open);
+    handler.connection_closed();
 }
 
 /// Most pipelined bytes read from a client while its request waits for admission; past
@@ -125,12 +169,12 @@ fn head_error(e: HeadError) -> GatewayError {
 
 /// Reads the next request head. `Ok(None)`: the client closed or stayed idle too long
 /// between requests (closed silently).
-async fn read_head(
-    shard: &Shard,
+async fn read_head<H: Handler>(
+    handler: &H,
     stream: &mut TcpStream,
     buf: &mut BytesMut,
 ) -> Result<Option<RequestHead>, GatewayError> {
-    let cfg = &shard.config().server;
+    let cfg = handler.limits();
     let mut deadline_ns: Option<u64> = None;
     loop {
         match http1::decode_request_head(buf) {
@@ -138,9 +182,9 @@ async fn read_head(
             Ok(Decoded::Partial) => {}
             Err(e) => return Err(head_error(e)),
         }
-        let now = shard.now().mono_ns;
+        let now = handler.now_ns();
         let budget_ns = if buf.is_empty() {
-            if shard.draining.get() {
+            if handler.is_draining() {
                 return Ok(None);
             }
             cfg.idle_timeout_ms.saturating_mul(1_000_000)
@@ -176,12 +220,11 @@ async fn read_head(
 
 /// Reads the whole request body. `Err(None)`: the connection failed (no response possible).
 async fn read_body(
-    shard: &Shard,
+    cfg: Limits,
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     head: &RequestHead,
 ) -> Result<Bytes, Option<GatewayError>> {
-    let cfg = &shard.config().server;
     let max = cfg.max_request_body_bytes;
     let too_large = || {
         Some(GatewayError::new(

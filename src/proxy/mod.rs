@@ -2,37 +2,81 @@
 //! route, authenticate, peek, resolve, select, forward, relay — each returning an owned
 //! decision. Errors become responses only in `respond`.
 
-pub mod ask;
-pub mod auth;
+pub mod classify;
 pub mod forward;
-pub mod gate;
 pub mod models;
 pub mod peek;
-pub mod queue;
-pub mod quota_share;
-pub mod record;
 pub mod relay;
 pub mod respond;
 pub mod select;
+pub mod stream;
+pub mod upstream;
 
 use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
 use crate::admin;
+use crate::auth::Caller;
 use crate::config::{ComboStrategy, ConnectionId, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
+pub use crate::net::downstream::After;
+use crate::net::downstream::{Handler, Limits};
 use crate::net::io::write_all;
+use crate::owners::Shard;
 use crate::providers::{Endpoint, serves};
 use crate::routing::resolve::{Target, resolve};
-use crate::shard::Shard;
-use auth::Caller;
+use crate::shard::InFlight;
+use crate::shard::metrics::{bump, drop_one};
 
-/// What happens to the client connection after a response.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum After {
-    KeepAlive,
-    Close,
+/// A shard serves its client connections: `net` reads requests, `handle` answers them.
+impl Handler for Shard {
+    type InFlight<'a> = InFlight<'a, crate::owners::Tidegate>;
+
+    fn limits(&self) -> Limits {
+        let s = &self.config().server;
+        Limits {
+            idle_timeout_ms: s.idle_timeout_ms,
+            header_timeout_ms: s.header_timeout_ms,
+            max_request_body_bytes: s.max_request_body_bytes,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.now().mono_ns
+    }
+
+    fn is_draining(&self) -> bool {
+        Shard::is_draining(self)
+    }
+
+    fn connection_opened(&self) {
+        bump(&self.metrics().connections_accepted);
+        bump(&self.metrics().connections_open);
+    }
+
+    fn connection_closed(&self) {
+        drop_one(&self.metrics().connections_open);
+    }
+
+    fn request_started(&self) -> Self::InFlight<'_> {
+        bump(&self.metrics().requests);
+        InFlight::enter(self)
+    }
+
+    async fn handle(
+        &self,
+        head: &RequestHead,
+        body: Bytes,
+        client: &mut TcpStream,
+        pending: &mut BytesMut,
+    ) -> After {
+        handle(self, head, body, client, pending).await
+    }
+
+    async fn reject(&self, client: &mut TcpStream, err: &GatewayError) {
+        send_error(self, client, err, false).await;
+    }
 }
 
 /// The routes the gateway answers.
@@ -98,7 +142,7 @@ pub async fn handle(
     let head_only = head.method() == Method::Head;
     match result {
         Ok((status, content_type, body)) => {
-            shard.metrics.response(status);
+            shard.metrics().response(status);
             let b = if head_only { &[][..] } else { body.as_bytes() };
             respond::write_body(&mut out, status, content_type, b, keep_alive);
         }
@@ -133,12 +177,12 @@ pub async fn send_error(
 /// The keep-alive decision at the moment a response head is written: never while the
 /// shard drains for shutdown.
 pub fn keep_alive_now(shard: &Shard, requested: bool) -> bool {
-    requested && !shard.draining.get()
+    requested && !shard.is_draining()
 }
 
 fn note_error(shard: &Shard, err: &GatewayError) {
-    shard.metrics.response(err.kind.status());
-    shard.metrics.gateway_error(err.kind);
+    shard.metrics().response(err.kind.status());
+    shard.metrics().gateway_error(err.kind);
     if err.kind.status() >= 500 {
         tracing::warn!(code = err.kind.code(), "{}", err.message);
     } else {
@@ -152,7 +196,7 @@ fn authorize(
     head: &RequestHead,
     scope: Scope,
 ) -> Result<Option<usize>, GatewayError> {
-    match shard.shared.keys.identify(head) {
+    match shard.shared().keys.identify(head) {
         Caller::Open => Ok(None),
         Caller::Admin if scope == Scope::Manage => Ok(None),
         Caller::Admin => Err(GatewayError::new(
@@ -221,12 +265,12 @@ fn plan(
 ) -> Result<Plan, GatewayError> {
     let key = authorize(shard, head, Scope::Inference)?;
     let peek = {
-        let mut scratch = shard.scratch.borrow_mut();
+        let mut scratch = shard.scratch().borrow_mut();
         peek::peek(body, &mut scratch)
             .map_err(|e| GatewayError::new(ErrorKind::InvalidJson, peek_message(&e)))?
     };
     let config = shard.config();
-    let resolved = resolve(config, &shard.shared.routes, &peek.model)?;
+    let resolved = resolve(config, &shard.shared().routes, &peek.model)?;
     let mut candidates = Vec::new();
     let mut any_enabled = false;
     let mut any_format = false;
@@ -236,7 +280,7 @@ fn plan(
             continue;
         }
         any_format = true;
-        for c in shard.shared.routes.connections(t.provider) {
+        for c in shard.shared().routes.connections(t.provider) {
             any_enabled = true;
             let allowed = key
                 .and_then(|i| config.client_keys.get(i))

@@ -3,21 +3,15 @@
 //! happy path crosses no core. A half-open breaker needs its owner's one probe permit,
 //! asked for over the mesh (a direct call when this shard is the owner).
 
-use std::time::Duration;
-
 use crate::clock::Now;
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::error::{ErrorKind, GatewayError};
-use crate::resilience::breaker::{BreakerKey, ProbeTicket, ViewGate};
+use crate::owners::Shard;
+use crate::owners::health::client::{ProbePermits, ask_probe};
+use crate::owners::health::views::Views;
+use crate::resilience::breaker::{BreakerKey, ViewGate};
 use crate::resilience::connection::{Routability, Terminal};
 use crate::routing::resolve::Target;
-use crate::runtime::msg::Msg;
-use crate::shard::Shard;
-use crate::shard::probe::Answer;
-use crate::shard::views::Views;
-
-/// How long a shard waits for an owner's probe answer.
-pub const PROBE_REPLY_TIMEOUT_MS: u64 = 1_000;
 
 /// Why a candidate was skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,15 +44,8 @@ pub struct Excluded {
     pub retry_after_ms: Option<u64>,
 }
 
-/// The probe permits an admitted attempt holds; each must be settled by `record`.
-#[derive(Clone, Debug, Default)]
-pub struct Permit {
-    pub provider_probe: Option<ProbeTicket>,
-    pub connection_probe: Option<ProbeTicket>,
-}
-
-pub enum Admit {
-    Yes(Permit),
+pub enum Admit<'s> {
+    Yes(ProbePermits<'s>),
     No(Excluded),
     Failed(GatewayError),
 }
@@ -119,7 +106,7 @@ pub fn gate(
 }
 
 /// Decides whether `(target, connection)` may be attempted now.
-pub async fn admit(shard: &Shard, target: &Target, connection: ConnectionId) -> Admit {
+pub async fn admit<'s>(shard: &'s Shard, target: &Target, connection: ConnectionId) -> Admit<'s> {
     let now = shard.now();
     let excluded = |reason, retry_after_ms| {
         Admit::No(Excluded {
@@ -131,95 +118,34 @@ pub async fn admit(shard: &Shard, target: &Target, connection: ConnectionId) -> 
         })
     };
     let verdict = gate(
-        &shard.views.borrow(),
+        &shard.state().views.borrow(),
         shard.config(),
         target,
         connection,
         now,
     );
     let need_probe = match verdict {
-        Gate::Pass => return Admit::Yes(Permit::default()),
+        Gate::Pass => return Admit::Yes(ProbePermits::new(shard)),
         Gate::Skip(reason, retry_after_ms) => return excluded(reason, retry_after_ms),
         Gate::NeedProbe(keys) => keys,
     };
-    let mut permit = Permit::default();
+    // Permits already granted go back if a later one is refused (the guard's drop).
+    let mut permits = ProbePermits::new(shard);
     for key in need_probe {
         match ask_probe(shard, key).await {
-            Ok((Some(ticket), _)) => match key {
-                BreakerKey::Provider(_) => permit.provider_probe = Some(ticket),
-                BreakerKey::Connection(_) => permit.connection_probe = Some(ticket),
-            },
+            Ok((Some(ticket), _)) => permits.hold(key, ticket),
+            // No ticket and no wait: the owner's breaker is closed after all.
+            Ok((None, 0)) => {}
             Ok((None, retry_after_ms)) => {
-                release(shard, target.provider, connection, &permit);
-                // `None` with no wait means the owner's breaker is closed after all.
-                if retry_after_ms == 0 {
-                    continue;
-                }
                 return excluded(Exclusion::CircuitOpen, Some(retry_after_ms));
             }
-            Err(e) => {
-                release(shard, target.provider, connection, &permit);
-                return Admit::Failed(e);
+            Err(_) => {
+                return Admit::Failed(GatewayError::new(
+                    ErrorKind::MeshUnavailable,
+                    "the breaker's owner shard did not answer the probe request",
+                ));
             }
         }
     }
-    Admit::Yes(permit)
-}
-
-/// Asks the owner of `key` for the half-open probe permit.
-async fn ask_probe(
-    shard: &Shard,
-    key: BreakerKey,
-) -> Result<(Option<ProbeTicket>, u64), GatewayError> {
-    let owner = match key {
-        BreakerKey::Provider(p) => shard.owner(&p),
-        BreakerKey::Connection(c) => shard.owner(&c),
-    };
-    let (id, wait) = shard.probes.register();
-    if !shard.send_reliable(owner, Msg::ProbeRequest { key, id }) {
-        shard.probes.forget(id);
-        return Err(GatewayError::new(
-            ErrorKind::MeshUnavailable,
-            "the breaker's owner shard could not be asked for a probe permit",
-        ));
-    }
-    match monoio::time::timeout(Duration::from_millis(PROBE_REPLY_TIMEOUT_MS), wait).await {
-        Ok(Answer::Probe(ticket, retry_after_ms)) => Ok((ticket, retry_after_ms)),
-        Ok(
-            Answer::Ack
-            | Answer::Gate(_)
-            | Answer::Queue(_)
-            | Answer::QueueRetry(_)
-            | Answer::QuotaShare(_),
-        )
-        | Err(_) => {
-            shard.probes.forget(id);
-            Err(GatewayError::new(
-                ErrorKind::MeshUnavailable,
-                "the breaker's owner shard did not answer the probe request",
-            ))
-        }
-    }
-}
-
-/// Returns permits an attempt will not use.
-pub fn release(shard: &Shard, provider: ProviderId, connection: ConnectionId, permit: &Permit) {
-    if let Some(ticket) = permit.provider_probe {
-        shard.send_reliable(
-            shard.owner(&provider),
-            Msg::ReleaseProbe {
-                key: BreakerKey::Provider(provider),
-                ticket,
-            },
-        );
-    }
-    if let Some(ticket) = permit.connection_probe {
-        shard.send_reliable(
-            shard.owner(&connection),
-            Msg::ReleaseProbe {
-                key: BreakerKey::Connection(connection),
-                ticket,
-            },
-        );
-    }
+    Admit::Yes(permits)
 }

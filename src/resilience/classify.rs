@@ -661,6 +661,20 @@ struct Scaled {
     new_level: u32,
 }
 
+impl FallbackDecision {
+    /// The decision with its level-scaled cooldown recomputed from `level` (the owner's
+    /// backoff level of the connection, which may be newer than the asker's view).
+    pub fn rescaled(mut self, profile: Option<&CooldownProfile>, level: u32) -> Self {
+        if self.level_scaled {
+            let s = scaled_cooldown(profile, level);
+            self.cooldown_ms = s.cooldown_ms;
+            self.base_cooldown_ms = Some(s.base_ms);
+            self.new_backoff_level = Some(s.new_level);
+        }
+        self
+    }
+}
+
 /// The scaled cooldown of spec A §3.3 for this profile (or the no-profile defaults).
 fn scaled_cooldown(profile: Option<&CooldownProfile>, level: u32) -> Scaled {
     let p = profile.map_or(backoff::BackoffProfile::NO_PROFILE, |p| {
@@ -789,6 +803,7 @@ impl<'a> Ctx<'a> {
                 let mut d = FallbackDecision::new(true, s.cooldown_ms, reason);
                 d.base_cooldown_ms = Some(s.base_ms);
                 d.new_backoff_level = Some(s.new_level);
+                d.level_scaled = true;
                 d
             }
         }
@@ -832,6 +847,7 @@ impl<'a> Ctx<'a> {
             s.new_level
         });
         d.rule_scope = self.honors_scope().then_some(m.scope);
+        d.level_scaled = m.cooldown_ms.is_none();
         d
     }
 
@@ -1123,6 +1139,8 @@ impl<'a> Ctx<'a> {
                     d.cooldown_ms = ms;
                     d.base_cooldown_ms = Some(ms);
                     d.configured_cooldown_ms = Some(ms);
+                    // A configured cooldown is not scaled by the backoff level.
+                    d.level_scaled = false;
                 }
                 d
             }
@@ -1358,7 +1376,14 @@ mod tests {
             input.extra_ban_signals = &self.bans;
             input.daily_reset = self.daily;
             input.structured = self.structured.as_ref();
-            check_fallback_error(&input)
+            let mut d = check_fallback_error(&input);
+            // A level-scaled decision rescaled at the level it was made at is itself (the
+            // owner's rescale changes only what a newer level changes).
+            if d.level_scaled {
+                assert_eq!(d.clone().rescaled(self.profile.as_ref(), self.level), d);
+            }
+            d.level_scaled = false;
+            d
         }
     }
 
@@ -1602,6 +1627,25 @@ mod tests {
             vectors.len(),
             failures.join("\n")
         );
+    }
+
+    /// The owner rescales an asker's decision from its own backoff level: the result is the
+    /// decision the asker would have made at that level.
+    #[test]
+    fn a_level_scaled_decision_rescales_to_the_owners_level() {
+        let headers = Pairs(&[]);
+        let decide = |level| {
+            let mut input = ClassifyInput::new(500, "", &headers, NOW);
+            input.backoff_level = level;
+            check_fallback_error(&input)
+        };
+        let at_zero = decide(0);
+        assert!(at_zero.level_scaled);
+        assert_eq!(at_zero.rescaled(None, 3), decide(3));
+        // A hint is not level-scaled and is kept as is.
+        let hinted = c(429, "").headers(&[("retry-after", "7")]).run();
+        assert!(!hinted.level_scaled);
+        assert_eq!(hinted.clone().rescaled(None, 9), hinted);
     }
 
     #[test]

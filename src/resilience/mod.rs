@@ -95,6 +95,9 @@ pub struct FallbackDecision {
     pub quota_reset_hint_ms: Option<u64>,
     pub configured_cooldown_ms: Option<u64>,
     pub rule_scope: Option<RuleScope>,
+    /// `cooldown_ms` and `new_backoff_level` were scaled from the connection's backoff
+    /// level (no hint, no configured cooldown): the owner rescales them from its own level.
+    pub level_scaled: bool,
 }
 
 impl FallbackDecision {
@@ -116,6 +119,7 @@ impl FallbackDecision {
             quota_reset_hint_ms: None,
             configured_cooldown_ms: None,
             rule_scope: None,
+            level_scaled: false,
         }
     }
 }

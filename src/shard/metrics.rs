@@ -48,6 +48,17 @@ fn kind_index(kind: ErrorKind) -> usize {
         .unwrap_or(ERROR_KINDS.len() - 1)
 }
 
+/// Flow-control occupancy of one owner shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowGauges {
+    /// Gate permits granted and not yet released.
+    pub gate_permits: usize,
+    /// Requests waiting for gate permits.
+    pub gate_waiters: usize,
+    /// Requests in request queues, waiting or holding a slot.
+    pub queue_requests: usize,
+}
+
 #[derive(Debug, Default)]
 pub struct ShardMetrics {
     pub connections_accepted: AtomicU64,
@@ -73,7 +84,7 @@ pub struct ShardMetrics {
 
 impl ShardMetrics {
     /// Publishes the owner tables' flow-control occupancy (after each owner message).
-    pub fn publish_flow(&self, g: &crate::shard::flow::FlowGauges) {
+    pub fn publish_flow(&self, g: &FlowGauges) {
         let set = |c: &AtomicU64, v: usize| c.store(v as u64, Ordering::Relaxed);
         set(&self.gate_permits, g.gate_permits);
         set(&self.gate_waiters, g.gate_waiters);
@@ -110,7 +121,7 @@ impl ShardMetrics {
 /// Renders the Prometheus text exposition of all shards' counters, summed.
 pub fn render(
     shards: &[std::sync::Arc<ShardMetrics>],
-    mesh: Option<&crate::runtime::mesh::MeshStats>,
+    mesh: Option<&crate::mesh::ring::MeshStats>,
 ) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
@@ -258,7 +269,7 @@ pub fn render(
         out,
         "# HELP tidegate_mesh_drops_total Cross-shard messages not delivered, by reason.\n# TYPE tidegate_mesh_drops_total counter"
     );
-    for reason in crate::runtime::mesh::DropReason::ALL {
+    for reason in crate::mesh::ring::DropReason::ALL {
         let v = mesh.map_or(0, |m| m.total(reason));
         let _ = writeln!(
             out,

@@ -1,33 +1,98 @@
-//! A shard: one thread, one monoio runtime, and everything that thread owns — its
-//! upstream pool, DNS cache, counters and drain state. Tasks on the shard share it through
-//! an `Rc`; no borrow of its cells is held across an `.await`.
+//! A shard: one thread, one monoio runtime, and everything that thread owns — its upstream
+//! pool, DNS cache, counters, drain state, its message pump and its outstanding owner calls.
+//! Tasks on the shard share it through an `Rc`; no borrow of its cells is held across an
+//! `.await`.
+//!
+//! The shard is generic over the application it runs ([`App`]): the owner-held mechanisms
+//! and their messages live in `owners`, which instantiates `Shard<Tidegate>`. This module
+//! knows the envelope every message travels in ([`Msg`]) and how it moves — views to every
+//! shard, facts and calls to an owner, replies back to the asker — but no mechanism.
+//!
+//! Every message a shard handles goes through its pump, the ones it sends to itself
+//! included: a self-send is queued, never handled inside the sender's call (no re-entrancy,
+//! one order for every owner).
 
-pub mod flow;
+pub mod call;
 pub mod metrics;
-pub mod owned;
-pub mod probe;
-pub mod views;
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use crate::auth::KeyIndex;
 use crate::clock::{Clock, MonoClock, Now};
-use crate::config::{Config, ConnectionId};
+use crate::config::{Config, ProviderId};
+use crate::mesh::outbox::{Outbox, Sent};
+use crate::mesh::placement::{OwnerKey, owner_of};
+use crate::mesh::ring::{MeshReceiver, MeshSender, MeshStats};
 use crate::net::dns::DnsCache;
 use crate::net::tls::TlsConfigs;
 use crate::net::upstream::{Pool, PoolKey};
-use crate::proxy::auth::KeyIndex;
 use crate::routing::resolve::RouteTable;
+use call::{CallId, Calls};
 use metrics::ShardMetrics;
-use owned::{Dest, Owned};
-use probe::{Answer, ProbeWaiters};
-use views::Views;
 
-use crate::runtime::mesh::MeshSender;
-use crate::runtime::msg::Msg;
-use crate::runtime::outbox::{Outbox, Sent};
+/// An application a shard runs: its message types and its per-shard state, and how the
+/// pump hands it what arrives.
+pub trait App: Sized + 'static {
+    /// Owner → every shard: replicas of owner state ("routable, or not until T").
+    type View: Clone + Send + 'static;
+    /// One-way messages to an owner.
+    type Fact: Send + 'static;
+    type Request: Send + 'static;
+    type Reply: Send + 'static;
+    /// Names a protocol in a cancel.
+    type Kind: Copy + Send + 'static;
+    /// The shard's owner tables and view replicas.
+    type State;
+
+    fn state(config: &Config) -> Self::State;
+    /// A view from an owner (idempotent: newer epochs win).
+    fn apply_view(shard: &Shard<Self>, view: &Self::View);
+    /// A fact, call or cancel for the owner tables of this shard.
+    fn serve(shard: &Shard<Self>, from: usize, msg: Msg<Self>);
+    /// A reply whose asker gave up: hand back whatever it grants.
+    fn late_reply(shard: &Shard<Self>, from: usize, id: CallId, reply: Self::Reply);
+    /// Periodic upkeep (anti-entropy, sweeps), every [`HOUSEKEEPING_MS`].
+    fn housekeeping(shard: &Shard<Self>);
+}
+
+/// The envelope every cross-shard (and self-) message travels in.
+pub enum Msg<A: App> {
+    View(A::View),
+    Fact(A::Fact),
+    Call {
+        id: CallId,
+        request: A::Request,
+    },
+    Reply {
+        id: CallId,
+        reply: A::Reply,
+    },
+    /// The asker of call `id` gave up.
+    Cancel {
+        id: CallId,
+        kind: A::Kind,
+    },
+}
+
+/// Where a message an owner produced goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dest {
+    /// Every shard, this one included (views).
+    All,
+    Shard(usize),
+    /// This shard, at a monotonic instant (owner timers).
+    SelfAt(u64),
+}
+
+/// What an owner handler produced, to send once it returns.
+pub type Out<A> = Vec<(Dest, Msg<A>)>;
 
 /// Read-only facts every shard shares, built once at start-up.
 #[derive(Debug)]
@@ -41,55 +106,53 @@ pub struct Shared {
     pub shards: usize,
     pub driver: &'static str,
     /// The mesh's drop counters (`None` with one shard).
-    pub mesh_stats: Option<Arc<crate::runtime::mesh::MeshStats>>,
+    pub mesh_stats: Option<Arc<MeshStats>>,
 }
 
-pub struct Shard {
-    pub id: usize,
-    pub shared: Arc<Shared>,
-    pub clock: MonoClock,
-    pub pool: Pool,
-    pub dns: DnsCache,
-    pub metrics: Arc<ShardMetrics>,
+pub struct Shard<A: App> {
+    id: usize,
+    shared: Arc<Shared>,
+    clock: MonoClock,
+    pool: Pool,
+    dns: DnsCache,
+    metrics: Arc<ShardMetrics>,
     /// Set once shutdown begins: finish in-flight work, take no new requests.
-    pub draining: Cell<bool>,
+    draining: Cell<bool>,
     /// Requests between a complete head and the end of their response.
-    pub in_flight: Cell<usize>,
+    in_flight: Cell<usize>,
     /// Reusable buffer for the JSON peek.
-    pub scratch: RefCell<Vec<u8>>,
+    scratch: RefCell<Vec<u8>>,
     /// Sequence for generated ids (mock replies).
-    pub seq: Cell<u64>,
+    seq: Cell<u64>,
     /// Pool key of each provider's API root (`None` for in-process providers).
     pool_keys: Vec<Option<PoolKey>>,
-    /// State this shard owns (breakers, connection state, lockouts of its keys).
-    pub owned: RefCell<Owned>,
-    /// Replicas of every owner's views: what selection reads.
-    pub views: RefCell<Views>,
+    /// The application's owner tables and view replicas.
+    state: A::State,
     /// Sends to other shards (`None` with one shard).
-    pub mesh: Option<MeshSender<Msg>>,
+    mesh: Option<MeshSender<Msg<A>>>,
     /// Point-to-point messages waiting for room in a full ring (`send_reliable`).
-    outbox: RefCell<Outbox<Msg>>,
+    outbox: RefCell<Outbox<Msg<A>>>,
     /// Whether the outbox's retry task runs.
     outbox_retrying: Cell<bool>,
-    /// Probe requests and failure acks waiting for their owner's answer.
-    pub probes: ProbeWaiters,
+    /// Messages this shard sent itself, for its pump.
+    local: RefCell<VecDeque<(usize, Msg<A>)>>,
+    pump_waker: RefCell<Option<Waker>>,
+    /// Owner calls waiting for their reply.
+    calls: Calls<A::Reply>,
     housekeeping_ticks: Cell<u64>,
-    /// This shard's own `Rc`, for timers that outlive a call.
-    pub me: RefCell<std::rc::Weak<Shard>>,
-    /// Gate waiters of this shard by local id → connection (to return a late grant).
-    pub gate_waiters: RefCell<std::collections::HashMap<u64, ConnectionId>>,
-    /// Queue waiters of this shard by local id → connection (to return a late grant).
-    pub queue_waiters: RefCell<std::collections::HashMap<u64, ConnectionId>>,
+    /// This shard's own `Rc`, for timers and retries that outlive a call.
+    me: RefCell<Weak<Shard<A>>>,
 }
 
 /// How often the outbox retries messages waiting for a full ring.
 pub const OUTBOX_RETRY_MS: u64 = 1;
 
-/// Period of [`Shard::housekeeping`] (the fleet's sweep task).
+/// Period of [`App::housekeeping`] and the pool sweep.
 pub const HOUSEKEEPING_MS: u64 = 5_000;
 
-impl Shard {
-    pub fn new(id: usize, shared: Arc<Shared>, mesh: Option<MeshSender<Msg>>) -> Self {
+impl<A: App> Shard<A> {
+    /// Builds shard `id` and starts nothing: see [`Shard::start`].
+    pub fn new(id: usize, shared: Arc<Shared>, mesh: Option<MeshSender<Msg<A>>>) -> Rc<Self> {
         let cfg = &shared.config.server;
         let pool = Pool::new(cfg.pool_max_idle_per_host, cfg.pool_idle_timeout_ms);
         let metrics = shared.metrics.get(id).cloned().unwrap_or_default();
@@ -100,24 +163,22 @@ impl Shard {
             .map(|p| {
                 p.base_url.as_ref().map(|b| PoolKey {
                     scheme: b.scheme,
-                    host: std::rc::Rc::from(b.host.as_str()),
+                    host: Rc::from(b.host.as_str()),
                     port: b.port,
                     tls_id: p.id.0,
                 })
             })
             .collect();
-        let owned = RefCell::new(Owned::new(&shared.config));
-        Self {
-            owned,
-            views: RefCell::new(Views::default()),
+        let shard = Rc::new(Self {
+            state: A::state(&shared.config),
             mesh,
             outbox: RefCell::new(Outbox::default()),
             outbox_retrying: Cell::new(false),
-            probes: ProbeWaiters::default(),
+            local: RefCell::new(VecDeque::new()),
+            pump_waker: RefCell::new(None),
+            calls: Calls::default(),
             housekeeping_ticks: Cell::new(0),
-            me: RefCell::new(std::rc::Weak::new()),
-            gate_waiters: RefCell::new(std::collections::HashMap::new()),
-            queue_waiters: RefCell::new(std::collections::HashMap::new()),
+            me: RefCell::new(Weak::new()),
             pool_keys,
             id,
             clock: MonoClock,
@@ -129,7 +190,59 @@ impl Shard {
             scratch: RefCell::new(Vec::with_capacity(16 * 1024)),
             seq: Cell::new(0),
             shared,
-        }
+        });
+        *shard.me.borrow_mut() = Rc::downgrade(&shard);
+        shard
+    }
+
+    /// Spawns the shard's message pump (fed by `receiver` and by self-sends) and its
+    /// housekeeping task. Call once, inside the shard's runtime.
+    pub fn start(self: &Rc<Self>, receiver: Option<MeshReceiver<Msg<A>>>) {
+        let pump = self.clone();
+        monoio::spawn(async move {
+            let mut receiver = receiver;
+            loop {
+                let (from, msg) = poll_fn(|cx| {
+                    if let Some(m) = pump.local.borrow_mut().pop_front() {
+                        return Poll::Ready(m);
+                    }
+                    if let Some(r) = receiver.as_mut()
+                        && let Poll::Ready(m) = r.poll_recv(cx)
+                    {
+                        return Poll::Ready(m);
+                    }
+                    *pump.pump_waker.borrow_mut() = Some(cx.waker().clone());
+                    Poll::Pending
+                })
+                .await;
+                pump.handle(from, msg);
+            }
+        });
+        let sweeper = self.clone();
+        monoio::spawn(async move {
+            loop {
+                monoio::time::sleep(Duration::from_millis(HOUSEKEEPING_MS)).await;
+                if sweeper.draining.get() {
+                    break;
+                }
+                sweeper.pool.sweep(sweeper.now().mono_ns);
+                let tick = sweeper.housekeeping_ticks.get().wrapping_add(1);
+                sweeper.housekeeping_ticks.set(tick);
+                A::housekeeping(&sweeper);
+            }
+        });
+    }
+
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    pub fn shards(&self) -> usize {
+        self.shared.shards
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     pub fn config(&self) -> &Config {
@@ -140,7 +253,52 @@ impl Shard {
         self.clock.now()
     }
 
-    pub fn pool_key(&self, provider: crate::config::ProviderId) -> Option<PoolKey> {
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn dns(&self) -> &DnsCache {
+        &self.dns
+    }
+
+    pub fn metrics(&self) -> &ShardMetrics {
+        &self.metrics
+    }
+
+    pub fn state(&self) -> &A::State {
+        &self.state
+    }
+
+    /// The JSON peek's reusable buffer.
+    pub fn scratch(&self) -> &RefCell<Vec<u8>> {
+        &self.scratch
+    }
+
+    /// Housekeeping rounds run so far.
+    pub fn housekeeping_ticks(&self) -> u64 {
+        self.housekeeping_ticks.get()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.get()
+    }
+
+    /// Begins shutdown: requests in flight finish, no new ones are read.
+    pub fn start_draining(&self) {
+        self.draining.set(true);
+    }
+
+    /// Requests between a complete head and the end of their response.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.get()
+    }
+
+    /// Owner calls of this shard still waiting for a reply.
+    pub fn outstanding_calls(&self) -> usize {
+        self.calls.outstanding()
+    }
+
+    pub fn pool_key(&self, provider: ProviderId) -> Option<PoolKey> {
         self.pool_keys
             .get(usize::from(provider.0))
             .cloned()
@@ -148,29 +306,51 @@ impl Shard {
     }
 
     /// The shard that owns `key`.
-    pub fn owner<K: crate::runtime::owner::OwnerKey + ?Sized>(&self, key: &K) -> usize {
-        crate::runtime::owner::owner_of(key, self.shared.shards)
+    pub fn owner<K: OwnerKey + ?Sized>(&self, key: &K) -> usize {
+        owner_of(key, self.shared.shards)
     }
 
-    /// Sends `msg` to shard `to` (handled here when `to` is this shard). A full ring hands
-    /// the message back: `Err(msg)` (the mesh counts the drop).
-    pub fn send(&self, to: usize, msg: Msg) -> Result<(), Msg> {
+    pub fn next_seq(&self) -> u64 {
+        let n = self.seq.get().wrapping_add(1);
+        self.seq.set(n);
+        (n << 8) | (self.id as u64 & 0xff)
+    }
+
+    fn enqueue_local(&self, msg: Msg<A>) {
+        self.local.borrow_mut().push_back((self.id, msg));
+        if let Some(w) = self.pump_waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Sends a view to shard `to` (queued for the pump when `to` is this shard). A full
+    /// ring drops it (counted by the mesh; anti-entropy re-sends it): `false`.
+    fn send_view(&self, to: usize, view: A::View) -> bool {
         if to == self.id {
-            self.handle(self.id, msg);
-            return Ok(());
+            self.enqueue_local(Msg::View(view));
+            return true;
         }
         match &self.mesh {
-            Some(m) => m.send(to, msg),
-            None => Err(msg),
+            Some(m) => m.send(to, Msg::View(view)).is_ok(),
+            None => false,
         }
     }
 
-    /// Sends a point-to-point message (requests, grants, denials, replies, releases,
-    /// cancels, facts): a full ring keeps it in the outbox, retried every millisecond in
-    /// order until it goes. Only a closed peer (shutdown) drops it: `false`.
-    pub fn send_reliable(&self, to: usize, msg: Msg) -> bool {
+    /// Sends a view to every other shard (the caller applies it here).
+    pub fn broadcast(&self, view: &A::View) {
+        for to in 0..self.shared.shards {
+            if to != self.id {
+                self.send_view(to, view.clone());
+            }
+        }
+    }
+
+    /// Sends a point-to-point message (facts, calls, replies, cancels): a full ring keeps
+    /// it in the outbox, retried every millisecond in order until it goes. Only a closed
+    /// peer (shutdown) drops it: `false`. To this shard it is queued for the pump.
+    pub fn send_reliable(&self, to: usize, msg: Msg<A>) -> bool {
         if to == self.id {
-            self.handle(self.id, msg);
+            self.enqueue_local(msg);
             return true;
         }
         let Some(mesh) = &self.mesh else {
@@ -200,6 +380,11 @@ impl Shard {
             .mesh_outbox
             .store(self.outbox.borrow().len() as u64, Ordering::Relaxed);
         taken
+    }
+
+    /// Sends a fact to shard `to` (reliably).
+    pub fn send_fact(&self, to: usize, fact: A::Fact) -> bool {
+        self.send_reliable(to, Msg::Fact(fact))
     }
 
     /// Starts the outbox's retry task unless it runs.
@@ -233,225 +418,71 @@ impl Shard {
         });
     }
 
-    /// Sends what an owner produced: views to every shard (applied here too), the rest to
-    /// their destination (reliably). Dropped view broadcasts only delay convergence (counted
-    /// by the mesh; re-sent by anti-entropy).
-    pub fn dispatch(&self, out: Vec<(Dest, Msg)>) {
+    /// Sends what an owner handler produced: views to every shard (applied here at once,
+    /// so this shard's own routing sees them before anything it sends next), the rest to
+    /// their destination, timers to this shard's pump at their instant.
+    pub fn dispatch(&self, out: Out<A>) {
         for (dest, msg) in out {
-            match dest {
-                Dest::SelfAt(at_ns) => self.later(at_ns, msg),
-                Dest::Shard(to) => {
+            match (dest, msg) {
+                (Dest::All, Msg::View(view)) => {
+                    self.broadcast(&view);
+                    A::apply_view(self, &view);
+                }
+                (Dest::All, other) => {
+                    // Only views are broadcast; anything else goes to this shard.
+                    self.enqueue_local(other);
+                }
+                (Dest::Shard(to), msg) => {
                     self.send_reliable(to, msg);
                 }
-                Dest::All => {
-                    for to in 0..self.shared.shards {
-                        if to != self.id {
-                            let _ = self.send(to, msg.clone());
-                        }
-                    }
-                    self.views.borrow_mut().apply(&msg);
-                }
+                (Dest::SelfAt(at_ns), msg) => self.later(at_ns, msg),
             }
         }
     }
 
-    /// Handles `msg` on this shard at monotonic instant `at_ns` (owner timers).
-    fn later(&self, at_ns: u64, msg: Msg) {
+    /// Queues `msg` for this shard's pump at monotonic instant `at_ns` (owner timers).
+    fn later(&self, at_ns: u64, msg: Msg<A>) {
         let Some(me) = self.me.borrow().upgrade() else {
             return;
         };
-        let wait = std::time::Duration::from_nanos(at_ns.saturating_sub(self.now().mono_ns));
+        let wait = Duration::from_nanos(at_ns.saturating_sub(self.now().mono_ns));
         monoio::spawn(async move {
             monoio::time::sleep(wait).await;
-            me.handle(me.id, msg);
+            me.enqueue_local(msg);
         });
     }
 
-    /// Handles one message from shard `from`: views are applied, replies complete their
-    /// waiter, everything else goes to the owner tables.
-    pub fn handle(&self, from: usize, msg: Msg) {
+    /// Handles one message from shard `from`: a view is applied, a reply completes its
+    /// waiter (or goes to the late hook), everything else goes to the owner tables.
+    fn handle(&self, from: usize, msg: Msg<A>) {
         match msg {
-            Msg::BreakerView { .. } | Msg::ConnectionView { .. } | Msg::Lockout(_) => {
-                self.views.borrow_mut().apply(&msg);
-            }
-            Msg::ProbeReply {
-                id,
-                ticket,
-                retry_after_ms,
-            } => {
-                self.probes
-                    .complete(id, Answer::Probe(ticket, retry_after_ms));
-            }
-            Msg::Ack { id } => {
-                self.probes.complete(id, Answer::Ack);
-            }
-            Msg::GateGrant { id, serial } => {
-                if !self.probes.complete(local_id(id), Answer::Gate(Ok(serial))) {
-                    // The waiter gave up before the grant arrived: hand the permit back.
-                    // It goes back to the shard that granted it (the gate home).
-                    if let Some(connection) = self.gate_waiter_connection(id) {
-                        self.send_reliable(from, Msg::GateRelease { connection, serial });
-                    }
+            Msg::View(view) => A::apply_view(self, &view),
+            Msg::Reply { id, reply } => {
+                if let Some(late) = self.calls.complete(id, reply) {
+                    A::late_reply(self, from, id, late);
                 }
             }
-            Msg::GateDenied { id, error } => {
-                if !self.probes.complete(local_id(id), Answer::Gate(Err(error))) {
-                    // The answer to a cancel: the waiter is over.
-                    self.gate_waiters.borrow_mut().remove(&local_id(id));
-                }
-            }
-            Msg::QueueGrant { id, start_at_ns } => {
-                if !self
-                    .probes
-                    .complete(local_id(id), Answer::Queue(Ok(start_at_ns)))
-                {
-                    // The waiter gave up before the grant arrived: give the slot back.
-                    if let Some(connection) = self.queue_waiters.borrow_mut().remove(&local_id(id))
-                    {
-                        let msg = Msg::QueueFinish {
-                            connection,
-                            id,
-                            answered: None,
-                        };
-                        self.send_reliable(from, msg);
-                    }
-                }
-            }
-            Msg::QueueDenied { id, error } => {
-                if !self
-                    .probes
-                    .complete(local_id(id), Answer::Queue(Err(error)))
-                {
-                    // The answer to a cancel: the waiter is over.
-                    self.queue_waiters.borrow_mut().remove(&local_id(id));
-                }
-            }
-            Msg::QueueRetry { id, at_ns } => {
-                self.probes
-                    .complete(local_id(id), Answer::QueueRetry(at_ns));
-            }
-            Msg::QsPicked { id, pick } => {
-                let ticket = pick.ticket;
-                if !self.probes.complete(local_id(id), Answer::QuotaShare(pick))
-                    && let Some(serial) = ticket
-                {
-                    // The asker gave up: the dispatch never happens, so it is not in flight.
-                    self.send_reliable(from, Msg::QsRelease { serial });
-                }
-            }
-            Msg::Outcome(..)
-            | Msg::ProviderResult { .. }
-            | Msg::EgressCool { .. }
-            | Msg::AutoDecay { .. }
-            | Msg::ProbeRequest { .. }
-            | Msg::ReleaseProbe { .. }
-            | Msg::GateAcquire { .. }
-            | Msg::GateRelease { .. }
-            | Msg::GateCancel { .. }
-            | Msg::GateTick
-            | Msg::GateBlock { .. }
-            | Msg::QueueAcquire { .. }
-            | Msg::QsSelect { .. }
-            | Msg::QsRelease { .. }
-            | Msg::QsSlotAcquire { .. }
-            | Msg::QueueFinish { .. }
-            | Msg::QueueCancel { .. }
-            | Msg::QueueTick { .. } => {
-                let now = self.now();
-                let out = {
-                    let views = self.views.borrow();
-                    let mut owned = self.owned.borrow_mut();
-                    let out =
-                        owned.apply(self.config(), &views, self.shared.shards, from, msg, now);
-                    self.metrics.publish_flow(&owned.flow.gauges());
-                    out
-                };
-                self.dispatch(out);
+            other @ (Msg::Fact(_) | Msg::Call { .. } | Msg::Cancel { .. }) => {
+                A::serve(self, from, other);
             }
         }
     }
-
-    /// The connection a (forgotten) gate waiter asked for, if this shard still knows it.
-    fn gate_waiter_connection(&self, id: u64) -> Option<ConnectionId> {
-        self.gate_waiters.borrow_mut().remove(&local_id(id))
-    }
-
-    /// Periodic upkeep: owners re-send the views of keys that are not in their default
-    /// state to every other shard (anti-entropy: a broadcast dropped by a full ring, or
-    /// missed by a shard, converges here rather than at the key's next transition), and
-    /// expired lockout replicas are dropped.
-    pub fn housekeeping(&self) {
-        let now = self.now();
-        let mut out: Vec<Msg> = Vec::new();
-        {
-            let owned = self.owned.borrow();
-            for (key, breaker) in owned.breakers.iter() {
-                if !breaker.state(now).is_closed() || breaker.failure_count() > 0 {
-                    out.push(Msg::BreakerView {
-                        key,
-                        view: breaker.view(now),
-                    });
-                }
-            }
-            for (connection, view) in owned.connections.views() {
-                if view.epoch > 0 {
-                    out.push(Msg::ConnectionView { connection, view });
-                }
-            }
-        }
-        for msg in out {
-            for to in 0..self.shared.shards {
-                if to != self.id {
-                    let _ = self.send(to, msg.clone());
-                }
-            }
-        }
-        let queue_out = self.owned.borrow_mut().flow.housekeeping(now);
-        self.dispatch(queue_out);
-        let tick = self.housekeeping_ticks.get().wrapping_add(1);
-        self.housekeeping_ticks.set(tick);
-        // Lockout replicas keep removal markers at least one lockout sweep interval.
-        let every = (crate::resilience::lockout::SWEEP_INTERVAL_MS / HOUSEKEEPING_MS).max(1);
-        if tick.is_multiple_of(every) {
-            self.views.borrow_mut().lockouts.sweep(now);
-        }
-    }
-
-    pub fn next_seq(&self) -> u64 {
-        let n = self.seq.get().wrapping_add(1);
-        self.seq.set(n);
-        (n << 8) | (self.id as u64 & 0xff)
-    }
-}
-
-/// Gate waiter ids are unique across shards: the asking shard in the top 16 bits.
-pub fn global_waiter_id(shard: usize, local: u64) -> u64 {
-    ((shard as u64 & 0xffff) << 48) | (local & 0xffff_ffff_ffff)
-}
-
-/// The asking shard of a global waiter id.
-pub fn waiter_shard(id: u64) -> usize {
-    (id >> 48) as usize
-}
-
-fn local_id(id: u64) -> u64 {
-    id & 0xffff_ffff_ffff
 }
 
 /// Counts a request as in flight until dropped (covers every exit path).
-pub struct InFlight<'a> {
-    shard: &'a Shard,
+pub struct InFlight<'a, A: App> {
+    shard: &'a Shard<A>,
 }
 
-impl<'a> InFlight<'a> {
-    pub fn enter(shard: &'a Shard) -> Self {
+impl<'a, A: App> InFlight<'a, A> {
+    pub fn enter(shard: &'a Shard<A>) -> Self {
         shard.in_flight.set(shard.in_flight.get() + 1);
         metrics::bump(&shard.metrics.in_flight);
         Self { shard }
     }
 }
 
-impl Drop for InFlight<'_> {
+impl<A: App> Drop for InFlight<'_, A> {
     fn drop(&mut self) {
         self.shard
             .in_flight

@@ -30,33 +30,94 @@ pub struct HeaderLearn {
     pub relaxed: bool,
 }
 
+/// What an upstream answer tells a request queue, read on the shard that saw the answer:
+/// numbers only, so it can travel to the queue's owner without the answer's headers or
+/// body (ARCHITECTURE §4: mesh messages carry ids, numbers and verdicts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResponseFacts {
+    pub status: u16,
+    /// `x-ratelimit-limit-requests` (or `x-ratelimit-limit`).
+    pub limit: Option<u64>,
+    /// `x-ratelimit-remaining-requests` (or `x-ratelimit-remaining`).
+    pub remaining: Option<u64>,
+    /// `x-ratelimit-reset-requests`, when positive.
+    pub reset_ms: Option<u64>,
+    /// `x-ratelimit-over-limit: yes`.
+    pub over_limit: bool,
+    /// A 429's retry hint (headers, then body); another error's hint in its body.
+    pub retry_hint_ms: Option<u64>,
+    /// A 429's cap in words: (N requests, window ms).
+    pub cap: Option<(u64, u64)>,
+}
+
+impl ResponseFacts {
+    /// Reads what a queue learns from an answer's status, headers and (error) body.
+    pub fn read<H: Headers + ?Sized>(status: u16, headers: &H, body: &str, now: Now) -> Self {
+        let retry_hint_ms = if status == 429 {
+            upstream_retry_hint(headers, body, now.wall_ms).map(|(ms, _)| ms)
+        } else if status >= 400 {
+            json_hint(body, now.wall_ms)
+                .map(|(ms, _)| ms)
+                .or_else(|| text_hint(body, now.wall_ms))
+        } else {
+            None
+        };
+        Self {
+            status,
+            limit: header_u64(
+                headers,
+                &["x-ratelimit-limit-requests", "x-ratelimit-limit"],
+            ),
+            remaining: header_u64(
+                headers,
+                &["x-ratelimit-remaining-requests", "x-ratelimit-remaining"],
+            ),
+            reset_ms: headers
+                .get("x-ratelimit-reset-requests")
+                .and_then(parse_reset_duration_ms)
+                .filter(|ms| *ms > 0),
+            over_limit: headers
+                .get("x-ratelimit-over-limit")
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("yes")),
+            retry_hint_ms,
+            cap: if status == 429 {
+                requests_within_cap(body)
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Whether the answer teaches a queue anything at all.
+    pub fn is_empty(&self) -> bool {
+        self.limit.is_none()
+            && !self.over_limit
+            && self.retry_hint_ms.is_none()
+            && self.cap.is_none()
+            && self.status < 400
+    }
+}
+
 /// Applies the rate-limit headers of an upstream response to `limiter`.
 pub fn observe_headers<H: Headers + ?Sized>(
     limiter: &mut Limiter,
     headers: &H,
     now: Now,
 ) -> HeaderLearn {
+    apply_headers(limiter, &ResponseFacts::read(200, headers, "", now), now)
+}
+
+/// Applies the rate-limit fields of an answer to `limiter`.
+pub fn apply_headers(limiter: &mut Limiter, facts: &ResponseFacts, now: Now) -> HeaderLearn {
     let mut out = HeaderLearn::default();
-    let limit = header_u64(
-        headers,
-        &["x-ratelimit-limit-requests", "x-ratelimit-limit"],
-    );
-    let remaining = header_u64(
-        headers,
-        &["x-ratelimit-remaining-requests", "x-ratelimit-remaining"],
-    );
-    if let Some(limit) = limit.filter(|l| *l > 0) {
+    if let Some(limit) = facts.limit.filter(|l| *l > 0) {
         let ms = (MINUTE_MS / limit).saturating_sub(HEADER_SPACING_MARGIN_MS);
         limiter.force_min_time_ms(ms);
         out.min_time_ms = Some(ms);
-        if let Some(rem) = remaining {
+        if let Some(rem) = facts.remaining {
             // Remaining < 10 % of the limit: hold to what is left until the reset.
             if rem.saturating_mul(10) < limit {
-                let reset_ms = headers
-                    .get("x-ratelimit-reset-requests")
-                    .and_then(parse_reset_duration_ms)
-                    .filter(|ms| *ms > 0)
-                    .unwrap_or(DEFAULT_RESET_MS);
+                let reset_ms = facts.reset_ms.unwrap_or(DEFAULT_RESET_MS);
                 let cap = u32::try_from(limit).unwrap_or(u32::MAX);
                 let left = u32::try_from(rem).unwrap_or(u32::MAX);
                 limiter.set_reservoir(cap, left, reset_ms, now);
@@ -69,10 +130,7 @@ pub fn observe_headers<H: Headers + ?Sized>(
             }
         }
     }
-    if headers
-        .get("x-ratelimit-over-limit")
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("yes"))
-    {
+    if facts.over_limit {
         limiter.force_min_time_ms(OVER_LIMIT_MIN_TIME_MS);
         out.over_limit = true;
     }
@@ -189,7 +247,12 @@ pub enum CapLearn {
 /// configured spacing; refused when the connection overrides `rpm` or when the spacing
 /// exceeds `max_wait_ms` (if there is a queue deadline).
 pub fn learn_cap_from_body(limiter: &mut Limiter, body: &str) -> CapLearn {
-    let Some((n, window_ms)) = requests_within_cap(body) else {
+    learn_cap(limiter, requests_within_cap(body))
+}
+
+/// Learns a cap (N requests, window ms) read from a 429 body; see [`learn_cap_from_body`].
+pub fn learn_cap(limiter: &mut Limiter, cap: Option<(u64, u64)>) -> CapLearn {
+    let Some((n, window_ms)) = cap else {
         return CapLearn::None;
     };
     let settings = *limiter.settings();
@@ -231,6 +294,22 @@ pub fn observe_response<H: Headers + ?Sized>(
     body: &str,
     now: Now,
 ) -> ResponseLearn {
+    apply_response(
+        table,
+        key,
+        &ResponseFacts::read(status, headers, body, now),
+        now,
+    )
+}
+
+/// [`observe_response`] from facts already read on the shard that saw the answer.
+pub fn apply_response(
+    table: &mut LimiterTable,
+    key: &str,
+    facts: &ResponseFacts,
+    now: Now,
+) -> ResponseLearn {
+    let status = facts.status;
     let mut out = ResponseLearn {
         headers: HeaderLearn::default(),
         cooldown_ms: None,
@@ -241,24 +320,20 @@ pub fn observe_response<H: Headers + ?Sized>(
         table.on_upstream_success(key);
     }
     if status == 429 {
-        let hint = upstream_retry_hint(headers, body, now.wall_ms).map(|(ms, _)| ms);
-        table.on_upstream_429(key, hint, now);
+        table.on_upstream_429(key, facts.retry_hint_ms, now);
         out.cooldown_ms = table.known_cooldown_ms(key, now);
     }
     let Some(limiter) = table.get_mut(key) else {
         return out;
     };
-    out.headers = observe_headers(limiter, headers, now);
+    out.headers = apply_headers(limiter, facts, now);
     if status == 429 {
-        out.cap = learn_cap_from_body(limiter, body);
-    } else if status >= 400 {
-        let hint = json_hint(body, now.wall_ms)
-            .map(|(ms, _)| ms)
-            .or_else(|| text_hint(body, now.wall_ms));
-        if let Some(ms) = hint {
-            observe_retry_hint(limiter, ms, now);
-            out.retry_hint_ms = Some(ms);
-        }
+        out.cap = learn_cap(limiter, facts.cap);
+    } else if status >= 400
+        && let Some(ms) = facts.retry_hint_ms
+    {
+        observe_retry_hint(limiter, ms, now);
+        out.retry_hint_ms = Some(ms);
     }
     out
 }

@@ -10,12 +10,12 @@
 //!
 //! | key | hash |
 //! |---|---|
-//! | [`ProviderId`] `p` | `mix64(DOMAIN_PROVIDER \| p)` |
-//! | [`ConnectionId`] `c` | `mix64(DOMAIN_CONNECTION \| c)` |
+//! | [`ProviderKey`] `p` | `mix64(DOMAIN_PROVIDER \| p)` |
+//! | [`ConnectionKey`] `c` | `mix64(DOMAIN_CONNECTION \| c)` |
 //! | string `s` (session keys, model keys) | `mix64(fnv1a64(utf8 bytes of s))` |
 //! | pair `(a, b)` (connection × model) | `mix64(DOMAIN_PAIR ^ hash(a) ^ hash(b).rotate_left(32))` |
-//! | the global concurrency gate (`flow::admission::GateHome::Global`) | `mix64(DOMAIN_GLOBAL)` |
-//! | quota-share selection (`flow::admission::QuotaShareHome`) | `mix64(DOMAIN_GLOBAL \| 1)` |
+//! | the global concurrency gate (the gate home's `Global`) | `mix64(DOMAIN_GLOBAL)` |
+//! | quota-share selection (the quota-share home) | `mix64(DOMAIN_GLOBAL \| 1)` |
 //!
 //! [`fnv1a64`] is 64-bit FNV-1a (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`);
 //! [`mix64`] is the splitmix64 finaliser (Stafford's "Mix13"), a bijection that spreads every
@@ -26,8 +26,6 @@
 //! Shard 0 additionally owns all lease state (§3); that is the lease module's rule, not a hash.
 
 use std::hash::{BuildHasherDefault, Hasher};
-
-use crate::config::{ConnectionId, ProviderId};
 
 /// FNV-1a 64-bit offset basis.
 pub const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
@@ -83,13 +81,21 @@ pub trait OwnerKey {
     fn owner_hash(&self) -> u64;
 }
 
-impl OwnerKey for ProviderId {
+/// A provider's key (its dense id); `config::ProviderId` hashes as this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderKey(pub u16);
+
+/// A connection's key (its dense id); `config::ConnectionId` hashes as this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionKey(pub u32);
+
+impl OwnerKey for ProviderKey {
     fn owner_hash(&self) -> u64 {
         mix64(DOMAIN_PROVIDER | u64::from(self.0))
     }
 }
 
-impl OwnerKey for ConnectionId {
+impl OwnerKey for ConnectionKey {
     fn owner_hash(&self) -> u64 {
         mix64(DOMAIN_CONNECTION | u64::from(self.0))
     }
@@ -174,17 +180,17 @@ mod tests {
     #[test]
     fn golden_owners_are_pinned() {
         let got: Vec<usize> = [
-            owner_of(&ProviderId(0), 8),
-            owner_of(&ProviderId(1), 8),
-            owner_of(&ConnectionId(0), 8),
-            owner_of(&ConnectionId(1), 8),
-            owner_of(&ConnectionId(1234), 64),
+            owner_of(&ProviderKey(0), 8),
+            owner_of(&ProviderKey(1), 8),
+            owner_of(&ConnectionKey(0), 8),
+            owner_of(&ConnectionKey(1), 8),
+            owner_of(&ConnectionKey(1234), 64),
             owner_of("session-abc", 8),
-            owner_of(&(ConnectionId(7), "gpt-4o"), 16),
+            owner_of(&(ConnectionKey(7), "gpt-4o"), 16),
         ]
         .to_vec();
         assert_eq!(got, GOLDEN);
-        assert_eq!(ProviderId(0).owner_hash(), GOLDEN_PROVIDER_0_HASH);
+        assert_eq!(ProviderKey(0).owner_hash(), GOLDEN_PROVIDER_0_HASH);
     }
 
     // Computed independently (a ten-line Python transcription of the table in the module docs).
@@ -204,8 +210,8 @@ mod tests {
         assert_eq!(s.owner_hash(), "conn:42".owner_hash());
         assert_eq!(OwnerKey::owner_hash(&&s), s.owner_hash());
         assert_ne!(
-            (ConnectionId(1), ConnectionId(2)).owner_hash(),
-            (ConnectionId(2), ConnectionId(1)).owner_hash()
+            (ConnectionKey(1), ConnectionKey(2)).owner_hash(),
+            (ConnectionKey(2), ConnectionKey(1)).owner_hash()
         );
     }
 
@@ -234,7 +240,7 @@ mod tests {
     fn sequential_ids_spread_evenly_over_every_shard_count() {
         for shards in 2..=64 {
             let (c2, bound) = chi_square(
-                (0..4096u32).map(|i| owner_of(&ConnectionId(i), shards)),
+                (0..4096u32).map(|i| owner_of(&ConnectionKey(i), shards)),
                 shards,
             );
             assert!(
@@ -242,7 +248,7 @@ mod tests {
                 "connections over {shards}: chi2 {c2} >= {bound}"
             );
             let (c2, bound) = chi_square(
-                (0..4096u16).map(|i| owner_of(&ProviderId(i), shards)),
+                (0..4096u16).map(|i| owner_of(&ProviderKey(i), shards)),
                 shards,
             );
             assert!(c2 < bound, "providers over {shards}: chi2 {c2} >= {bound}");
@@ -259,7 +265,8 @@ mod tests {
             assert!(c2 < bound, "strings over {shards}: chi2 {c2} >= {bound}");
             let (c2, bound) = chi_square(
                 (0..64u32).flat_map(|c| {
-                    (0..64).map(move |m| owner_of(&(ConnectionId(c), format!("model-{m}")), shards))
+                    (0..64)
+                        .map(move |m| owner_of(&(ConnectionKey(c), format!("model-{m}")), shards))
                 }),
                 shards,
             );
@@ -272,7 +279,7 @@ mod tests {
         let shards = 8;
         let same = (0..4096u16)
             .filter(|&i| {
-                owner_of(&ProviderId(i), shards) == owner_of(&ConnectionId(u32::from(i)), shards)
+                owner_of(&ProviderKey(i), shards) == owner_of(&ConnectionKey(u32::from(i)), shards)
             })
             .count();
         // Independent owners agree 1/8 of the time: 512 expected, sd ~21.

@@ -10,10 +10,12 @@
 //! | `fail-<status>`| answers `<status>` with an OpenAI-shaped error body           |
 //! | `stall`        | non-stream: never answers; stream: one event, then silence    |
 //!
-//! This module only plans the reply (pure, no I/O); the proxy plays the plan.
+//! `plan` decides the reply (pure, no I/O); `playback` plays it on the shard's timers.
 
 use bytes::Bytes;
 use serde_json::{Value, json};
+
+pub mod playback;
 
 use super::Endpoint;
 

@@ -2,17 +2,18 @@
 //! the combo's candidates (bucket gate, cap gate against live in-flight counts, deficit round
 //! robin by weight, power of two choices) and counts the chosen connection in flight until
 //! the request ends; each attempt then takes its connection's `qsconn` slot
-//! (`proxy::gate::quota_share_slot`). Both fail open: a home that cannot be asked leaves the
+//! (`owners::gates::client::quota_share_slot`). Both fail open: a home that cannot be asked leaves the
 //! combo's own order, a slot that cannot be had lets the attempt run without it.
 
 use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::flow::admission::QuotaShareHome;
+use crate::owners::Shard;
 use crate::routing::resolve::Target;
-use crate::runtime::msg::{Msg, QsCandidate};
-use crate::shard::probe::Answer;
-use crate::shard::{Shard, global_waiter_id};
+
+use super::QuotaShare;
+use super::protocol::{Candidate, Fact, Reply, Request};
 
 /// How long an asker waits for the home's order before keeping its own (a lost reply; the
 /// home answers at once).
@@ -27,10 +28,10 @@ pub struct QsTicket<'a> {
 
 impl Drop for QsTicket<'_> {
     fn drop(&mut self) {
-        let msg = Msg::QsRelease {
+        let fact = Fact::Release {
             serial: self.serial,
         };
-        self.shard.send_reliable(self.home, msg);
+        self.shard.send_fact(self.home, fact.into());
     }
 }
 
@@ -42,7 +43,7 @@ pub async fn order<'a>(
 ) -> Option<QsTicket<'a>> {
     let config = shard.config();
     let combo = config.combos.get(combo)?;
-    let list: Vec<QsCandidate> = candidates
+    let list: Vec<Candidate> = candidates
         .iter()
         .map(|(t, c)| {
             let provider = &config.provider(t.provider).name;
@@ -52,7 +53,7 @@ pub async fn order<'a>(
                 .iter()
                 .find(|ct| ct.provider == t.provider && ct.model == t.model)
                 .map_or(1, |ct| ct.weight.max(1));
-            QsCandidate {
+            Candidate {
                 connection: *c,
                 execution_key: format!("{provider}/{}/{}", t.model, conn.name),
                 weight: target_weight.saturating_mul(conn.weight.max(1)),
@@ -60,26 +61,13 @@ pub async fn order<'a>(
         })
         .collect();
     let home = shard.owner(&QuotaShareHome);
-    let (local, wait) = shard.probes.register();
-    let msg = Msg::QsSelect {
-        id: global_waiter_id(shard.id, local),
+    let request = Request::Select {
         combo: combo.name.clone(),
         candidates: list,
     };
-    if !shard.send_reliable(home, msg) {
-        shard.probes.forget(local);
-        return None;
-    }
-    let pick =
-        match monoio::time::timeout(Duration::from_millis(ORDER_REPLY_TIMEOUT_MS), wait).await {
-            Ok(Answer::QuotaShare(pick)) => pick,
-            Ok(_) => return None,
-            Err(_) => {
-                // A late answer's ticket is returned by the pump.
-                shard.probes.forget(local);
-                return None;
-            }
-        };
+    let bound = Duration::from_millis(ORDER_REPLY_TIMEOUT_MS);
+    // A late answer's ticket is returned by the late hook.
+    let Reply::Picked(pick) = shard.call::<QuotaShare>(home, request, bound).await.ok()?;
     let ticket = pick.ticket.map(|serial| QsTicket {
         shard,
         home,

@@ -1,4 +1,4 @@
-//! The fleet: one shard per worker, each a thread pinned to a CPU running its own monoio
+//! The server: the fleet of shards and everything that wires them — one shard per worker, each a thread pinned to a CPU running its own monoio
 //! runtime (io_uring, or epoll when io_uring cannot start) and accepting on its own
 //! `SO_REUSEPORT` listener. Start-up is all-or-nothing; shutdown stops accepting, lets
 //! in-flight requests finish within the grace period, and joins every thread.
@@ -12,22 +12,19 @@ use std::time::Duration;
 use monoio::time::TimeDriver;
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
+use crate::auth::KeyIndex;
 use crate::config::Config;
+use crate::mesh::ring::{Mesh, MeshEnd};
 use crate::net::downstream;
 use crate::net::listener::bind_shards;
 use crate::net::tls::TlsConfigs;
-use crate::proxy::auth::KeyIndex;
+use crate::owners::{Msg, Shard};
 use crate::routing::resolve::RouteTable;
-use crate::runtime::mesh::{Mesh, MeshEnd};
-use crate::runtime::msg::Msg;
+use crate::shard::Shared;
 use crate::shard::metrics::ShardMetrics;
-use crate::shard::{Shard, Shared};
 
 /// Entries of each io_uring submission queue.
 const URING_ENTRIES: u32 = 4096;
-/// How often idle upstream connections are swept, owner views re-sent (anti-entropy) and
-/// expired lockout replicas dropped.
-const POOL_SWEEP_MS: u64 = crate::shard::HOUSEKEEPING_MS;
 /// How often a draining shard checks whether its in-flight requests are done.
 const DRAIN_POLL_MS: u64 = 10;
 
@@ -289,31 +286,12 @@ async fn shard_main(
         }
         None => (None, None),
     };
-    let shard = Rc::new(Shard::new(id, shared, sender));
-    *shard.me.borrow_mut() = Rc::downgrade(&shard);
-    // The message pump: every fact for this shard's keys and every view update arrives here.
-    if let Some(mut receiver) = receiver {
-        let pump = shard.clone();
-        monoio::spawn(async move {
-            loop {
-                let (from, msg) = receiver.recv().await;
-                pump.handle(from, msg);
-            }
-        });
-    }
+    // The shard's pump (every message for its owner tables and views, its own included)
+    // and its housekeeping (pool sweep, anti-entropy, sweeps).
+    let shard = Shard::new(id, shared, sender);
+    shard.start(receiver);
     let _ = ready.send(Ok(id));
     drop(ready);
-    let sweeper = shard.clone();
-    monoio::spawn(async move {
-        loop {
-            monoio::time::sleep(Duration::from_millis(POOL_SWEEP_MS)).await;
-            if sweeper.draining.get() {
-                break;
-            }
-            sweeper.pool.sweep(sweeper.now().mono_ns);
-            sweeper.housekeeping();
-        }
-    });
     // Stopping cancels the pending accept. A cancelled io_uring accept may still have
     // completed with a connection; such a late connection is closed at once, never left
     // accepted and unserved.
@@ -343,14 +321,14 @@ async fn shard_main(
         }
     }
     drop(listener);
-    shard.draining.set(true);
+    shard.start_draining();
     let start = shard.now().mono_ns;
-    while shard.in_flight.get() > 0 {
+    while shard.in_flight() > 0 {
         let waited = Duration::from_nanos(shard.now().mono_ns.saturating_sub(start));
         if waited >= grace {
             tracing::warn!(
                 shard = id,
-                in_flight = shard.in_flight.get(),
+                in_flight = shard.in_flight(),
                 "grace period over; cutting requests"
             );
             break;

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use super::mesh::{DropReason, Rejected};
+use super::ring::{DropReason, Rejected};
 
 /// Messages waiting for room, oldest first.
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! Admit (request queue): an attempt on a connection whose per-connection limiter is on
+//! The asker's side of the request queue (admit): an attempt on a connection whose per-connection limiter is on
 //! (ARCHITECTURE §6: `RATE_LIMIT_AUTO_ENABLE` / `auto_enable_api_key_providers`, or a
 //! `requests_per_minute` / `min_time_between_requests_ms` override) first takes a slot in
 //! the connection's queue on its owner shard: queue-depth admission (429
@@ -16,24 +16,25 @@ use std::time::Duration;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::admission::{limiter_settings, queue_of, window_of};
-use crate::flow::queue::QueueError;
-use crate::runtime::msg::{Msg, SuccessAnswer};
-use crate::shard::Shard;
-use crate::shard::probe::Answer;
+use crate::flow::queue::{QueueError, ResponseFacts};
+use crate::owners::{Shard, reply_bound};
+use crate::resilience::OwnedHeaders;
+use crate::shard::call::{CallError, CallId};
 
-use super::ask::{Asked, ask_owner, reply_bound};
+use super::Queue;
+use super::protocol::{Fact, Reply, Request};
 
 /// Held while an attempt runs; dropping it returns the queue slot.
 pub struct QueueSlot<'a> {
     shard: &'a Shard,
     connection: ConnectionId,
-    id: u64,
+    id: CallId,
     /// The execution budget of the attempt when the connection's request queue is on
     /// (`execution_max_wait_ms`, at least the upstream's own response-head budget); `None`
     /// for a start taken only in the provider's sliding window.
     pub execution_budget: Option<Duration>,
-    /// A successful answer's rate-limit fields, sent with the slot's return.
-    answered: Option<Box<SuccessAnswer>>,
+    /// What a successful answer taught, sent with the slot's return.
+    learned: Option<ResponseFacts>,
 }
 
 impl QueueSlot<'_> {
@@ -48,7 +49,7 @@ impl QueueSlot<'_> {
         if self.execution_budget.is_none() {
             return; // no request queue to teach
         }
-        let headers = fields
+        let headers: Vec<(String, String)> = fields
             .filter(|(n, _)| {
                 n.len() > RATE_LIMIT_PREFIX.len()
                     && n.as_bytes()[..RATE_LIMIT_PREFIX.len()]
@@ -56,7 +57,8 @@ impl QueueSlot<'_> {
             })
             .map(|(n, v)| (n.to_owned(), String::from_utf8_lossy(v).into_owned()))
             .collect();
-        self.answered = Some(Box::new(SuccessAnswer { status, headers }));
+        let facts = ResponseFacts::read(status, &OwnedHeaders(&headers), "", self.shard.now());
+        self.learned = Some(facts);
     }
 }
 
@@ -71,12 +73,11 @@ impl Drop for QueueSlot<'_> {
             return;
         }
         let owner = self.shard.owner(&self.connection);
-        let msg = Msg::QueueFinish {
-            connection: self.connection,
+        let fact = Fact::Finish {
             id: self.id,
-            answered: self.answered.take(),
+            learned: self.learned.take(),
         };
-        self.shard.send_reliable(owner, msg);
+        self.shard.send_fact(owner, fact.into());
     }
 }
 
@@ -108,30 +109,24 @@ pub async fn acquire<'a>(
     let waiting_since_ns = shard.now().mono_ns;
     let owner = shard.owner(&connection);
     loop {
-        let asked = ask_owner(
-            shard,
-            owner,
+        let request = Request::Acquire {
             connection,
-            &shard.queue_waiters,
-            |id| Msg::QueueAcquire {
-                id,
-                connection,
-                model: model.to_owned(),
-                waiting_since_ns,
-            },
-            |id| Msg::QueueCancel { connection, id },
-            bound,
-        )
-        .await;
-        let (id, answer) = match asked {
-            Asked::Answered(id, a) => (id, a),
-            Asked::Unsent => {
-                return Err(GatewayError::new(
-                    ErrorKind::MeshUnavailable,
-                    "the connection's owner shard could not be asked for a queue slot",
-                ));
+            model: model.to_owned(),
+            waiting_since_ns,
+        };
+        let (id, reply) = shard.call_with_id::<Queue>(owner, request, bound).await;
+        let start_at_ns = match reply {
+            Ok(Reply::Granted { start_at_ns }) => start_at_ns,
+            Ok(Reply::Denied(e)) => {
+                return Err(error(e, &target_name(shard, connection, model)));
             }
-            Asked::TimedOut => {
+            // The provider's window is full: wait and ask again (the owner lets the request
+            // through once its wait budget is spent).
+            Ok(Reply::Retry { at_ns }) => {
+                sleep_until(shard, at_ns).await;
+                continue;
+            }
+            Err(CallError::TimedOut) => {
                 return Err(error(
                     QueueError::QueueTimeout {
                         max_wait_ms: settings.max_wait_ms,
@@ -139,22 +134,10 @@ pub async fn acquire<'a>(
                     &target_name(shard, connection, model),
                 ));
             }
-        };
-        let start_at_ns = match answer {
-            Answer::Queue(Ok(at)) => at,
-            Answer::Queue(Err(e)) => {
-                return Err(error(e, &target_name(shard, connection, model)));
-            }
-            // The provider's window is full: wait and ask again (the owner lets the request
-            // through once its wait budget is spent).
-            Answer::QueueRetry(at) => {
-                sleep_until(shard, at).await;
-                continue;
-            }
-            Answer::Probe(..) | Answer::Ack | Answer::Gate(_) | Answer::QuotaShare(_) => {
+            Err(CallError::Unsent | CallError::Mismatched) => {
                 return Err(GatewayError::new(
-                    ErrorKind::Internal,
-                    "unexpected answer to a queue request",
+                    ErrorKind::MeshUnavailable,
+                    "the connection's owner shard could not be asked for a queue slot",
                 ));
             }
         };
@@ -167,7 +150,7 @@ pub async fn acquire<'a>(
             execution_budget: queue.as_ref().map(|(settings, _)| {
                 Duration::from_millis(crate::flow::queue::execution_budget_ms(settings, 0).max(1))
             }),
-            answered: None,
+            learned: None,
         };
         // A spaced start: the slot is ours, its start is later.
         sleep_until(shard, start_at_ns).await;

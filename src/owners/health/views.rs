@@ -3,10 +3,10 @@
 //! broadcast updates; applying one is idempotent (newer epochs win, duplicates are no-ops),
 //! so a dropped or repeated broadcast only delays convergence. Selection reads only these.
 
+use super::protocol::View;
 use crate::resilience::breaker::{BreakerKey, BreakerView};
 use crate::resilience::connection::ConnectionViews;
 use crate::resilience::lockout::LockoutViews;
-use crate::runtime::msg::Msg;
 
 #[derive(Debug, Default)]
 pub struct Views {
@@ -19,38 +19,12 @@ pub struct Views {
 }
 
 impl Views {
-    /// Applies a view message; true when it changed anything. Other messages are ignored.
-    pub fn apply(&mut self, msg: &Msg) -> bool {
-        match msg {
-            Msg::BreakerView { key, view } => self.apply_breaker(*key, view),
-            Msg::ConnectionView { connection, view } => self.connections.apply(*connection, view),
-            Msg::Lockout(u) => self.lockouts.apply(u),
-            Msg::Outcome(..)
-            | Msg::Ack { .. }
-            | Msg::ProviderResult { .. }
-            | Msg::EgressCool { .. }
-            | Msg::AutoDecay { .. }
-            | Msg::GateAcquire { .. }
-            | Msg::GateGrant { .. }
-            | Msg::GateDenied { .. }
-            | Msg::GateRelease { .. }
-            | Msg::GateCancel { .. }
-            | Msg::GateTick
-            | Msg::GateBlock { .. }
-            | Msg::QueueAcquire { .. }
-            | Msg::QueueGrant { .. }
-            | Msg::QueueDenied { .. }
-            | Msg::QueueRetry { .. }
-            | Msg::QsSelect { .. }
-            | Msg::QsPicked { .. }
-            | Msg::QsRelease { .. }
-            | Msg::QsSlotAcquire { .. }
-            | Msg::QueueFinish { .. }
-            | Msg::QueueCancel { .. }
-            | Msg::QueueTick { .. }
-            | Msg::ProbeRequest { .. }
-            | Msg::ProbeReply { .. }
-            | Msg::ReleaseProbe { .. } => false,
+    /// Applies a view; true when it changed anything.
+    pub fn apply(&mut self, view: &View) -> bool {
+        match view {
+            View::Breaker { key, view } => self.apply_breaker(*key, view),
+            View::Connection { connection, view } => self.connections.apply(*connection, view),
+            View::Lockout(u) => self.lockouts.apply(u),
         }
     }
 

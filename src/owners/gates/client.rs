@@ -1,5 +1,5 @@
-//! Admit (concurrency): an attempt that needs any gate of the composite gate (global →
-//! provider → account → model: `global_concurrent_requests`, `provider_concurrency`,
+//! The asker's side of the gates (admit, concurrency): an attempt that needs any gate of
+//! the composite gate (global → provider → account → model: `global_concurrent_requests`, `provider_concurrency`,
 //! `max_concurrent`, `model_concurrency`) first takes all of them from the connection's gate
 //! home (`flow::admission`) — all-or-nothing, FIFO, bounded by the queue budget — and gives
 //! them back exactly once when the attempt ends, on every path (the guard's `Drop`).
@@ -12,11 +12,11 @@ use crate::flow::admission::{
 };
 use crate::flow::gates::{GateError, GateKey};
 use crate::flow::quota_share::QS_QUEUE_TIMEOUT_MS;
-use crate::runtime::msg::Msg;
-use crate::shard::Shard;
-use crate::shard::probe::Answer;
+use crate::owners::{Shard, reply_bound};
+use crate::shard::call::CallError;
 
-use super::ask::{Asked, ask_owner, reply_bound};
+use super::Gates;
+use super::protocol::{Fact, Reply, Request};
 
 /// Held while an attempt runs; dropping it releases the permits.
 pub struct GatePermit<'a> {
@@ -36,33 +36,32 @@ impl GatePermit<'_> {
             .now()
             .mono_ns
             .saturating_add(ms.saturating_mul(1_000_000));
-        let msg = Msg::GateBlock {
+        let fact = Fact::Block {
             connection: self.connection,
             model: model.to_owned(),
             until_ns,
         };
-        self.shard.send_reliable(self.home, msg);
+        self.shard.send_fact(self.home, fact.into());
     }
 }
 
 impl Drop for GatePermit<'_> {
     fn drop(&mut self) {
-        let msg = Msg::GateRelease {
-            connection: self.connection,
+        let fact = Fact::Release {
             serial: self.serial,
         };
-        self.shard.send_reliable(self.home, msg);
+        self.shard.send_fact(self.home, fact.into());
     }
 }
 
-/// Asks `connection`'s gate home for a grant (`request(id, deadline_ns)`), waiting until
+/// Asks `connection`'s gate home for a grant (`request(deadline_ns)`), waiting until
 /// `wait_ms` from now (0 = no deadline); the home times the wait out itself.
 async fn ask_home(
     shard: &Shard,
     connection: ConnectionId,
     wait_ms: u64,
-    request: impl FnOnce(u64, Option<u64>) -> Msg,
-) -> (usize, Asked) {
+    request: impl FnOnce(Option<u64>) -> Request,
+) -> (usize, Result<Reply, CallError>) {
     let deadline_ns = (wait_ms > 0).then(|| {
         shard
             .now()
@@ -70,17 +69,10 @@ async fn ask_home(
             .saturating_add(wait_ms.saturating_mul(1_000_000))
     });
     let home = shard.owner(&gate_home(shard.config(), connection));
-    let asked = ask_owner(
-        shard,
-        home,
-        connection,
-        &shard.gate_waiters,
-        |id| request(id, deadline_ns),
-        |id| Msg::GateCancel { connection, id },
-        reply_bound(wait_ms),
-    )
-    .await;
-    (home, asked)
+    let reply = shard
+        .call::<Gates>(home, request(deadline_ns), reply_bound(wait_ms))
+        .await;
+    (home, reply)
 }
 
 /// Takes the connection's concurrency permits for `model`, waiting at most the queue
@@ -95,48 +87,33 @@ pub async fn acquire<'a>(
         return Ok(None);
     }
     let max_wait_ms = effective_max_wait_ms(config, connection);
-    let (home, asked) = ask_home(shard, connection, max_wait_ms, |id, deadline_ns| {
-        Msg::GateAcquire {
-            id,
+    let (home, reply) = ask_home(shard, connection, max_wait_ms, |deadline_ns| {
+        Request::Acquire {
             connection,
             model: model.to_owned(),
             deadline_ns,
         }
     })
     .await;
-    let answer = match asked {
-        Asked::Answered(_, a) => a,
-        Asked::Unsent => {
-            return Err(GatewayError::new(
-                ErrorKind::MeshUnavailable,
-                "the connection's gate shard could not be asked for a permit",
-            ));
-        }
-        Asked::TimedOut => return Err(timeout_error(config, connection, model, max_wait_ms)),
-    };
-    match answer {
-        Answer::Gate(Ok(serial)) => Ok(Some(GatePermit {
+    match reply {
+        Ok(Reply::Granted(serial)) => Ok(Some(GatePermit {
             shard,
             home,
             connection,
             serial,
         })),
-        Answer::Gate(Err(GateError::Timeout)) => {
+        Ok(Reply::Denied(GateError::Timeout)) | Err(CallError::TimedOut) => {
             Err(timeout_error(config, connection, model, max_wait_ms))
         }
-        Answer::Gate(Err(GateError::QueueFull | GateError::DuplicateWaiter)) => {
+        Ok(Reply::Denied(GateError::QueueFull | GateError::DuplicateWaiter)) => {
             Err(GatewayError::new(
                 ErrorKind::SemaphoreQueueFull,
                 "a concurrency gate's queue is full",
             ))
         }
-        Answer::Probe(..)
-        | Answer::Ack
-        | Answer::Queue(_)
-        | Answer::QueueRetry(_)
-        | Answer::QuotaShare(_) => Err(GatewayError::new(
-            ErrorKind::Internal,
-            "unexpected answer to a permit request",
+        Err(CallError::Unsent | CallError::Mismatched) => Err(GatewayError::new(
+            ErrorKind::MeshUnavailable,
+            "the connection's gate shard could not be asked for a permit",
         )),
     }
 }
@@ -152,16 +129,15 @@ pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option
     {
         return None;
     }
-    let (home, asked) = ask_home(shard, connection, QS_QUEUE_TIMEOUT_MS, |id, deadline_ns| {
-        Msg::QsSlotAcquire {
-            id,
+    let (home, reply) = ask_home(shard, connection, QS_QUEUE_TIMEOUT_MS, |deadline_ns| {
+        Request::QsSlot {
             connection,
             deadline_ns,
         }
     })
     .await;
-    match asked {
-        Asked::Answered(_, Answer::Gate(Ok(serial))) => Some(GatePermit {
+    match reply {
+        Ok(Reply::Granted(serial)) => Some(GatePermit {
             shard,
             home,
             connection,

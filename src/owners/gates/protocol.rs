@@ -1,0 +1,42 @@
+//! The gates protocol: permit calls to a connection's gate home, and the facts that return
+//! or block them.
+
+use crate::config::ConnectionId;
+use crate::flow::gates::GateError;
+
+pub enum Request {
+    /// Every gate an attempt on `connection` for `model` needs, all or nothing, waiting
+    /// until `deadline_ns` (monotonic; `None`: no deadline).
+    Acquire {
+        connection: ConnectionId,
+        model: String,
+        deadline_ns: Option<u64>,
+    },
+    /// The connection's quota-share slot (B §2.3; fail open).
+    QsSlot {
+        connection: ConnectionId,
+        deadline_ns: Option<u64>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// Granted (now or when a permit came free); the serial names the permit.
+    Granted(u64),
+    /// Refused (queue full), timed out, or cancelled.
+    Denied(GateError),
+}
+
+pub enum Fact {
+    /// The attempt holding permit `serial` is over (exactly once).
+    Release { serial: u64 },
+    /// The upstream refused with a retry hint: block the connection's account gate (else
+    /// its `model` gate) until `until_ns` (monotonic).
+    Block {
+        connection: ConnectionId,
+        model: String,
+        until_ns: u64,
+    },
+    /// The gate timer: a waiter deadline or a block end is due.
+    Tick,
+}

@@ -1,0 +1,165 @@
+//! The asker's side of health: half-open probe permits ([`ProbePermits`], settled exactly
+//! once) and the report of how each attempt ended ([`report`]). Facts are sent, never
+//! applied here, so one owner sees every fact for its keys in one order.
+
+use std::time::Duration;
+
+use crate::config::{ConnectionId, ProviderId};
+use crate::resilience::breaker::{BreakerKey, ProbeTicket};
+use crate::shard::call::CallError;
+
+use super::Health;
+use super::protocol::{Ended, Fact, Outcome, Reply, Request};
+use crate::owners::Shard;
+
+/// How long a shard waits for an owner's probe answer.
+pub const PROBE_REPLY_TIMEOUT_MS: u64 = 1_000;
+
+/// How long a failure's report waits for its owner's acknowledgement.
+pub const ACK_TIMEOUT_MS: u64 = 100;
+
+/// Asks the owner of `key` for the half-open probe permit: `Ok(Some(ticket))` — the probe
+/// is ours; `Ok(None)` with a wait — not now (0: the breaker is closed after all).
+pub async fn ask_probe(
+    shard: &Shard,
+    key: BreakerKey,
+) -> Result<(Option<ProbeTicket>, u64), CallError> {
+    let owner = match key {
+        BreakerKey::Provider(p) => shard.owner(&p),
+        BreakerKey::Connection(c) => shard.owner(&c),
+    };
+    let bound = Duration::from_millis(PROBE_REPLY_TIMEOUT_MS);
+    match shard
+        .call::<Health>(owner, Request::Probe(key), bound)
+        .await?
+    {
+        Reply::Probe {
+            ticket,
+            retry_after_ms,
+            ..
+        } => Ok((ticket, retry_after_ms)),
+        Reply::Applied => Err(CallError::Mismatched),
+    }
+}
+
+/// The half-open probe permits an attempt holds. Each is settled exactly once: by the
+/// attempt's outcome ([`report`] consumes them), or returned unused when dropped.
+#[derive(Default)]
+pub struct ProbePermits<'a> {
+    shard: Option<&'a Shard>,
+    provider: Option<(ProviderId, ProbeTicket)>,
+    connection: Option<(ConnectionId, ProbeTicket)>,
+}
+
+impl<'a> ProbePermits<'a> {
+    pub fn new(shard: &'a Shard) -> Self {
+        Self {
+            shard: Some(shard),
+            provider: None,
+            connection: None,
+        }
+    }
+
+    pub fn hold(&mut self, key: BreakerKey, ticket: ProbeTicket) {
+        match key {
+            BreakerKey::Provider(p) => self.provider = Some((p, ticket)),
+            BreakerKey::Connection(c) => self.connection = Some((c, ticket)),
+        }
+    }
+
+    fn take(&mut self) -> (Option<ProbeTicket>, Option<ProbeTicket>) {
+        (
+            self.provider.take().map(|(_, t)| t),
+            self.connection.take().map(|(_, t)| t),
+        )
+    }
+}
+
+impl Drop for ProbePermits<'_> {
+    fn drop(&mut self) {
+        let Some(shard) = self.shard else {
+            return;
+        };
+        if let Some((p, ticket)) = self.provider.take() {
+            let key = BreakerKey::Provider(p);
+            shard.send_fact(shard.owner(&p), Fact::ReleaseProbe { key, ticket }.into());
+        }
+        if let Some((c, ticket)) = self.connection.take() {
+            let key = BreakerKey::Connection(c);
+            shard.send_fact(shard.owner(&c), Fact::ReleaseProbe { key, ticket }.into());
+        }
+    }
+}
+
+/// Reports how an attempt on `(provider, connection, model)` ended, settling its probe
+/// permits. Failures wait (bounded) for the owner to apply them and send the views they
+/// changed, so the next request — from this client or any other — routes on them;
+/// successes and aborts are only sent, and a success on a connection with no state
+/// anywhere is not news (it costs no cross-core message).
+pub async fn report(
+    shard: &Shard,
+    provider: ProviderId,
+    connection: ConnectionId,
+    model: &str,
+    mut permits: ProbePermits<'_>,
+    ended: Ended,
+) {
+    let (provider_probe, connection_probe) = permits.take();
+    let (success, network) = match &ended {
+        Ended::Success => (true, false),
+        Ended::Failed(v) => (false, v.is_network()),
+        Ended::StreamStall | Ended::ClientAbort => (false, false),
+    };
+    let no_probe = provider_probe.is_none() && connection_probe.is_none();
+    if no_probe && matches!(ended, Ended::ClientAbort) {
+        // Nothing to settle, nothing to count.
+        return;
+    }
+    if success && no_probe && !has_state(shard, provider, connection) {
+        return;
+    }
+    let wait_for_owner = matches!(ended, Ended::Failed(_) | Ended::StreamStall);
+    let outcome = Box::new(Outcome {
+        provider,
+        connection,
+        model: model.to_owned(),
+        ended,
+        probe: connection_probe,
+    });
+    let owner = shard.owner(&connection);
+    if wait_for_owner {
+        let bound = Duration::from_millis(ACK_TIMEOUT_MS);
+        // A lost or late acknowledgement only means the next request may route on an older
+        // view; the outcome itself is delivered (the outbox keeps it).
+        let _ = shard
+            .call::<Health>(owner, Request::Outcome(outcome), bound)
+            .await;
+    } else {
+        shard.send_fact(owner, Fact::Outcome(outcome).into());
+    }
+    let provider_owner = shard.owner(&provider);
+    if success || network {
+        let fact = Fact::ProviderResult {
+            provider,
+            success,
+            network,
+            probe: provider_probe,
+        };
+        shard.send_fact(provider_owner, fact.into());
+    } else if let Some(ticket) = provider_probe {
+        let key = BreakerKey::Provider(provider);
+        shard.send_fact(provider_owner, Fact::ReleaseProbe { key, ticket }.into());
+    }
+}
+
+/// Whether an owner holds anything a success would change for `(provider, connection)`:
+/// a breaker that has counted failures, a connection with a cooldown, error level or
+/// terminal state, or a model lockout. Read from the local views.
+fn has_state(shard: &Shard, provider: ProviderId, connection: ConnectionId) -> bool {
+    let views = shard.state().views.borrow();
+    let c = views.connections.get(connection);
+    c.epoch > 0
+        || views.breaker(&BreakerKey::Connection(connection)).is_some()
+        || views.breaker(&BreakerKey::Provider(provider)).is_some()
+        || views.lockouts.ever_locked(connection)
+}

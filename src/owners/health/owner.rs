@@ -1,0 +1,399 @@
+//! The health owner: the breakers, connection state and model lockouts of the keys this
+//! shard owns. It applies outcomes (already classified by the asker into a [`Verdict`]),
+//! grants half-open probe permits, decays and egress-cools connections, and broadcasts
+//! every transition as a view.
+
+use crate::clock::Now;
+use crate::config::{AuthKind, Config, ProviderId};
+use crate::mesh::placement::owner_of;
+use crate::resilience::FallbackDecision;
+use crate::resilience::breaker::{
+    Admission, BreakerKey, BreakerSettings, BreakerTable, Failure, Transition as BreakerTransition,
+};
+use crate::resilience::classify::CooldownProfile;
+use crate::resilience::connection::{
+    ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkOptions, Routability,
+};
+use crate::resilience::egress::{FailingConnection, SiblingView, egress_lock, lock_family};
+use crate::resilience::lockout::{LockoutTable, SWEEP_INTERVAL_MS};
+use crate::shard::HOUSEKEEPING_MS;
+use crate::shard::call::CallId;
+
+use super::protocol::{Ended, Fact, Outcome, Reply, Request, Verdict, View};
+use crate::owners::{Cx, Mechanism, Shard};
+
+/// The health tables of one owner shard.
+#[derive(Debug)]
+pub struct Health {
+    pub breakers: BreakerTable,
+    pub connections: ConnectionTable,
+    pub lockouts: LockoutTable,
+}
+
+impl Mechanism for Health {
+    type Fact = Fact;
+    type Request = Request;
+    type Reply = Reply;
+    const HOLDS: bool = false;
+
+    fn new(config: &Config) -> Self {
+        Self {
+            breakers: BreakerTable::new(BreakerSettings::from_resilience(&config.resilience)),
+            connections: ConnectionTable::new(),
+            lockouts: LockoutTable::new(),
+        }
+    }
+
+    fn fact(&mut self, cx: &mut Cx<'_>, fact: Fact) {
+        let now = cx.now;
+        match fact {
+            Fact::Outcome(o) => self.outcome(cx, &o),
+            Fact::ProviderResult {
+                provider,
+                success,
+                network,
+                probe,
+            } => {
+                let key = BreakerKey::Provider(provider);
+                let auth = cx.config.provider(provider).auth;
+                let t = if success {
+                    self.breakers.get_or_create(key, auth);
+                    self.breakers.on_success(now, key, probe)
+                } else if network {
+                    self.breakers
+                        .on_failure(now, key, auth, Failure::ConnectFailed, probe)
+                } else {
+                    probe.and_then(|p| self.breakers.release_probe(now, key, p))
+                };
+                breaker_view(cx, key, t);
+            }
+            Fact::ReleaseProbe { key, ticket } => {
+                let t = self.breakers.release_probe(now, key, ticket);
+                breaker_view(cx, key, t);
+            }
+            Fact::AutoDecay { connection } => {
+                if let Some(t) = self.connections.auto_decay(connection, now)
+                    && t.view_changed
+                {
+                    cx.view(View::Connection {
+                        connection,
+                        view: t.view,
+                    });
+                }
+            }
+            Fact::EgressCool {
+                connection,
+                until_ms,
+                reason,
+            } => {
+                if let Some(t) = self
+                    .connections
+                    .cool_for_egress(connection, until_ms, reason, now)
+                {
+                    cx.view(View::Connection {
+                        connection,
+                        view: t.view,
+                    });
+                }
+            }
+        }
+        self.lockout_views(cx);
+    }
+
+    fn call(&mut self, cx: &mut Cx<'_>, id: CallId, request: Request) {
+        let now = cx.now;
+        match request {
+            Request::Probe(key) => {
+                let auth = breaker_auth(cx.config, key);
+                self.breakers.get_or_create(key, auth);
+                let (ticket, retry_after_ms) = match self.breakers.admit(now, key) {
+                    Admission::Allow => (None, 0),
+                    Admission::Probe { ticket, transition } => {
+                        breaker_view(cx, key, Some(transition));
+                        (Some(ticket), 0)
+                    }
+                    Admission::Reject { retry_after_ms, .. } => (None, retry_after_ms.max(1)),
+                };
+                cx.reply(
+                    id,
+                    Reply::Probe {
+                        key,
+                        ticket,
+                        retry_after_ms,
+                    },
+                );
+            }
+            Request::Outcome(o) => {
+                self.outcome(cx, &o);
+                // Views first, then the answer: on the asker's ring they arrive in order.
+                self.lockout_views(cx);
+                cx.reply(id, Reply::Applied);
+            }
+        }
+    }
+
+    fn late(shard: &Shard, from: usize, _id: CallId, reply: Reply) {
+        // A probe permit granted to an asker that gave up goes straight back.
+        if let Reply::Probe {
+            key,
+            ticket: Some(ticket),
+            ..
+        } = reply
+        {
+            shard.send_fact(from, Fact::ReleaseProbe { key, ticket }.into());
+        }
+    }
+
+    fn housekeeping(&mut self, cx: &mut Cx<'_>) {
+        // Anti-entropy: keys not in their default state are re-sent to every shard, so a
+        // dropped broadcast converges here rather than at the key's next transition.
+        let now = cx.now;
+        for (key, breaker) in self.breakers.iter() {
+            if !breaker.state(now).is_closed() || breaker.failure_count() > 0 {
+                let view = breaker.view(now);
+                cx.view(View::Breaker { key, view });
+            }
+        }
+        for (connection, view) in self.connections.views() {
+            if view.epoch > 0 {
+                cx.view(View::Connection { connection, view });
+            }
+        }
+    }
+}
+
+impl Health {
+    /// Broadcasts the lockout changes of the last message.
+    fn lockout_views(&mut self, cx: &mut Cx<'_>) {
+        for u in self.lockouts.drain_updates() {
+            cx.view(View::Lockout(Box::new(u)));
+        }
+    }
+
+    fn outcome(&mut self, cx: &mut Cx<'_>, o: &Outcome) {
+        let now = cx.now;
+        let config = cx.config;
+        let provider = config.provider(o.provider);
+        let auth = provider.auth;
+        let conn_key = BreakerKey::Connection(o.connection);
+        match &o.ended {
+            Ended::Success => {
+                self.breakers.get_or_create(conn_key, auth);
+                let t = self.breakers.on_success(now, conn_key, o.probe);
+                breaker_view(cx, conn_key, t);
+                if let Some(t) = self.connections.clear_on_success(o.connection, now)
+                    && t.view_changed
+                {
+                    cx.view(View::Connection {
+                        connection: o.connection,
+                        view: t.view,
+                    });
+                }
+                self.lockouts
+                    .decay(&provider.name, Some(o.connection), &o.model, now);
+            }
+            Ended::ClientAbort => self.release_probe(cx, conn_key, o),
+            Ended::StreamStall => {
+                let policy = ConnectionPolicy::from_settings(&config.resilience, auth);
+                let disable_cooling = config.connection(o.connection).disable_cooling;
+                let t = self.connections.record_stream_stall(
+                    o.connection,
+                    "stream stalled after the first byte",
+                    disable_cooling,
+                    &policy,
+                    now,
+                );
+                if let Some(t) = t.transition.filter(|t| t.view_changed) {
+                    cx.view(View::Connection {
+                        connection: o.connection,
+                        view: t.view,
+                    });
+                }
+                self.release_probe(cx, conn_key, o);
+            }
+            Ended::Failed(v) => self.failure(cx, o, v),
+        }
+    }
+
+    fn release_probe(&mut self, cx: &mut Cx<'_>, key: BreakerKey, o: &Outcome) {
+        if let Some(p) = o.probe {
+            let t = self.breakers.release_probe(cx.now, key, p);
+            breaker_view(cx, key, t);
+        }
+    }
+
+    /// A classified failure: connection state (with the cooldown rescaled from this owner's
+    /// backoff level), lockouts, the breaker, and the egress family.
+    fn failure(&mut self, cx: &mut Cx<'_>, o: &Outcome, v: &Verdict) {
+        let now = cx.now;
+        let config = cx.config;
+        let provider = config.provider(o.provider);
+        let conn = config.connection(o.connection);
+        let auth = provider.auth;
+        let conn_key = BreakerKey::Connection(o.connection);
+        let profile = CooldownProfile::for_category(&config.resilience, auth);
+        let decision = v
+            .decision
+            .clone()
+            .rescaled(Some(&profile), self.connections.backoff_level(o.connection));
+        let failure = ConnFailure {
+            status: v.status,
+            text: v.last_error.as_str(),
+            decision: &decision,
+            error_type: v.error_type,
+            credits_signal: v.credits_signal,
+        };
+        let mut options = MarkOptions::new(&provider.name, Some(&o.model));
+        options.disable_cooling = conn.disable_cooling;
+        options.local_provider = auth == AuthKind::Local;
+        options.per_model = per_model_quota(config, o.provider);
+        let policy = ConnectionPolicy::from_settings(&config.resilience, auth);
+        let marked =
+            self.connections
+                .mark_unavailable(o.connection, &failure, &options, &policy, now);
+        // markAccountUnavailable's per-model branches lock regardless of
+        // `modelLockout.enabled` (A §4.5); only combo lockouts are gated by it.
+        if let Some(cmd) = &marked.decision.lockout {
+            self.lockouts.apply(cmd, now);
+        }
+        if let Some(t) = marked.transition.filter(|t| t.view_changed) {
+            cx.view(View::Connection {
+                connection: o.connection,
+                view: t.view,
+            });
+        }
+        // The breaker: connection-scoped unless it is a network error, which the asking
+        // shard reports to the provider's owner.
+        let key = BreakerKey::for_failure(o.provider, Some(o.connection), v.breaker);
+        if decision.skip_provider_breaker {
+            self.release_probe(cx, conn_key, o);
+        } else if key == conn_key {
+            // The direct (single-model) path counts every failure; the table's 5 s
+            // per-connection dedupe belongs to the combo path (A §1.6 path 4).
+            let t = self
+                .breakers
+                .get_or_create(key, auth)
+                .on_failure(now, v.breaker, o.probe);
+            match t {
+                Some(t) => breaker_view(cx, key, Some(t)),
+                // No transition, but shards learn this breaker has counts to decay: from
+                // now on they report successes on it.
+                None => {
+                    let view = self.breakers.view(now, key);
+                    cx.view(View::Breaker { key, view });
+                }
+            }
+        } else {
+            self.release_probe(cx, conn_key, o);
+        }
+        self.egress(cx, o, v.status, &decision, now);
+    }
+
+    /// One 429 quota / rate limit cools the whole family behind the same egress.
+    fn egress(&self, cx: &mut Cx<'_>, o: &Outcome, status: u16, d: &FallbackDecision, now: Now) {
+        let config = cx.config;
+        let conn = config.connection(o.connection);
+        if conn.egress.is_none() || status != 429 {
+            return;
+        }
+        let family = |p: ProviderId| lock_family(&config.provider(p).name).to_owned();
+        let failing_family = family(o.provider);
+        let failing = FailingConnection {
+            id: o.connection,
+            family: &failing_family,
+            egress: conn.egress.as_deref(),
+            disable_cooling: conn.disable_cooling,
+        };
+        let families: Vec<String> = config
+            .connections
+            .iter()
+            .map(|c| family(c.provider))
+            .collect();
+        let siblings: Vec<SiblingView<'_>> = config
+            .connections
+            .iter()
+            .filter(|c| c.id != o.connection && c.enabled)
+            .map(|c| {
+                let (terminal, cooling_until_ms) = match cx.views.connections.routability(c.id, now)
+                {
+                    Routability::Routable => (false, None),
+                    Routability::NotUntil { until_ms, .. } => (false, Some(until_ms)),
+                    Routability::Terminal(_) => (true, None),
+                };
+                SiblingView {
+                    id: c.id,
+                    family: families.get(c.id.0 as usize).map_or("", String::as_str),
+                    egress: c.egress.as_deref(),
+                    disable_cooling: c.disable_cooling,
+                    terminal,
+                    cooling_until_ms,
+                }
+            })
+            .collect();
+        if let Some(lock) = egress_lock(&failing, status, d, siblings.iter(), now.wall_ms) {
+            for sibling in lock.siblings {
+                let to = owner_of(&sibling, cx.shards);
+                cx.tell(
+                    to,
+                    Fact::EgressCool {
+                        connection: sibling,
+                        until_ms: lock.until_ms,
+                        reason: lock.reason,
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn breaker_view(cx: &mut Cx<'_>, key: BreakerKey, t: Option<BreakerTransition>) {
+    if let Some(t) = t {
+        cx.view(View::Breaker { key, view: t.view });
+    }
+}
+
+/// The auth category whose profile a breaker uses.
+pub fn breaker_auth(config: &Config, key: BreakerKey) -> AuthKind {
+    match key {
+        BreakerKey::Provider(p) => config.provider(p).auth,
+        BreakerKey::Connection(c) => config.provider(config.connection(c).provider).auth,
+    }
+}
+
+/// `hasPerModelQuota` (A §4.5): whether a provider's limits are per model, so a model's
+/// failure locks that model rather than cooling the whole connection. Tidegate has no
+/// provider registry: local/self-hosted providers, the mock, and providers whose id marks
+/// them as OpenAI/Anthropic-compatible passthroughs count as per-model.
+pub fn per_model_quota(config: &Config, provider: ProviderId) -> bool {
+    let p = config.provider(provider);
+    p.auth == AuthKind::Local
+        || p.format == crate::config::ProviderFormat::Mock
+        || p.name.starts_with("openai-compatible")
+        || p.name.starts_with("anthropic-compatible")
+}
+
+/// Drops expired lockout replicas (removal markers are kept at least one lockout sweep).
+pub fn sweep_replicas(shard: &Shard) {
+    let every = (SWEEP_INTERVAL_MS / HOUSEKEEPING_MS).max(1);
+    if shard.housekeeping_ticks().is_multiple_of(every) {
+        shard.state().views.borrow_mut().lockouts.sweep(shard.now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_model_quota_providers() {
+        let toml = "[[providers]]\nid = \"openai-compatible-x\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[providers]]\nid = \"plain\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[providers]]\nid = \"self\"\nformat = \"openai\"\nauth = \"local\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[providers]]\nid = \"mock\"\nformat = \"mock\"\n";
+        let config = crate::config::load_str(toml, &|_| None).unwrap().config;
+        let per_model: Vec<bool> = (0..4)
+            .map(|i| per_model_quota(&config, ProviderId(i)))
+            .collect();
+        assert_eq!(per_model, vec![true, false, true, true]);
+    }
+}

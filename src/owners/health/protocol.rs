@@ -1,0 +1,141 @@
+//! The health protocol: what an attempt's end tells the owners of its connection and
+//! provider, the half-open probe call, and the views owners broadcast.
+//!
+//! A failure is classified once, on the shard that saw the answer, into a [`Verdict`]:
+//! numbers, enums and one bounded, sanitised `lastError` line — never the upstream's body
+//! or its header list. The owner applies only the stateful part (the cooldown from its own
+//! backoff level, breaker counts, terminal states, lockouts, egress cooling).
+
+use crate::config::{ConnectionId, ProviderId};
+use crate::resilience::breaker::{BreakerKey, BreakerView, Failure, ProbeTicket};
+use crate::resilience::connection::{
+    ConnectionView, MAX_LAST_ERROR_BYTES, ProviderErrorType, sanitize,
+};
+use crate::resilience::lockout::LockUpdate;
+use crate::resilience::{FallbackDecision, Reason};
+
+/// The `lastError` an owner records: sanitised, at most [`MAX_LAST_ERROR_BYTES`] bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastError(String);
+
+impl LastError {
+    pub fn new(message: &str) -> Self {
+        Self(sanitize(message))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A failed attempt, classified on the shard that saw it.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    /// The status after restatement (504 for a timeout, 502 for a connect failure).
+    pub status: u16,
+    /// `checkFallbackError`'s decision, at the asker's view of the backoff level.
+    pub decision: FallbackDecision,
+    /// What the breaker counts.
+    pub breaker: Failure,
+    /// `classifyProviderError`'s type (A §3.6) for the terminal-state rules.
+    pub error_type: Option<ProviderErrorType>,
+    /// The text carried a credits-exhausted signal.
+    pub credits_signal: bool,
+    pub last_error: LastError,
+}
+
+impl Verdict {
+    /// A network failure (counted on the provider's breaker, not the connection's).
+    pub fn is_network(&self) -> bool {
+        matches!(self.breaker, Failure::ConnectFailed)
+    }
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug)]
+pub enum Ended {
+    /// The upstream answered 2xx (and a stream, if any, ended cleanly).
+    Success,
+    /// An error answer, a timeout or a connect failure.
+    Failed(Box<Verdict>),
+    /// The stream stalled or broke after its first byte.
+    StreamStall,
+    /// The client went away (never counted against the upstream).
+    ClientAbort,
+}
+
+/// The fact an owner applies: an attempt on `connection` ended so.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub provider: ProviderId,
+    pub connection: ConnectionId,
+    /// The upstream model id.
+    pub model: String,
+    pub ended: Ended,
+    /// The connection breaker's probe permit this attempt carried, if any.
+    pub probe: Option<ProbeTicket>,
+}
+
+pub enum Fact {
+    /// An outcome nobody waits for (successes, client aborts).
+    Outcome(Box<Outcome>),
+    /// To the owner of a provider: a success (closes/decays) or a network failure (counted
+    /// provider-wide), with the provider breaker's probe permit if the attempt carried one.
+    ProviderResult {
+        provider: ProviderId,
+        success: bool,
+        network: bool,
+        probe: Option<ProbeTicket>,
+    },
+    /// A probe permit that never produced a verdict.
+    ReleaseProbe {
+        key: BreakerKey,
+        ticket: ProbeTicket,
+    },
+    /// A shard is about to select a connection whose cooldown has passed but whose backoff
+    /// level has not decayed yet (A §3.1 auto-decay).
+    AutoDecay { connection: ConnectionId },
+    /// Cool a sibling connection until `until_ms` (egress lock).
+    EgressCool {
+        connection: ConnectionId,
+        until_ms: u64,
+        reason: Reason,
+    },
+}
+
+pub enum Request {
+    /// May I send the half-open probe for this breaker?
+    Probe(BreakerKey),
+    /// A failure outcome: answered once applied and its views sent, so the asker (and,
+    /// through ring order, every view sent before) is current before it answers its client.
+    Outcome(Box<Outcome>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The probe is ours (`ticket`), or not for `retry_after_ms` (0: the breaker is closed).
+    Probe {
+        key: BreakerKey,
+        ticket: Option<ProbeTicket>,
+        retry_after_ms: u64,
+    },
+    /// The outcome was applied.
+    Applied,
+}
+
+/// Owner → every shard: "routable, or not until T, and why".
+#[derive(Clone, Debug)]
+pub enum View {
+    Breaker {
+        key: BreakerKey,
+        view: BreakerView,
+    },
+    Connection {
+        connection: ConnectionId,
+        view: ConnectionView,
+    },
+    Lockout(Box<LockUpdate>),
+}
+
+/// The longest `lastError` a verdict carries.
+pub const MAX_VERDICT_TEXT_BYTES: usize = MAX_LAST_ERROR_BYTES;

@@ -1,0 +1,325 @@
+//! The owner-held mechanisms, one folder each: `protocol.rs` (the facts, requests and
+//! replies that travel between shards), `owner.rs` (the handler on the key's owner shard,
+//! over the pure tables of `resilience`/`flow`) and `client.rs` (the asker on any shard,
+//! with the RAII guard that returns what it holds). `docs/architecture.md` walks through
+//! adding one.
+//!
+//! This file registers them: the [`mechanisms!`] list below generates the closed enums that
+//! carry each mechanism's messages inside the shard envelope, the owner tables of a shard,
+//! and the dispatch from the pump to each mechanism. Adding a mechanism is a folder and one
+//! line in that list.
+
+pub mod gates;
+pub mod health;
+pub mod queue;
+pub mod quota_share;
+
+#[cfg(test)]
+mod counter;
+
+use std::cell::RefCell;
+
+use crate::clock::Now;
+use crate::config::{Config, ConnectionId, ProviderId};
+use crate::mesh::placement::{ConnectionKey, OwnerKey, ProviderKey};
+use crate::shard::call::{CallId, Protocol, caller_shard};
+use crate::shard::metrics::FlowGauges;
+use crate::shard::{self, App, Dest, Out};
+
+use health::views::Views;
+
+/// The application the shards run.
+#[derive(Debug)]
+pub struct Tidegate;
+
+/// A shard of this application.
+pub type Shard = shard::Shard<Tidegate>;
+/// The envelope of this application's messages.
+pub type Msg = shard::Msg<Tidegate>;
+/// Views: owner → every shard.
+pub type View = health::protocol::View;
+
+impl OwnerKey for ProviderId {
+    fn owner_hash(&self) -> u64 {
+        ProviderKey(self.0).owner_hash()
+    }
+}
+
+impl OwnerKey for ConnectionId {
+    fn owner_hash(&self) -> u64 {
+        ConnectionKey(self.0).owner_hash()
+    }
+}
+
+/// What an owner handler sees and produces: read-only context, and the messages to send
+/// once it returns (sent by the shard; nothing is handled re-entrantly).
+pub struct Cx<'a> {
+    pub config: &'a Config,
+    /// This shard's replicas of every owner's views.
+    pub views: &'a Views,
+    pub now: Now,
+    pub shards: usize,
+    /// The shard the message came from.
+    pub from: usize,
+    out: Out<Tidegate>,
+}
+
+impl Cx<'_> {
+    /// Answers call `id` (at its asking shard).
+    pub fn reply(&mut self, id: CallId, reply: impl Into<Reply>) {
+        self.out.push((
+            Dest::Shard(caller_shard(id)),
+            shard::Msg::Reply {
+                id,
+                reply: reply.into(),
+            },
+        ));
+    }
+
+    /// Broadcasts a view to every shard (this one applies it first).
+    pub fn view(&mut self, view: View) {
+        self.out.push((Dest::All, shard::Msg::View(view)));
+    }
+
+    /// Sends a fact to shard `to`.
+    pub fn tell(&mut self, to: usize, fact: impl Into<Fact>) {
+        self.out
+            .push((Dest::Shard(to), shard::Msg::Fact(fact.into())));
+    }
+
+    /// Sends a fact to this shard at monotonic instant `at_ns` (an owner timer).
+    pub fn at(&mut self, at_ns: u64, fact: impl Into<Fact>) {
+        self.out
+            .push((Dest::SelfAt(at_ns), shard::Msg::Fact(fact.into())));
+    }
+
+    /// The messages produced so far (owner tests read them).
+    pub fn sent(&self) -> &Out<Tidegate> {
+        &self.out
+    }
+
+    /// A context for driving an owner table directly (owner tests, benches).
+    pub fn detached<'a>(config: &'a Config, views: &'a Views, now: Now, shards: usize) -> Cx<'a> {
+        Cx {
+            config,
+            views,
+            now,
+            shards,
+            from: 0,
+            out: Vec::new(),
+        }
+    }
+
+    /// Takes the messages produced so far.
+    pub fn take(&mut self) -> Out<Tidegate> {
+        std::mem::take(&mut self.out)
+    }
+}
+
+/// One owner-held mechanism: its messages, its owner table, and its handlers. The owner
+/// side is pure and synchronous over `cx.now`; what it sends goes through `cx`.
+pub trait Mechanism: Sized {
+    type Fact;
+    type Request;
+    type Reply;
+    /// The owner may keep a call waiting (giving up must cancel it).
+    const HOLDS: bool;
+
+    fn new(config: &Config) -> Self;
+    fn fact(&mut self, cx: &mut Cx<'_>, fact: Self::Fact);
+    fn call(&mut self, cx: &mut Cx<'_>, id: CallId, request: Self::Request);
+    /// The asker of call `id` gave up. Owners that hold calls answer every cancel, so the
+    /// asker can forget the waiter.
+    fn cancel(&mut self, cx: &mut Cx<'_>, id: CallId) {
+        let _ = (cx, id);
+    }
+    /// A reply of this mechanism reached a shard whose asker had given up (asker side):
+    /// hand back what it grants.
+    fn late(shard: &Shard, from: usize, id: CallId, reply: Self::Reply) {
+        let _ = (shard, from, id, reply);
+    }
+    fn housekeeping(&mut self, cx: &mut Cx<'_>) {
+        let _ = cx;
+    }
+    /// Adds this table's occupancy to the shard's flow gauges.
+    fn gauges(&self, gauges: &mut FlowGauges) {
+        let _ = gauges;
+    }
+}
+
+/// Registers the mechanisms: `Variant => module::Type`. Generates `Fact`, `Request`,
+/// `Reply` and `Kind` (one variant per mechanism), the shard's owner tables ([`Owners`]),
+/// the pump's dispatch, and a [`Protocol`] for each mechanism's calls.
+macro_rules! mechanisms {
+    ($($(#[$attr:meta])* $variant:ident => $module:ident :: $ty:ident,)*) => {
+        /// A fact for some mechanism's owner.
+        pub enum Fact { $($(#[$attr])* $variant(<$module::$ty as Mechanism>::Fact),)* }
+        /// A call to some mechanism's owner.
+        pub enum Request { $($(#[$attr])* $variant(<$module::$ty as Mechanism>::Request),)* }
+        /// An owner's answer to a call.
+        pub enum Reply { $($(#[$attr])* $variant(<$module::$ty as Mechanism>::Reply),)* }
+        /// Which mechanism a cancel is for.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Kind { $($(#[$attr])* $variant,)* }
+
+        /// The owner tables of one shard (the keys it owns), one per mechanism.
+        pub struct Owners {
+            $($(#[$attr])* pub $module: RefCell<$module::$ty>,)*
+        }
+
+        impl Owners {
+            fn new(config: &Config) -> Self {
+                Self { $($(#[$attr])* $module: RefCell::new(<$module::$ty as Mechanism>::new(config)),)* }
+            }
+
+            fn gauges(&self) -> FlowGauges {
+                let mut g = FlowGauges::default();
+                $($(#[$attr])* self.$module.borrow().gauges(&mut g);)*
+                g
+            }
+        }
+
+        $(
+            $(#[$attr])*
+            impl From<<$module::$ty as Mechanism>::Fact> for Fact {
+                fn from(f: <$module::$ty as Mechanism>::Fact) -> Self { Fact::$variant(f) }
+            }
+            $(#[$attr])*
+            impl From<<$module::$ty as Mechanism>::Reply> for Reply {
+                fn from(r: <$module::$ty as Mechanism>::Reply) -> Self { Reply::$variant(r) }
+            }
+            $(#[$attr])*
+            impl Protocol<Tidegate> for $module::$ty {
+                type Request = <$module::$ty as Mechanism>::Request;
+                type Reply = <$module::$ty as Mechanism>::Reply;
+                const HOLDS: bool = <$module::$ty as Mechanism>::HOLDS;
+                const KIND: Kind = Kind::$variant;
+                fn wrap(request: Self::Request) -> Request { Request::$variant(request) }
+                #[allow(unreachable_patterns)]
+                fn unwrap(reply: Reply) -> Option<Self::Reply> {
+                    match reply { Reply::$variant(r) => Some(r), _ => None }
+                }
+            }
+        )*
+
+        fn serve_fact(owners: &Owners, cx: &mut Cx<'_>, fact: Fact) {
+            match fact { $($(#[$attr])* Fact::$variant(f) => owners.$module.borrow_mut().fact(cx, f),)* }
+        }
+
+        fn serve_call(owners: &Owners, cx: &mut Cx<'_>, id: CallId, request: Request) {
+            match request { $($(#[$attr])* Request::$variant(r) => owners.$module.borrow_mut().call(cx, id, r),)* }
+        }
+
+        fn serve_cancel(owners: &Owners, cx: &mut Cx<'_>, id: CallId, kind: Kind) {
+            match kind { $($(#[$attr])* Kind::$variant => owners.$module.borrow_mut().cancel(cx, id),)* }
+        }
+
+        fn late(shard: &Shard, from: usize, id: CallId, reply: Reply) {
+            match reply { $($(#[$attr])* Reply::$variant(r) => <$module::$ty as Mechanism>::late(shard, from, id, r),)* }
+        }
+
+        fn housekeeping_all(owners: &Owners, cx: &mut Cx<'_>) {
+            $($(#[$attr])* owners.$module.borrow_mut().housekeeping(cx);)*
+        }
+    };
+}
+
+mechanisms! {
+    Health => health::Health,
+    Gates => gates::Gates,
+    Queue => queue::Queue,
+    QuotaShare => quota_share::QuotaShare,
+    #[cfg(test)]
+    Counter => counter::Counter,
+}
+
+/// A shard's application state: the owner tables and the view replicas.
+pub struct State {
+    pub views: RefCell<Views>,
+    pub owners: Owners,
+}
+
+impl App for Tidegate {
+    type View = View;
+    type Fact = Fact;
+    type Request = Request;
+    type Reply = Reply;
+    type Kind = Kind;
+    type State = State;
+
+    fn state(config: &Config) -> State {
+        State {
+            views: RefCell::new(Views::default()),
+            owners: Owners::new(config),
+        }
+    }
+
+    fn apply_view(shard: &Shard, view: &View) {
+        shard.state().views.borrow_mut().apply(view);
+    }
+
+    fn serve(shard: &Shard, from: usize, msg: Msg) {
+        let state = shard.state();
+        let out = {
+            let views = state.views.borrow();
+            let mut cx = Cx {
+                config: shard.config(),
+                views: &views,
+                now: shard.now(),
+                shards: shard.shards(),
+                from,
+                out: Vec::new(),
+            };
+            match msg {
+                shard::Msg::Fact(f) => serve_fact(&state.owners, &mut cx, f),
+                shard::Msg::Call { id, request } => {
+                    serve_call(&state.owners, &mut cx, id, request);
+                }
+                shard::Msg::Cancel { id, kind } => serve_cancel(&state.owners, &mut cx, id, kind),
+                shard::Msg::View(_) | shard::Msg::Reply { .. } => {}
+            }
+            cx.out
+        };
+        shard.metrics().publish_flow(&state.owners.gauges());
+        shard.dispatch(out);
+    }
+
+    fn late_reply(shard: &Shard, from: usize, id: CallId, reply: Reply) {
+        late(shard, from, id, reply);
+    }
+
+    fn housekeeping(shard: &Shard) {
+        let state = shard.state();
+        let out = {
+            let views = state.views.borrow();
+            let mut cx = Cx {
+                config: shard.config(),
+                views: &views,
+                now: shard.now(),
+                shards: shard.shards(),
+                from: shard.id(),
+                out: Vec::new(),
+            };
+            housekeeping_all(&state.owners, &mut cx);
+            cx.out
+        };
+        shard.dispatch(out);
+        health::owner::sweep_replicas(shard);
+    }
+}
+
+/// How long an asker waits for the answer to a call whose owner times the wait out
+/// itself after `wait_ms` (0 = no deadline): that, plus a second for the reply. The bound
+/// only guards a lost reply.
+pub fn reply_bound(wait_ms: u64) -> std::time::Duration {
+    if wait_ms > 0 {
+        std::time::Duration::from_millis(wait_ms.saturating_add(1_000))
+    } else {
+        std::time::Duration::from_secs(24 * 3600)
+    }
+}
+
+/// The owner of `connection`'s state (breakers, cooldown, lockouts, queue).
+pub fn connection_owner(connection: ConnectionId, shards: usize) -> usize {
+    crate::mesh::placement::owner_of(&connection, shards)
+}

@@ -1,0 +1,292 @@
+//! Relay: an upstream answer to the client. A success streams back piece by piece (head
+//! and whatever is already here in one write; long length-delimited pieces without a
+//! copy); after its first byte a stream is never replayed — an upstream failure ends it
+//! with an in-band error event. An error answer is read whole (bounded) first, so the
+//! attempt loop can still move on, and relayed as it came when nothing better does.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use monoio::net::TcpStream;
+
+use super::upstream::{Up, UpHead};
+use super::{After, respond};
+use crate::config::{Connection, Provider};
+use crate::error::GatewayError;
+use crate::http1::{
+    BodyKind, Framing, RequestHead, is_hop_by_hop, write_chunk, write_last_chunk,
+    write_response_head,
+};
+use crate::net::io::write_all;
+use crate::net::upstream::Buffered as InBuffer;
+use crate::owners::Shard;
+use crate::owners::health::protocol::Ended;
+use crate::shard::metrics::bump;
+
+/// Pieces of a length-delimited body at least this large are written without copying.
+const DIRECT_WRITE_BYTES: usize = 16 * 1024;
+
+/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`) and
+/// `content-length`, which the gateway writes from its own framing.
+fn relayed_never(name: &str) -> bool {
+    is_hop_by_hop(name) || name.eq_ignore_ascii_case("content-length")
+}
+
+/// An upstream error answer read in full, kept to relay if nothing better comes.
+pub struct Buffered {
+    pub status: u16,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Bytes,
+    pub provider: String,
+    pub connection: String,
+    /// `Retry-After` told to the client when the status was restated.
+    pub retry_after_s: Option<u64>,
+}
+
+/// Longest upstream error body read for classification and relaying.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Reads an upstream error answer whole (up to [`MAX_ERROR_BODY_BYTES`]).
+pub async fn buffer_error(
+    up: &mut Up,
+    provider: &Provider,
+    conn: &Connection,
+    idle: Duration,
+) -> Result<Buffered, GatewayError> {
+    let status = up.head.status();
+    let headers: Vec<(String, Vec<u8>)> = match &up.head {
+        UpHead::Net(h) => h
+            .headers()
+            .filter(|(n, _)| !relayed_never(n))
+            .map(|(n, v)| (n.to_owned(), v.to_vec()))
+            .collect(),
+        UpHead::Mock(h) => {
+            let mut hs = vec![(
+                "content-type".to_owned(),
+                h.content_type.as_bytes().to_vec(),
+            )];
+            hs.extend(
+                h.extra
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())),
+            );
+            hs
+        }
+    };
+    let mut body = BytesMut::new();
+    while let Some(piece) = up.next(idle).await? {
+        let room = MAX_ERROR_BODY_BYTES.saturating_sub(body.len());
+        body.extend_from_slice(&piece[..piece.len().min(room)]);
+        if piece.len() > room {
+            break;
+        }
+    }
+    Ok(Buffered {
+        status,
+        headers,
+        body: body.freeze(),
+        provider: provider.name.clone(),
+        connection: conn.name.clone(),
+        retry_after_s: None,
+    })
+}
+
+/// Relays a buffered upstream error answer.
+pub async fn relay_buffered(
+    shard: &Shard,
+    b: &Buffered,
+    attempts: usize,
+    client: &mut TcpStream,
+    keep_alive: bool,
+) -> After {
+    let keep_alive = super::keep_alive_now(shard, keep_alive);
+    let attempts_s = attempts.to_string();
+    let retry_after = b.retry_after_s.map(|s| s.to_string());
+    let mut headers: Vec<(&str, &[u8])> = b
+        .headers
+        .iter()
+        .filter(|(n, _)| !(retry_after.is_some() && n.eq_ignore_ascii_case("retry-after")))
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .collect();
+    if let Some(ra) = &retry_after {
+        headers.push(("retry-after", ra.as_bytes()));
+    }
+    headers.push((
+        "x-omniroute-selected-connection-id",
+        b.connection.as_bytes(),
+    ));
+    headers.push(("x-tidegate-provider", b.provider.as_bytes()));
+    headers.push(("x-tidegate-attempts", attempts_s.as_bytes()));
+    let mut out = BytesMut::with_capacity(512 + b.body.len());
+    write_response_head(
+        &mut out,
+        b.status,
+        headers,
+        Framing::Length(b.body.len() as u64),
+        keep_alive,
+    );
+    out.extend_from_slice(&b.body);
+    shard.metrics().response(b.status);
+    match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+/// Writes the response head and the first piece, then streams the rest.
+#[allow(clippy::too_many_arguments)]
+pub async fn commit(
+    shard: &Shard,
+    client_head: &RequestHead,
+    mut up: Up,
+    first: Option<Bytes>,
+    provider: &Provider,
+    conn: &Connection,
+    attempts: usize,
+    client: &mut TcpStream,
+    keep_alive: bool,
+    idle: Duration,
+) -> (After, Ended) {
+    let status = up.head.status();
+    let keep_alive = super::keep_alive_now(shard, keep_alive);
+    let http11 = client_head.minor_version() == 1;
+    let (framing, keep_alive) = match up.head.body_kind() {
+        BodyKind::Length(n) => (Framing::Length(n), keep_alive),
+        BodyKind::Empty if status == 204 || status == 304 => (Framing::NoBody, keep_alive),
+        BodyKind::Empty => (Framing::Length(0), keep_alive),
+        BodyKind::Chunked | BodyKind::CloseDelimited if http11 => (Framing::Chunked, keep_alive),
+        BodyKind::Chunked | BodyKind::CloseDelimited => (Framing::Close, false),
+    };
+    let chunked = framing == Framing::Chunked;
+    let event_stream = up.head.is_event_stream();
+    let attempts_s = attempts.to_string();
+    let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
+    {
+        let ours: [(&str, &[u8]); 3] = [
+            ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
+            ("x-tidegate-provider", provider.name.as_bytes()),
+            ("x-tidegate-attempts", attempts_s.as_bytes()),
+        ];
+        match &up.head {
+            UpHead::Net(h) => {
+                let relayed = h.headers().filter(|(n, _)| !relayed_never(n));
+                write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
+            }
+            UpHead::Mock(_) => {
+                let hs = up.head.fields();
+                write_response_head(
+                    &mut out,
+                    status,
+                    hs.into_iter().chain(ours),
+                    framing,
+                    keep_alive,
+                );
+            }
+        }
+    }
+    shard.metrics().response(status);
+    // Everything that is already here goes out with the head, in one write.
+    let mut done = match first {
+        None => true,
+        Some(piece) => {
+            put_piece(&mut out, &piece, chunked);
+            gather(&mut up, &mut out, chunked)
+        }
+    };
+    if done && chunked {
+        write_last_chunk(&mut out);
+    }
+    if write_all(client, out).await.is_err() {
+        let result = if done {
+            Ended::Success
+        } else {
+            Ended::ClientAbort
+        };
+        return (After::Close, result);
+    }
+    while !done {
+        let piece = match up.next(idle).await {
+            Ok(Some(piece)) => piece,
+            Ok(None) => {
+                done = true;
+                if chunked {
+                    let mut out = BytesMut::with_capacity(8);
+                    write_last_chunk(&mut out);
+                    if write_all(client, out).await.is_err() {
+                        return (After::Close, Ended::Success);
+                    }
+                }
+                continue;
+            }
+            Err(e) => {
+                let after = break_stream(shard, conn, &e, chunked, event_stream, client).await;
+                return (after, Ended::StreamStall);
+            }
+        };
+        let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES {
+            write_all(client, piece).await.map(|_| ())
+        } else {
+            let mut out = BytesMut::with_capacity(piece.len() + 64);
+            put_piece(&mut out, &piece, chunked);
+            done = gather(&mut up, &mut out, chunked);
+            if done && chunked {
+                write_last_chunk(&mut out);
+            }
+            write_all(client, out).await.map(|_| ())
+        };
+        if res.is_err() {
+            // The client went away; the upstream connection is dropped with `up`.
+            return (After::Close, Ended::ClientAbort);
+        }
+    }
+    up.finish(shard);
+    let after = if keep_alive {
+        After::KeepAlive
+    } else {
+        After::Close
+    };
+    (after, Ended::Success)
+}
+
+/// Appends every piece already buffered; true when the body ended. A decode failure is
+/// left for the next blocking read to report.
+fn gather(up: &mut Up, out: &mut BytesMut, chunked: bool) -> bool {
+    loop {
+        match up.next_buffered() {
+            Ok(InBuffer::Piece(p)) => put_piece(out, &p, chunked),
+            Ok(InBuffer::End) => return true,
+            Ok(InBuffer::Empty) | Err(_) => return false,
+        }
+    }
+}
+
+/// Ends a stream whose upstream failed after the first byte: an in-band error event for
+/// event streams, a clean end of the chunked body, and the connection closed.
+async fn break_stream(
+    shard: &Shard,
+    conn: &Connection,
+    err: &GatewayError,
+    chunked: bool,
+    event_stream: bool,
+    client: &mut TcpStream,
+) -> After {
+    bump(&shard.metrics().streams_broken);
+    tracing::warn!(connection = %conn.name, "stream broken after the first byte: {err}");
+    if chunked {
+        let mut out = BytesMut::with_capacity(256);
+        if event_stream {
+            put_piece(&mut out, respond::stream_error_event(err).as_bytes(), true);
+        }
+        write_last_chunk(&mut out);
+        let _ = write_all(client, out).await;
+    }
+    After::Close
+}
+
+fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
+    if chunked {
+        write_chunk(out, piece);
+    } else {
+        out.extend_from_slice(piece);
+    }
+}

@@ -1,0 +1,216 @@
+//! Forward: one upstream answer, from the network (a pooled keep-alive connection, TLS
+//! when https, one retry on a fresh connection when a reused one was closed while idle) or
+//! from the in-process mock provider — the same head-and-body shape for the relay.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::config::{Connection, Provider, ProviderFormat};
+use crate::error::{ErrorKind, GatewayError, Retry};
+use crate::http1::{BodyKind, RequestHead, ResponseHead};
+use crate::net::upstream::{self, BodyReader, Buffered};
+use crate::owners::Shard;
+use crate::providers::Endpoint;
+use crate::providers::mock::{self, playback};
+use crate::shard::metrics::bump;
+
+/// The time budgets of one attempt.
+pub struct Budgets {
+    pub connect: Duration,
+    pub header: Duration,
+    pub idle: Duration,
+}
+
+impl Budgets {
+    pub fn of(shard: &Shard) -> Self {
+        let s = &shard.config().server;
+        Self {
+            connect: Duration::from_millis(s.connect_timeout_ms),
+            header: Duration::from_millis(s.response_header_timeout_ms),
+            idle: Duration::from_millis(s.body_idle_timeout_ms),
+        }
+    }
+}
+
+/// The head of an upstream answer.
+pub enum UpHead {
+    Net(ResponseHead),
+    Mock(playback::MockHead),
+}
+
+impl UpHead {
+    pub fn status(&self) -> u16 {
+        match self {
+            UpHead::Net(h) => h.status(),
+            UpHead::Mock(h) => h.status,
+        }
+    }
+
+    pub fn body_kind(&self) -> BodyKind {
+        match self {
+            UpHead::Net(h) => h.body_kind(),
+            UpHead::Mock(h) => h.kind,
+        }
+    }
+
+    pub fn is_event_stream(&self) -> bool {
+        match self {
+            UpHead::Net(h) => h.header("content-type").is_some_and(|v| {
+                v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream")
+            }),
+            UpHead::Mock(h) => h.content_type == "text/event-stream",
+        }
+    }
+
+    /// Every header field of the answer as the upstream sent it (the mock's content type
+    /// and extra fields for the mock).
+    pub fn fields(&self) -> Vec<(&str, &[u8])> {
+        match self {
+            UpHead::Net(h) => h.headers().collect(),
+            UpHead::Mock(h) => {
+                let mut hs: Vec<(&str, &[u8])> = vec![("content-type", h.content_type.as_bytes())];
+                if h.content_type == "text/event-stream" {
+                    hs.push(("cache-control", b"no-cache"));
+                }
+                hs.extend(h.extra.iter().map(|(n, v)| (*n, v.as_bytes())));
+                hs
+            }
+        }
+    }
+}
+
+enum UpBody {
+    Net(BodyReader),
+    Mock(playback::MockBody),
+}
+
+/// An upstream answer whose head has arrived.
+pub struct Up {
+    pub head: UpHead,
+    body: UpBody,
+}
+
+impl Up {
+    /// The next body piece, waiting at most `idle`; `None` at the end.
+    pub async fn next(&mut self, idle: Duration) -> Result<Option<Bytes>, GatewayError> {
+        match &mut self.body {
+            UpBody::Net(reader) => reader.next(idle).await,
+            UpBody::Mock(body) => body.next(idle).await,
+        }
+    }
+
+    /// The next piece available without waiting.
+    pub fn next_buffered(&mut self) -> Result<Buffered, GatewayError> {
+        match &mut self.body {
+            UpBody::Net(reader) => reader.next_buffered(),
+            UpBody::Mock(body) => Ok(match body.next_ready() {
+                playback::Ready::Piece(p) => Buffered::Piece(p),
+                playback::Ready::Empty => Buffered::Empty,
+                playback::Ready::End => Buffered::End,
+            }),
+        }
+    }
+
+    /// Hands a cleanly finished connection back to the pool.
+    pub fn finish(self, shard: &Shard) {
+        if let UpBody::Net(reader) = self.body
+            && let Some(conn) = reader.into_reusable()
+        {
+            shard.pool().checkin(conn, shard.now().mono_ns);
+        }
+    }
+}
+
+/// Sends the request to `provider` on `conn` and waits for the answer's head.
+#[allow(clippy::too_many_arguments)]
+pub async fn open(
+    shard: &Shard,
+    head: &RequestHead,
+    provider: &Provider,
+    conn: &Connection,
+    endpoint: Endpoint,
+    model: &str,
+    stream: bool,
+    body: Bytes,
+    budgets: &Budgets,
+) -> Result<Up, GatewayError> {
+    match provider.format {
+        ProviderFormat::Mock => {
+            let now = shard.now();
+            let plan = mock::plan(
+                endpoint,
+                model,
+                stream,
+                &body,
+                shard.next_seq(),
+                now.wall_ms / 1000,
+            );
+            let (head, body) = playback::open(plan, budgets.header).await?;
+            Ok(Up {
+                head: UpHead::Mock(head),
+                body: UpBody::Mock(body),
+            })
+        }
+        ProviderFormat::Openai | ProviderFormat::Anthropic => {
+            open_net(shard, head, provider, conn, endpoint, body, budgets).await
+        }
+    }
+}
+
+async fn open_net(
+    shard: &Shard,
+    head: &RequestHead,
+    provider: &Provider,
+    conn: &Connection,
+    endpoint: Endpoint,
+    body: Bytes,
+    budgets: &Budgets,
+) -> Result<Up, GatewayError> {
+    let (Some(base), Some(key)) = (provider.base_url.as_ref(), shard.pool_key(provider.id)) else {
+        return Err(GatewayError::new(
+            ErrorKind::Internal,
+            format!("provider {} has no base_url", provider.name),
+        ));
+    };
+    let mut req = BytesMut::with_capacity(1024);
+    super::forward::encode_head(&mut req, head, provider, base, conn, endpoint, body.len());
+    // A pooled connection may have been closed by the upstream while idle: if it fails
+    // before any response byte, try once more on a fresh connection.
+    let mut fresh = false;
+    loop {
+        let now = shard.now();
+        let pooled = if fresh {
+            None
+        } else {
+            shard.pool().checkout(&key, now.mono_ns)
+        };
+        let c = match pooled {
+            Some(c) => {
+                bump(&shard.metrics().upstream_reuses);
+                c
+            }
+            None => {
+                bump(&shard.metrics().upstream_connects);
+                let tls = shard.shared().tls.for_provider(provider.id);
+                upstream::connect(shard.dns(), &key, Some(tls), budgets.connect, now.mono_ms())
+                    .await?
+            }
+        };
+        let reused = c.reused();
+        match upstream::exchange(c, req.clone(), body.clone(), budgets.header).await {
+            Ok(resp) => {
+                return Ok(Up {
+                    head: UpHead::Net(resp.head),
+                    body: UpBody::Net(resp.body),
+                });
+            }
+            Err(e)
+                if reused && !e.got_response_bytes && e.error.kind.retry() == Retry::IfReused =>
+            {
+                fresh = true;
+            }
+            Err(e) => return Err(e.error),
+        }
+    }
+}
