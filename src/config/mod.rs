@@ -1,9 +1,11 @@
 //! Configuration: raw serde structs (`raw`), validated into the typed [`Config`]
-//! (`validate`), with environment overrides (`env`) and the resilience settings of the
-//! spec (`resilience`). Everything is checked at load; the rest of the gateway only ever
+//! (`validate`), with the resilience settings of the spec and their environment overrides
+//! (`resilience`, reading variables through `env`). `problem` is the shared leaf. Imports
+//! run one way: problem, env ← resilience ← validate. Everything is checked at load; the rest of the gateway only ever
 //! sees a valid `Config`, with providers and connections addressed by dense ids.
 
 pub mod env;
+pub mod problem;
 pub mod raw;
 pub mod resilience;
 pub mod validate;
@@ -11,8 +13,9 @@ pub mod validate;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use problem::Problem;
 pub use resilience::ResilienceSettings;
-pub use validate::{ConfigError, LoadOutcome, Problem, load_file, load_str};
+pub use validate::{ConfigError, LoadOutcome, load_file, load_str};
 
 /// Index of a provider in [`Config::providers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

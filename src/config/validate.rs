@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::problem::{DAY_MS, HOUR_MS, Problem, out_of_range};
 use super::raw::{
     RawClientKey, RawCombo, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer,
 };
@@ -20,29 +21,6 @@ use super::{
     ConnectionId, KeySecret, Provider, ProviderFormat, ProviderId, RateLimitOverrides, Scheme,
     Scope, ServerConfig,
 };
-
-/// One thing wrong with the configuration: the key path (`connections[2].provider`), or
-/// the environment variable, and what is wrong with it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    pub key: String,
-    pub message: String,
-}
-
-impl Problem {
-    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.key, self.message)
-    }
-}
 
 /// The configuration is invalid; `Display` prints one line per problem.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,7 +285,7 @@ impl Loader<'_> {
         };
         // Every timeout is 1 ms ..= 1 day.
         let timeout = |l: &mut Self, key: &str, v: Option<u64>, default: u64| {
-            l.bounded(key, v, default, 1, resilience::DAY_MS)
+            l.bounded(key, v, default, 1, DAY_MS)
         };
         let header_timeout_ms = timeout(
             self,
@@ -378,7 +356,7 @@ impl Loader<'_> {
                 raw.shutdown_grace_ms,
                 d.shutdown_grace_ms,
                 0,
-                resilience::HOUR_MS,
+                HOUR_MS,
             ),
             pin_threads: raw.pin_threads.unwrap_or(d.pin_threads),
             snapshot_interval_ms: self.bounded(
@@ -386,7 +364,7 @@ impl Loader<'_> {
                 raw.snapshot_interval_ms,
                 d.snapshot_interval_ms,
                 10,
-                resilience::HOUR_MS,
+                HOUR_MS,
             ),
             mesh_ring_capacity: self.ring_capacity(raw.mesh_ring_capacity, d.mesh_ring_capacity),
         }
@@ -411,7 +389,7 @@ impl Loader<'_> {
         match v {
             None => default,
             Some(v) if v < min || v > max => {
-                self.problem(key, resilience::out_of_range(v, min, max));
+                self.problem(key, out_of_range(v, min, max));
                 default
             }
             Some(v) => v,
@@ -720,7 +698,7 @@ impl Loader<'_> {
             "min_time_between_requests_ms",
             o.min_time_between_requests_ms,
             0,
-            resilience::HOUR_MS,
+            HOUR_MS,
         );
         let mut model_concurrency = Vec::with_capacity(o.model_concurrency.len());
         for (model, &cap) in &o.model_concurrency {
@@ -730,7 +708,7 @@ impl Loader<'_> {
                 continue;
             }
             if !(1..=10_000).contains(&cap) {
-                self.problem(k, resilience::out_of_range(u64::from(cap), 1, 10_000));
+                self.problem(k, out_of_range(u64::from(cap), 1, 10_000));
                 continue;
             }
             if let Some(p) = provider
