@@ -1,6 +1,7 @@
 //! The command line and configuration validation: `tidegate check` on the shipped file and
 //! on broken ones (exit 2, one line per problem naming its key), `tidegate serve` refusing a
-//! bad file without listening, `--help`, and a connection whose key variable is unset.
+//! bad file without listening, `--help`, a connection whose key variable is unset, and the
+//! warnings of settings that are accepted but not active yet.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -269,4 +270,104 @@ api_key_env = "{UNSET_VAR}"
     );
     assert_eq!(r.json()["error"]["code"], "no_available_connection");
     assert_eq!(r.json()["error"]["type"], "service_unavailable");
+}
+
+/// Every setting that is validated but not read yet, set once: all in the file except
+/// `provider_cooldown`, which comes from its environment variable.
+const INACTIVE_SETTINGS: &str = r#"
+[resilience.stream_watchdog]
+stall_timeout_ms = 60000
+active_timeout_ms = 120000
+
+[resilience.quota_preflight]
+enabled = true
+
+[resilience.wait_for_cooldown]
+max_retries = 2
+
+[resilience.combo_cooldown_wait]
+max_wait_ms = 1000
+
+[resilience.token_refresh_breaker]
+scope = "connection"
+
+[resilience.credential_health_check]
+interval_minutes = 0
+
+[resilience.stream_recovery.throughput_watchdog]
+enabled = true
+
+[resilience.model_lockout]
+enabled = true
+error_codes = [429]
+base_cooldown_ms = 60000
+max_backoff_steps = 2
+use_exponential_backoff = false
+max_cooldown_ms = 600000
+"#;
+
+/// The lines `tidegate` prints or logs for settings that are accepted but not active yet.
+fn not_active_lines(output: &str) -> Vec<&str> {
+    output
+        .lines()
+        .filter(|l| l.contains("accepted but not active yet"))
+        .collect()
+}
+
+#[test]
+fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
+    let cfg = BASE.to_string() + INACTIVE_SETTINGS;
+    let env = [("PROVIDER_COOLDOWN_ENABLED", "true")];
+    let keys = tidegate::config::resilience::NOT_ACTIVE_YET;
+
+    // check: exit 0, one warning line per key, nothing else wrong.
+    let dir = TempDir::new("check-inactive");
+    let path = dir.write("tidegate.toml", &cfg);
+    let out = run_tidegate(&["check", "--config", path.to_str().unwrap()], &env);
+    assert_eq!(out.code, 0, "stdout {}\nstderr {}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("ok"), "{}", out.stdout);
+    let lines = not_active_lines(&out.stderr);
+    assert_eq!(lines.len(), keys.len(), "one line per key:\n{}", out.stderr);
+    for key in keys {
+        let want = format!("warning: resilience.{key}: accepted but not active yet");
+        assert!(
+            lines.contains(&want.as_str()),
+            "no {want:?} in:\n{}",
+            out.stderr
+        );
+    }
+    // Without the variable, provider_cooldown is not set and does not warn.
+    let out = run_tidegate(&["check", "--config", path.to_str().unwrap()], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(not_active_lines(&out.stderr).len(), keys.len() - 1);
+    assert!(
+        !out.stderr.contains("resilience.provider_cooldown:"),
+        "{}",
+        out.stderr
+    );
+
+    // The shipped file sets none of them.
+    let out = run_tidegate(&["check", "--config", &shipped_config()], &[]);
+    assert_eq!(not_active_lines(&out.stderr), Vec::<&str>::new());
+
+    // serve: logs the same warnings at start-up, then serves.
+    let gw = Gateway::start_with_env(&cfg, &env);
+    let logs = gw.logs();
+    let lines = not_active_lines(&logs);
+    assert_eq!(lines.len(), keys.len(), "one log line per key:\n{logs}");
+    for key in keys {
+        let want = format!("resilience.{key}: accepted but not active yet");
+        let line = lines
+            .iter()
+            .find(|l| l.ends_with(&want))
+            .unwrap_or_else(|| panic!("no {want:?} in:\n{logs}"));
+        assert!(line.contains("WARN"), "{line}");
+    }
+    let ok = json_post(
+        gw.addr(),
+        "/v1/chat/completions",
+        "test-key",
+        &json!({"model": "up/m1", "messages": [{"role": "user", "content": "served"}]}),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text());
 }

@@ -454,6 +454,35 @@ pub struct ProviderErrorRule {
     pub cooldown_ms: Option<u64>,
 }
 
+/// Settings that are parsed and validated but configure nothing in the binary yet, as
+/// paths under `[resilience]` (a section, or one key of it). Setting one — in the file or
+/// through its environment variable — gives one load warning
+/// `resilience.<path>: accepted but not active yet`. Wiring a mechanism to its settings =
+/// deleting its line here (and its "accepted, not active yet" mark in
+/// `docs/configuration.md`).
+pub const NOT_ACTIVE_YET: &[&str] = &[
+    "stream_watchdog",
+    "quota_preflight",
+    "wait_for_cooldown",
+    "combo_cooldown_wait",
+    "provider_cooldown",
+    "token_refresh_breaker",
+    "credential_health_check",
+    "stream_recovery",
+    // Only `max_cooldown_ms` of `[resilience.model_lockout]` is read (it caps cooldowns);
+    // the rest configure the combo-path lockout, which nothing records yet.
+    "model_lockout.enabled",
+    "model_lockout.error_codes",
+    "model_lockout.base_cooldown_ms",
+    "model_lockout.max_backoff_steps",
+    "model_lockout.use_exponential_backoff",
+];
+
+/// The warning of a [`NOT_ACTIVE_YET`] path.
+pub fn not_active_warning(path: &str) -> String {
+    format!("resilience.{path}: accepted but not active yet")
+}
+
 /// At most this many operator error rules across all providers (A §6.4).
 pub const MAX_PROVIDER_ERROR_RULES: usize = 50;
 /// At most this many entries in `model_lockout.error_codes` (A §4.7).
@@ -732,6 +761,14 @@ impl Provenance {
         self.sources.insert(path, Source::File);
     }
 
+    /// Whether `path` or anything under it (`path.…`) was set by the env or the file.
+    fn set_under(&self, path: &str) -> bool {
+        self.sources.keys().any(|k| {
+            k.strip_prefix(path)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        })
+    }
+
     fn explicit(&self, path: &str) -> bool {
         self.all_explicit || self.sources.contains_key(path)
     }
@@ -943,6 +980,11 @@ pub(crate) fn build(
     apply_env(&mut s, &mut prov, env, problems);
     apply_file(&mut s, &mut prov, raw, problems);
     settle(&mut s, &prov, problems, warnings);
+    for path in NOT_ACTIVE_YET {
+        if prov.set_under(path) {
+            warnings.push(not_active_warning(path));
+        }
+    }
     s
 }
 
@@ -1032,22 +1074,35 @@ fn apply_file(
             s.connection_cooldown
                 .get_mut(auth)
                 .use_upstream_429_breaker_hints = hint;
+            prov.set_file(match auth {
+                AuthKind::OAuth => "connection_cooldown.oauth.use_upstream_429_breaker_hints",
+                AuthKind::ApiKey => "connection_cooldown.apikey.use_upstream_429_breaker_hints",
+                AuthKind::Local => "connection_cooldown.local.use_upstream_429_breaker_hints",
+            });
         }
     }
 
     if let Some(scope) = &raw.token_refresh_breaker.scope {
-        match scope.as_str() {
-            "provider" => s.token_refresh_breaker.scope = TokenRefreshScope::Provider,
-            "connection" => s.token_refresh_breaker.scope = TokenRefreshScope::Connection,
-            other => problems.push(Problem::new(
-                "resilience.token_refresh_breaker.scope",
-                format!("unknown scope {other:?} (expected \"provider\" or \"connection\")"),
-            )),
+        let parsed = match scope.as_str() {
+            "provider" => Some(TokenRefreshScope::Provider),
+            "connection" => Some(TokenRefreshScope::Connection),
+            other => {
+                problems.push(Problem::new(
+                    "resilience.token_refresh_breaker.scope",
+                    format!("unknown scope {other:?} (expected \"provider\" or \"connection\")"),
+                ));
+                None
+            }
+        };
+        if let Some(scope) = parsed {
+            s.token_refresh_breaker.scope = scope;
+            prov.set_file("token_refresh_breaker.scope");
         }
     }
 
     if let Some(windows) = &raw.quota_preflight.provider_window_defaults {
         s.quota_preflight.provider_window_defaults = windows.clone();
+        prov.set_file("quota_preflight.provider_window_defaults");
     }
 
     for (provider, o) in &raw.provider_quota_overrides {
@@ -1063,6 +1118,7 @@ fn apply_file(
 
     if let Some(codes) = &raw.model_lockout.error_codes {
         s.model_lockout.error_codes = codes.clone();
+        prov.set_file("model_lockout.error_codes");
     }
 
     let mut total = 0;
@@ -1730,8 +1786,10 @@ mod tests {
         assert_eq!(problems, vec![]);
         assert!(!s.combo_cooldown_wait.enabled);
         assert!(!s.wait_for_cooldown.enabled);
-        assert_eq!(warnings.len(), 2);
+        // Two forced flags, then the two sections' "accepted but not active yet".
+        assert_eq!(warnings.len(), 4, "{warnings:?}");
         assert!(warnings[0].starts_with("resilience.wait_for_cooldown.enabled:"));
+        assert!(warnings[1].starts_with("resilience.combo_cooldown_wait.enabled:"));
 
         let mut s = ResilienceSettings::default();
         s.combo_cooldown_wait.max_wait_ms = 0;
@@ -2111,5 +2169,87 @@ mod tests {
             assert_eq!(problems.len(), 1, "{var}");
             assert_eq!(problems[0].key, var);
         }
+    }
+
+    // -- accepted but not active yet -----------------------------------------------------
+
+    fn not_active(warnings: &[String]) -> Vec<&str> {
+        warnings
+            .iter()
+            .filter(|w| w.ends_with(": accepted but not active yet"))
+            .map(String::as_str)
+            .collect()
+    }
+
+    #[test]
+    fn unset_inactive_settings_warn_nothing() {
+        let (_, problems, warnings) = build_toml("");
+        assert_eq!(problems, vec![]);
+        assert_eq!(warnings, Vec::<String>::new());
+        // Active settings beside them warn nothing either.
+        let (_, problems, warnings) = build_toml(
+            "[model_lockout]\nmax_cooldown_ms = 600000\n\
+             [stream_stall_cooldown]\nenabled = true\n",
+        );
+        assert_eq!(problems, vec![]);
+        assert_eq!(warnings, Vec::<String>::new());
+    }
+
+    #[test]
+    fn each_inactive_setting_warns_once_when_written_in_the_file() {
+        let file = "\
+            [stream_watchdog]\nstall_timeout_ms = 1000\nactive_timeout_ms = 2000\n\
+            [quota_preflight]\nenabled = true\n\
+            [wait_for_cooldown]\nmax_retries = 2\n\
+            [combo_cooldown_wait]\nenabled = false\n\
+            [provider_cooldown]\nenabled = true\n\
+            [provider_cooldown.oauth]\nfailure_threshold = 3\n\
+            [token_refresh_breaker]\nfailure_threshold = 3\n\
+            [credential_health_check]\ninterval_minutes = 0\n\
+            [stream_recovery.throughput_watchdog]\nwarmup_ms = 0\n\
+            [model_lockout]\nenabled = true\nerror_codes = [429]\nbase_cooldown_ms = 60000\n\
+            max_backoff_steps = 2\nuse_exponential_backoff = false\nmax_cooldown_ms = 90000\n";
+        let (_, problems, warnings) = build_toml(file);
+        assert_eq!(problems, vec![]);
+        let want: Vec<String> = NOT_ACTIVE_YET
+            .iter()
+            .map(|p| not_active_warning(p))
+            .collect();
+        assert_eq!(not_active(&warnings), want);
+        assert_eq!(
+            want[0],
+            "resilience.stream_watchdog: accepted but not active yet"
+        );
+    }
+
+    #[test]
+    fn inactive_settings_set_by_env_or_by_non_scalar_keys_warn_too() {
+        let (_, problems, warnings) = with_env(
+            &[
+                ("PROVIDER_COOLDOWN_ENABLED", "true"),
+                ("STREAM_ACTIVE_TIMEOUT_MS", "5000"),
+            ],
+            "",
+        );
+        assert_eq!(problems, vec![]);
+        assert_eq!(
+            not_active(&warnings),
+            vec![
+                "resilience.stream_watchdog: accepted but not active yet",
+                "resilience.provider_cooldown: accepted but not active yet",
+            ]
+        );
+        let (_, problems, warnings) = build_toml(
+            "[token_refresh_breaker]\nscope = \"connection\"\n\
+             [quota_preflight.provider_window_defaults.codex]\nsession = 10\n",
+        );
+        assert_eq!(problems, vec![]);
+        assert_eq!(
+            not_active(&warnings),
+            vec![
+                "resilience.quota_preflight: accepted but not active yet",
+                "resilience.token_refresh_breaker: accepted but not active yet",
+            ]
+        );
     }
 }

@@ -1888,6 +1888,33 @@ mod tests {
     }
 
     #[test]
+    fn the_configuration_guide_marks_every_inactive_setting() {
+        let doc = include_str!("../../docs/configuration.md");
+        for path in resilience::NOT_ACTIVE_YET {
+            let (section, key) = path.split_once('.').unwrap_or((path, ""));
+            let heading = format!("### `[resilience.{section}]`");
+            let start = doc
+                .find(&heading)
+                .unwrap_or_else(|| panic!("docs/configuration.md lacks {heading}"));
+            let body = &doc[start + heading.len()..];
+            let body = &body[..body.find("\n### ").unwrap_or(body.len())];
+            let marked = if key.is_empty() {
+                let warning = format!("`{}`", resilience::not_active_warning(path));
+                body.contains("**Accepted, not active yet.**") && body.contains(&warning)
+            } else {
+                body.lines().any(|l| {
+                    l.starts_with(&format!("| `{key}` |"))
+                        && l.contains("**accepted, not active yet**")
+                })
+            };
+            assert!(
+                marked,
+                "docs/configuration.md does not mark {path} as not active yet"
+            );
+        }
+    }
+
+    #[test]
     fn the_configuration_guide_documents_every_key_and_variable() {
         let doc = include_str!("../../docs/configuration.md");
         for var in resilience::env_variables() {
