@@ -4,9 +4,10 @@
 //! failure's headers and body into "retry in N ms": `Retry-After` (seconds or HTTP date),
 //! `X-RateLimit-Reset` (absolute epoch), the JSON hint fields (Google `RetryInfo`,
 //! `retryAfter`, `retry_after_ms`) and the prose patterns providers write in error text.
-//! It also holds the date arithmetic those parsers need (RFC 7231 HTTP dates, ISO 8601
-//! timestamps, days-from-civil), because a gateway should not take a dependency for
-//! forty lines of calendar code.
+//! It also holds the date handling those parsers need: RFC 7231 HTTP dates through the
+//! `httpdate` crate, ISO 8601 timestamps lexed here and turned into instants by the `time`
+//! crate, and the RFC 3339 form the gateway prints (`time` again). No calendar arithmetic is
+//! written by hand.
 //!
 //! Everything here is a pure function of its arguments: wall-clock "now" comes in as
 //! `now_wall_ms` (milliseconds since the Unix epoch), nothing reads a clock, nothing
@@ -26,9 +27,12 @@
 //! * **ISO timestamps without an offset are UTC.** JavaScript's `Date` reads a date-time
 //!   without a zone as local time, which depends on the host; a gateway should not.
 //! * **HTTP dates in all three RFC 7231 forms** (IMF-fixdate, RFC 850, asctime) are
-//!   accepted, as RFC 7231 §7.1.1.1 requires of recipients.
+//!   accepted, as RFC 7231 §7.1.1.1 requires of recipients, with names in any case; a
+//!   weekday that disagrees with its date makes the date invalid (no hint).
 //! * **Bounded input:** bodies longer than [`MAX_HINT_BODY_BYTES`] are not parsed as JSON
 //!   and only their first [`MAX_HINT_BODY_BYTES`] bytes are scanned for prose hints.
+
+use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
 use super::{Headers, HintSource};
 use crate::config::AuthKind;
@@ -570,150 +574,80 @@ fn truncate_at_char_boundary(s: &str, max: usize) -> &str {
 }
 
 // ---------------------------------------------------------------------------------------
-// Calendar arithmetic
+// Calendar arithmetic: the `time` crate turns fields into instants and back, `httpdate`
+// parses RFC 7231 dates. What stays here is the lexing of the forms the parsers accept.
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+/// Julian day number of 1970-01-01.
+const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
+
+/// The last instant [`format_rfc3339_ms`] can print, `9999-12-31T23:59:59.999Z` (the end of
+/// the `time` crate's range); later instants print as it.
+pub const MAX_FORMATTED_MS: u64 = 253_402_300_799_999;
+
+/// Days since 1970-01-01 of a proleptic Gregorian date. A month outside 1–12 carries into
+/// the year and a day beyond the month counts on from its first day (day 0 is the last day
+/// of the previous month). Results beyond the `time` crate's years ±9999 saturate at its
+/// ends.
 pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let months = year
+        .saturating_mul(12)
+        .saturating_add(i64::from(month))
+        .saturating_sub(1);
+    let (y, m) = (months.div_euclid(12), months.rem_euclid(12) + 1);
+    let first = i32::try_from(y)
+        .ok()
+        .zip(u8::try_from(m).ok().and_then(|m| Month::try_from(m).ok()))
+        .and_then(|(y, m)| Date::from_calendar_date(y, m, 1).ok())
+        .unwrap_or(if y < 0 { Date::MIN } else { Date::MAX });
+    let days = i64::from(first.to_julian_day()) + i64::from(day) - 1;
+    days.clamp(
+        i64::from(Date::MIN.to_julian_day()),
+        i64::from(Date::MAX.to_julian_day()),
+    ) - UNIX_EPOCH_JULIAN_DAY
 }
 
-/// The (year, month, day) of a day count since 1970-01-01.
+/// The (year, month, day) of a day count since 1970-01-01; beyond the `time` crate's years
+/// ±9999 it saturates at its ends.
 pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-fn is_leap(y: i64) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
-}
-
-fn days_in_month(y: i64, m: u32) -> u32 {
-    match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap(y) => 29,
-        2 => 28,
-        _ => 0,
-    }
-}
-
-/// Epoch milliseconds of a UTC date-time; `None` before 1970 or for an invalid date.
-fn epoch_ms(y: i64, mo: u32, d: u32, h: u32, mi: u32, s: u32, ms: u32) -> Option<u64> {
-    if !(1..=12).contains(&mo) || d == 0 || d > days_in_month(y, mo) || h > 23 || mi > 59 || s > 60
-    {
-        return None;
-    }
-    let days = days_from_civil(y, mo, d);
-    let secs = days * 86_400 + i64::from(h) * 3_600 + i64::from(mi) * 60 + i64::from(s);
-    let total = secs.checked_mul(1_000)?.checked_add(i64::from(ms))?;
-    u64::try_from(total).ok()
-}
-
-const MONTHS: [&str; 12] = [
-    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-];
-const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
-const WEEKDAYS_LONG: [&str; 7] = [
-    "monday",
-    "tuesday",
-    "wednesday",
-    "thursday",
-    "friday",
-    "saturday",
-    "sunday",
-];
-
-fn month_of(s: &str) -> Option<u32> {
-    MONTHS
-        .iter()
-        .position(|m| m.eq_ignore_ascii_case(s))
-        .map(|i| i as u32 + 1)
-}
-
-fn digits_u32(s: &str, min_len: usize, max_len: usize) -> Option<u32> {
-    if s.len() < min_len || s.len() > max_len || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-/// "08:49:37" → (h, m, s).
-fn hms(s: &str) -> Option<(u32, u32, u32)> {
-    let mut it = s.split(':');
-    let h = digits_u32(it.next()?, 2, 2)?;
-    let m = digits_u32(it.next()?, 2, 2)?;
-    let sec = digits_u32(it.next()?, 2, 2)?;
-    it.next().is_none().then_some((h, m, sec))
+    let date = i32::try_from(days.saturating_add(UNIX_EPOCH_JULIAN_DAY))
+        .ok()
+        .and_then(|jd| Date::from_julian_day(jd).ok())
+        .unwrap_or(if days < 0 { Date::MIN } else { Date::MAX });
+    let (y, m, d) = date.to_calendar_date();
+    (i64::from(y), u32::from(u8::from(m)), u32::from(d))
 }
 
 /// An HTTP date (RFC 7231 §7.1.1.1) as epoch milliseconds: IMF-fixdate
 /// (`Sun, 06 Nov 1994 08:49:37 GMT`), or the obsolete RFC 850
-/// (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`) forms.
-/// Names are matched case-insensitively; the weekday is checked for spelling, not for
-/// agreement with the date.
+/// (`Sunday, 06-Nov-94 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`) forms, as
+/// the `httpdate` crate reads them: fixed field widths, the weekday must agree with the
+/// date, years 1970–9999, no leap second. Names are matched case-insensitively (folded to
+/// the RFC's spelling first).
 pub fn parse_http_date(s: &str) -> Option<u64> {
-    let mut parts = s.split_ascii_whitespace();
-    let first = parts.next()?;
-    let (y, mo, d, (h, mi, sec)) = if let Some(name) = first.strip_suffix(',') {
-        if name.len() == 3 {
-            // IMF-fixdate
-            WEEKDAYS.iter().find(|w| w.eq_ignore_ascii_case(name))?;
-            let d = digits_u32(parts.next()?, 1, 2)?;
-            let mo = month_of(parts.next()?)?;
-            let y = digits_u32(parts.next()?, 4, 4)?;
-            let t = hms(parts.next()?)?;
-            if !parts.next()?.eq_ignore_ascii_case("gmt") {
-                return None;
-            }
-            (i64::from(y), mo, d, t)
+    let at = httpdate::parse_http_date(&canonical_case(s.trim())).ok()?;
+    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    u64::try_from(ms).ok()
+}
+
+/// `s` with every word capitalised (`thu, 15 JAN` → `Thu, 15 Jan`) and a trailing zone
+/// `GMT` in capitals: the spelling `httpdate` compares names against.
+fn canonical_case(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut in_word = false;
+    for c in s.chars() {
+        let letter = c.is_ascii_alphabetic();
+        out.push(if letter && !in_word {
+            c.to_ascii_uppercase()
         } else {
-            // RFC 850
-            WEEKDAYS_LONG
-                .iter()
-                .find(|w| w.eq_ignore_ascii_case(name))?;
-            let mut date = parts.next()?.split('-');
-            let d = digits_u32(date.next()?, 2, 2)?;
-            let mo = month_of(date.next()?)?;
-            let yy = digits_u32(date.next()?, 2, 2)?;
-            if date.next().is_some() {
-                return None;
-            }
-            let t = hms(parts.next()?)?;
-            if !parts.next()?.eq_ignore_ascii_case("gmt") {
-                return None;
-            }
-            // Two-digit years: 70–99 → 19xx, 00–69 → 20xx.
-            let y = if yy >= 70 { 1900 + yy } else { 2000 + yy };
-            (i64::from(y), mo, d, t)
-        }
-    } else {
-        // asctime
-        WEEKDAYS.iter().find(|w| w.eq_ignore_ascii_case(first))?;
-        let mo = month_of(parts.next()?)?;
-        let d = digits_u32(parts.next()?, 1, 2)?;
-        let t = hms(parts.next()?)?;
-        let y = digits_u32(parts.next()?, 4, 4)?;
-        (i64::from(y), mo, d, t)
-    };
-    if parts.next().is_some() {
-        return None;
+            c.to_ascii_lowercase()
+        });
+        in_word = letter;
     }
-    epoch_ms(y, mo, d, h, mi, sec, 0)
+    if out.ends_with(" Gmt") {
+        let n = out.len();
+        out.replace_range(n - 2.., "MT");
+    }
+    out
 }
 
 /// A whole string as an ISO 8601 / RFC 3339 timestamp (surrounding whitespace ignored).
@@ -726,38 +660,41 @@ pub fn parse_iso8601(s: &str) -> Option<u64> {
 /// An ISO 8601 timestamp at the start of `s` and the bytes it used:
 /// `YYYY-MM-DD[(T|t|space)HH:MM[:SS[.fff…]]][Z|z|±HH[:]MM|±HH]`. A date alone is midnight
 /// UTC; a date-time without an offset is UTC. Fractions beyond milliseconds are truncated.
+/// `None` for an invalid date or time (checked by the `time` crate; a leap second `:60` is
+/// invalid, as in JavaScript) or an instant before 1970.
 pub fn parse_iso8601_prefix(s: &str) -> Option<(u64, usize)> {
     let b = s.as_bytes();
-    let num = |from: usize, len: usize| -> Option<u32> {
+    let num = |from: usize, len: usize| -> Option<u16> {
         let part = b.get(from..from + len)?;
         if !part.iter().all(u8::is_ascii_digit) {
             return None;
         }
-        Some(part.iter().fold(0u32, |a, &d| a * 10 + u32::from(d - b'0')))
+        Some(part.iter().fold(0u16, |a, &d| a * 10 + u16::from(d - b'0')))
     };
+    let two = |from: usize| num(from, 2).and_then(|n| u8::try_from(n).ok());
     let y = num(0, 4)?;
     if b.get(4) != Some(&b'-') {
         return None;
     }
-    let mo = num(5, 2)?;
+    let mo = two(5)?;
     if b.get(7) != Some(&b'-') {
         return None;
     }
-    let d = num(8, 2)?;
+    let d = two(8)?;
     let mut i = 10;
-    let (mut h, mut mi, mut sec, mut ms) = (0, 0, 0, 0);
-    let mut offset_min: i64 = 0;
+    let (mut h, mut mi, mut sec, mut ms) = (0, 0, 0, 0u16);
+    let mut offset_s: i32 = 0;
     let has_time = matches!(b.get(i), Some(b'T' | b't' | b' '))
         && b.get(i + 1).is_some_and(u8::is_ascii_digit);
     if has_time {
-        h = num(i + 1, 2)?;
+        h = two(i + 1)?;
         if b.get(i + 3) != Some(&b':') {
             return None;
         }
-        mi = num(i + 4, 2)?;
+        mi = two(i + 4)?;
         i += 6;
         if b.get(i) == Some(&b':') {
-            sec = num(i + 1, 2)?;
+            sec = two(i + 1)?;
             i += 3;
             if matches!(b.get(i), Some(b'.' | b',')) && b.get(i + 1).is_some_and(u8::is_ascii_digit)
             {
@@ -765,7 +702,7 @@ pub fn parse_iso8601_prefix(s: &str) -> Option<(u64, usize)> {
                 let mut digits = 0;
                 while let Some(c) = b.get(i).filter(|c| c.is_ascii_digit()) {
                     if digits < 3 {
-                        ms = ms * 10 + u32::from(c - b'0');
+                        ms = ms * 10 + u16::from(c - b'0');
                     }
                     digits += 1;
                     i += 1;
@@ -789,29 +726,36 @@ pub fn parse_iso8601_prefix(s: &str) -> Option<(u64, usize)> {
                 if oh > 23 || om > 59 {
                     return None;
                 }
-                let off = i64::from(oh) * 60 + i64::from(om);
-                offset_min = if sign == b'-' { -off } else { off };
+                let off = i32::from(oh) * 3_600 + i32::from(om) * 60;
+                offset_s = if sign == b'-' { -off } else { off };
                 i += used;
             }
             _ => {}
         }
     }
-    let local = epoch_ms(i64::from(y), mo, d, h, mi, sec, ms)?;
-    let utc = i64::try_from(local).ok()? - offset_min * 60_000;
-    Some((u64::try_from(utc).ok()?, i))
+    let date = Date::from_calendar_date(i32::from(y), Month::try_from(mo).ok()?, d).ok()?;
+    let time = Time::from_hms_milli(h, mi, sec, ms).ok()?;
+    let offset = UtcOffset::from_whole_seconds(offset_s).ok()?;
+    let nanos = PrimitiveDateTime::new(date, time)
+        .assume_offset(offset)
+        .unix_timestamp_nanos();
+    Some((u64::try_from(nanos / 1_000_000).ok()?, i))
 }
 
-/// RFC 3339 in UTC with milliseconds: `2026-08-12T10:00:00.000Z`.
+/// RFC 3339 in UTC with milliseconds, as JavaScript's `toISOString()` prints it:
+/// `2026-08-12T10:00:00.000Z`. Instants after [`MAX_FORMATTED_MS`] print as it.
 pub fn format_rfc3339_ms(epoch_ms: u64) -> String {
-    let days = (epoch_ms / DAY_MS) as i64;
-    let rem = epoch_ms % DAY_MS;
-    let (y, m, d) = civil_from_days(days);
+    let at = OffsetDateTime::from_unix_timestamp_nanos(i128::from(epoch_ms) * 1_000_000)
+        .unwrap_or(PrimitiveDateTime::MAX.assume_utc());
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / HOUR_MS,
-        rem % HOUR_MS / MINUTE_MS,
-        rem % MINUTE_MS / SECOND_MS,
-        rem % SECOND_MS
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.millisecond()
     )
 }
 
@@ -1205,6 +1149,118 @@ mod tests {
             format_rfc3339_ms(951_782_400_123),
             "2000-02-29T00:00:00.123Z"
         );
+    }
+
+    #[test]
+    fn civil_edges_carry_and_saturate() {
+        // Out-of-range months carry into the year; days count on from the month's first.
+        assert_eq!(days_from_civil(2025, 13, 1), days_from_civil(2026, 1, 1));
+        assert_eq!(days_from_civil(2026, 0, 1), days_from_civil(2025, 12, 1));
+        assert_eq!(days_from_civil(2026, 3, 0), days_from_civil(2026, 2, 28));
+        // 2100 is not a leap year.
+        assert_eq!(days_from_civil(2100, 3, 1), 47_541);
+        assert_eq!(civil_from_days(47_540), (2100, 2, 28));
+        // Beyond the calendar's range (years ±9999): saturated, no panic.
+        assert_eq!(civil_from_days(i64::MAX), (9_999, 12, 31));
+        assert_eq!(civil_from_days(i64::MIN), (-9_999, 1, 1));
+        assert_eq!(
+            days_from_civil(i64::MAX, 12, 31),
+            days_from_civil(9_999, 12, 31)
+        );
+    }
+
+    #[test]
+    fn http_date_edge_cases() {
+        let iso = |s: &str| parse_iso8601(s).unwrap();
+        // Leap days: 2024 and 2000 are leap years; 2100 and 2026 are not.
+        assert_eq!(
+            parse_http_date("Thu, 29 Feb 2024 12:00:00 GMT"),
+            Some(1_709_208_000_000)
+        );
+        assert_eq!(
+            parse_http_date("Tue, 29 Feb 2000 00:00:00 GMT"),
+            Some(951_782_400_000)
+        );
+        for s in [
+            "Mon, 29 Feb 2100 00:00:00 GMT",
+            "Sun, 29 Feb 2026 00:00:00 GMT",
+            "Fri, 31 Apr 2026 00:00:00 GMT",
+            "Thu, 00 Jan 2026 12:00:00 GMT",
+            "Thu, 15 Jan 2026 24:00:00 GMT",
+            "Thu, 15 Jan 2026 12:60:00 GMT",
+            "Thu, 15 Jan 2026 23:59:60 GMT", // no leap second
+            "Fri, 15 Jan 2026 12:00:00 GMT", // 15 Jan 2026 is a Thursday
+            "Thu, 15 Jan 2026 12:00:00 UTC",
+            "Thu, 15 Jan 2026 12:00:00",
+            "Wed, 31 Dec 1969 23:59:59 GMT", // before the epoch
+            "Th\u{fc}, 15 Jan 2026 12:00:00 GMT",
+            "2026-01-15T12:00:00Z",
+            "",
+        ] {
+            assert_eq!(parse_http_date(s), None, "{s:?}");
+        }
+        // Far future: the last second of year 9999 (and a hint that far out is capped).
+        assert_eq!(
+            parse_http_date("Fri, 31 Dec 9999 23:59:59 GMT"),
+            Some(MAX_FORMATTED_MS - 999)
+        );
+        assert_eq!(
+            retry_after_header("Fri, 31 Dec 9999 23:59:59 GMT", NOW),
+            Some(HEADER_HINT_CAP_MS)
+        );
+        // RFC 850 two-digit years: 00–69 are 20xx, 70–99 are 19xx.
+        assert_eq!(
+            parse_http_date("Saturday, 01-Jun-69 00:00:00 GMT"),
+            Some(iso("2069-06-01"))
+        );
+        assert_eq!(
+            parse_http_date("Thursday, 01-Jan-70 00:00:01 GMT"),
+            Some(1_000)
+        );
+        // asctime pads a one-digit day with a space; names in any case.
+        let sunday = Some(iso("1994-11-06T08:49:37Z"));
+        assert_eq!(parse_http_date("Sun Nov  6 08:49:37 1994"), sunday);
+        assert_eq!(parse_http_date("SUN, 06 NOV 1994 08:49:37 GMT"), sunday);
+        assert_eq!(parse_http_date(" Sun, 06 Nov 1994 08:49:37 GMT "), sunday);
+    }
+
+    #[test]
+    fn iso8601_edge_cases() {
+        for s in [
+            "1900-02-29",
+            "2100-02-29T00:00:00Z",
+            "2026-04-31",
+            "2026-00-10",
+            "2026-01-00",
+            "2026-01-15T23:59:60Z", // no leap second, as in JavaScript
+            "2026-01-15T12:60:00Z",
+            "2026-01-15T12:00:00+24:00",
+            "2026-01-15T12:00:00+05:60",
+            "1970-01-01T00:30:00+01:00", // 1969 in UTC
+            "2026-1-15",
+            "",
+        ] {
+            assert_eq!(parse_iso8601(s), None, "{s:?}");
+        }
+        assert_eq!(parse_iso8601("2000-02-29"), Some(951_782_400_000));
+        assert_eq!(parse_iso8601("1970-01-01T00:00:00Z"), Some(0));
+        // An offset may carry a local time before 1970 to an instant after it.
+        assert_eq!(
+            parse_iso8601("1969-12-31T23:30:00-01:00"),
+            Some(30 * MINUTE_MS)
+        );
+        // Far future: the end of year 9999 parses; printing saturates there.
+        assert_eq!(
+            parse_iso8601("9999-12-31T23:59:59.999Z"),
+            Some(MAX_FORMATTED_MS)
+        );
+        for ms in [MAX_FORMATTED_MS, MAX_FORMATTED_MS + 1, u64::MAX] {
+            assert_eq!(format_rfc3339_ms(ms), "9999-12-31T23:59:59.999Z");
+        }
+        // The formatter and the parser agree.
+        for ms in [0, 1, 951_782_400_123, NOW + 1, 4_107_542_399_999, MAX_FORMATTED_MS] {
+            assert_eq!(parse_iso8601(&format_rfc3339_ms(ms)), Some(ms), "{ms}");
+        }
     }
 
     #[test]

@@ -114,6 +114,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::backoff::format_rfc3339_ms;
 use crate::clock::Now;
 use crate::config::resilience::{BreakerProfile, MINUTE_MS, PerAuth, ResilienceSettings};
 use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
@@ -1100,33 +1101,10 @@ impl BreakerCounts {
     }
 }
 
-/// Wall-clock ms as JavaScript's `toISOString()` prints it: `2026-08-12T10:00:00.000Z`.
+/// Wall-clock ms as JavaScript's `toISOString()` prints it: `2026-08-12T10:00:00.000Z`
+/// (the one formatter, [`format_rfc3339_ms`]).
 pub fn iso8601_utc(wall_ms: u64) -> String {
-    let secs = wall_ms / 1_000;
-    let (days, sod) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(i64::MAX / 2));
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        sod / 3_600,
-        sod % 3_600 / 60,
-        sod % 60,
-        wall_ms % 1_000
-    )
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    format_rfc3339_ms(wall_ms)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2076,6 +2054,8 @@ mod tests {
         assert_eq!(iso8601_utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(iso8601_utc(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(iso8601_utc(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+        // Past year 9999 (JavaScript would throw): the last instant the formatter prints.
+        assert_eq!(iso8601_utc(u64::MAX), "9999-12-31T23:59:59.999Z");
     }
 
     // -- the table ------------------------------------------------------------------------
