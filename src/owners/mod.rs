@@ -259,29 +259,14 @@ impl App for Tidegate {
     }
 
     fn serve(shard: &Shard, from: usize, msg: Msg) {
-        let state = shard.state();
-        let out = {
-            let views = state.views.borrow();
-            let mut cx = Cx {
-                config: shard.config(),
-                views: &views,
-                now: shard.now(),
-                shards: shard.shards(),
-                from,
-                out: Vec::new(),
-            };
-            match msg {
-                shard::Msg::Fact(f) => serve_fact(&state.owners, &mut cx, f),
-                shard::Msg::Call { id, request } => {
-                    serve_call(&state.owners, &mut cx, id, request);
-                }
-                shard::Msg::Cancel { id, kind } => serve_cancel(&state.owners, &mut cx, id, kind),
-                shard::Msg::View(_) | shard::Msg::Reply { .. } => {}
-            }
-            cx.out
-        };
-        shard.metrics().publish_flow(&state.owners.gauges());
-        shard.dispatch(out);
+        let owners = &shard.state().owners;
+        run_owners(shard, from, |cx| match msg {
+            shard::Msg::Fact(f) => serve_fact(owners, cx, f),
+            shard::Msg::Call { id, request } => serve_call(owners, cx, id, request),
+            shard::Msg::Cancel { id, kind } => serve_cancel(owners, cx, id, kind),
+            shard::Msg::View(_) | shard::Msg::Reply { .. } => {}
+        });
+        shard.metrics().publish_flow(&owners.gauges());
     }
 
     fn late_reply(shard: &Shard, from: usize, id: CallId, reply: Reply) {
@@ -289,23 +274,30 @@ impl App for Tidegate {
     }
 
     fn housekeeping(shard: &Shard) {
-        let state = shard.state();
-        let out = {
-            let views = state.views.borrow();
-            let mut cx = Cx {
-                config: shard.config(),
-                views: &views,
-                now: shard.now(),
-                shards: shard.shards(),
-                from: shard.id(),
-                out: Vec::new(),
-            };
-            housekeeping_all(&state.owners, &mut cx);
-            cx.out
-        };
-        shard.dispatch(out);
+        run_owners(shard, shard.id(), |cx| {
+            housekeeping_all(&shard.state().owners, cx);
+        });
         health::owner::sweep_replicas(shard);
     }
+}
+
+/// Runs owner handlers with a context over this shard's views and clock, then sends what
+/// they produced (after every borrow is released).
+fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
+    let out = {
+        let views = shard.state().views.borrow();
+        let mut cx = Cx {
+            config: shard.config(),
+            views: &views,
+            now: shard.now(),
+            shards: shard.shards(),
+            from,
+            out: Vec::new(),
+        };
+        handle(&mut cx);
+        cx.out
+    };
+    shard.dispatch(out);
 }
 
 /// How long an asker waits for the answer to a call whose owner times the wait out

@@ -1258,7 +1258,14 @@ mod tests {
             assert_eq!(format_rfc3339_ms(ms), "9999-12-31T23:59:59.999Z");
         }
         // The formatter and the parser agree.
-        for ms in [0, 1, 951_782_400_123, NOW + 1, 4_107_542_399_999, MAX_FORMATTED_MS] {
+        for ms in [
+            0,
+            1,
+            951_782_400_123,
+            NOW + 1,
+            4_107_542_399_999,
+            MAX_FORMATTED_MS,
+        ] {
             assert_eq!(parse_iso8601(&format_rfc3339_ms(ms)), Some(ms), "{ms}");
         }
     }
