@@ -819,6 +819,9 @@ pub(crate) struct NumField {
 pub(crate) struct BoolField {
     pub path: &'static str,
     pub env: &'static [&'static str],
+    /// The environment wins over the file (an incident kill switch, B §1.1
+    /// `RATE_LIMIT_AUTO_ENABLE`); every other variable only replaces the built-in default.
+    pub env_wins: bool,
     pub set: fn(&mut ResilienceSettings, bool),
     raw: fn(&RawResilience) -> Option<bool>,
 }
@@ -844,9 +847,13 @@ macro_rules! num {
 
 macro_rules! flag {
     ($path:literal, [$($env:literal),*], $($f:ident).+) => {
+        flag!($path, [$($env),*], env_wins = false, $($f).+)
+    };
+    ($path:literal, [$($env:literal),*], env_wins = $wins:expr, $($f:ident).+) => {
         BoolField {
             path: $path,
             env: &[$($env),*],
+            env_wins: $wins,
             set: |s, v| s.$($f).+ = v,
             raw: |r| r.$($f).+,
         }
@@ -933,7 +940,7 @@ pub(crate) fn num_fields() -> Vec<NumField> {
 #[rustfmt::skip]
 pub(crate) fn bool_fields() -> Vec<BoolField> {
     vec![
-        flag!("request_queue.auto_enable_api_key_providers", ["RATE_LIMIT_AUTO_ENABLE"], request_queue.auto_enable_api_key_providers),
+        flag!("request_queue.auto_enable_api_key_providers", ["RATE_LIMIT_AUTO_ENABLE"], env_wins = true, request_queue.auto_enable_api_key_providers),
         flag!("connection_cooldown.oauth.use_upstream_retry_hints", [], connection_cooldown.oauth.use_upstream_retry_hints),
         flag!("connection_cooldown.apikey.use_upstream_retry_hints", [], connection_cooldown.apikey.use_upstream_retry_hints),
         flag!("connection_cooldown.local.use_upstream_retry_hints", [], connection_cooldown.local.use_upstream_retry_hints),
@@ -978,7 +985,7 @@ pub(crate) fn build(
     let mut s = ResilienceSettings::default();
     let mut prov = Provenance::default();
     apply_env(&mut s, &mut prov, env, problems);
-    apply_file(&mut s, &mut prov, raw, problems);
+    apply_file(&mut s, &mut prov, raw, problems, warnings);
     settle(&mut s, &prov, problems, warnings);
     for path in NOT_ACTIVE_YET {
         if prov.set_under(path) {
@@ -990,7 +997,9 @@ pub(crate) fn build(
 
 /// Applies every set environment variable onto `s` (the spec's names, e.g.
 /// `RATE_LIMIT_MAX_WAIT_MS`), recording where each value came from. An override only
-/// replaces the built-in default: the file is applied after it. Parsing is strict: a value
+/// replaces the built-in default — the file is applied after it — except for a field marked
+/// `env_wins` (`RATE_LIMIT_AUTO_ENABLE`, the spec's incident kill switch), which the file
+/// does not change. Parsing is strict: a value
 /// that is not a whole number / boolean, or lies outside the setting's bounds, is a problem
 /// naming the variable (OmniRoute silently ignores it). When a setting has several
 /// variables the first one set wins (`STREAM_CONTENT_STALL_TIMEOUT_MS` before
@@ -1043,6 +1052,7 @@ fn apply_file(
     prov: &mut Provenance,
     raw: &RawResilience,
     problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
 ) {
     for f in num_fields() {
         if let Some(v) = (f.raw)(raw) {
@@ -1059,6 +1069,16 @@ fn apply_file(
     }
     for f in bool_fields() {
         if let Some(v) = (f.raw)(raw) {
+            if f.env_wins
+                && let Some(Source::Env(var)) = prov.sources.get(f.path)
+            {
+                // The kill switch: the file's value is overridden, and the operator told.
+                warnings.push(format!(
+                    "resilience.{} = {v} in the file is overridden by {var}",
+                    f.path
+                ));
+                continue;
+            }
             (f.set)(s, v);
             prov.set_file(f.path);
         }
@@ -2089,16 +2109,34 @@ mod tests {
         let (s, problems, _) = with_env(
             &[
                 ("RATE_LIMIT_MAX_WAIT_MS", "15000"),
-                ("RATE_LIMIT_AUTO_ENABLE", "true"),
                 ("PROVIDER_COOLDOWN_ENABLED", "true"),
             ],
-            "[request_queue]\nmax_wait_ms = 45000\nauto_enable_api_key_providers = false\n",
+            "[request_queue]\nmax_wait_ms = 45000\n[provider_cooldown]\nmax_retry_cooldown_ms = 60000\n",
         );
         assert_eq!(problems, vec![]);
         assert_eq!(s.request_queue.max_wait_ms, 45_000);
-        assert!(!s.request_queue.auto_enable_api_key_providers);
         // Not in the file: the env value stays.
         assert!(s.provider_cooldown.enabled);
+    }
+
+    #[test]
+    fn rate_limit_auto_enable_wins_over_the_file_both_ways() {
+        for (var, file, expect) in [("true", false, true), ("off", true, false)] {
+            let (s, problems, warnings) = with_env(
+                &[("RATE_LIMIT_AUTO_ENABLE", var)],
+                &format!("[request_queue]\nauto_enable_api_key_providers = {file}\n"),
+            );
+            assert_eq!(problems, vec![]);
+            assert_eq!(s.request_queue.auto_enable_api_key_providers, expect);
+            assert!(
+                warnings.iter().any(|w| w.contains("overridden by RATE_LIMIT_AUTO_ENABLE")),
+                "{warnings:?}"
+            );
+        }
+        // Without the variable the file decides.
+        let (s, _, warnings) = with_env(&[], "[request_queue]\nauto_enable_api_key_providers = true\n");
+        assert!(s.request_queue.auto_enable_api_key_providers);
+        assert!(warnings.is_empty(), "{warnings:?}");
     }
 
     #[test]
