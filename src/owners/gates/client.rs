@@ -55,28 +55,32 @@ impl Drop for GatePermit<'_> {
 }
 
 /// Asks `connection`'s gate home for a grant (`request(deadline_ns)`), waiting until
-/// `wait_ms` from now (0 = no deadline); the home times the wait out itself.
+/// `wait_ms` from now; the home times the wait out itself. A gate's `wait_ms = 0` is **no
+/// wait** (B §2.1 rule 6: unlike the request queue's, a zero gate timeout is not "no
+/// deadline"): the deadline is already due, so a contended request is refused with
+/// `semaphore_timeout` at once and an uncontended one is granted.
 async fn ask_home(
     shard: &Shard,
     connection: ConnectionId,
     wait_ms: u64,
     request: impl FnOnce(Option<u64>) -> Request,
 ) -> (usize, Result<Reply, CallError>) {
-    let deadline_ns = (wait_ms > 0).then(|| {
-        shard
-            .now()
-            .mono_ns
-            .saturating_add(wait_ms.saturating_mul(1_000_000))
-    });
+    let deadline_ns = shard
+        .now()
+        .mono_ns
+        .saturating_add(wait_ms.saturating_mul(1_000_000));
     let home = shard.owner(&gate_home(shard.config(), connection));
+    // The home answers by the deadline; the bound only guards a lost reply.
+    let bound = reply_bound(wait_ms.max(1));
     let reply = shard
-        .call::<Gates>(home, request(deadline_ns), reply_bound(wait_ms))
+        .call::<Gates>(home, request(Some(deadline_ns)), bound)
         .await;
     (home, reply)
 }
 
 /// Takes the connection's concurrency permits for `model`, waiting at most the queue
-/// budget (`max_wait_ms`, per-connection override first). `Ok(None)`: not gated.
+/// budget (`max_wait_ms`, per-connection override first; 0 = do not wait). `Ok(None)`: not
+/// gated.
 pub async fn acquire<'a>(
     shard: &'a Shard,
     connection: ConnectionId,
