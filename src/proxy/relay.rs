@@ -13,7 +13,7 @@ use monoio::net::TcpStream;
 use serde_json::json;
 
 use super::classify::{self, Failed};
-use super::select::{self, Admit, Excluded, Exclusion};
+use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, Plan, peek, send_error};
@@ -79,10 +79,10 @@ pub async fn run(
     mut downstream: Downstream<'_>,
 ) -> After {
     let mut plan = plan;
-    // A quota-share combo: the home orders the candidates and counts the pick in flight
-    // until this request ends (the ticket's drop).
+    // A quota-share combo: the home orders the candidates that are available now and
+    // counts the pick in flight until this request ends (the ticket's drop).
     let _in_flight = match plan.quota_share {
-        Some(combo) => quota_share::client::order(shard, combo, &mut plan.candidates).await,
+        Some(combo) => order_available(shard, combo, &mut plan.candidates).await,
         None => None,
     };
     let request = Request {
@@ -116,6 +116,33 @@ pub async fn run(
         }
     }
     answer_last(shard, &plan, last, &excluded, attempts, &mut downstream).await
+}
+
+/// Quota-share ordering over the candidates the local views let through now (spec B §3.1:
+/// unavailable steps are filtered before the strategy runs). A cooling, locked, terminal or
+/// open-breaker candidate takes no deficit turn and no in-flight ticket; it stays at the end
+/// of the list, where its attempt is skipped and named in the terminal answer. With nothing
+/// available nobody is asked.
+async fn order_available<'s>(
+    shard: &'s Shard,
+    combo: usize,
+    candidates: &mut Vec<(Target, ConnectionId)>,
+) -> Option<quota_share::client::QsTicket<'s>> {
+    let (mut available, unavailable): (Vec<_>, Vec<_>) = {
+        let views = shard.state().views.borrow();
+        let (config, now) = (shard.config(), shard.now());
+        std::mem::take(candidates)
+            .into_iter()
+            .partition(|(t, c)| !matches!(select::gate(&views, config, t, *c, now), Gate::Skip(..)))
+    };
+    let ticket = if available.is_empty() {
+        None
+    } else {
+        quota_share::client::order(shard, combo, &mut available).await
+    };
+    *candidates = available;
+    candidates.extend(unavailable);
+    ticket
 }
 
 /// Reports an attempt's outcome to the owners exactly once: [`Attempted::end`] consumes
