@@ -20,8 +20,9 @@
 //!
 //! Tidegate's limiter is **off** unless `request_queue.auto_enable_api_key_providers`
 //! (env `RATE_LIMIT_AUTO_ENABLE`) is on for an API-key provider's enabled connection, or
-//! the connection itself sets a limiter override (`requests_per_minute` or
-//! `min_time_between_requests_ms`) — see [`LimiterSettings::resolve`]. A connection's
+//! the connection itself sets a limiter override (`requests_per_minute` > 0, or
+//! `min_time_between_requests_ms`, where 0 means "on, without spacing") — see
+//! [`LimiterSettings::resolve`]. A connection's
 //! `max_concurrent` alone does not turn the limiter on: it is a concurrency gate
 //! (`flow::gates`), which applies whenever set.
 
@@ -217,7 +218,8 @@ pub struct LimiterSettings {
 impl LimiterSettings {
     /// Effective settings: built-in default < env (already folded into `settings` at
     /// load) < config / PATCH (`settings`) < the connection's `overrides`. A missing or
-    /// zero override falls through; every value is clamped into the spec's range.
+    /// zero override falls through — except `min_time_between_requests_ms`, whose explicit
+    /// 0 means no spacing; every value is clamped into the spec's range.
     ///
     /// `provider` is the provider's name (for the queue-budget floors), `auth` its
     /// category, `connection_active` whether the connection is enabled.
@@ -230,7 +232,9 @@ impl LimiterSettings {
     ) -> Self {
         let q = &settings.request_queue;
         let rpm_override = overrides.requests_per_minute.filter(|v| *v > 0);
-        let min_time_override = overrides.min_time_between_requests_ms.filter(|v| *v > 0);
+        // Unlike every other override, an explicit 0 spacing is kept: "no spacing on this
+        // connection" (OmniRoute lets 0 fall through to the global spacing).
+        let min_time_override = overrides.min_time_between_requests_ms;
         let explicit = rpm_override.is_some() || min_time_override.is_some();
         let auto = q.auto_enable_api_key_providers && auth == AuthKind::ApiKey;
         let enabled = connection_active && (explicit || auto);

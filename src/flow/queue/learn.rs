@@ -107,26 +107,29 @@ pub fn observe_headers<H: Headers + ?Sized>(
     apply_headers(limiter, &ResponseFacts::read(200, headers, "", now), now)
 }
 
-/// Applies the rate-limit fields of an answer to `limiter`.
+/// Applies the rate-limit fields of an answer to `limiter`: the request-limit header sets
+/// the spacing (`60000 / limit − 10`); with it, remaining < 10 % of the limit holds the
+/// reservoir to what is left until the reset, and remaining > 50 % relaxes the limiter back
+/// to its configured spacing and reservoir — dropping the header's spacing too: far from
+/// its limit, the upstream needs no pacing (B §1.2).
 pub fn apply_headers(limiter: &mut Limiter, facts: &ResponseFacts, now: Now) -> HeaderLearn {
     let mut out = HeaderLearn::default();
     if let Some(limit) = facts.limit.filter(|l| *l > 0) {
-        let ms = (MINUTE_MS / limit).saturating_sub(HEADER_SPACING_MARGIN_MS);
-        limiter.force_min_time_ms(ms);
-        out.min_time_ms = Some(ms);
-        if let Some(rem) = facts.remaining {
+        let remaining = facts.remaining;
+        if remaining.is_some_and(|rem| rem.saturating_mul(2) > limit) {
+            limiter.relax(now);
+            out.relaxed = true;
+        } else {
+            let ms = (MINUTE_MS / limit).saturating_sub(HEADER_SPACING_MARGIN_MS);
+            limiter.force_min_time_ms(ms);
+            out.min_time_ms = Some(ms);
             // Remaining < 10 % of the limit: hold to what is left until the reset.
-            if rem.saturating_mul(10) < limit {
+            if let Some(rem) = remaining.filter(|rem| rem.saturating_mul(10) < limit) {
                 let reset_ms = facts.reset_ms.unwrap_or(DEFAULT_RESET_MS);
                 let cap = u32::try_from(limit).unwrap_or(u32::MAX);
                 let left = u32::try_from(rem).unwrap_or(u32::MAX);
                 limiter.set_reservoir(cap, left, reset_ms, now);
                 out.throttled = true;
-            } else if rem.saturating_mul(2) > limit {
-                limiter.relax(now);
-                // Relaxing restores the configured spacing; keep the upstream's own.
-                limiter.force_min_time_ms(ms);
-                out.relaxed = true;
             }
         }
     }

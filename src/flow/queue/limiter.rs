@@ -9,8 +9,9 @@
 //!   holds a slot that begins at `t`: spacing), or `Queued`.
 //! * A queued waiter is later handed a [`Grant`] by [`Limiter::promote`] (driver calls it
 //!   at [`Limiter::next_wake_ns`]) or by [`Limiter::on_finish`] / [`Limiter::cancel`].
-//! * A granted waiter calls [`Limiter::on_start`] when it actually dispatches (heartbeat of
-//!   the wedge watchdog) and [`Limiter::on_finish`] when the call settles.
+//! * Every grant is a dispatch: its start instant is the wedge watchdog's heartbeat (the
+//!   asker dispatches at that instant without telling the owner again). A granted waiter
+//!   calls [`Limiter::on_finish`] when the call settles.
 //! * [`Limiter::expire`] ends queued waiters whose queue-wait deadline passed.
 //!
 //! A slot is counted from the grant, so a granted-but-not-yet-started waiter (`StartAt`)
@@ -116,7 +117,7 @@ pub struct Limiter {
     slots: HashSet<WaiterId>,
     /// Start instant of the latest grant.
     last_start_ns: Option<u64>,
-    /// Last dispatch (or creation): the wedge watchdog's heartbeat.
+    /// Start instant of the latest grant (or creation): the wedge watchdog's heartbeat.
     last_dispatch_ns: u64,
     last_used_ns: u64,
 }
@@ -235,6 +236,8 @@ impl Limiter {
         }
         self.slots.insert(w.id);
         self.last_start_ns = Some(start);
+        // The heartbeat: this waiter dispatches at `start`.
+        self.last_dispatch_ns = self.last_dispatch_ns.max(start);
         Some(start)
     }
 
@@ -254,14 +257,6 @@ impl Limiter {
             }
         }
         grants
-    }
-
-    /// The granted waiter `id` dispatched its upstream call.
-    pub fn on_start(&mut self, id: WaiterId, now: Now) {
-        if self.slots.contains(&id) {
-            self.last_dispatch_ns = now.mono_ns;
-            self.last_used_ns = now.mono_ns;
-        }
     }
 
     /// The call of `id` settled (any outcome): frees its slot and promotes.
@@ -323,14 +318,20 @@ impl Limiter {
 
     /// The wedge watchdog's pure check (B §1.2): queued work, no slot held, no dispatch
     /// for [`WEDGE_AFTER_MS`] — and, unlike OmniRoute, nothing legitimate holding the head
-    /// back: a head waiting for a reservoir refill still in the future is not wedged.
+    /// back: a head waiting for a reservoir refill or for the spacing after the last start
+    /// (both still in the future) is not wedged; it is granted then, or its queue budget
+    /// ends it first.
     pub fn is_wedged(&self, now: Now) -> bool {
         let waiting_for_refill = self
             .reservoir
             .is_some_and(|r| r.left == 0 && r.next_refill_ns > now.mono_ns);
+        let waiting_for_spacing = self.last_start_ns.is_some_and(|l| {
+            l.saturating_add(self.min_time_ms.saturating_mul(NS_PER_MS)) > now.mono_ns
+        });
         !self.queue.is_empty()
             && self.slots.is_empty()
             && !waiting_for_refill
+            && !waiting_for_spacing
             && now.mono_ns.saturating_sub(self.last_dispatch_ns) >= WEDGE_AFTER_MS * NS_PER_MS
     }
 
@@ -484,7 +485,7 @@ impl LimiterTable {
 
     /// Non-blocking admission of a combo target (B §1.2c, optional in the spec): a
     /// remembered 429 cooldown first, then the limiter's readiness. `Acquired` holds a
-    /// slot: the caller reports `on_start` / `on_finish` as for any grant.
+    /// slot: the caller reports `on_finish` as for any grant.
     pub fn combo_admission(
         &mut self,
         key: &str,

@@ -188,11 +188,10 @@ fn precedence_env_then_config_then_override() {
     );
     let r = LimiterSettings::resolve(&s, &none, "openai", AuthKind::ApiKey, true);
     assert_eq!((r.max_wait_ms, r.min_time_ms), (45_000, 100));
-    // override over config; zero falls through
+    // override over config; zero falls through, except for the spacing (below)
     let o = RateLimitOverrides {
         max_wait_ms: Some(5_000),
         execution_max_wait_ms: Some(0),
-        min_time_between_requests_ms: Some(0),
         requests_per_minute: Some(0),
         max_concurrent: Some(0),
         ..Default::default()
@@ -206,6 +205,22 @@ fn precedence_env_then_config_then_override() {
         (r.rpm, r.max_concurrent, r.rpm_overridden),
         (Some(60), 6, false)
     );
+    // An explicit 0 spacing is "no spacing", and it turns the limiter on by itself;
+    // `max_concurrent` alone is a concurrency gate, not the limiter.
+    let mut off = s.clone();
+    off.request_queue.auto_enable_api_key_providers = false;
+    assert!(!LimiterSettings::resolve(&off, &none, "openai", AuthKind::ApiKey, true).enabled);
+    let zero = RateLimitOverrides {
+        min_time_between_requests_ms: Some(0),
+        ..Default::default()
+    };
+    let r = LimiterSettings::resolve(&off, &zero, "openai", AuthKind::ApiKey, true);
+    assert_eq!((r.enabled, r.min_time_ms), (true, 0));
+    let gate_only = RateLimitOverrides {
+        max_concurrent: Some(2),
+        ..Default::default()
+    };
+    assert!(!LimiterSettings::resolve(&off, &gate_only, "openai", AuthKind::ApiKey, true).enabled);
 }
 
 #[test]
@@ -484,8 +499,20 @@ fn learning_from_headers() {
         ("x-ratelimit-remaining-requests", "80"),
     ];
     let out = observe_headers(&mut l, h, at(10));
+    // More than half left: the learned spacing and reservoir are dropped, back to the
+    // configured ones.
     assert!(out.relaxed);
+    assert_eq!(out.min_time_ms, None);
+    assert_eq!(l.min_time_ms(), 350);
     assert_eq!(l.reservoir_left(), Some(60));
+    // Between 10 % and 50 % left: the header's spacing, nothing else.
+    let h: &[(&str, &str)] = &[
+        ("x-ratelimit-limit-requests", "10"),
+        ("x-ratelimit-remaining-requests", "5"),
+    ];
+    let out = observe_headers(&mut l, h, at(15));
+    assert!(!out.relaxed && !out.throttled);
+    assert_eq!(l.min_time_ms(), 5_990);
 
     let h: &[(&str, &str)] = &[("X-RateLimit-Over-Limit", "yes")];
     assert!(observe_headers(&mut l, h, at(20)).over_limit);
@@ -628,7 +655,6 @@ fn wedge_watchdog() {
     let mut t = LimiterTable::new();
     let l = t.get_or_create("k", settings(10, 0, Some(1), 0), at(0));
     assert_eq!(l.schedule(1, at(0)), Schedule::StartNow);
-    l.on_start(1, at(0));
     assert_eq!(l.on_finish(1, at(1)), vec![]);
     assert_eq!(l.schedule(2, at(1)), Schedule::Queued);
     assert_eq!(l.schedule(3, at(1)), Schedule::Queued);
@@ -661,6 +687,40 @@ fn a_long_retry_hint_is_not_a_wedge() {
     observe_retry_hint(&mut l, 3_600_000, at(0));
     assert_eq!(l.schedule(1, at(0)), Schedule::Queued);
     assert!(!l.is_wedged(at(10 * WEDGE_AFTER_MS)));
+}
+
+#[test]
+fn every_grant_is_a_heartbeat() {
+    // A limiter created at 0 grants its last token of the minute at 200 s; the next head
+    // waits for the refill (240 s) and, once that has passed without a promotion, only a
+    // full 120 s after that grant counts as wedged — not 120 s after the creation.
+    let mut l = Limiter::new(settings(10, 0, Some(1), 0), at(0));
+    assert_eq!(l.schedule(1, at(200_000)), Schedule::StartNow);
+    assert_eq!(l.on_finish(1, at(200_001)), vec![]);
+    assert_eq!(l.schedule(2, at(201_000)), Schedule::Queued);
+    assert!(!l.is_wedged(at(250_000)));
+    assert!(!l.is_wedged(at(319_999)));
+    assert!(l.is_wedged(at(320_000)));
+}
+
+#[test]
+fn a_head_waiting_for_its_spacing_is_not_a_wedge() {
+    // Spacing longer than the wedge threshold, and a queue budget shorter than the spacing:
+    // the head waits for its budget to end (503 queue timeout), not for the watchdog.
+    let mut l = Limiter::new(settings(10, 200_000, None, 30_000), at(0));
+    assert_eq!(l.schedule(1, at(0)), Schedule::StartNow);
+    assert_eq!(l.on_finish(1, at(1)), vec![]);
+    assert_eq!(l.schedule(2, at(130_000)), Schedule::Queued);
+    assert!(!l.is_wedged(at(135_000)));
+    assert_eq!(
+        l.expire(at(160_000)),
+        vec![(
+            2,
+            QueueError::QueueTimeout {
+                max_wait_ms: 30_000
+            }
+        )]
+    );
 }
 
 #[test]
@@ -840,7 +900,6 @@ fn manual_clock_drives_the_limiter() {
     let clock = ManualClock::new(0);
     let mut l = Limiter::new(settings(1, 1_000, None, 0), clock.now());
     assert_eq!(l.schedule(1, clock.now()), Schedule::StartNow);
-    l.on_start(1, clock.now());
     clock.advance_ms(10);
     assert_eq!(l.schedule(2, clock.now()), Schedule::Queued);
     assert!(
@@ -1003,7 +1062,6 @@ proptest! {
                         let id = g[i % g.len()];
                         let start = m.starts.iter().find(|(w, _)| *w == id).map(|(_, t)| *t).unwrap();
                         if start <= now.mono_ns {
-                            l.on_start(id, now);
                             m.end(id, St::Finished);
                             let grants = l.on_finish(id, now);
                             apply(&mut m, grants);
