@@ -154,12 +154,7 @@ fn a_contended_gate_with_max_wait_zero_answers_429_at_once() {
     let addr = gw.addr();
     let mut first = Client::connect(addr);
     first.set_timeout(Duration::from_secs(15));
-    first.start_request(
-        "POST",
-        CHAT,
-        &[],
-        br#"{"model":"up/m1","messages":[]}"#,
-    );
+    first.start_request("POST", CHAT, &[], br#"{"model":"up/m1","messages":[]}"#);
     mock.wait_for_hits(CHAT, 1, Duration::from_secs(10));
     // The account gate is held: a second request does not wait for it.
     let mut second = Client::connect(addr);
@@ -174,7 +169,11 @@ fn a_contended_gate_with_max_wait_zero_answers_429_at_once() {
         "answered after {:?}",
         watch.elapsed()
     );
-    assert_eq!(mock.hits(CHAT), 1, "the refused request reached the upstream");
+    assert_eq!(
+        mock.hits(CHAT),
+        1,
+        "the refused request reached the upstream"
+    );
     gate.open();
     assert_eq!(first.read_response().status, 200);
     // Uncontended, a zero wait is granted at once.

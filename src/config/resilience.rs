@@ -2129,12 +2129,17 @@ mod tests {
             assert_eq!(problems, vec![]);
             assert_eq!(s.request_queue.auto_enable_api_key_providers, expect);
             assert!(
-                warnings.iter().any(|w| w.contains("overridden by RATE_LIMIT_AUTO_ENABLE")),
+                warnings
+                    .iter()
+                    .any(|w| w.contains("overridden by RATE_LIMIT_AUTO_ENABLE")),
                 "{warnings:?}"
             );
         }
         // Without the variable the file decides.
-        let (s, _, warnings) = with_env(&[], "[request_queue]\nauto_enable_api_key_providers = true\n");
+        let (s, _, warnings) = with_env(
+            &[],
+            "[request_queue]\nauto_enable_api_key_providers = true\n",
+        );
         assert!(s.request_queue.auto_enable_api_key_providers);
         assert!(warnings.is_empty(), "{warnings:?}");
     }

@@ -212,6 +212,7 @@ impl Queue {
 mod tests {
     use super::*;
     use crate::clock::Now;
+    use crate::flow::queue::ResponseFacts;
     use crate::owners::health::views::Views;
     use crate::owners::{Fact as AnyFact, Msg, Reply as AnyReply};
     use crate::shard::Dest;
@@ -246,6 +247,112 @@ mod tests {
             })
             .collect();
         format!("[{}]", items.join(", "))
+    }
+
+    /// The queue replies in `out`, by waiter (the low bits of the call id).
+    fn replies(out: &[(Dest, Msg)]) -> Vec<(u64, Reply)> {
+        out.iter()
+            .filter_map(|(_, msg)| match msg {
+                Msg::Reply {
+                    id,
+                    reply: AnyReply::Queue(r),
+                } => Some((*id & 0xffff_ffff, *r)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Issue 9 item 9, on the owner's real handlers with a driven clock (the binary has no
+    /// manual clock and the 120 s wedge threshold is not a setting, so no end-to-end test can
+    /// reach it in bounded time): a limiter created long ago whose head cannot start within
+    /// its queue budget (its spaced start is later) is not "wedged" — the watchdog leaves it,
+    /// the head ends with its own 503 queue timeout, and the learned spacing stays.
+    #[test]
+    fn a_limiter_older_than_the_wedge_threshold_is_not_wedged_by_its_spacing() {
+        let toml = "[[providers]]\nid = \"up\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[connections]]\nid = \"c\"\nprovider = \"up\"\n\
+                    [connections.rate_limit_overrides]\nrequests_per_minute = 60000\nmax_wait_ms = 1000\n\
+                    [resilience.request_queue]\nmin_time_between_requests_ms = 0\n";
+        let config = crate::config::load_str(toml, &|_| None).unwrap().config;
+        let views = Views::default();
+        let mut queue = Queue::new(&config);
+        let at = |ms: u64| Now {
+            mono_ns: ms * 1_000_000,
+            wall_ms: 1_800_000_000_000 + ms,
+        };
+        let acquire = || Request::Acquire {
+            connection: ConnectionId(0),
+            model: "m".to_owned(),
+            waiting_since_ns: 0,
+        };
+        let mut run = |now_ms: u64, step: &mut dyn FnMut(&mut Queue, &mut Cx<'_>)| {
+            let mut cx = Cx::detached(&config, &views, at(now_ms), 2);
+            step(&mut queue, &mut cx);
+            replies(&cx.take())
+        };
+        let id = |n: u64| global_id(1, n);
+        let granted_now = |ms: u64| Reply::Granted {
+            start_at_ns: at(ms).mono_ns,
+        };
+        // The queue is created at 0 and serves a request.
+        let out = run(0, &mut |q, cx| q.call(cx, id(1), acquire()));
+        assert_eq!(out, vec![(1, granted_now(0))]);
+        run(10, &mut |q, cx| {
+            q.fact(
+                cx,
+                Fact::Finish {
+                    id: id(1),
+                    learned: None,
+                },
+            )
+        });
+        // At 125 s another; its answer announces 1 request per minute: spacing 59 990 ms.
+        let out = run(125_000, &mut |q, cx| q.call(cx, id(2), acquire()));
+        assert_eq!(out, vec![(2, granted_now(125_000))]);
+        let learned = ResponseFacts {
+            status: 200,
+            limit: Some(1),
+            ..Default::default()
+        };
+        run(125_100, &mut |q, cx| {
+            q.fact(
+                cx,
+                Fact::Finish {
+                    id: id(2),
+                    learned: Some(learned),
+                },
+            )
+        });
+        // The next cannot start before 184.99 s, past its 1 s budget: it waits in the queue.
+        assert_eq!(
+            run(126_000, &mut |q, cx| q.call(cx, id(3), acquire())),
+            vec![]
+        );
+        // The watchdog runs: 126.5 s after the queue's creation, 1.4 s after its last start.
+        assert_eq!(run(126_500, &mut |q, cx| q.housekeeping(cx)), vec![]);
+        // The head's own budget ends it.
+        let out = run(127_000, &mut |q, cx| {
+            q.fact(
+                cx,
+                Fact::Tick {
+                    key: "up:c".to_owned(),
+                },
+            )
+        });
+        assert_eq!(
+            out,
+            vec![(
+                3,
+                Reply::Denied(QueueError::QueueTimeout { max_wait_ms: 1_000 })
+            )]
+        );
+        // The learned spacing survived: a request at 128 s still cannot start in time.
+        assert_eq!(
+            run(128_000, &mut |q, cx| q.call(cx, id(4), acquire())),
+            vec![]
+        );
+        let limiter = queue.limiters.get("up:c").unwrap();
+        assert_eq!((limiter.min_time_ms(), limiter.queued()), (59_990, 1));
     }
 
     /// The provider window on the owner (B §1.2b): two starts per minute pass, the third is
