@@ -87,6 +87,9 @@ pub enum ErrorKind {
     AllTargetsCoolingDown,
     /// Every connection of the model is in a terminal state (banned, expired, credits).
     AllConnectionsTerminal,
+    /// Every connection of the model cools after network errors (DNS, connect, TLS): the
+    /// upstream could not be reached, nothing was rate limited.
+    UpstreamUnreachable,
     /// A cross-shard request (probe permit) could not be answered in time.
     MeshUnavailable,
     /// Waited for a concurrency permit past the queue budget (spec B §2.1).
@@ -130,6 +133,7 @@ impl ErrorKind {
             ErrorKind::ModelCooldown => 429,
             ErrorKind::AllTargetsCoolingDown => 503,
             ErrorKind::AllConnectionsTerminal => 401,
+            ErrorKind::UpstreamUnreachable => 503,
             ErrorKind::MeshUnavailable => 503,
             ErrorKind::SemaphoreTimeout => 429,
             ErrorKind::SemaphoreQueueFull => 429,
@@ -165,6 +169,7 @@ impl ErrorKind {
             ErrorKind::ModelCooldown => "model_cooldown",
             ErrorKind::AllTargetsCoolingDown => "all_targets_cooling_down",
             ErrorKind::AllConnectionsTerminal => "all_connections_unavailable",
+            ErrorKind::UpstreamUnreachable => "upstream_unreachable",
             ErrorKind::MeshUnavailable => "shard_mesh_unavailable",
             ErrorKind::SemaphoreTimeout => "semaphore_timeout",
             ErrorKind::SemaphoreQueueFull => "semaphore_queue_full",
@@ -217,6 +222,7 @@ impl ErrorKind {
             | ErrorKind::ModelCooldown
             | ErrorKind::AllTargetsCoolingDown
             | ErrorKind::AllConnectionsTerminal
+            | ErrorKind::UpstreamUnreachable
             | ErrorKind::MeshUnavailable
             | ErrorKind::SemaphoreTimeout
             | ErrorKind::SemaphoreQueueFull
@@ -256,6 +262,7 @@ impl ErrorKind {
             | ErrorKind::ModelCooldown
             | ErrorKind::AllTargetsCoolingDown
             | ErrorKind::AllConnectionsTerminal
+            | ErrorKind::UpstreamUnreachable
             | ErrorKind::MeshUnavailable
             | ErrorKind::ShuttingDown
             | ErrorKind::Internal => Retry::Decided(false),

@@ -3,12 +3,16 @@
 //! terminal-state type — into a [`Verdict`] the owners apply (no body, no header list).
 
 use crate::clock::Now;
-use crate::config::{Config, ConnectionId, ProviderId};
-use crate::error::{ErrorKind, GatewayError};
+use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
+use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::health::protocol::{LastError, Verdict};
 use crate::resilience::breaker::Failure;
 use crate::resilience::classify::{
-    ClassifyInput, CooldownProfile, check_fallback_error, is_credits_signal,
+    ClassifyInput, CooldownProfile, check_fallback_error, is_ban_signal, is_cloud_code_provider,
+    is_context_overflow, is_credits_signal, is_daily_quota, is_fingerprint_rejection,
+    is_geo_block_provider, is_geo_blocked, is_model_named_unsupported, is_oauth_invalid_token,
+    is_project_route_error, is_resource_not_found, is_sentinel_block, is_subscription_quota,
+    searchable_text,
 };
 use crate::resilience::connection::ProviderErrorType;
 use crate::resilience::{FallbackDecision, OwnedHeaders, Reason};
@@ -43,10 +47,17 @@ pub fn decide(config: &Config, backoff_level: u32, f: &Failed<'_>, now: Now) -> 
 /// The verdict of a failure, classified at `backoff_level` (this shard's view).
 pub fn verdict(config: &Config, backoff_level: u32, f: &Failed<'_>, now: Now) -> Verdict {
     let decision = decide(config, backoff_level, f, now);
-    let lower = f.text.to_ascii_lowercase();
+    let provider = config.provider(f.provider);
+    let lower = searchable_text(f.text, None);
+    let answer = Answer {
+        status: f.status,
+        lower: &lower,
+        provider: &provider.name,
+        auth: provider.auth,
+    };
     Verdict {
         status: f.status,
-        error_type: error_type_of(f.status, &decision, &lower),
+        error_type: error_type_of(&answer, &decision),
         credits_signal: is_credits_signal(&lower),
         breaker: f.breaker,
         last_error: LastError::new(f.text),
@@ -55,7 +66,10 @@ pub fn verdict(config: &Config, backoff_level: u32, f: &Failed<'_>, now: Now) ->
 }
 
 /// The verdict of an attempt that failed before any answer: timeouts and protocol errors
-/// classify as the 504 / 502 a client would have seen, connect failures as network errors.
+/// classify as the 504 / 502 a client would have seen. A failure to reach the upstream at
+/// all (DNS, connect, TLS, connect timeout) is a network error: it cools the connection
+/// like a 502 but says why (`Reason::NetworkError`, type `connect_failed`), so nothing
+/// downstream mistakes it for a rate limit.
 pub fn verdict_of_error(
     config: &Config,
     backoff_level: u32,
@@ -66,6 +80,9 @@ pub fn verdict_of_error(
     now: Now,
 ) -> Option<Verdict> {
     let (status, text, breaker) = match err.kind {
+        ErrorKind::UpstreamTimeout(TimeoutPhase::Connect) => {
+            (504, "upstream connect timed out", Failure::Timeout)
+        }
         ErrorKind::UpstreamTimeout(_) => (504, "upstream timed out", Failure::Timeout),
         ErrorKind::UpstreamConnect => (502, "upstream connect failed", Failure::ConnectFailed),
         ErrorKind::UpstreamProtocol => (502, &*err.message, Failure::Status(502)),
@@ -80,26 +97,92 @@ pub fn verdict_of_error(
         headers: &[],
         breaker,
     };
-    Some(verdict(config, backoff_level, &f, now))
+    let mut v = verdict(config, backoff_level, &f, now);
+    match err.kind {
+        ErrorKind::UpstreamConnect | ErrorKind::UpstreamTimeout(TimeoutPhase::Connect) => {
+            v.decision.reason = Reason::NetworkError;
+            v.error_type = Some(ProviderErrorType::ConnectFailed);
+        }
+        ErrorKind::UpstreamTimeout(_) => v.error_type = Some(ProviderErrorType::Timeout),
+        _ => {}
+    }
+    Some(v)
 }
 
-/// `classifyProviderError`'s type (A §3.6) for the terminal-state rules, from the status,
-/// the classification and the (lower-cased) text.
-pub fn error_type_of(
-    status: u16,
-    decision: &FallbackDecision,
-    lower: &str,
-) -> Option<ProviderErrorType> {
-    match status {
-        401 => Some(ProviderErrorType::Unauthorized),
-        // A plain 403 is not a ban: bans come from ban signals (`decision.permanent`).
-        403 if lower.contains("request not allowed") => Some(ProviderErrorType::RequestRejected),
-        404 => Some(ProviderErrorType::ModelNotFound),
+/// An upstream error answer as the provider-error typing reads it.
+pub struct Answer<'a> {
+    /// The status after restatement.
+    pub status: u16,
+    /// [`searchable_text`] of the body.
+    pub lower: &'a str,
+    pub provider: &'a str,
+    pub auth: AuthKind,
+}
+
+/// `classifyProviderError`'s type (A §3.6) for the terminal-state rules: credits or
+/// subscription text on a 400–403 (a 429 only outside the api-key category) is a quota;
+/// a 429 is a rate limit (or a quota when classification or daily text says so); a 404
+/// names a missing model unless a request-scoped resource is missing; a 401 is an invalid
+/// OAuth token, a model the account may not use, a deactivated account, or unauthorised;
+/// a 402 is a quota; a 400/403 from a Google surface with a regional refusal is
+/// geo-blocked; a 403 is a fingerprint rejection (Cloudflare 1010), a deactivated
+/// account, a project route error (Cloud Code configuration), a refusal ("Request not
+/// allowed", the request-rejected streak), a Sentinel/Turnstile block (forbidden), nothing
+/// for api-key and local providers, and **forbidden** otherwise (an OAuth 403 with text
+/// nobody recognises bans the account); a 5xx is a server error (a 504 a timeout); a 400
+/// is a context overflow or a missing model.
+///
+/// Deviations: `local` providers count as not api-key for the 429 quota signals (as in
+/// classification) and as credential-less for the 403 default; markers are matched on
+/// lower-cased text with the decoded JSON message.
+pub fn error_type_of(a: &Answer<'_>, decision: &FallbackDecision) -> Option<ProviderErrorType> {
+    let lower = a.lower;
+    let quota_text = is_credits_signal(lower) || is_subscription_quota(lower, Some(a.provider));
+    let preserve_quota_429 = a.auth != AuthKind::ApiKey;
+    match a.status {
+        400..=403 if quota_text => Some(ProviderErrorType::QuotaExhausted),
+        429 if (quota_text || is_daily_quota(lower)) && preserve_quota_429 => {
+            Some(ProviderErrorType::QuotaExhausted)
+        }
         429 if decision.reason == Reason::QuotaExhausted => Some(ProviderErrorType::QuotaExhausted),
         429 => Some(ProviderErrorType::RateLimited),
+        404 if is_resource_not_found(lower) => None,
+        404 => Some(ProviderErrorType::ModelNotFound),
+        401 if is_oauth_invalid_token(lower) => Some(ProviderErrorType::OauthInvalidToken),
+        401 if is_model_named_unsupported(lower) => Some(ProviderErrorType::ModelNotFound),
+        401 if is_ban_signal(lower, &[]) => Some(ProviderErrorType::AccountDeactivated),
+        401 => Some(ProviderErrorType::Unauthorized),
+        402 => Some(ProviderErrorType::QuotaExhausted),
+        400 | 403 if is_geo_block_provider(a.provider) && is_geo_blocked(lower) => {
+            Some(ProviderErrorType::GeoBlocked)
+        }
+        403 => forbidden_type(a),
         408 | 504 => Some(ProviderErrorType::Timeout),
         500..=599 => Some(ProviderErrorType::ServerError),
+        400 if is_context_overflow(lower) => Some(ProviderErrorType::ContextOverflow),
+        400 if is_model_named_unsupported(lower) => Some(ProviderErrorType::ModelNotFound),
         _ => None,
+    }
+}
+
+/// The type of a 403 (see [`error_type_of`]).
+fn forbidden_type(a: &Answer<'_>) -> Option<ProviderErrorType> {
+    let lower = a.lower;
+    if is_fingerprint_rejection(lower) {
+        Some(ProviderErrorType::FingerprintRejection)
+    } else if is_ban_signal(lower, &[]) {
+        Some(ProviderErrorType::AccountDeactivated)
+    } else if is_project_route_error(lower) || is_cloud_code_provider(a.provider) {
+        Some(ProviderErrorType::ProjectRouteError)
+    } else if lower.contains("request not allowed") {
+        Some(ProviderErrorType::RequestRejected)
+    } else if is_sentinel_block(lower) {
+        Some(ProviderErrorType::Forbidden)
+    } else {
+        match a.auth {
+            AuthKind::ApiKey | AuthKind::Local => None,
+            AuthKind::OAuth => Some(ProviderErrorType::Forbidden),
+        }
     }
 }
 
@@ -107,36 +190,212 @@ pub fn error_type_of(
 mod tests {
     use super::*;
 
+    fn type_of(
+        status: u16,
+        text: &str,
+        provider: &str,
+        auth: AuthKind,
+    ) -> Option<ProviderErrorType> {
+        type_with(status, text, provider, auth, Reason::Unknown)
+    }
+
+    fn type_with(
+        status: u16,
+        text: &str,
+        provider: &str,
+        auth: AuthKind,
+        reason: Reason,
+    ) -> Option<ProviderErrorType> {
+        let lower = searchable_text(text, None);
+        let a = Answer {
+            status,
+            lower: &lower,
+            provider,
+            auth,
+        };
+        error_type_of(&a, &FallbackDecision::new(true, 0, reason))
+    }
+
     #[test]
     fn error_types_for_terminal_rules() {
-        let d = |r| FallbackDecision::new(true, 0, r);
+        use AuthKind::{ApiKey, Local, OAuth};
+        use ProviderErrorType::*;
+        let cases: &[(u16, &str, &str, AuthKind, Option<ProviderErrorType>)] = &[
+            (401, "bad key", "p", ApiKey, Some(Unauthorized)),
+            (
+                401,
+                "Invalid authentication credentials",
+                "p",
+                OAuth,
+                Some(OauthInvalidToken),
+            ),
+            (
+                401,
+                r#"{"error":{"message":"OAuth 2 token expired"}}"#,
+                "p",
+                ApiKey,
+                Some(OauthInvalidToken),
+            ),
+            (
+                401,
+                "Model foo-1 is not supported",
+                "p",
+                ApiKey,
+                Some(ModelNotFound),
+            ),
+            (
+                401,
+                "account_deactivated",
+                "p",
+                OAuth,
+                Some(AccountDeactivated),
+            ),
+            (402, "", "p", ApiKey, Some(QuotaExhausted)),
+            (
+                403,
+                "insufficient credits",
+                "p",
+                ApiKey,
+                Some(QuotaExhausted),
+            ),
+            (403, "usage limit reached", "p", OAuth, Some(QuotaExhausted)),
+            // An api-key or local 403 with unknown text is not typed; an OAuth one bans.
+            (403, "forbidden", "p", ApiKey, None),
+            (403, "forbidden", "p", Local, None),
+            (403, "forbidden", "p", OAuth, Some(Forbidden)),
+            (
+                403,
+                "Request not allowed",
+                "p",
+                OAuth,
+                Some(RequestRejected),
+            ),
+            (
+                403,
+                "error code: 1010",
+                "p",
+                OAuth,
+                Some(FingerprintRejection),
+            ),
+            (
+                403,
+                r#"{"error_code":1010,"error_name":"x"}"#,
+                "p",
+                OAuth,
+                Some(FingerprintRejection),
+            ),
+            (403, "model foo-1010 is gone", "p", OAuth, Some(Forbidden)),
+            (
+                403,
+                "<script>window._cf_chl_opt={}</script>",
+                "p",
+                OAuth,
+                Some(FingerprintRejection),
+            ),
+            (
+                403,
+                "Your account has been suspended",
+                "p",
+                OAuth,
+                Some(AccountDeactivated),
+            ),
+            (
+                403,
+                "Cloud AI Companion API has not been used in project 123",
+                "p",
+                OAuth,
+                Some(ProjectRouteError),
+            ),
+            (403, "SERVICE_DISABLED", "p", OAuth, Some(ProjectRouteError)),
+            (
+                403,
+                "anything",
+                "antigravity",
+                OAuth,
+                Some(ProjectRouteError),
+            ),
+            (403, "SENTINEL_BLOCKED", "p", ApiKey, Some(Forbidden)),
+            (403, "Turnstile required", "p", Local, Some(Forbidden)),
+            (
+                403,
+                "User location is not supported for the API use.",
+                "gemini",
+                OAuth,
+                Some(GeoBlocked),
+            ),
+            (
+                400,
+                "User location is not supported for the API use.",
+                "gemini",
+                ApiKey,
+                Some(GeoBlocked),
+            ),
+            // Only Google surfaces are geo-blocked; elsewhere the lookalike is a plain 403.
+            (
+                403,
+                "not available in your region",
+                "p",
+                OAuth,
+                Some(Forbidden),
+            ),
+            (
+                404,
+                "The model x does not exist",
+                "p",
+                ApiKey,
+                Some(ModelNotFound),
+            ),
+            (404, "File file-abc not found", "p", ApiKey, None),
+            (429, "slow down", "p", ApiKey, Some(RateLimited)),
+            (
+                429,
+                "insufficient credits",
+                "p",
+                OAuth,
+                Some(QuotaExhausted),
+            ),
+            (429, "daily quota used", "p", OAuth, Some(QuotaExhausted)),
+            (429, "insufficient credits", "p", ApiKey, Some(RateLimited)),
+            (504, "", "p", ApiKey, Some(Timeout)),
+            (503, "", "p", ApiKey, Some(ServerError)),
+            (
+                400,
+                "This model's maximum context length is 8192 tokens",
+                "p",
+                ApiKey,
+                Some(ContextOverflow),
+            ),
+            (
+                400,
+                "model \"gpt-9\" is not supported",
+                "p",
+                ApiKey,
+                Some(ModelNotFound),
+            ),
+            (400, "messages: field required", "p", ApiKey, None),
+        ];
+        for (status, text, provider, auth, want) in cases {
+            assert_eq!(
+                type_of(*status, text, provider, *auth),
+                *want,
+                "{status} {text:?} {provider} {auth:?}"
+            );
+        }
+        // A 429 classified as a quota is a quota.
         assert_eq!(
-            error_type_of(401, &d(Reason::AuthError), ""),
-            Some(ProviderErrorType::Unauthorized)
+            type_with(429, "", "p", ApiKey, Reason::QuotaExhausted),
+            Some(QuotaExhausted)
         );
-        // A plain 403 is not a ban (bans come from ban signals, `decision.permanent`).
-        assert_eq!(error_type_of(403, &d(Reason::AuthError), "forbidden"), None);
+        // Escaped JSON is read decoded.
         assert_eq!(
-            error_type_of(403, &d(Reason::RateLimitExceeded), "request not allowed"),
-            Some(ProviderErrorType::RequestRejected)
+            type_of(
+                401,
+                r#"{"error":{"message":"\u0049nvalid authentication credentials"}}"#,
+                "p",
+                OAuth
+            ),
+            Some(OauthInvalidToken)
         );
-        assert_eq!(
-            error_type_of(429, &d(Reason::QuotaExhausted), ""),
-            Some(ProviderErrorType::QuotaExhausted)
-        );
-        assert_eq!(
-            error_type_of(429, &d(Reason::RateLimitExceeded), ""),
-            Some(ProviderErrorType::RateLimited)
-        );
-        assert_eq!(
-            error_type_of(504, &d(Reason::ServerError), ""),
-            Some(ProviderErrorType::Timeout)
-        );
-        assert_eq!(
-            error_type_of(503, &d(Reason::ServerError), ""),
-            Some(ProviderErrorType::ServerError)
-        );
-        assert_eq!(error_type_of(400, &d(Reason::Unknown), ""), None);
     }
 
     /// The verdict carries no more than the sanitised, bounded `lastError` of the text.

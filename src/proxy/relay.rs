@@ -29,7 +29,9 @@ use crate::owners::health::protocol::{Ended, Verdict};
 use crate::owners::{gates, queue, quota_share};
 use crate::providers::Endpoint;
 use crate::resilience::OwnedHeaders;
+use crate::resilience::backoff::retry_after_header;
 use crate::resilience::breaker::{Failure, circuit_open_response};
+use crate::resilience::classify::parse_error_body;
 use crate::resilience::restate::apply_status_restatement;
 use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
@@ -190,7 +192,10 @@ impl<'s> Attempted<'s> {
             shard.now(),
         );
         let ended = match verdict {
-            Some(v) => Ended::Failed(Box::new(v)),
+            Some(v) => {
+                shard.metrics().upstream_error(v.error_type);
+                Ended::Failed(Box::new(v))
+            }
             None => Ended::ClientAbort,
         };
         self.end(ended).await;
@@ -366,10 +371,28 @@ fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buff
         .iter()
         .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
         .collect();
-    let restated = apply_status_restatement(Some(&provider.name), buffered.status, "", &text, None);
+    // Restatement reads the decoded error message (an escaped `\u989d…` body says the
+    // same as a raw one) and keeps the upstream's own Retry-After; the rule's window only
+    // fills a missing one.
+    let message = parse_error_body(&text).error.message.unwrap_or_default();
+    let upstream_retry_after_ms = buffered
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("retry-after"))
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .and_then(|v| retry_after_header(v, now.wall_ms));
+    let restated = apply_status_restatement(
+        Some(&provider.name),
+        buffered.status,
+        &message,
+        &text,
+        upstream_retry_after_ms,
+    );
     if restated.is_restated() {
         buffered.status = restated.status;
-        buffered.retry_after_s = restated.client_retry_after_secs();
+        if upstream_retry_after_ms.is_none() {
+            buffered.retry_after_s = restated.client_retry_after_secs();
+        }
     }
     let status = buffered.status;
     if queue_of(config, connection, &target.model).is_some() {
@@ -390,7 +413,9 @@ fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buff
         headers: &headers,
         breaker: Failure::Status(status),
     };
-    classify::verdict(config, attempted.level(), &failed, now)
+    let verdict = classify::verdict(config, attempted.level(), &failed, now);
+    shard.metrics().upstream_error(verdict.error_type);
+    verdict
 }
 
 /// The answer when every candidate failed or was skipped.
@@ -454,8 +479,33 @@ fn exclusion_error(shard: &Shard, plan: &Plan, excluded: &[Excluded]) -> Gateway
             ),
         );
     }
+    if single_provider && all(|r| *r == Exclusion::Unreachable) {
+        // Nothing answered, so nothing was rate limited: say what happened.
+        let name = &config.provider(excluded[0].provider).name;
+        let wait = min_wait.unwrap_or(1_000);
+        let retry_s = secs(wait);
+        return GatewayError::new(
+            ErrorKind::UpstreamUnreachable,
+            format!(
+                "[{name}] All {} connection(s) for model {} are unreachable after network errors \
+                 (DNS, connect or TLS failure); retry after {}",
+                excluded.len(),
+                plan.peek.model,
+                crate::resilience::backoff::human_duration(wait)
+            ),
+        )
+        .with_retry_after(retry_s)
+        .with_extra("provider", json!(name))
+        .with_extra("model", json!(plan.peek.model))
+        .with_extra("retry_after", json!(retry_s));
+    }
     if single_provider
-        && all(|r| matches!(r, Exclusion::ConnectionCooldown | Exclusion::ModelLockout))
+        && all(|r| {
+            matches!(
+                r,
+                Exclusion::ConnectionCooldown | Exclusion::ModelLockout | Exclusion::Unreachable
+            )
+        })
     {
         let wait = min_wait.unwrap_or(1_000);
         let reset_s = secs(wait);

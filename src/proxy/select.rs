@@ -9,6 +9,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::owners::Shard;
 use crate::owners::health::client::{ProbePermits, ask_probe};
 use crate::owners::health::views::Views;
+use crate::resilience::Reason;
 use crate::resilience::breaker::{BreakerKey, ViewGate};
 use crate::resilience::connection::{Routability, Terminal};
 use crate::routing::resolve::Target;
@@ -18,6 +19,8 @@ use crate::routing::resolve::Target;
 pub enum Exclusion {
     CircuitOpen,
     ConnectionCooldown,
+    /// Cooling after network errors: the upstream could not be reached.
+    Unreachable,
     ModelLockout,
     Terminal(Terminal),
 }
@@ -27,6 +30,7 @@ impl Exclusion {
         match self {
             Exclusion::CircuitOpen => "circuit_open",
             Exclusion::ConnectionCooldown => "connection_cooldown",
+            Exclusion::Unreachable => "connection_unreachable",
             Exclusion::ModelLockout => "model_lockout",
             Exclusion::Terminal(t) => t.status().as_str(),
         }
@@ -71,11 +75,13 @@ pub fn gate(
 ) -> Gate {
     match views.connections.routability(connection, now) {
         Routability::Routable => {}
-        Routability::NotUntil { until_ms, .. } => {
-            return Gate::Skip(
-                Exclusion::ConnectionCooldown,
-                Some(until_ms.saturating_sub(now.wall_ms)),
-            );
+        Routability::NotUntil { until_ms, reason } => {
+            let why = if reason == Reason::NetworkError {
+                Exclusion::Unreachable
+            } else {
+                Exclusion::ConnectionCooldown
+            };
+            return Gate::Skip(why, Some(until_ms.saturating_sub(now.wall_ms)));
         }
         Routability::Terminal(t) => return Gate::Skip(Exclusion::Terminal(t), None),
     }

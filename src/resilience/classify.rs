@@ -308,18 +308,49 @@ const CREDITS_SIGNALS: &[&str] = &[
     "exhausted all your credits",
 ];
 
+/// Phrases that name a long quota window or an exhausted quota, not a short rate limit
+/// (spec A §1.7: long-quota patterns and terminal credit/billing signals).
 const LONG_QUOTA_MARKERS: &[&str] = &[
-    "daily limit",
-    "daily quota",
-    "monthly limit",
-    "monthly quota",
-    "per-day limit",
-    "per day limit",
-    "per-day quota",
-    "per day quota",
     "hard limit",
+    "hard-limit",
+    "hard_limit",
+    "hardlimit",
+    "out of credits",
+    "individual quota reached",
+    "enable overages",
+    "insufficient_g1_credits_balance",
+    "daily free allocation",
     "have exhausted their quota",
-    "\"error\":\"usage limit reached\"",
+    "insufficient balance",
+    "使用上限",
+    "调用上限",
+    "额度已用尽",
+    "额度已用完",
+];
+
+/// Word pairs that name a long quota when the second follows the first on one line, any
+/// words between ("monthly usage limit", "exceeded the daily token quota").
+const LONG_QUOTA_PAIRS: &[(&str, &str)] = &[
+    ("daily", "limit"),
+    ("daily", "quota"),
+    ("per-day", "limit"),
+    ("per day", "limit"),
+    ("perday", "limit"),
+    ("per_day", "limit"),
+    ("monthly", "limit"),
+    ("monthly", "quota"),
+    ("per-month", "limit"),
+    ("per month", "limit"),
+    ("permonth", "limit"),
+    ("per_month", "limit"),
+    ("quota", "exceed"),
+    ("exceed", "quota"),
+    ("insufficient", "quota"),
+    ("billing", "cap"),
+    ("credit", "exhaust"),
+    ("plan", "limit"),
+    ("resource has been exhausted", "reset after"),
+    ("限额将在", "重置"),
 ];
 
 /// Whether lower-cased text carries a ban signal (built-in list plus `extra`, compared
@@ -337,23 +368,55 @@ pub fn is_credits_signal(lower: &str) -> bool {
     contains_any(lower, CREDITS_SIGNALS)
 }
 
-/// Whether lower-cased text names a long quota window (daily, monthly, plan, hard limit):
-/// such a 429 is a quota, not a short rate limit.
+/// Whether lower-cased text names a long quota window or an exhausted quota (daily,
+/// monthly, plan or hard limits, "individual quota reached", "enable overages", "daily
+/// free allocation", "insufficient balance", a tokens-per-day limit, …): such a 429 is a
+/// quota, not a short rate limit.
 pub fn is_long_quota(lower: &str) -> bool {
     contains_any(lower, LONG_QUOTA_MARKERS)
-        || in_order(lower, "quota", "exceed")
-        || in_order(lower, "plan", "limit")
+        || LONG_QUOTA_PAIRS
+            .iter()
+            .any(|(first, then)| in_order(lower, first, then))
+        || is_usage_limit_error_value(lower)
+        || is_tpd_rate_limit(lower)
+}
+
+/// A JSON body whose `error` is the string "usage limit reached" (trailing dots and
+/// spaces allowed): `{"error":"usage limit reached"}`.
+fn is_usage_limit_error_value(lower: &str) -> bool {
+    lower.match_indices("\"error\"").any(|(i, m)| {
+        let rest = lower[i + m.len()..].trim_start();
+        let Some(rest) = rest.strip_prefix(':') else {
+            return false;
+        };
+        let Some(rest) = rest.trim_start().strip_prefix("\"usage limit reached") else {
+            return false;
+        };
+        rest.trim_start_matches(['.', ' ', '\t', '\n', '\r'])
+            .starts_with('"')
+    })
+}
+
+/// "TPD rate limit" as words (tokens per day), e.g. Moonshot's "organization TPD rate
+/// limit".
+fn is_tpd_rate_limit(lower: &str) -> bool {
+    lower.match_indices("tpd rate limit").any(|(i, m)| {
+        let before = lower[..i].chars().next_back();
+        let after = lower[i + m.len()..].chars().next();
+        !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+    })
 }
 
 fn contains_any(lower: &str, markers: &[&str]) -> bool {
     markers.iter().any(|m| lower.contains(m))
 }
 
-/// `first` occurs and `then` occurs after its first occurrence.
+/// `first` occurs on a line and `then` occurs after it on the same line.
 fn in_order(lower: &str, first: &str, then: &str) -> bool {
-    lower
-        .find(first)
-        .is_some_and(|i| lower[i + first.len()..].contains(then))
+    lower.lines().any(|line| {
+        line.find(first)
+            .is_some_and(|i| line[i + first.len()..].contains(then))
+    })
 }
 
 fn is_retired_model(lower: &str) -> bool {
@@ -400,7 +463,8 @@ fn is_billing_suspension(lower: &str) -> bool {
     })
 }
 
-fn is_daily_quota(lower: &str) -> bool {
+/// Daily-quota text ("today's quota", "daily quota", "try again tomorrow").
+pub fn is_daily_quota(lower: &str) -> bool {
     contains_any(
         lower,
         &[
@@ -412,7 +476,9 @@ fn is_daily_quota(lower: &str) -> bool {
     )
 }
 
-fn is_subscription_quota(lower: &str, provider: Option<&str>) -> bool {
+/// Subscription-quota text ("usage limit reached", "you've reached your usage limit", …;
+/// for provider `claude` also its account rate-limit sentence).
+pub fn is_subscription_quota(lower: &str, provider: Option<&str>) -> bool {
     contains_any(
         lower,
         &[
@@ -442,6 +508,185 @@ fn is_weekly_limit(lower: &str) -> bool {
 fn is_session_limit(lower: &str) -> bool {
     contains_any(lower, &["session usage limit", "session limit reached"])
         || (lower.contains("reached your session") && lower.contains("usage limit"))
+}
+
+/// Text that says an OAuth token is invalid or expired (A §3.6): a refresh may fix it, so
+/// it is not terminal.
+pub fn is_oauth_invalid_token(lower: &str) -> bool {
+    contains_any(
+        lower,
+        &[
+            "invalid authentication credentials",
+            "oauth 2",
+            "login cookie",
+            "valid authentication credential",
+            "invalid credentials",
+            "re-authenticate your cline account",
+        ],
+    )
+}
+
+/// A Cloudflare browser-signature block (error 1010, `browser_signature_banned`) or a
+/// Cloudflare challenge page: the client's signature was refused, not the account.
+pub fn is_fingerprint_rejection(lower: &str) -> bool {
+    const CHALLENGE: &[&str] = &[
+        "_cf_chl_opt",
+        "cdn-cgi/challenge-platform",
+        "id=\"challenge-error-text\"",
+        "id=\\\"challenge-error-text\\\"",
+    ];
+    let code_1010 = ["error code", "error_code", "error-code", "errorcode"]
+        .iter()
+        .any(|key| {
+            lower.match_indices(key).any(|(i, m)| {
+                let rest = &lower[i + m.len()..];
+                let value = rest.trim_start_matches(['\\', '"', '\'', ':', '=', ' ']);
+                rest.len() - value.len() <= 12
+                    && value.strip_prefix("1010").is_some_and(|after| {
+                        !after
+                            .chars()
+                            .next()
+                            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    })
+            })
+        });
+    code_1010
+        || lower.contains("error-1010")
+        || lower.contains("error_1010")
+        || lower.contains("browser_signature_banned")
+        || lower.contains("fingerprint_rejection")
+        || contains_any(lower, CHALLENGE)
+}
+
+/// A regional-availability refusal ("user location is not supported", "not available in
+/// your region"): no other account behind the same egress can do better.
+pub fn is_geo_blocked(lower: &str) -> bool {
+    contains_any(
+        lower,
+        &[
+            "user location is not supported",
+            "location is not supported",
+            "not supported for the api use",
+            "region is not supported",
+            "unsupported location",
+            "not available in your location",
+            "not available in your region",
+        ],
+    )
+}
+
+/// Providers whose upstream answers with Google's regional refusal (Gemini, Vertex, Cloud
+/// Code / Antigravity).
+pub fn is_geo_block_provider(provider: &str) -> bool {
+    let p = provider.trim().to_ascii_lowercase();
+    matches!(
+        p.as_str(),
+        "antigravity" | "agy" | "gemini" | "gemini-cli" | "vertex"
+    ) || is_cloud_code_provider(&p)
+}
+
+/// Cloud Code (Gemini Code Assist) providers, whose 403s are project configuration.
+pub fn is_cloud_code_provider(provider: &str) -> bool {
+    let p = provider.trim().to_ascii_lowercase();
+    p == "antigravity" || p == "gemini-cli" || p.contains("cloudcode") || p.contains("cloud-code")
+}
+
+/// A 403 about the project's configuration (the API not enabled on it, permission on the
+/// project), which fixing the project clears: not a ban.
+pub fn is_project_route_error(lower: &str) -> bool {
+    contains_any(
+        lower,
+        &[
+            "has not been used in project",
+            "service_disabled",
+            "accessnotconfigured",
+            "permission_denied",
+        ],
+    ) || lower.match_indices("it is disabled").any(|(i, m)| {
+        let before = lower[..i].chars().next_back();
+        let after = lower[i + m.len()..].chars().next();
+        !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+    })
+}
+
+/// A Cloudflare Sentinel or Turnstile block of a browser-session account: terminal.
+pub fn is_sentinel_block(lower: &str) -> bool {
+    lower.contains("sentinel_blocked")
+        || lower.contains("turnstile required")
+        || lower.lines().any(|line| {
+            line.find("sentinel").is_some_and(|i| {
+                let rest = &line[i..];
+                rest.char_indices()
+                    .take_while(|(n, _)| *n <= 96)
+                    .any(|(n, _)| rest[n..].starts_with("blocked"))
+            })
+        })
+}
+
+/// "model … is not supported" (the model named in the sentence): the model, not the
+/// account.
+pub fn is_model_named_unsupported(lower: &str) -> bool {
+    lower.lines().any(|line| {
+        line.match_indices("model").any(|(i, m)| {
+            let rest = &line[i + m.len()..];
+            rest.char_indices()
+                .take_while(|(n, _)| *n <= 80)
+                .any(|(n, _)| rest[n..].starts_with(" is not supported"))
+        })
+    })
+}
+
+/// A 404 about a request-scoped resource (a file, item, response or upload id), not the
+/// model or the provider.
+pub fn is_resource_not_found(lower: &str) -> bool {
+    const THINGS: &[&str] = &[
+        "file",
+        "input_file",
+        "input file",
+        "file_id",
+        "item",
+        "response",
+        "vector_store",
+        "vector store",
+        "upload",
+    ];
+    const MISSING: &[&str] = &["not found", "does not exist"];
+    lower.lines().any(|line| {
+        contains_any(line, MISSING)
+            && THINGS.iter().any(|t| {
+                line.match_indices(t).any(|(i, m)| {
+                    let before = line[..i].chars().next_back();
+                    let after = line[i + m.len()..].chars().next();
+                    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    !word(before) && (!word(after) || after == Some('s'))
+                })
+            })
+    }) || lower.contains("file-") && contains_any(lower, MISSING)
+}
+
+/// The error text as classification searches it: lower-cased (at most
+/// [`MAX_CLASSIFIED_TEXT_BYTES`]), plus the decoded JSON error message when the text
+/// does not already contain it (so `\u989d…` escapes still match).
+pub fn searchable_text(text: &str, structured: Option<&StructuredError>) -> String {
+    let parsed;
+    let error = match structured {
+        Some(s) => s,
+        None => {
+            parsed = parse_error_body(text);
+            &parsed.error
+        }
+    };
+    let mut lower = cap_text(text).to_lowercase();
+    if let Some(msg) = error.message.as_deref() {
+        let msg = cap_text(msg).to_lowercase();
+        if !msg.is_empty() && !lower.contains(&msg) {
+            if !lower.is_empty() {
+                lower.push('\n');
+            }
+            lower.push_str(&msg);
+        }
+    }
+    lower
 }
 
 /// A 403 that no retry will fix: a Cloudflare browser-signature block, or an explicit
@@ -497,7 +742,8 @@ fn is_model_access_text(lower: &str) -> bool {
     ) || (lower.contains("model") && contains_any(lower, ACCESS))
 }
 
-fn is_context_overflow(lower: &str) -> bool {
+/// Context-overflow text (the prompt exceeds the model's context window).
+pub fn is_context_overflow(lower: &str) -> bool {
     contains_any(
         lower,
         &[
@@ -737,22 +983,12 @@ fn cap_text(text: &str) -> &str {
 
 impl<'a> Ctx<'a> {
     fn new(input: &'a ClassifyInput<'a>) -> Self {
-        let text = cap_text(input.text);
         let parsed = parse_error_body(input.text);
         let error = match input.structured {
             Some(s) => Cow::Borrowed(s),
             None => Cow::Owned(parsed.error),
         };
-        let mut lower = text.to_lowercase();
-        if let Some(msg) = error.message.as_deref() {
-            let msg = cap_text(msg).to_lowercase();
-            if !msg.is_empty() && !lower.contains(&msg) {
-                if !lower.is_empty() {
-                    lower.push('\n');
-                }
-                lower.push_str(&msg);
-            }
-        }
+        let lower = searchable_text(input.text, Some(&error));
         let provider = input.provider.map(str::trim).filter(|p| !p.is_empty());
         let preserve_quota_429 =
             provider.is_none() || input.auth != AuthKind::ApiKey || is_long_quota(&lower);
@@ -997,7 +1233,7 @@ impl<'a> Ctx<'a> {
             return None;
         }
         let daily = is_daily_quota(&self.lower);
-        let tpd = self.lower.contains("tpd rate limit");
+        let tpd = is_tpd_rate_limit(&self.lower);
         let now = self.input.now.wall_ms;
         let ms = if daily {
             self.input
@@ -1495,7 +1731,9 @@ mod tests {
             ("4e needs a model", c(429, "Quota exceeded for metric GenerateRequestsPerMinutePerProjectPerModel").provider("gemini"), scaled(QuotaExhausted)),
             // 4f: credits.
             ("4f credits on a 402", c(402, r#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#), want(true, 120_000, QuotaExhausted).credits()),
-            ("4f credits text on an api-key 429 is a rate limit", c(429, "insufficient_quota"), scaled(RateLimitExceeded)),
+            ("4f credits text on an api-key 429 is a rate limit", c(429, "payment required"), scaled(RateLimitExceeded)),
+            ("4f credits text that is a quota pattern on an api-key 429", c(429, "insufficient_quota"), want(true, 120_000, QuotaExhausted).credits()),
+            ("4f insufficient balance on an api-key 429", c(429, "Insufficient balance"), want(true, 120_000, QuotaExhausted).credits()),
             ("4f credits on an oauth 429", c(429, "Your credit balance is too low").oauth(), want(true, 120_000, QuotaExhausted).credits()),
             ("4f compatible provider: no credits flag", c(402, "insufficient balance").provider("openai-compatible-acme"), want(true, 120_000, QuotaExhausted)),
             ("4f compatible moonshot empty balance", c(402, r#"{"error":{"type":"exceeded_current_quota_error","message":"insufficient balance"}}"#).provider("openai-compatible-moonshot"), want(true, 120_000, QuotaExhausted).credits()),
@@ -1520,6 +1758,12 @@ mod tests {
             // 4k: quota with a reset hint.
             ("4k trusted text hint", c(429, "Quota exceeded for this project, please retry in 30s"), want(true, 30_000, QuotaExhausted).lvl(0).used(Body).reset(30_000)),
             ("4k untrusted hint still recorded", c(429, "Quota exceeded for this project, please retry in 30s").oauth(), scaled_oauth(QuotaExhausted).reset(30_000)),
+            ("4k monthly words between, api-key 429", c(429, "Monthly usage quota reached, resets in 2h"), want(true, 7_200_000, QuotaExhausted).lvl(0).used(Body).reset(7_200_000)),
+            ("4k individual quota, untrusted hint", c(429, "Individual quota reached. Contact your administrator to enable overages. Resets in 2h").oauth(), scaled_oauth(QuotaExhausted).reset(7_200_000)),
+            ("4k enable overages, api-key 429", c(429, "enable overages to continue; resets in 2h"), want(true, 7_200_000, QuotaExhausted).lvl(0).used(Body).reset(7_200_000)),
+            ("4k exceed words between quota", c(429, "You exceeded the token quota, please retry in 60s").oauth(), scaled_oauth(QuotaExhausted).reset(60_000)),
+            ("4k daily free allocation", c(429, "you have used up your daily free allocation of 10,000 neurons, resets in 2h").oauth(), scaled_oauth(QuotaExhausted).reset(7_200_000)),
+            ("4k TPD rate limit with a text hint", c(429, "request reached organization TPD rate limit, resets in 2h").oauth(), scaled_oauth(QuotaExhausted).reset(7_200_000)),
             ("4k header hint on a long quota", c(429, "monthly quota exceeded").headers(&[("Retry-After", "3600")]), want(true, 3_600_000, QuotaExhausted).lvl(0).used(Header).reset(3_600_000)),
             // 4l–o: 403s.
             ("4l route not authorized", c(403, "User is not authorized for this route"), want(false, 0, Unknown)),

@@ -212,7 +212,8 @@ pub enum ProviderErrorType {
 }
 
 impl ProviderErrorType {
-    const ALL: [ProviderErrorType; 16] = [
+    /// Every type, in a fixed order (labelled counters).
+    pub const ALL: [ProviderErrorType; 16] = [
         ProviderErrorType::QuotaExhausted,
         ProviderErrorType::RateLimited,
         ProviderErrorType::ModelNotFound,
@@ -271,6 +272,7 @@ pub fn parse_reason(s: &str) -> Option<Reason> {
         Reason::ExecutorContractViolation,
         Reason::InvalidPreviousResponseBinding,
         Reason::ProviderModelUnsupported,
+        Reason::NetworkError,
     ]
     .into_iter()
     .find(|r| r.as_str() == s)

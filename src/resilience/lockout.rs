@@ -173,7 +173,7 @@ impl From<Reason> for LockReason {
             Reason::QuotaExhausted => LockReason::QuotaExhausted,
             Reason::RateLimitExceeded => LockReason::RateLimitExceeded,
             Reason::ModelCapacity => LockReason::ModelCapacity,
-            Reason::ServerError => LockReason::ServerError,
+            Reason::ServerError | Reason::NetworkError => LockReason::ServerError,
             Reason::ServiceNotRunning => LockReason::ServiceNotRunning,
             Reason::NotFound => LockReason::NotFound,
             Reason::Unknown

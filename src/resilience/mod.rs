@@ -32,6 +32,9 @@ pub enum Reason {
     ExecutorContractViolation,
     InvalidPreviousResponseBinding,
     ProviderModelUnsupported,
+    /// The upstream could not be reached (DNS, TCP connect or TLS failure, or the connect
+    /// timed out): no answer, so nothing was rate limited.
+    NetworkError,
 }
 
 impl Reason {
@@ -48,6 +51,7 @@ impl Reason {
             Reason::ExecutorContractViolation => "executor_contract_violation",
             Reason::InvalidPreviousResponseBinding => "invalid_previous_response_binding",
             Reason::ProviderModelUnsupported => "provider_model_unsupported",
+            Reason::NetworkError => "network_error",
         }
     }
 }

@@ -5,9 +5,13 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::ErrorKind;
+use crate::resilience::connection::ProviderErrorType;
+
+/// Slots of `tidegate_upstream_errors_total`: one per provider error type, then "untyped".
+const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 31] = [
+pub const ERROR_KINDS: [ErrorKind; 32] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -30,6 +34,7 @@ pub const ERROR_KINDS: [ErrorKind; 31] = [
     ErrorKind::ModelCooldown,
     ErrorKind::AllTargetsCoolingDown,
     ErrorKind::AllConnectionsTerminal,
+    ErrorKind::UpstreamUnreachable,
     ErrorKind::MeshUnavailable,
     ErrorKind::SemaphoreTimeout,
     ErrorKind::SemaphoreQueueFull,
@@ -80,6 +85,7 @@ pub struct ShardMetrics {
     pub gate_waiters: AtomicU64,
     pub queue_requests: AtomicU64,
     gateway_errors: [AtomicU64; ERROR_KINDS.len()],
+    upstream_errors: [AtomicU64; UPSTREAM_ERROR_SLOTS],
 }
 
 impl ShardMetrics {
@@ -113,6 +119,16 @@ impl ShardMetrics {
 
     pub fn gateway_error(&self, kind: ErrorKind) {
         if let Some(c) = self.gateway_errors.get(kind_index(kind)) {
+            bump(c);
+        }
+    }
+
+    /// A failed upstream attempt, by the provider error type it was classified as.
+    pub fn upstream_error(&self, t: Option<ProviderErrorType>) {
+        let i = t
+            .and_then(|t| ProviderErrorType::ALL.iter().position(|a| *a == t))
+            .unwrap_or(ProviderErrorType::ALL.len());
+        if let Some(c) = self.upstream_errors.get(i) {
             bump(c);
         }
     }
@@ -264,6 +280,18 @@ pub fn render(
             "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}",
             kind.code()
         );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_upstream_errors_total Failed upstream attempts, by the provider error type they were classified as.\n# TYPE tidegate_upstream_errors_total counter"
+    );
+    let types = ProviderErrorType::ALL.iter().map(|t| t.as_str());
+    for (i, name) in types.chain(std::iter::once("untyped")).enumerate() {
+        let v: u64 = shards
+            .iter()
+            .map(|s| s.upstream_errors[i].load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(out, "tidegate_upstream_errors_total{{type=\"{name}\"}} {v}");
     }
     let _ = writeln!(
         out,
