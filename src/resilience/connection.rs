@@ -55,6 +55,9 @@
 //! * **Terminal verdicts, expired strikes and request-rejected rungs are written even with
 //!   `persist = false`** (combo callers pass it for transient failures only; these are not
 //!   transient).
+//! * **A network failure on a per-model provider cools the connection** (step 13 would
+//!   lock the model): DNS, connect and TLS failures are about the host, and every model
+//!   behind it is as unreachable.
 //! * **A local provider's 404 locks the model and leaves the connection active** (step 20
 //!   names the lockout only); the request-rejected streak and the expired strikes are
 //!   persisted with the record (the spec keeps the streak in memory and seeds one refusal
@@ -771,9 +774,12 @@ pub fn mark_unavailable(
         return MarkDecision::write(exact, MarkEffect::ErrorRecorded, Change::error_only(errors))
             .with_lock(cmd, true);
     }
-    // Step 13: per-model quota providers lock the model, not the connection.
+    // Step 13: per-model quota providers lock the model, not the connection. A network
+    // failure is about the host, not the model (every model behind it is as unreachable):
+    // it cools the connection (deviation).
     let not_found_status = f.status == 404 || (f.status == 410 && provider == "nvidia");
     if o.per_model
+        && d.reason != Reason::NetworkError
         && provider != "codex"
         && (not_found_status || f.status == 429 || f.status >= 500)
         && let Some(m) = model
