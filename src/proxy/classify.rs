@@ -398,6 +398,18 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #[test]
+        fn typing_never_panics(
+            status in 100u16..600,
+            text in ".{0,200}",
+            provider in proptest::sample::select(vec!["p", "gemini", "antigravity", ""]),
+            auth in proptest::sample::select(vec![AuthKind::ApiKey, AuthKind::OAuth, AuthKind::Local]),
+        ) {
+            let _ = type_of(status, &text, provider, auth);
+        }
+    }
+
     /// The verdict carries no more than the sanitised, bounded `lastError` of the text.
     #[test]
     fn a_verdict_keeps_no_upstream_body() {

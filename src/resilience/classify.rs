@@ -1942,6 +1942,61 @@ mod tests {
     }
 
     #[test]
+    fn quota_wordings() {
+        for quota in [
+            "monthly usage limit reached",
+            "your per-month request limit",
+            "daily token quota used",
+            "you exceeded the monthly quota",
+            "requests exceed your quota",
+            "insufficient_quota",
+            "individual quota reached",
+            "contact your administrator to enable overages",
+            "daily free allocation of 10,000 neurons",
+            "insufficient balance",
+            "request reached organization tpd rate limit, current: 10",
+            "tpd rate limit",
+            "{\"error\": \"usage limit reached.\"}",
+            "hard-limit hit",
+            "已达到 5 小时的使用上限",
+            "您的限额将在 19:01 重置",
+        ] {
+            assert!(is_long_quota(quota), "{quota}");
+        }
+        for not_quota in [
+            "rate limit exceeded, retry in 2s",
+            "too many requests",
+            "{\"error\":\"per-minute usage limit reached\"}",
+            "stpd rate limits",
+            "limit reached\nmonthly",
+            "请求过于频繁，请稍后重试。",
+        ] {
+            assert!(!is_long_quota(not_quota), "{not_quota}");
+        }
+    }
+
+    #[test]
+    fn type_signals() {
+        assert!(is_fingerprint_rejection("error code: 1010"));
+        assert!(is_fingerprint_rejection(r#"{"error_code":1010}"#));
+        assert!(!is_fingerprint_rejection("error code: 10100"));
+        assert!(!is_fingerprint_rejection("model foo-1010 is not supported"));
+        assert!(is_sentinel_block("sentinel check: request blocked"));
+        assert!(!is_sentinel_block("blocked by sentinel"));
+        assert!(is_project_route_error("it is disabled."));
+        assert!(!is_project_route_error("submit is disabledx"));
+        assert!(is_model_named_unsupported(
+            "the model \"gpt-9\" is not supported"
+        ));
+        assert!(is_resource_not_found("file file-abc not found"));
+        assert!(!is_resource_not_found("the model profile was not found"));
+        assert_eq!(
+            searchable_text(r#"{"error":{"message":"\u989d\u5ea6"}}"#, None),
+            "{\"error\":{\"message\":\"\\u989d\\u5ea6\"}}\n额度"
+        );
+    }
+
+    #[test]
     fn billing_suspension_needs_proximity() {
         let far = format!("suspended{}billing", " ".repeat(121));
         let near = format!("suspended{}billing", " ".repeat(120));
