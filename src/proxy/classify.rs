@@ -123,7 +123,8 @@ pub struct Answer<'a> {
 /// subscription text on a 400–403 (a 429 only outside the api-key category) is a quota;
 /// a 429 is a rate limit (or a quota when classification or daily text says so); a 404
 /// names a missing model unless a request-scoped resource is missing; a 401 is an invalid
-/// OAuth token, a model the account may not use, a deactivated account, or unauthorised;
+/// OAuth token (OAuth providers), a model the account may not use, a deactivated account,
+/// or unauthorised;
 /// a 402 is a quota; a 400/403 from a Google surface with a regional refusal is
 /// geo-blocked; a 403 is a fingerprint rejection (Cloudflare 1010), a deactivated
 /// account, a project route error (Cloud Code configuration), a refusal ("Request not
@@ -132,9 +133,12 @@ pub struct Answer<'a> {
 /// nobody recognises bans the account); a 5xx is a server error (a 504 a timeout); a 400
 /// is a context overflow or a missing model.
 ///
-/// Deviations: `local` providers count as not api-key for the 429 quota signals (as in
-/// classification) and as credential-less for the 403 default; markers are matched on
-/// lower-cased text with the decoded JSON message.
+/// Deviations: an OAuth-invalid text is `oauth_invalid_token` only for OAuth providers
+/// (an api key has no token to refresh: its 401 stays `unauthorized` and expires after the
+/// retries instead of costing an upstream call on every request); `local` providers count
+/// as not api-key for the 429 quota signals (as in classification) and as credential-less
+/// for the 403 default; markers are matched on lower-cased text with the decoded JSON
+/// message.
 pub fn error_type_of(a: &Answer<'_>, decision: &FallbackDecision) -> Option<ProviderErrorType> {
     let lower = a.lower;
     let quota_text = is_credits_signal(lower) || is_subscription_quota(lower, Some(a.provider));
@@ -148,7 +152,9 @@ pub fn error_type_of(a: &Answer<'_>, decision: &FallbackDecision) -> Option<Prov
         429 => Some(ProviderErrorType::RateLimited),
         404 if is_resource_not_found(lower) => None,
         404 => Some(ProviderErrorType::ModelNotFound),
-        401 if is_oauth_invalid_token(lower) => Some(ProviderErrorType::OauthInvalidToken),
+        401 if a.auth == AuthKind::OAuth && is_oauth_invalid_token(lower) => {
+            Some(ProviderErrorType::OauthInvalidToken)
+        }
         401 if is_model_named_unsupported(lower) => Some(ProviderErrorType::ModelNotFound),
         401 if is_ban_signal(lower, &[]) => Some(ProviderErrorType::AccountDeactivated),
         401 => Some(ProviderErrorType::Unauthorized),
@@ -233,9 +239,11 @@ mod tests {
                 401,
                 r#"{"error":{"message":"OAuth 2 token expired"}}"#,
                 "p",
-                ApiKey,
+                OAuth,
                 Some(OauthInvalidToken),
             ),
+            // An api key has no token to refresh.
+            (401, "Invalid credentials", "p", ApiKey, Some(Unauthorized)),
             (
                 401,
                 "Model foo-1 is not supported",
