@@ -465,7 +465,6 @@ pub const NOT_ACTIVE_YET: &[&str] = &[
     "quota_preflight",
     "wait_for_cooldown",
     "combo_cooldown_wait",
-    "provider_cooldown",
     "token_refresh_breaker",
     "credential_health_check",
     "stream_recovery",
@@ -2277,10 +2276,7 @@ mod tests {
         assert_eq!(problems, vec![]);
         assert_eq!(
             not_active(&warnings),
-            vec![
-                "resilience.stream_watchdog: accepted but not active yet",
-                "resilience.provider_cooldown: accepted but not active yet",
-            ]
+            vec!["resilience.stream_watchdog: accepted but not active yet"]
         );
         let (_, problems, warnings) = build_toml(
             "[token_refresh_breaker]\nscope = \"connection\"\n\

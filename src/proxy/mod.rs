@@ -252,6 +252,8 @@ async fn inference(
 pub struct Plan {
     pub peek: peek::Peek,
     pub candidates: Vec<(Target, ConnectionId)>,
+    /// The combo the model names (its index), if it is one.
+    pub combo: Option<usize>,
     /// The quota-share combo the model names (its index), if it is one.
     pub quota_share: Option<usize>,
 }
@@ -321,6 +323,7 @@ fn plan(
     Ok(Plan {
         peek,
         candidates,
+        combo: resolved.combo,
         quota_share,
     })
 }

@@ -155,6 +155,8 @@ struct Attempted<'s> {
     shard: &'s Shard,
     target: &'s Target,
     connection: ConnectionId,
+    /// A combo target (its failures feed the provider cooldown tracker).
+    combo: bool,
     permits: Option<ProbePermits<'s>>,
 }
 
@@ -166,6 +168,7 @@ impl<'s> Attempted<'s> {
                 self.target.provider,
                 self.connection,
                 &self.target.model,
+                self.combo,
                 permits,
                 ended,
             )
@@ -213,7 +216,8 @@ async fn attempt(
 ) -> AttemptEnd {
     let config = shard.config();
     // Select: the local views, and a half-open breaker's probe permit from its owner.
-    let permits = match select::admit(shard, target, connection).await {
+    let combo = req.plan.combo.is_some();
+    let permits = match select::admit(shard, target, connection, combo).await {
         Admit::Yes(p) => p,
         Admit::No(e) => return AttemptEnd::Skipped(e),
         Admit::Failed(e) => return AttemptEnd::MoveOn(LastFailure::Gateway(e)),
@@ -244,6 +248,7 @@ async fn attempt(
         shard,
         target,
         connection,
+        combo,
         permits: Some(permits),
     };
     let provider = config.provider(target.provider);

@@ -1,13 +1,17 @@
 //! Select: may this candidate (target × connection) be tried now? Reads only the local
-//! views — breaker gates, connection cooldown and terminal state, model lockouts — so the
-//! happy path crosses no core. A half-open breaker needs its owner's one probe permit,
-//! asked for over the mesh (a direct call when this shard is the owner).
+//! views — breaker gates, connection cooldown and terminal state, model lockouts, and for
+//! combo targets the provider cooldown tracker — so the happy path crosses no core. A
+//! half-open breaker needs its owner's one probe permit, asked for over the mesh (a
+//! direct call when this shard is the owner). A connection whose cooldown has passed
+//! with its backoff level still raised has its owner reset the level first (auto-decay,
+//! spec A §3.1), so a connection failing on and off restarts at the base cooldown.
 
 use crate::clock::Now;
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::error::{ErrorKind, GatewayError};
 use crate::owners::Shard;
 use crate::owners::health::client::{ProbePermits, ask_probe};
+use crate::owners::health::protocol::Fact;
 use crate::owners::health::views::Views;
 use crate::resilience::Reason;
 use crate::resilience::breaker::{BreakerKey, ViewGate};
@@ -22,6 +26,8 @@ pub enum Exclusion {
     /// Cooling after network errors: the upstream could not be reached.
     Unreachable,
     ModelLockout,
+    /// The provider cooldown tracker skips it (combo targets only).
+    ProviderCooldown,
     Terminal(Terminal),
 }
 
@@ -32,6 +38,7 @@ impl Exclusion {
             Exclusion::ConnectionCooldown => "connection_cooldown",
             Exclusion::Unreachable => "connection_unreachable",
             Exclusion::ModelLockout => "model_lockout",
+            Exclusion::ProviderCooldown => "provider_cooldown",
             Exclusion::Terminal(t) => t.status().as_str(),
         }
     }
@@ -111,9 +118,30 @@ pub fn gate(
     }
 }
 
-/// Decides whether `(target, connection)` may be attempted now.
-pub async fn admit<'s>(shard: &'s Shard, target: &Target, connection: ConnectionId) -> Admit<'s> {
+/// Decides whether `(target, connection)` may be attempted now; `combo`: it is a combo
+/// target (the provider cooldown tracker applies).
+pub async fn admit<'s>(
+    shard: &'s Shard,
+    target: &Target,
+    connection: ConnectionId,
+    combo: bool,
+) -> Admit<'s> {
     let now = shard.now();
+    // Auto-decay (A §3.1): sent before the attempt, so the owner applies it before this
+    // attempt's outcome (same ring, in order) and rescales that failure from the base.
+    let decay = shard
+        .state()
+        .views
+        .borrow()
+        .connections
+        .get(connection)
+        .needs_decay(now);
+    if decay {
+        shard.send_fact(
+            shard.owner(&connection),
+            Fact::AutoDecay { connection }.into(),
+        );
+    }
     let excluded = |reason, retry_after_ms| {
         Admit::No(Excluded {
             provider: target.provider,
@@ -131,10 +159,23 @@ pub async fn admit<'s>(shard: &'s Shard, target: &Target, connection: Connection
         now,
     );
     let need_probe = match verdict {
-        Gate::Pass => return Admit::Yes(ProbePermits::new(shard)),
+        Gate::Pass => Vec::new(),
         Gate::Skip(reason, retry_after_ms) => return excluded(reason, retry_after_ms),
         Gate::NeedProbe(keys) => keys,
     };
+    if combo
+        && let Some(ms) =
+            shard
+                .state()
+                .views
+                .borrow()
+                .tracker_cooling(target.provider, connection, now)
+    {
+        return excluded(Exclusion::ProviderCooldown, Some(ms));
+    }
+    if need_probe.is_empty() {
+        return Admit::Yes(ProbePermits::new(shard));
+    }
     // Permits already granted go back if a later one is refused (the guard's drop).
     let mut permits = ProbePermits::new(shard);
     for key in need_probe {

@@ -207,6 +207,41 @@ impl CooldownTracker {
         }
     }
 
+    /// The monotonic ms until which `key` cools, as far as the entries recorded so far
+    /// decide it (in the past once it has ended; [`CooldownTracker::check`] agrees):
+    /// `None` when nothing cools it — disabled, no failures, or, for a provider, fewer
+    /// than its threshold of failures in its window. A provider cools until its
+    /// cooldown after the latest failure ends or its threshold-th newest failure leaves
+    /// the window, whichever comes first. Owners broadcast it as the key's view.
+    pub fn cooldown_deadline_ms(&self, key: TrackerKey) -> Option<i64> {
+        if !self.settings.enabled {
+            return None;
+        }
+        let e = self.entries.get(&key)?;
+        match key {
+            TrackerKey::Connection(..) => {
+                if e.failure_count == 0 {
+                    return None;
+                }
+                let cooldown = ms_i64(self.connection_cooldown_ms(e.failure_count));
+                Some(e.last_failure_ms.saturating_add(cooldown))
+            }
+            TrackerKey::Provider(_) => {
+                let gate = self.settings.window_gate(e.auth);
+                let threshold = (gate.failure_threshold as usize).max(1);
+                let n = e.window.len();
+                if n < threshold {
+                    return None;
+                }
+                let leaves_window = e.window[n - threshold]
+                    .saturating_add(ms_i64(gate.failure_window_ms))
+                    .saturating_add(1);
+                let cooled = e.last_failure_ms.saturating_add(ms_i64(gate.cooldown_ms));
+                Some(cooled.min(leaves_window))
+            }
+        }
+    }
+
     /// The connection-level cooldown after `failures` failures.
     pub fn connection_cooldown_ms(&self, failures: u32) -> u64 {
         let exponent = failures.saturating_sub(1).min(MAX_BACKOFF_EXPONENT);
@@ -359,6 +394,37 @@ mod tests {
         }
         assert!(t.is_empty());
         assert_eq!(t.check(at(0), C), Gate::Pass);
+    }
+
+    #[test]
+    fn the_deadline_agrees_with_check() {
+        let mut t = CooldownTracker::new(ProviderCooldownSettings {
+            enabled: true,
+            apikey: WindowGate {
+                failure_threshold: 3,
+                failure_window_ms: 10_000,
+                cooldown_ms: 20_000,
+            },
+            ..ProviderCooldownSettings::default()
+        });
+        assert_eq!(t.cooldown_deadline_ms(C), None);
+        t.record_failure(at(0), C, AuthKind::ApiKey);
+        t.record_failure(at(1_000), C, AuthKind::ApiKey);
+        assert_eq!(t.cooldown_deadline_ms(C), Some(11_000));
+        // Provider: below the threshold nothing cools; at it, the window decides.
+        t.record_failure(at(0), P, AuthKind::ApiKey);
+        t.record_failure(at(4_000), P, AuthKind::ApiKey);
+        assert_eq!(t.cooldown_deadline_ms(P), None);
+        t.record_failure(at(6_000), P, AuthKind::ApiKey);
+        // The first failure leaves the 10 s window after 10 s: before the 20 s cooldown.
+        let until = t.cooldown_deadline_ms(P).unwrap();
+        assert_eq!(until, 10_001);
+        for ms in [6_000, 9_000, 10_000] {
+            assert!(t.check(at(ms), P).is_cooling(), "{ms}");
+        }
+        assert_eq!(t.check(at(until as u64), P), Gate::Pass);
+        t.record_success(P);
+        assert_eq!(t.cooldown_deadline_ms(P), None);
     }
 
     #[test]

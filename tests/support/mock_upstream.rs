@@ -550,8 +550,23 @@ impl MockUpstream {
         MockUpstream::launch(Some((config, ca_pem)))
     }
 
+    /// Starts a plain-HTTP mock on `addr`: a port the test reserved and released, e.g. so the
+    /// gateway first finds nothing listening there (connections refused) and then this mock.
+    pub fn start_at(addr: SocketAddr) -> MockUpstream {
+        MockUpstream::launch_on(addr, None)
+    }
+
     fn launch(tls: Option<(Arc<rustls::ServerConfig>, String)>) -> MockUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("mock upstream: bind 127.0.0.1:0");
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("mock upstream: address");
+        MockUpstream::launch_on(any, tls)
+    }
+
+    fn launch_on(
+        bind: SocketAddr,
+        tls: Option<(Arc<rustls::ServerConfig>, String)>,
+    ) -> MockUpstream {
+        let listener =
+            TcpListener::bind(bind).unwrap_or_else(|e| panic!("mock upstream: bind {bind}: {e}"));
         let addr = listener.local_addr().expect("mock upstream: local_addr");
         let (tls_config, tls_files) = match tls {
             Some((config, ca_pem)) => (

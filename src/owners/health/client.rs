@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use crate::config::{ConnectionId, ProviderId};
-use crate::resilience::breaker::{BreakerKey, ProbeTicket};
+use crate::resilience::breaker::{BreakerKey, Failure, ProbeTicket};
 use crate::shard::call::CallError;
 
 use super::Health;
-use super::protocol::{Ended, Fact, Outcome, Reply, Request};
+use super::protocol::{Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request};
 use crate::owners::Shard;
 
 /// How long a shard waits for an owner's probe answer.
@@ -92,24 +92,22 @@ impl Drop for ProbePermits<'_> {
 }
 
 /// Reports how an attempt on `(provider, connection, model)` ended, settling its probe
-/// permits. Failures wait (bounded) for the owner to apply them and send the views they
+/// permits. Failures wait (bounded) for the owners to apply them and send the views they
 /// changed, so the next request — from this client or any other — routes on them;
 /// successes and aborts are only sent, and a success on a connection with no state
-/// anywhere is not news (it costs no cross-core message).
+/// anywhere is not news (it costs no cross-core message). `combo`: the attempt was a
+/// combo target (its failures feed the provider cooldown tracker).
 pub async fn report(
     shard: &Shard,
     provider: ProviderId,
     connection: ConnectionId,
     model: &str,
+    combo: bool,
     mut permits: ProbePermits<'_>,
     ended: Ended,
 ) {
     let (provider_probe, connection_probe) = permits.take();
-    let (success, network) = match &ended {
-        Ended::Success => (true, false),
-        Ended::Failed(v) => (false, v.is_network()),
-        Ended::StreamStall | Ended::ClientAbort => (false, false),
-    };
+    let success = matches!(ended, Ended::Success);
     let no_probe = provider_probe.is_none() && connection_probe.is_none();
     if no_probe && matches!(ended, Ended::ClientAbort) {
         // Nothing to settle, nothing to count.
@@ -118,6 +116,22 @@ pub async fn report(
     if success && no_probe && !has_state(shard, provider, connection) {
         return;
     }
+    // What the provider's owner hears: successes; network failures (counted
+    // provider-wide); any failure that ends its breaker's half-open probe (settled as the
+    // connection breaker settles its own); a combo target's failure (the tracker).
+    let provider_ended = match &ended {
+        Ended::Success => Some(ProviderEnded::Success),
+        Ended::Failed(v) => {
+            let f = if v.decision.skip_provider_breaker && !v.is_network() {
+                Failure::RequestScoped
+            } else {
+                v.breaker
+            };
+            (f.is_network() || provider_probe.is_some() || (combo && f.counts()))
+                .then_some(ProviderEnded::Failed(f))
+        }
+        Ended::StreamStall | Ended::ClientAbort => None,
+    };
     let wait_for_owner = matches!(ended, Ended::Failed(_) | Ended::StreamStall);
     let outcome = Box::new(Outcome {
         provider,
@@ -125,10 +139,11 @@ pub async fn report(
         model: model.to_owned(),
         ended,
         probe: connection_probe,
+        combo,
     });
     let owner = shard.owner(&connection);
+    let bound = Duration::from_millis(ACK_TIMEOUT_MS);
     if wait_for_owner {
-        let bound = Duration::from_millis(ACK_TIMEOUT_MS);
         // A lost or late acknowledgement only means the next request may route on an older
         // view; the outcome itself is delivered (the outbox keeps it).
         let _ = shard
@@ -138,17 +153,28 @@ pub async fn report(
         shard.send_fact(owner, Fact::Outcome(outcome).into());
     }
     let provider_owner = shard.owner(&provider);
-    if success || network {
-        let fact = Fact::ProviderResult {
-            provider,
-            success,
-            network,
-            probe: provider_probe,
-        };
-        shard.send_fact(provider_owner, fact.into());
-    } else if let Some(ticket) = provider_probe {
-        let key = BreakerKey::Provider(provider);
-        shard.send_fact(provider_owner, Fact::ReleaseProbe { key, ticket }.into());
+    match provider_ended {
+        Some(ended) => {
+            let r = ProviderReport {
+                provider,
+                ended,
+                probe: provider_probe,
+                combo,
+            };
+            if wait_for_owner {
+                let _ = shard
+                    .call::<Health>(provider_owner, Request::ProviderResult(r), bound)
+                    .await;
+            } else {
+                shard.send_fact(provider_owner, Fact::ProviderResult(r).into());
+            }
+        }
+        None => {
+            if let Some(ticket) = provider_probe {
+                let key = BreakerKey::Provider(provider);
+                shard.send_fact(provider_owner, Fact::ReleaseProbe { key, ticket }.into());
+            }
+        }
     }
 }
 
@@ -162,4 +188,5 @@ fn has_state(shard: &Shard, provider: ProviderId, connection: ConnectionId) -> b
         || views.breaker(&BreakerKey::Connection(connection)).is_some()
         || views.breaker(&BreakerKey::Provider(provider)).is_some()
         || views.lockouts.ever_locked(connection)
+        || views.tracker_failures(provider, connection)
 }

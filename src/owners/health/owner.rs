@@ -3,12 +3,14 @@
 //! grants half-open probe permits, decays and egress-cools connections, and broadcasts
 //! every transition as a view.
 
+use std::collections::HashMap;
+
 use crate::clock::Now;
 use crate::config::{AuthKind, Config, ProviderId};
 use crate::mesh::placement::owner_of;
 use crate::resilience::FallbackDecision;
 use crate::resilience::breaker::{
-    Admission, BreakerKey, BreakerSettings, BreakerTable, Failure, Transition as BreakerTransition,
+    Admission, BreakerKey, BreakerSettings, BreakerTable, Transition as BreakerTransition,
 };
 use crate::resilience::classify::CooldownProfile;
 use crate::resilience::connection::{
@@ -16,10 +18,13 @@ use crate::resilience::connection::{
 };
 use crate::resilience::egress::{FailingConnection, SiblingView, egress_lock, lock_family};
 use crate::resilience::lockout::{LockoutTable, SWEEP_INTERVAL_MS};
+use crate::resilience::tracker::{CooldownTracker, TrackerKey};
 use crate::shard::HOUSEKEEPING_MS;
 use crate::shard::call::CallId;
 
-use super::protocol::{Ended, Fact, Outcome, Reply, Request, Verdict, View};
+use super::protocol::{
+    Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+};
 use crate::owners::{Cx, Mechanism, Shard};
 
 /// The health tables of one owner shard.
@@ -28,6 +33,11 @@ pub struct Health {
     pub breakers: BreakerTable,
     pub connections: ConnectionTable,
     pub lockouts: LockoutTable,
+    /// The optional provider cooldown tracker (spec A §2): provider-level entries on the
+    /// provider's owner, connection-level ones on the connection's owner.
+    pub tracker: CooldownTracker,
+    /// The last tracker view broadcast per key (its epoch only grows).
+    tracker_sent: HashMap<TrackerKey, TrackerView>,
 }
 
 impl Mechanism for Health {
@@ -41,6 +51,8 @@ impl Mechanism for Health {
             breakers: BreakerTable::new(BreakerSettings::from_resilience(&config.resilience)),
             connections: ConnectionTable::new(),
             lockouts: LockoutTable::new(),
+            tracker: CooldownTracker::new(config.resilience.provider_cooldown.clone()),
+            tracker_sent: HashMap::new(),
         }
     }
 
@@ -48,25 +60,7 @@ impl Mechanism for Health {
         let now = cx.now;
         match fact {
             Fact::Outcome(o) => self.outcome(cx, &o),
-            Fact::ProviderResult {
-                provider,
-                success,
-                network,
-                probe,
-            } => {
-                let key = BreakerKey::Provider(provider);
-                let auth = cx.config.provider(provider).auth;
-                let t = if success {
-                    self.breakers.get_or_create(key, auth);
-                    self.breakers.on_success(now, key, probe)
-                } else if network {
-                    self.breakers
-                        .on_failure(now, key, auth, Failure::ConnectFailed, probe)
-                } else {
-                    probe.and_then(|p| self.breakers.release_probe(now, key, p))
-                };
-                breaker_view(cx, key, t);
-            }
+            Fact::ProviderResult(r) => self.provider_result(cx, &r),
             Fact::ReleaseProbe { key, ticket } => {
                 let t = self.breakers.release_probe(now, key, ticket);
                 breaker_view(cx, key, t);
@@ -129,6 +123,10 @@ impl Mechanism for Health {
                 self.lockout_views(cx);
                 cx.reply(id, Reply::Applied);
             }
+            Request::ProviderResult(r) => {
+                self.provider_result(cx, &r);
+                cx.reply(id, Reply::Applied);
+            }
         }
     }
 
@@ -159,10 +157,81 @@ impl Mechanism for Health {
                 cx.view(View::Connection { connection, view });
             }
         }
+        // The tracker forgets entries past their retention; replicas hear of it here.
+        self.tracker.sweep(now);
+        let keys: Vec<TrackerKey> = self.tracker_sent.keys().copied().collect();
+        for key in keys {
+            if !self.sync_tracker(cx, key) {
+                let view = self.tracker_sent.get(&key).copied().unwrap_or_default();
+                if view.failures > 0 || view.until_mono_ms > now.mono_ms() {
+                    cx.view(View::Tracker { key, view });
+                }
+            }
+        }
     }
 }
 
 impl Health {
+    /// What the provider's owner applies: the provider breaker (successes, network
+    /// failures, and the end of its half-open probe, settled as the connection breaker's
+    /// is: a counted failure reopens it, another upstream answer closes it, no verdict
+    /// returns the permit) and the provider-level tracker entry.
+    fn provider_result(&mut self, cx: &mut Cx<'_>, r: &ProviderReport) {
+        let now = cx.now;
+        let key = BreakerKey::Provider(r.provider);
+        let auth = cx.config.provider(r.provider).auth;
+        let track = TrackerKey::Provider(r.provider);
+        match r.ended {
+            ProviderEnded::Success => {
+                self.breakers.get_or_create(key, auth);
+                let t = self.breakers.on_success(now, key, r.probe);
+                breaker_view(cx, key, t);
+                self.tracker.record_success(track);
+            }
+            ProviderEnded::Failed(f) => {
+                let is_probe = r
+                    .probe
+                    .is_some_and(|p| self.breakers.get(key).is_some_and(|b| b.is_probe(now, p)));
+                let t = if f.is_network() || is_probe {
+                    self.breakers.on_failure(now, key, auth, f, r.probe)
+                } else {
+                    // A stale permit (or none): nothing the provider breaker counts.
+                    r.probe
+                        .and_then(|p| self.breakers.release_probe(now, key, p))
+                };
+                breaker_view(cx, key, t);
+                if r.combo && f.counts() {
+                    self.tracker.record_failure(now, track, auth);
+                }
+            }
+        }
+        self.sync_tracker(cx, track);
+    }
+
+    /// Broadcasts the tracker view of `key` when it changed; true when it did.
+    fn sync_tracker(&mut self, cx: &mut Cx<'_>, key: TrackerKey) -> bool {
+        let until = self.tracker.cooldown_deadline_ms(key);
+        let failures = self.tracker.failure_count(key);
+        let last = self.tracker_sent.get(&key).copied();
+        if last.is_none() && failures == 0 && until.is_none() {
+            // Never shown, nothing to show (the tracker is off, or a clean success).
+            return false;
+        }
+        let until_mono_ms = until.map_or(0, |u| u64::try_from(u).unwrap_or(0));
+        let previous = last.unwrap_or_default();
+        if previous.failures == failures && previous.until_mono_ms == until_mono_ms {
+            return false;
+        }
+        let view = TrackerView {
+            epoch: previous.epoch.saturating_add(1),
+            until_mono_ms,
+            failures,
+        };
+        self.tracker_sent.insert(key, view);
+        cx.view(View::Tracker { key, view });
+        true
+    }
+
     /// Broadcasts the lockout changes of the last message.
     fn lockout_views(&mut self, cx: &mut Cx<'_>) {
         for u in self.lockouts.drain_updates() {
@@ -191,6 +260,9 @@ impl Health {
                 }
                 self.lockouts
                     .decay(&provider.name, Some(o.connection), &o.model, now);
+                let track = TrackerKey::Connection(o.provider, o.connection);
+                self.tracker.record_success(track);
+                self.sync_tracker(cx, track);
             }
             Ended::ClientAbort => self.release_probe(cx, conn_key, o),
             Ended::StreamStall => {
@@ -287,6 +359,11 @@ impl Health {
             self.release_probe(cx, conn_key, o);
         }
         self.egress(cx, o, v.status, &decision, now);
+        if o.combo && v.breaker.counts() && !decision.skip_provider_breaker {
+            let track = TrackerKey::Connection(o.provider, o.connection);
+            self.tracker.record_failure(now, track, auth);
+            self.sync_tracker(cx, track);
+        }
     }
 
     /// One 429 quota / rate limit cools the whole family behind the same egress.

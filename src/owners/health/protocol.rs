@@ -12,6 +12,7 @@ use crate::resilience::connection::{
     ConnectionView, MAX_LAST_ERROR_BYTES, ProviderErrorType, sanitize,
 };
 use crate::resilience::lockout::LockUpdate;
+use crate::resilience::tracker::TrackerKey;
 use crate::resilience::{FallbackDecision, Reason};
 
 /// The `lastError` an owner records: sanitised, at most [`MAX_LAST_ERROR_BYTES`] bytes.
@@ -74,19 +75,36 @@ pub struct Outcome {
     pub ended: Ended,
     /// The connection breaker's probe permit this attempt carried, if any.
     pub probe: Option<ProbeTicket>,
+    /// The attempt was a combo target: its failures feed the provider cooldown tracker.
+    pub combo: bool,
+}
+
+/// How an attempt ended, as the provider's owner needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderEnded {
+    Success,
+    Failed(Failure),
+}
+
+/// To the owner of a provider: an attempt's end that concerns the provider breaker (a
+/// success, a network failure, or the end of the provider breaker's half-open probe) or
+/// the provider cooldown tracker (a combo target's failure).
+#[derive(Clone, Copy, Debug)]
+pub struct ProviderReport {
+    pub provider: ProviderId,
+    pub ended: ProviderEnded,
+    /// The provider breaker's probe permit this attempt carried, if any.
+    pub probe: Option<ProbeTicket>,
+    /// The attempt was a combo target.
+    pub combo: bool,
 }
 
 pub enum Fact {
     /// An outcome nobody waits for (successes, client aborts).
     Outcome(Box<Outcome>),
-    /// To the owner of a provider: a success (closes/decays) or a network failure (counted
-    /// provider-wide), with the provider breaker's probe permit if the attempt carried one.
-    ProviderResult {
-        provider: ProviderId,
-        success: bool,
-        network: bool,
-        probe: Option<ProbeTicket>,
-    },
+    /// To the owner of a provider: a success (closes/decays the breaker, clears the
+    /// tracker) nobody waits for.
+    ProviderResult(ProviderReport),
     /// A probe permit that never produced a verdict.
     ReleaseProbe {
         key: BreakerKey,
@@ -109,6 +127,9 @@ pub enum Request {
     /// A failure outcome: answered once applied and its views sent, so the asker (and,
     /// through ring order, every view sent before) is current before it answers its client.
     Outcome(Box<Outcome>),
+    /// A failure the provider's owner applies (a network failure, a settled half-open
+    /// probe, a combo failure for the tracker): answered once applied, as `Outcome`.
+    ProviderResult(ProviderReport),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +156,22 @@ pub enum View {
         view: ConnectionView,
     },
     Lockout(Box<LockUpdate>),
+    /// A provider cooldown tracker entry (only while `provider_cooldown.enabled`).
+    Tracker {
+        key: TrackerKey,
+        view: TrackerView,
+    },
+}
+
+/// What routing needs of a provider cooldown tracker entry (spec A §2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackerView {
+    /// Per key, strictly increasing on the owner.
+    pub epoch: u64,
+    /// Skip the key until this monotonic ms (0: no cooldown).
+    pub until_mono_ms: u64,
+    /// Failures since the key's last success (a success is news while this is > 0).
+    pub failures: u32,
 }
 
 /// The longest `lastError` a verdict carries.

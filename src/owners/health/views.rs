@@ -3,10 +3,15 @@
 //! broadcast updates; applying one is idempotent (newer epochs win, duplicates are no-ops),
 //! so a dropped or repeated broadcast only delays convergence. Selection reads only these.
 
-use super::protocol::View;
+use std::collections::HashMap;
+
+use super::protocol::{TrackerView, View};
+use crate::clock::Now;
+use crate::config::{ConnectionId, ProviderId};
 use crate::resilience::breaker::{BreakerKey, BreakerView};
 use crate::resilience::connection::ConnectionViews;
 use crate::resilience::lockout::LockoutViews;
+use crate::resilience::tracker::TrackerKey;
 
 #[derive(Debug, Default)]
 pub struct Views {
@@ -16,6 +21,8 @@ pub struct Views {
     connection_breakers: Vec<Option<BreakerView>>,
     pub connections: ConnectionViews,
     pub lockouts: LockoutViews,
+    /// Provider cooldown tracker entries (empty unless `provider_cooldown.enabled`).
+    tracker: HashMap<TrackerKey, TrackerView>,
 }
 
 impl Views {
@@ -25,7 +32,58 @@ impl Views {
             View::Breaker { key, view } => self.apply_breaker(*key, view),
             View::Connection { connection, view } => self.connections.apply(*connection, view),
             View::Lockout(u) => self.lockouts.apply(u),
+            View::Tracker { key, view } => self.apply_tracker(*key, view),
         }
+    }
+
+    /// Applies a tracker view (newer epochs win).
+    fn apply_tracker(&mut self, key: TrackerKey, view: &TrackerView) -> bool {
+        match self.tracker.get_mut(&key) {
+            Some(v) if v.epoch >= view.epoch => false,
+            Some(v) => {
+                *v = *view;
+                true
+            }
+            None => {
+                self.tracker.insert(key, *view);
+                true
+            }
+        }
+    }
+
+    /// How long the provider cooldown tracker still skips `connection` of `provider`
+    /// (the longer of the provider-level and connection-level cooldowns), if it does.
+    pub fn tracker_cooling(
+        &self,
+        provider: ProviderId,
+        connection: ConnectionId,
+        now: Now,
+    ) -> Option<u64> {
+        if self.tracker.is_empty() {
+            return None;
+        }
+        let now_ms = now.mono_ms();
+        [
+            TrackerKey::Provider(provider),
+            TrackerKey::Connection(provider, connection),
+        ]
+        .iter()
+        .filter_map(|k| self.tracker.get(k))
+        .map(|v| v.until_mono_ms.saturating_sub(now_ms))
+        .filter(|ms| *ms > 0)
+        .max()
+    }
+
+    /// Whether the tracker counts failures of `provider` or `connection` (a success on
+    /// them is news for its owner).
+    pub fn tracker_failures(&self, provider: ProviderId, connection: ConnectionId) -> bool {
+        !self.tracker.is_empty()
+            && [
+                TrackerKey::Provider(provider),
+                TrackerKey::Connection(provider, connection),
+            ]
+            .iter()
+            .any(|k| self.tracker.get(k).is_some_and(|v| v.failures > 0))
     }
 
     fn slot(&mut self, key: BreakerKey) -> &mut Option<BreakerView> {
