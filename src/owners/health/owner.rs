@@ -460,6 +460,110 @@ pub fn sweep_replicas(shard: &Shard) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::owners::health::views::Views;
+    use crate::resilience::breaker::{BreakerState, Failure, ProbeTicket};
+    use crate::shard::Msg;
+
+    fn at(ms: u64) -> Now {
+        Now {
+            mono_ns: ms * 1_000_000,
+            wall_ms: 1_700_000_000_000 + ms,
+        }
+    }
+
+    fn config(extra: &str) -> Config {
+        let toml = format!(
+            "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[connections]]\nid = \"c\"\nprovider = \"p\"\n\
+             [resilience.provider_breaker.apikey]\nfailure_threshold = 1\nreset_timeout_ms = 1000\n{extra}"
+        );
+        crate::config::load_str(&toml, &|_| None).unwrap().config
+    }
+
+    fn report(ended: ProviderEnded, probe: Option<ProbeTicket>, combo: bool) -> ProviderReport {
+        ProviderReport {
+            provider: ProviderId(0),
+            ended,
+            probe,
+            combo,
+        }
+    }
+
+    #[test]
+    fn a_provider_probe_is_settled_by_how_its_attempt_ended() {
+        let config = config("");
+        let views = Views::default();
+        let key = BreakerKey::Provider(ProviderId(0));
+        for (failure, after) in [
+            (Failure::Status(503), BreakerState::Open),
+            (Failure::Timeout, BreakerState::Open),
+            (Failure::Status(400), BreakerState::Closed),
+            (Failure::LocalLimit, BreakerState::HalfOpen),
+        ] {
+            let mut h = Health::new(&config);
+            let mut cx = Cx::detached(&config, &views, at(0), 1);
+            let network = ProviderEnded::Failed(Failure::ConnectFailed);
+            h.provider_result(&mut cx, &report(network, None, false));
+            assert_eq!(
+                h.breakers.get(key).unwrap().state(at(0)),
+                BreakerState::Open
+            );
+            let Admission::Probe { ticket, .. } = h.breakers.admit(at(1_000), key) else {
+                panic!("a probe after the reset timeout");
+            };
+            let mut cx = Cx::detached(&config, &views, at(1_100), 1);
+            let failed = ProviderEnded::Failed(failure);
+            h.provider_result(&mut cx, &report(failed, Some(ticket), false));
+            let b = h.breakers.get(key).unwrap();
+            assert_eq!(b.state(at(1_100)), after, "{failure:?}");
+            // A non-probe failure that is not a network error never counts here.
+            if after == BreakerState::Closed {
+                let failed = ProviderEnded::Failed(Failure::Status(503));
+                h.provider_result(&mut cx, &report(failed, None, false));
+                assert_eq!(h.breakers.get(key).unwrap().failure_count(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn combo_failures_feed_the_tracker_and_a_success_clears_it() {
+        let config = config(
+            "[resilience.provider_cooldown]\nenabled = true\n\
+             [resilience.provider_cooldown.apikey]\nfailure_threshold = 2\n",
+        );
+        let views = Views::default();
+        let mut h = Health::new(&config);
+        let track = TrackerKey::Provider(ProviderId(0));
+        let failed = ProviderEnded::Failed(Failure::Status(503));
+        let mut cx = Cx::detached(&config, &views, at(0), 1);
+        // A direct request's failure is not recorded; a 400 of a combo neither.
+        h.provider_result(&mut cx, &report(failed, None, false));
+        let bad = ProviderEnded::Failed(Failure::Status(400));
+        h.provider_result(&mut cx, &report(bad, None, true));
+        assert_eq!(h.tracker.failure_count(track), 0);
+        assert!(cx.take().is_empty());
+        h.provider_result(&mut cx, &report(failed, None, true));
+        h.provider_result(&mut cx, &report(failed, None, true));
+        assert!(h.tracker.check(at(0), track).is_cooling());
+        let views_sent: Vec<TrackerView> = cx
+            .take()
+            .into_iter()
+            .filter_map(|(_, m)| match m {
+                Msg::View(View::Tracker { view, .. }) => Some(view),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(views_sent.len(), 2);
+        assert_eq!(
+            views_sent[0].until_mono_ms, 0,
+            "one failure: below the threshold"
+        );
+        assert!(views_sent[1].until_mono_ms > 0);
+        assert!(views_sent[0].epoch < views_sent[1].epoch);
+        h.provider_result(&mut cx, &report(ProviderEnded::Success, None, false));
+        assert_eq!(h.tracker.failure_count(track), 0);
+        assert!(!h.tracker.check(at(0), track).is_cooling());
+    }
 
     #[test]
     fn per_model_quota_providers() {
