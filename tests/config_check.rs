@@ -273,12 +273,8 @@ api_key_env = "{UNSET_VAR}"
 }
 
 /// Every setting that is validated but not read yet, set once: all in the file except
-/// `provider_cooldown`, which comes from its environment variable.
+/// `stream_watchdog`, which comes from its environment variable.
 const INACTIVE_SETTINGS: &str = r#"
-[resilience.stream_watchdog]
-stall_timeout_ms = 60000
-active_timeout_ms = 120000
-
 [resilience.quota_preflight]
 enabled = true
 
@@ -317,7 +313,11 @@ fn not_active_lines(output: &str) -> Vec<&str> {
 #[test]
 fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
     let cfg = BASE.to_string() + INACTIVE_SETTINGS;
-    let env = [("PROVIDER_COOLDOWN_ENABLED", "true")];
+    // `provider_cooldown` is active: setting it never warns.
+    let env = [
+        ("STREAM_ACTIVE_TIMEOUT_MS", "120000"),
+        ("PROVIDER_COOLDOWN_ENABLED", "true"),
+    ];
     let keys = tidegate::config::resilience::NOT_ACTIVE_YET;
 
     // check: exit 0, one warning line per key, nothing else wrong.
@@ -336,12 +336,17 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
             out.stderr
         );
     }
-    // Without the variable, provider_cooldown is not set and does not warn.
+    assert!(
+        !out.stderr.contains("resilience.provider_cooldown:"),
+        "{}",
+        out.stderr
+    );
+    // Without the variable, stream_watchdog is not set and does not warn.
     let out = run_tidegate(&["check", "--config", path.to_str().unwrap()], &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(not_active_lines(&out.stderr).len(), keys.len() - 1);
     assert!(
-        !out.stderr.contains("resilience.provider_cooldown:"),
+        !out.stderr.contains("resilience.stream_watchdog:"),
         "{}",
         out.stderr
     );

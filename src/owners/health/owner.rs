@@ -1,7 +1,7 @@
-//! The health owner: the breakers, connection state and model lockouts of the keys this
-//! shard owns. It applies outcomes (already classified by the asker into a [`Verdict`]),
-//! grants half-open probe permits, decays and egress-cools connections, and broadcasts
-//! every transition as a view.
+//! The health owner: the breakers, connection state, model lockouts and provider cooldown
+//! tracker entries of the keys this shard owns. It applies outcomes (already classified by
+//! the asker into a [`Verdict`]), grants half-open probe permits and settles them, decays
+//! and egress-cools connections, and broadcasts every transition as a view.
 
 use std::collections::HashMap;
 
