@@ -121,10 +121,10 @@ pub async fn run(
 }
 
 /// Quota-share ordering over the candidates the local views let through now (spec B §3.1:
-/// unavailable steps are filtered before the strategy runs). A cooling, locked, terminal or
-/// open-breaker candidate takes no deficit turn and no in-flight ticket; it stays at the end
-/// of the list, where its attempt is skipped and named in the terminal answer. With nothing
-/// available nobody is asked.
+/// unavailable steps are filtered before the strategy runs). A cooling, locked, terminal,
+/// open-breaker or tracker-cooled (`provider_cooldown`) candidate takes no deficit turn and
+/// no in-flight ticket; it stays at the end of the list, where its attempt is skipped and
+/// named in the terminal answer. With nothing available nobody is asked.
 async fn order_available<'s>(
     shard: &'s Shard,
     combo: usize,
@@ -133,9 +133,10 @@ async fn order_available<'s>(
     let (mut available, unavailable): (Vec<_>, Vec<_>) = {
         let views = shard.state().views.borrow();
         let (config, now) = (shard.config(), shard.now());
-        std::mem::take(candidates)
-            .into_iter()
-            .partition(|(t, c)| !matches!(select::gate(&views, config, t, *c, now), Gate::Skip(..)))
+        std::mem::take(candidates).into_iter().partition(|(t, c)| {
+            !matches!(select::gate(&views, config, t, *c, now), Gate::Skip(..))
+                && views.tracker_cooling(t.provider, *c, now).is_none()
+        })
     };
     let ticket = if available.is_empty() {
         None
