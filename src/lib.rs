@@ -1,11 +1,12 @@
 //! Tidegate: a thread-per-core LLM API edge gateway.
 //!
 //! The module tree mirrors the layers of `docs/architecture.md`, imports running downward
-//! only: ground floor (`clock`, `error`, `config`, `http1`); transport (`mesh`) and the
-//! pure mechanisms (`resilience`, `flow`, `routing`) and wire formats (`providers`);
-//! sockets (`net`, serving a handler it is given); the generic shard runtime (`shard`); the
-//! owner-held mechanisms (`owners`); the request phases (`proxy`, `auth`, `admin`); and the
-//! server that wires them (`server`).
+//! only: ground floor (`clock`, `error`, `config`, `http1`); the pure mechanisms
+//! (`resilience`, `flow`, `routing`), wire formats (`providers`) and the client-key index
+//! (`auth`); transport (`mesh`); sockets (`net`, serving a handler it is given); the generic
+//! shard runtime (`shard`); the owner-held mechanisms (`owners`); the request phases
+//! (`proxy`, `admin`); and the server that wires them (`server`). `scripts/check-structure`
+//! keeps it so (rules in `scripts/structure.rules`).
 
 pub mod admin;
 pub mod auth;

@@ -337,3 +337,17 @@ async fn shard_main(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{DEFAULT_MESH_RING_CAPACITY, MAX_MESH_RING_CAPACITY};
+    use crate::mesh::ring::{MAX_RING_CAPACITY, RING_CAPACITY};
+
+    /// The configuration layer may not import the mesh, so it states the ring's default and
+    /// limit itself; they must stay the mesh's.
+    #[test]
+    fn config_ring_capacity_bounds_are_the_mesh_s() {
+        assert_eq!(DEFAULT_MESH_RING_CAPACITY, RING_CAPACITY);
+        assert_eq!(MAX_MESH_RING_CAPACITY, MAX_RING_CAPACITY);
+    }
+}

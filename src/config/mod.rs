@@ -88,6 +88,12 @@ pub struct ServerConfig {
     pub mesh_ring_capacity: usize,
 }
 
+/// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;
+/// a test in `server.rs`, which sees both layers, keeps the two equal).
+pub const DEFAULT_MESH_RING_CAPACITY: usize = 1024;
+/// The largest `server.mesh_ring_capacity` accepted: the mesh's `MAX_RING_CAPACITY`.
+pub const MAX_MESH_RING_CAPACITY: usize = 1 << 16;
+
 /// How a client key is matched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeySecret {

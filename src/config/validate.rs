@@ -111,7 +111,7 @@ impl Default for ServerConfig {
             pool_max_idle_per_host: 64,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pin_threads: true,
-            mesh_ring_capacity: crate::mesh::ring::RING_CAPACITY,
+            mesh_ring_capacity: super::DEFAULT_MESH_RING_CAPACITY,
             snapshot_interval_ms: DEFAULT_SNAPSHOT_INTERVAL_MS,
         }
     }
@@ -374,7 +374,7 @@ impl Loader<'_> {
     /// `server.mesh_ring_capacity`: a power of two in 2..=65536.
     fn ring_capacity(&mut self, v: Option<u64>, default: usize) -> usize {
         const KEY: &str = "server.mesh_ring_capacity";
-        let max = crate::mesh::ring::MAX_RING_CAPACITY as u64;
+        let max = super::MAX_MESH_RING_CAPACITY as u64;
         match v {
             None => default,
             Some(v) if !(2..=max).contains(&v) || !v.is_power_of_two() => {

@@ -23,7 +23,6 @@ use crate::flow::gates::{GateKey, GateReq};
 use crate::flow::queue::{
     KeyParts, LimiterSettings, ProviderWindow, limiter_key, provider_default_concurrency,
 };
-use crate::mesh::placement::{ConnectionKey, DOMAIN_GLOBAL, OwnerKey, ProviderKey, mix64};
 use crate::resilience::FallbackDecision;
 
 /// Where a connection's concurrency gates live (see the module docs).
@@ -34,26 +33,10 @@ pub enum GateHome {
     Connection(ConnectionId),
 }
 
-impl OwnerKey for GateHome {
-    fn owner_hash(&self) -> u64 {
-        match self {
-            GateHome::Global => mix64(DOMAIN_GLOBAL),
-            GateHome::Provider(p) => ProviderKey(p.0).owner_hash(),
-            GateHome::Connection(c) => ConnectionKey(c.0).owner_hash(),
-        }
-    }
-}
-
 /// The shard that runs quota-share selection (B §2.4) for every combo: its in-flight
 /// counters are per connection and must see every quota-share dispatch, whichever combo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuotaShareHome;
-
-impl OwnerKey for QuotaShareHome {
-    fn owner_hash(&self) -> u64 {
-        mix64(DOMAIN_GLOBAL | 1)
-    }
-}
 
 /// `provider_quota_overrides[<provider>].provider_concurrency` (0 = none).
 pub fn provider_capacity(config: &Config, provider: ProviderId) -> Option<u32> {
@@ -208,7 +191,6 @@ pub fn window_of(config: &Config, connection: ConnectionId) -> Option<(ProviderW
 mod tests {
     use super::*;
     use crate::config::load_str;
-    use crate::mesh::placement::owner_of;
 
     fn config(extra: &str) -> Config {
         let toml = format!(
@@ -244,21 +226,6 @@ mod tests {
         );
         for conn in [A, B, N] {
             assert_eq!(gate_home(&c, conn), GateHome::Global);
-        }
-    }
-
-    #[test]
-    fn homes_hash_like_their_keys_and_global_has_its_own_domain() {
-        for shards in [2, 3, 8] {
-            assert_eq!(
-                owner_of(&GateHome::Provider(ProviderId(1)), shards),
-                owner_of(&ProviderId(1), shards)
-            );
-            assert_eq!(
-                owner_of(&GateHome::Connection(B), shards),
-                owner_of(&B, shards)
-            );
-            assert!(owner_of(&GateHome::Global, shards) < shards);
         }
     }
 

@@ -21,7 +21,8 @@ use std::cell::RefCell;
 
 use crate::clock::Now;
 use crate::config::{Config, ConnectionId, ProviderId};
-use crate::mesh::placement::{ConnectionKey, OwnerKey, ProviderKey};
+use crate::flow::admission::{GateHome, QuotaShareHome};
+use crate::mesh::placement::{ConnectionKey, DOMAIN_GLOBAL, OwnerKey, ProviderKey, mix64};
 use crate::shard::call::{CallId, Protocol, caller_shard};
 use crate::shard::metrics::FlowGauges;
 use crate::shard::{self, App, Dest, Out};
@@ -48,6 +49,26 @@ impl OwnerKey for ProviderId {
 impl OwnerKey for ConnectionId {
     fn owner_hash(&self) -> u64 {
         ConnectionKey(self.0).owner_hash()
+    }
+}
+
+// Where the flow mechanisms' homes live. The placement of a domain key is decided here, one
+// layer above both the transport (which knows only hashes) and the pure tables (which know
+// no shards): a gate home hashes like the key it stands for, the global homes have their own
+// domain.
+impl OwnerKey for GateHome {
+    fn owner_hash(&self) -> u64 {
+        match self {
+            GateHome::Global => mix64(DOMAIN_GLOBAL),
+            GateHome::Provider(p) => p.owner_hash(),
+            GateHome::Connection(c) => c.owner_hash(),
+        }
+    }
+}
+
+impl OwnerKey for QuotaShareHome {
+    fn owner_hash(&self) -> u64 {
+        mix64(DOMAIN_GLOBAL | 1)
     }
 }
 
@@ -314,4 +335,27 @@ pub fn reply_bound(wait_ms: u64) -> std::time::Duration {
 /// The owner of `connection`'s state (breakers, cooldown, lockouts, queue).
 pub fn connection_owner(connection: ConnectionId, shards: usize) -> usize {
     crate::mesh::placement::owner_of(&connection, shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mesh::placement::owner_of;
+
+    #[test]
+    fn homes_hash_like_their_keys_and_global_has_its_own_domain() {
+        let b = ConnectionId(1);
+        for shards in [2, 3, 8] {
+            assert_eq!(
+                owner_of(&GateHome::Provider(ProviderId(1)), shards),
+                owner_of(&ProviderId(1), shards)
+            );
+            assert_eq!(
+                owner_of(&GateHome::Connection(b), shards),
+                owner_of(&b, shards)
+            );
+            assert!(owner_of(&GateHome::Global, shards) < shards);
+            assert!(owner_of(&QuotaShareHome, shards) < shards);
+        }
+    }
 }

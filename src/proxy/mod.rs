@@ -17,7 +17,7 @@ use monoio::net::TcpStream;
 
 use crate::admin;
 use crate::auth::Caller;
-use crate::config::{ComboStrategy, ConnectionId, Scope};
+use crate::config::{ComboStrategy, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 pub use crate::net::downstream::After;
@@ -25,9 +25,12 @@ use crate::net::downstream::{Handler, Limits};
 use crate::net::io::write_all;
 use crate::owners::Shard;
 use crate::providers::{Endpoint, serves};
-use crate::routing::resolve::{Target, resolve};
+use crate::routing::resolve::resolve;
 use crate::shard::InFlight;
 use crate::shard::metrics::{bump, drop_one};
+
+use relay::Plan;
+use respond::{keep_alive_now, note_error, send_error};
 
 /// A shard serves its client connections: `net` reads requests, `handle` answers them.
 impl Handler for Shard {
@@ -157,39 +160,6 @@ pub async fn handle(
     }
 }
 
-/// Writes a gateway error as the whole response.
-pub async fn send_error(
-    shard: &Shard,
-    client: &mut TcpStream,
-    err: &GatewayError,
-    keep_alive: bool,
-) -> After {
-    note_error(shard, err);
-    let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
-    let mut out = BytesMut::with_capacity(256);
-    respond::write_error(&mut out, err, keep_alive, false);
-    match write_all(client, out).await {
-        Ok(_) if keep_alive => After::KeepAlive,
-        _ => After::Close,
-    }
-}
-
-/// The keep-alive decision at the moment a response head is written: never while the
-/// shard drains for shutdown.
-pub fn keep_alive_now(shard: &Shard, requested: bool) -> bool {
-    requested && !shard.is_draining()
-}
-
-fn note_error(shard: &Shard, err: &GatewayError) {
-    shard.metrics().response(err.kind.status());
-    shard.metrics().gateway_error(err.kind);
-    if err.kind.status() >= 500 {
-        tracing::warn!(code = err.kind.code(), "{}", err.message);
-    } else {
-        tracing::debug!(code = err.kind.code(), "{}", err.message);
-    }
-}
-
 /// Checks the caller may use `scope`; returns the client key index when a key was used.
 fn authorize(
     shard: &Shard,
@@ -245,17 +215,6 @@ async fn inference(
         }
         Err(err) => send_error(shard, client, &err, keep_alive).await,
     }
-}
-
-/// The decided route of an inference request: what the client asked for and the
-/// candidates to try in order.
-pub struct Plan {
-    pub peek: peek::Peek,
-    pub candidates: Vec<(Target, ConnectionId)>,
-    /// The combo the model names (its index), if it is one.
-    pub combo: Option<usize>,
-    /// The quota-share combo the model names (its index), if it is one.
-    pub quota_share: Option<usize>,
 }
 
 /// Authenticate → peek → resolve → select.

@@ -13,10 +13,11 @@ use monoio::net::TcpStream;
 use serde_json::json;
 
 use super::classify::{self, Failed};
+use super::respond::send_error;
 use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
-use super::{After, Plan, peek, send_error};
+use super::{After, peek};
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError, Retry};
 use crate::flow::admission::{gate_block_ms, queue_of};
@@ -35,6 +36,17 @@ use crate::resilience::classify::parse_error_body;
 use crate::resilience::restate::apply_status_restatement;
 use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
+
+/// The decided route of an inference request: what the client asked for and the
+/// candidates to try in order.
+pub struct Plan {
+    pub peek: peek::Peek,
+    pub candidates: Vec<(Target, ConnectionId)>,
+    /// The combo the model names (its index), if it is one.
+    pub combo: Option<usize>,
+    /// The quota-share combo the model names (its index), if it is one.
+    pub quota_share: Option<usize>,
+}
 
 /// The client side of a request: its connection, the connection's read buffer (bytes the
 /// client pipelines while the request waits land there), and whether keep-alive holds.

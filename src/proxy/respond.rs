@@ -2,10 +2,14 @@
 //! OpenAI-shaped JSON and the `x-tidegate-error` header, and small JSON answers.
 
 use bytes::BytesMut;
+use monoio::net::TcpStream;
 use serde_json::json;
 
 use crate::error::GatewayError;
 use crate::http1::{Framing, write_response_head};
+use crate::net::downstream::After;
+use crate::net::io::write_all;
+use crate::owners::Shard;
 
 /// Header that tells clients the gateway, not the upstream, made this error.
 pub const ERROR_HEADER: &str = "x-tidegate-error";
@@ -76,4 +80,37 @@ pub fn write_body(
 /// The in-band event that ends a stream broken after its first byte (no `[DONE]` follows).
 pub fn stream_error_event(err: &GatewayError) -> String {
     format!("event: error\ndata: {}\n\n", error_body(err))
+}
+
+/// Writes a gateway error as the whole response.
+pub async fn send_error(
+    shard: &Shard,
+    client: &mut TcpStream,
+    err: &GatewayError,
+    keep_alive: bool,
+) -> After {
+    note_error(shard, err);
+    let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
+    let mut out = BytesMut::with_capacity(256);
+    write_error(&mut out, err, keep_alive, false);
+    match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+/// The keep-alive decision at the moment a response head is written: never while the
+/// shard drains for shutdown.
+pub fn keep_alive_now(shard: &Shard, requested: bool) -> bool {
+    requested && !shard.is_draining()
+}
+
+pub(super) fn note_error(shard: &Shard, err: &GatewayError) {
+    shard.metrics().response(err.kind.status());
+    shard.metrics().gateway_error(err.kind);
+    if err.kind.status() >= 500 {
+        tracing::warn!(code = err.kind.code(), "{}", err.message);
+    } else {
+        tracing::debug!(code = err.kind.code(), "{}", err.message);
+    }
 }

@@ -99,7 +99,7 @@ pub async fn relay_buffered(
     client: &mut TcpStream,
     keep_alive: bool,
 ) -> After {
-    let keep_alive = super::keep_alive_now(shard, keep_alive);
+    let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let attempts_s = attempts.to_string();
     let retry_after = b.retry_after_s.map(|s| s.to_string());
     let mut headers: Vec<(&str, &[u8])> = b
@@ -148,7 +148,7 @@ pub async fn commit(
     idle: Duration,
 ) -> (After, Ended) {
     let status = up.head.status();
-    let keep_alive = super::keep_alive_now(shard, keep_alive);
+    let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let http11 = client_head.minor_version() == 1;
     let (framing, keep_alive) = match up.head.body_kind() {
         BodyKind::Length(n) => (Framing::Length(n), keep_alive),

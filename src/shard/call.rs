@@ -10,28 +10,13 @@
 //! hook ([`App::late_reply`]), which hands back whatever it grants (a permit, a slot, a
 //! probe ticket), so nothing leaks when an asker gives up just as its grant is sent.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use super::waiters::{Slot, Wait};
 use super::{App, Msg, Shard};
 
-/// A call's id: unique across shards (asking shard in the top 16 bits).
-pub type CallId = u64;
-
-/// The shard that asked call `id` (where its reply goes).
-pub fn caller_shard(id: CallId) -> usize {
-    (id >> 48) as usize
-}
-
-/// The id of local call `local` of shard `shard`.
-pub fn global_id(shard: usize, local: u64) -> CallId {
-    ((shard as u64 & 0xffff) << 48) | (local & 0xffff_ffff_ffff)
-}
+pub use super::waiters::{CallError, CallId, Calls, caller_shard, global_id};
 
 /// One request/reply protocol of application `A`: its request and reply types, how they
 /// travel inside `A`'s envelopes, and whether the owner may hold a call.
@@ -45,104 +30,6 @@ pub trait Protocol<A: App> {
     fn wrap(request: Self::Request) -> A::Request;
     /// `None` when the reply belongs to another protocol (an owner bug).
     fn unwrap(reply: A::Reply) -> Option<Self::Reply>;
-}
-
-/// Why a call produced no reply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallError {
-    /// The owner's shard is gone (shutdown): the request could not be sent.
-    Unsent,
-    /// No reply within the bound (the owner was told to cancel).
-    TimedOut,
-    /// The owner answered with another protocol's reply.
-    Mismatched,
-}
-
-struct Slot<R> {
-    reply: RefCell<Option<R>>,
-    waker: RefCell<Option<Waker>>,
-}
-
-enum Waiter<R> {
-    Waiting(Rc<Slot<R>>),
-    /// The asker gave up; its reply, when it comes, goes to the late hook.
-    Abandoned,
-}
-
-/// The outstanding calls of one shard.
-pub struct Calls<R> {
-    next: Cell<u64>,
-    waiters: RefCell<HashMap<CallId, Waiter<R>>>,
-}
-
-impl<R> Default for Calls<R> {
-    fn default() -> Self {
-        Self {
-            next: Cell::new(0),
-            waiters: RefCell::new(HashMap::new()),
-        }
-    }
-}
-
-impl<R> Calls<R> {
-    fn register(&self, shard: usize) -> (CallId, Rc<Slot<R>>) {
-        let local = self.next.get().wrapping_add(1);
-        self.next.set(local);
-        let id = global_id(shard, local);
-        let slot = Rc::new(Slot {
-            reply: RefCell::new(None),
-            waker: RefCell::new(None),
-        });
-        self.waiters
-            .borrow_mut()
-            .insert(id, Waiter::Waiting(slot.clone()));
-        (id, slot)
-    }
-
-    /// Hands `reply` to its waiter; gives it back when nobody waits for it any more.
-    pub(super) fn complete(&self, id: CallId, reply: R) -> Option<R> {
-        match self.waiters.borrow_mut().remove(&id) {
-            Some(Waiter::Waiting(slot)) => {
-                *slot.reply.borrow_mut() = Some(reply);
-                if let Some(w) = slot.waker.borrow_mut().take() {
-                    w.wake();
-                }
-                None
-            }
-            Some(Waiter::Abandoned) | None => Some(reply),
-        }
-    }
-
-    fn abandon(&self, id: CallId) {
-        if let Some(w) = self.waiters.borrow_mut().get_mut(&id) {
-            *w = Waiter::Abandoned;
-        }
-    }
-
-    fn forget(&self, id: CallId) {
-        self.waiters.borrow_mut().remove(&id);
-    }
-
-    /// Calls waiting for a reply, abandoned ones included.
-    pub fn outstanding(&self) -> usize {
-        self.waiters.borrow().len()
-    }
-}
-
-struct Wait<R>(Rc<Slot<R>>);
-
-impl<R> Future for Wait<R> {
-    type Output = R;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
-        match self.0.reply.borrow_mut().take() {
-            Some(r) => Poll::Ready(r),
-            None => {
-                *self.0.waker.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
 }
 
 /// A sent call not yet answered: dropped unanswered, it abandons the waiter and, when the

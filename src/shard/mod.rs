@@ -14,6 +14,7 @@
 
 pub mod call;
 pub mod metrics;
+pub mod waiters;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -34,8 +35,8 @@ use crate::net::dns::DnsCache;
 use crate::net::tls::TlsConfigs;
 use crate::net::upstream::{Pool, PoolKey};
 use crate::routing::resolve::RouteTable;
-use call::{CallId, Calls};
 use metrics::ShardMetrics;
+use waiters::{CallId, Calls};
 
 /// An application a shard runs: its message types and its per-shard state, and how the
 /// pump hands it what arrives.
