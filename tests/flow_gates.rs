@@ -343,7 +343,13 @@ fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) 
         &[],
         br#"{"model":"up/m1","messages":[]}"#,
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // It waits at its owner (a gate waiter or a queue entry beside the first's) before its
+    // client hangs up.
+    eventually(
+        Duration::from_secs(5),
+        "the second request to wait for admission",
+        || (flow_held(addr) >= 2).then_some(()),
+    );
     drop(quitter);
     eventually(
         Duration::from_secs(5),
@@ -400,10 +406,19 @@ fn a_request_pipelined_while_the_previous_waits_is_kept_and_answered_in_order() 
     c.set_timeout(Duration::from_secs(10));
     let body = |m: &str| format!(r#"{{"model":"up/{m}","messages":[]}}"#);
     c.start_request("POST", "/v1/chat/completions", &[], body("m1").as_bytes());
-    // Sent while the first of this connection waits for its permit (the wait reads it).
-    std::thread::sleep(Duration::from_millis(300));
+    eventually(
+        Duration::from_secs(5),
+        "this connection's first request to wait for its permit",
+        || (metric(addr, "tidegate_gate_waiters") == 1).then_some(()),
+    );
+    // Sent while the first of this connection waits for its permit: the wait reads it
+    // from the socket (watching for a hang-up) and must keep it.
     c.start_request("POST", "/v1/chat/completions", &[], body("m2").as_bytes());
-    std::thread::sleep(Duration::from_millis(100));
+    eventually(
+        Duration::from_secs(5),
+        "the waiting request to read the pipelined one off the socket",
+        || (c.unread_by_server() == Some(0)).then_some(()),
+    );
     gate.open();
     assert_eq!(first.join().unwrap().status, 200);
     for _ in 0..2 {

@@ -9,7 +9,9 @@ mod support;
 use serde_json::json;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use support::{Client, Deadline, Gateway, MockUpstream, Reply, Response, Stopwatch, ms, secs};
+use support::{
+    Client, Deadline, Gateway, MockUpstream, Reply, Response, Stopwatch, eventually, ms, secs,
+};
 
 const CHAT: &str = "/v1/chat/completions";
 const KEY: &str = "test-key";
@@ -465,9 +467,12 @@ fn idle_keep_alive_connection_is_closed_after_idle_timeout() {
         "closed after {:?}, before idle_timeout_ms = 300",
         idle.elapsed()
     );
-    // A connection that keeps talking is not cut by the idle timeout.
+    // A connection that keeps talking is not cut by the idle timeout: it keeps asking until
+    // a silent connection opened beside it has been closed for idleness, and still works.
     let mut busy = Client::connect(gw.addr());
-    for i in 0..4 {
+    let mut silent = Client::connect(gw.addr());
+    let mut i = 0;
+    let talk = |busy: &mut Client, i: u32| {
         let prompt = format!("busy {i}");
         let r = busy.request(
             "POST",
@@ -476,6 +481,12 @@ fn idle_keep_alive_connection_is_closed_after_idle_timeout() {
             chat_body("mock/echo", &prompt, false).as_bytes(),
         );
         assert_eq!(answer_text(&r), prompt);
-        std::thread::sleep(ms(100));
-    }
+        assert!(!says_close(&r));
+    };
+    eventually(secs(10), "the silent connection to be closed", || {
+        talk(&mut busy, i);
+        i += 1;
+        silent.closed_within(ms(50)).then_some(())
+    });
+    talk(&mut busy, i);
 }

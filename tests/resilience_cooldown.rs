@@ -76,8 +76,11 @@ fn a_429_with_retry_after_cools_exactly_that_connection_while_its_sibling_serves
     mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
     let gw = Gateway::start_with_env(&config(&mock, "up", true), KEYS);
 
-    let cooled_at = Instant::now();
+    // The cooldown starts while the first request is served: after `first_sent`, before
+    // `answered`.
+    let first_sent = Instant::now();
     let r = ask(&gw, "up/m1");
+    let answered = Instant::now();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         served_by(&r),
@@ -99,18 +102,28 @@ fn a_429_with_retry_after_cools_exactly_that_connection_while_its_sibling_serves
             "c1 is skipped, not tried"
         );
     }
-    // After ~7 s c1 (priority 1) serves again.
+    // After 7 s c1 (priority 1) serves again. Bounds that load cannot bend: a request sent
+    // at t and served by c2 shows the cooldown still ran at t, so it began before
+    // `answered` and ran at most 7 s; one answered by c1 at t shows it over by t, so it
+    // began after `first_sent` and ran at least (about) 7 s.
+    let mut last_c2_sent = answered;
     let back = eventually(Duration::from_secs(12), "c1 to serve again", || {
+        let asked = Instant::now();
         let r = ask(&gw, "up/m1");
-        (served_by(&r) == "c1").then(|| cooled_at.elapsed())
+        if served_by(&r) == "c1" {
+            return Some(first_sent.elapsed());
+        }
+        last_c2_sent = asked;
+        None
     });
     assert!(
         back >= Duration::from_millis(6_000),
-        "c1 came back after {back:?}, before its 7 s"
+        "c1 came back {back:?} after the 429 was sent, before its 7 s"
     );
+    let still_cool = last_c2_sent.duration_since(answered);
     assert!(
-        back <= Duration::from_millis(9_500),
-        "c1 came back after {back:?}"
+        still_cool < Duration::from_millis(7_500),
+        "c1 still cooled {still_cool:?} after the 429 was answered (Retry-After: 7)"
     );
     let by_key = |k: &str| {
         mock.requests_to("/v1/chat/completions")

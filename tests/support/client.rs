@@ -153,6 +153,33 @@ impl Client {
         self.stream.local_addr().expect("client: local_addr")
     }
 
+    /// Bytes this client wrote that the gateway has not read from its socket yet: the
+    /// receive queue of the gateway's end of this connection, from `/proc/net/tcp` (Linux,
+    /// IPv4). `None` when the kernel lists no such connection (closed, or not IPv4).
+    pub fn unread_by_server(&self) -> Option<u64> {
+        let (SocketAddr::V4(server), SocketAddr::V4(client)) = (self.addr, self.local_addr())
+        else {
+            return None;
+        };
+        let hex = |a: std::net::SocketAddrV4| {
+            format!(
+                "{:08X}:{:04X}",
+                u32::from_ne_bytes(a.ip().octets()),
+                a.port()
+            )
+        };
+        let (local, remote) = (hex(server), hex(client));
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        table.lines().skip(1).find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 5 || f[1] != local || f[2] != remote {
+                return None;
+            }
+            let (_tx, rx) = f[4].split_once(':')?;
+            u64::from_str_radix(rx, 16).ok()
+        })
+    }
+
     /// Writes `bytes` as they are.
     pub fn write_raw(&mut self, bytes: &[u8]) {
         self.try_write_raw(bytes)
