@@ -31,6 +31,11 @@ pub enum Reply {
     Total(u64),
 }
 
+// What crosses the mesh, field by field (see `owners/mesh_safe.rs`).
+crate::mesh_safe!(enum Request { Add { name @ name, n } });
+crate::mesh_safe!(enum Fact { Add { name @ name, n } });
+crate::mesh_safe!(copy: Reply);
+
 impl Mechanism for Counter {
     type Fact = Fact;
     type Request = Request;

@@ -16,6 +16,7 @@ pub mod quota_share;
 
 #[cfg(test)]
 mod counter;
+mod mesh_safe;
 
 use std::cell::RefCell;
 
@@ -23,6 +24,7 @@ use crate::clock::Now;
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::flow::admission::{GateHome, QuotaShareHome};
 use crate::mesh::placement::{ConnectionKey, DOMAIN_GLOBAL, OwnerKey, ProviderKey, mix64};
+use crate::mesh::safe::{MeshSafe, is_mesh_safe};
 use crate::shard::call::{CallId, Protocol, caller_shard};
 use crate::shard::metrics::FlowGauges;
 use crate::shard::{self, App, Dest, Out};
@@ -140,9 +142,10 @@ impl Cx<'_> {
 /// One owner-held mechanism: its messages, its owner table, and its handlers. The owner
 /// side is pure and synchronous over `cx.now`; what it sends goes through `cx`.
 pub trait Mechanism: Sized {
-    type Fact;
-    type Request;
-    type Reply;
+    /// Its messages cross the mesh: declared in `owners/mesh_safe.rs`.
+    type Fact: MeshSafe;
+    type Request: MeshSafe;
+    type Reply: MeshSafe;
     /// The owner may keep a call waiting (giving up must cancel it).
     const HOLDS: bool;
 
@@ -182,6 +185,16 @@ macro_rules! mechanisms {
         /// Which mechanism a cancel is for.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Kind { $($(#[$attr])* $variant,)* }
+
+        // Each carries one mechanism's messages, which are `MeshSafe` (a bound of `Mechanism`).
+        impl MeshSafe for Fact {}
+        impl MeshSafe for Request {}
+        impl MeshSafe for Reply {}
+        const _: fn(&Fact, &Request, &Reply) = |f, r, a| {
+            match f { $($(#[$attr])* Fact::$variant(x) => is_mesh_safe(x),)* }
+            match r { $($(#[$attr])* Request::$variant(x) => is_mesh_safe(x),)* }
+            match a { $($(#[$attr])* Reply::$variant(x) => is_mesh_safe(x),)* }
+        };
 
         /// The owner tables of one shard (the keys it owns), one per mechanism.
         pub struct Owners {

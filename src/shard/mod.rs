@@ -31,6 +31,7 @@ use crate::config::{Config, ProviderId};
 use crate::mesh::outbox::{Outbox, Sent};
 use crate::mesh::placement::{OwnerKey, owner_of};
 use crate::mesh::ring::{MeshReceiver, MeshSender, MeshStats};
+use crate::mesh::safe::MeshSafe;
 use crate::net::dns::DnsCache;
 use crate::net::tls::TlsConfigs;
 use crate::net::upstream::{Pool, PoolKey};
@@ -42,11 +43,12 @@ use waiters::{CallId, Calls};
 /// pump hands it what arrives.
 pub trait App: Sized + 'static {
     /// Owner → every shard: replicas of owner state ("routable, or not until T").
-    type View: Clone + Send + 'static;
+    /// Every message type is [`MeshSafe`]: ids, numbers, names and bounded text only.
+    type View: MeshSafe + Clone + Send + 'static;
     /// One-way messages to an owner.
-    type Fact: Send + 'static;
-    type Request: Send + 'static;
-    type Reply: Send + 'static;
+    type Fact: MeshSafe + Send + 'static;
+    type Request: MeshSafe + Send + 'static;
+    type Reply: MeshSafe + Send + 'static;
     /// Names a protocol in a cancel.
     type Kind: Copy + Send + 'static;
     /// The shard's owner tables and view replicas.

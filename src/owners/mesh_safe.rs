@@ -1,0 +1,152 @@
+//! Every type that crosses the mesh, declared [`MeshSafe`](crate::mesh::safe::MeshSafe)
+//! field by field (`mesh_safe!` checks each list is exhaustive and each field's kind). A
+//! mechanism's messages must be listed here (`Mechanism` requires it) — so a message that
+//! carries an upstream body or a header list does not compile: a `String` is accepted only
+//! as a marked name, and bounded text only as [`LastError`] (at most
+//! [`MAX_LAST_ERROR_BYTES`](crate::resilience::connection::MAX_LAST_ERROR_BYTES) bytes).
+
+use crate::config::{ConnectionId, ProviderId};
+use crate::flow::gates::GateError;
+use crate::flow::queue::{QueueError, ResponseFacts};
+use crate::mesh::safe::MeshSafe;
+use crate::mesh_safe;
+use crate::owners::health::protocol::LastError;
+use crate::resilience::breaker::{BreakerKey, BreakerView, Failure, ProbeTicket};
+use crate::resilience::connection::{ConnectionView, ProviderErrorType};
+use crate::resilience::lockout::LockView;
+use crate::resilience::{HintSource, Reason, RuleScope};
+
+// Ids, numbers and closed enums: `Copy`, so they own no heap data at all.
+mesh_safe!(copy:
+    ConnectionId, ProviderId, BreakerKey, BreakerView, ConnectionView, LockView, ProbeTicket,
+    Failure, ProviderErrorType, Reason, HintSource, RuleScope, GateError, QueueError,
+    ResponseFacts,
+);
+
+/// Bounded by construction: `LastError::new` sanitises and cuts the text to
+/// `MAX_LAST_ERROR_BYTES` (500) bytes, and its field is private.
+impl MeshSafe for LastError {}
+
+mod health {
+    use crate::mesh_safe;
+    use crate::owners::health::protocol::{
+        Ended, Fact, Outcome, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+    };
+    use crate::resilience::FallbackDecision;
+    use crate::resilience::lockout::{KeyModel, LockKey, LockUpdate};
+    use crate::resilience::tracker::TrackerKey;
+
+    mesh_safe!(copy: Reply, ProviderReport, TrackerKey, TrackerView);
+    mesh_safe!(enum View {
+        Breaker { key, view },
+        Connection { connection, view },
+        Lockout(update),
+        Tracker { key, view },
+    });
+    mesh_safe!(struct LockUpdate { key, lock, seq });
+    mesh_safe!(struct LockKey { provider @ name, connection, model });
+    mesh_safe!(enum KeyModel { Family(model @ name), Exact(model @ name) });
+    mesh_safe!(enum Fact {
+        Outcome(outcome),
+        ProviderResult(report),
+        ReleaseProbe { key, ticket },
+        AutoDecay { connection },
+        EgressCool { connection, until_ms, reason },
+    });
+    mesh_safe!(
+        enum Request {
+            Probe(key),
+            Outcome(outcome),
+            ProviderResult(report),
+        }
+    );
+    mesh_safe!(struct Outcome { provider, connection, model @ name, ended, probe, combo });
+    mesh_safe!(
+        enum Ended {
+            Success,
+            Failed(verdict),
+            StreamStall,
+            ClientAbort,
+        }
+    );
+    mesh_safe!(struct Verdict { status, decision, breaker, error_type, credits_signal, last_error });
+    mesh_safe!(struct FallbackDecision {
+        should_fallback, cooldown_ms, base_cooldown_ms, new_backoff_level,
+        used_upstream_retry_hint, retry_hint_source, reason, permanent, credits_exhausted,
+        daily_quota_exhausted, ambiguous_auth, skip_provider_breaker, quota_reset_hint_ms,
+        configured_cooldown_ms, rule_scope, level_scaled,
+    });
+}
+
+mod gates {
+    use crate::mesh_safe;
+    use crate::owners::gates::protocol::{Fact, Reply, Request};
+
+    mesh_safe!(copy: Reply);
+    mesh_safe!(enum Request {
+        Acquire { connection, model @ name, deadline_ns },
+        QsSlot { connection, deadline_ns },
+    });
+    mesh_safe!(enum Fact {
+        Release { serial },
+        Block { connection, model @ name, until_ns },
+        Tick,
+    });
+}
+
+mod queue {
+    use crate::mesh_safe;
+    use crate::owners::queue::protocol::{Fact, Reply, Request};
+
+    mesh_safe!(copy: Reply);
+    mesh_safe!(enum Request { Acquire { connection, model @ name, waiting_since_ns } });
+    mesh_safe!(enum Fact {
+        Finish { id, learned },
+        Learn { connection, model @ name, facts },
+        Tick { key @ name },
+    });
+}
+
+mod quota_share {
+    use crate::mesh_safe;
+    use crate::owners::quota_share::protocol::{Candidate, Fact, Pick, Reply, Request};
+
+    mesh_safe!(struct Candidate { connection, execution_key @ name, weight });
+    mesh_safe!(struct Pick { ordered, ticket });
+    mesh_safe!(enum Request { Select { combo @ name, candidates } });
+    mesh_safe!(
+        enum Reply {
+            Picked(pick),
+        }
+    );
+    mesh_safe!(enum Fact { Release { serial } });
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::owners::health::protocol::{LastError, MAX_VERDICT_TEXT_BYTES};
+
+    /// The one piece of text a verdict carries stays within its bound, whatever the
+    /// upstream sent (here a 64 KiB error body with control characters).
+    #[test]
+    fn last_error_is_bounded_whatever_the_upstream_sent() {
+        let body = format!("{{\"error\":\"{}\"}}\r\n", "x\u{7}é".repeat(16 * 1024));
+        let e = LastError::new(&body);
+        assert!(
+            e.as_str().len() <= MAX_VERDICT_TEXT_BYTES,
+            "{}",
+            e.as_str().len()
+        );
+        assert_eq!(MAX_VERDICT_TEXT_BYTES, 500);
+        assert!(!e.as_str().chars().any(char::is_control));
+        let spaced: String = body
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        assert!(
+            spaced.starts_with(e.as_str()),
+            "a prefix of the body: {}",
+            e.as_str()
+        );
+    }
+}
