@@ -371,6 +371,30 @@ mod tests {
         );
     }
 
+    /// The gateway's own refusals that the flow and breaker tables once mapped themselves
+    /// (B §1.6, §2.1, A §1.8): this is their one map.
+    #[test]
+    fn local_limits_and_the_open_breaker() {
+        let facts = |k: ErrorKind| (k.status(), k.code(), k.error_type());
+        assert_eq!(
+            facts(ErrorKind::SemaphoreTimeout),
+            (429, "semaphore_timeout", "rate_limit_error")
+        );
+        assert_eq!(
+            facts(ErrorKind::SemaphoreQueueFull),
+            (429, "semaphore_queue_full", "rate_limit_error")
+        );
+        assert_eq!(
+            facts(ErrorKind::ProviderCircuitOpen),
+            (503, "provider_circuit_open", "server_error")
+        );
+        let open = GatewayError::new(ErrorKind::ProviderCircuitOpen, "open");
+        assert_eq!(
+            open.kind_header(),
+            Some(("x-omniroute-provider-breaker", "open"))
+        );
+    }
+
     #[test]
     fn bad_input_closes_the_connection() {
         assert!(ErrorKind::MalformedRequest.closes_connection());

@@ -56,13 +56,6 @@ use std::fmt;
 use crate::clock::Now;
 use crate::config::{ConnectionId, ProviderId};
 
-/// Public error code of a queued request that waited past its deadline (HTTP 429).
-pub const SEMAPHORE_TIMEOUT: &str = "semaphore_timeout";
-/// Public error code of a request refused because a gate's queue is full (HTTP 429).
-pub const SEMAPHORE_QUEUE_FULL: &str = "semaphore_queue_full";
-/// HTTP status of both gate errors (§2.1 "HTTP mapping in chatCore").
-pub const GATE_ERROR_STATUS: u16 = 429;
-
 /// One semaphore's key. The derived order is the acquisition order of §2.1.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GateKey {
@@ -136,35 +129,17 @@ pub struct AcquireRequest {
     pub max_queue: QueueLimit,
 }
 
-/// Why a request got no permit.
+/// Why a request got no permit. Answered as `ErrorKind::SemaphoreTimeout` or
+/// `SemaphoreQueueFull` (429; `error.rs` is the one map of status and code).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateError {
-    /// Waited past the deadline (`SEMAPHORE_TIMEOUT`).
+    /// Waited past the deadline.
     Timeout,
-    /// An involved gate's queue was full (`SEMAPHORE_QUEUE_FULL`).
+    /// An involved gate's queue was full.
     QueueFull,
     /// The owner reused the id of a waiter still queued: a bug in the caller, refused so
     /// the queued waiter is not lost. Reported like a full queue.
     DuplicateWaiter,
-}
-
-impl GateError {
-    /// The public error code (lower-case, §1.6 / §2.1).
-    pub fn code(self) -> &'static str {
-        match self {
-            GateError::Timeout => SEMAPHORE_TIMEOUT,
-            GateError::QueueFull | GateError::DuplicateWaiter => SEMAPHORE_QUEUE_FULL,
-        }
-    }
-
-    /// HTTP status: both are local limit failures answered with 429.
-    pub fn status(self) -> u16 {
-        match self {
-            GateError::Timeout | GateError::QueueFull | GateError::DuplicateWaiter => {
-                GATE_ERROR_STATUS
-            }
-        }
-    }
 }
 
 /// Capacity held on a set of gates. Not `Clone`: giving it back to
@@ -829,8 +804,6 @@ mod tests {
         assert!(!t.is_queued(2));
         assert_eq!(t.next_deadline(), None);
         assert!(t.release(p, at(101)).is_empty());
-        assert_eq!(GateError::Timeout.code(), "semaphore_timeout");
-        assert_eq!(GateError::Timeout.status(), 429);
     }
 
     #[test]
@@ -861,7 +834,6 @@ mod tests {
         r.id = 4;
         r.max_queue = QueueLimit::AtMost(0);
         assert_eq!(t.acquire(r, at(0)), Acquire::Rejected(GateError::QueueFull));
-        assert_eq!(GateError::QueueFull.code(), "semaphore_queue_full");
         assert_eq!(QueueLimit::from_max_queue_depth(0), QueueLimit::Unbounded);
         assert_eq!(QueueLimit::from_max_queue_depth(3), QueueLimit::AtMost(3));
         // A queued id cannot be reused.

@@ -51,24 +51,10 @@ use crate::config::{AuthKind, RateLimitOverrides};
 // ---------------------------------------------------------------------------------------
 // Errors (B §1.6)
 
-/// Code of a queue-depth rejection (HTTP 429).
-pub const RATE_LIMIT_QUEUE_FULL: &str = "RATE_LIMIT_QUEUE_FULL";
-/// Code of a queue-wait budget expiry (HTTP 503); the upstream was never called.
-pub const RATE_LIMIT_QUEUE_TIMEOUT: &str = "RATE_LIMIT_QUEUE_TIMEOUT";
-/// Code of an execution backstop expiry (HTTP 504).
-pub const RATE_LIMIT_EXECUTION_TIMEOUT: &str = "RATE_LIMIT_EXECUTION_TIMEOUT";
-/// Code of a waiter rejected by the wedge watchdog (HTTP 503).
-pub const RATE_LIMIT_QUEUE_WEDGED: &str = "RATE_LIMIT_QUEUE_WEDGED";
-
-/// Public `error.type` of a 429.
-pub const TYPE_RATE_LIMIT_ERROR: &str = "rate_limit_error";
-/// Public `error.type` of a 503.
-pub const TYPE_SERVICE_UNAVAILABLE: &str = "service_unavailable";
-/// Public `error.type` of a 504.
-pub const TYPE_GATEWAY_TIMEOUT: &str = "gateway_timeout";
-
 /// A queue error: a *local limit failure* (B §1.6). It is request-scoped: it never trips a
-/// breaker, never cools a connection down, never locks a model.
+/// breaker, never cools a connection down, never locks a model. Its status, code and type
+/// are those of its `ErrorKind` (`RateLimitQueue*`, mapped in `owners::queue::client::error`);
+/// `error.rs` is the one map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueError {
     /// `queued >= max_queue_depth` before scheduling.
@@ -82,45 +68,6 @@ pub enum QueueError {
 }
 
 impl QueueError {
-    /// HTTP status.
-    pub fn status(self) -> u16 {
-        match self {
-            QueueError::Full { .. } => 429,
-            QueueError::QueueTimeout { .. } => 503,
-            QueueError::ExecutionTimeout { .. } => 504,
-            QueueError::Wedged => 503,
-        }
-    }
-
-    /// Internal code (upper case, as in `x-tidegate-error`).
-    pub fn code(self) -> &'static str {
-        match self {
-            QueueError::Full { .. } => RATE_LIMIT_QUEUE_FULL,
-            QueueError::QueueTimeout { .. } => RATE_LIMIT_QUEUE_TIMEOUT,
-            QueueError::ExecutionTimeout { .. } => RATE_LIMIT_EXECUTION_TIMEOUT,
-            QueueError::Wedged => RATE_LIMIT_QUEUE_WEDGED,
-        }
-    }
-
-    /// Public `error.code`: the code lower-cased.
-    pub fn public_code(self) -> &'static str {
-        match self {
-            QueueError::Full { .. } => "rate_limit_queue_full",
-            QueueError::QueueTimeout { .. } => "rate_limit_queue_timeout",
-            QueueError::ExecutionTimeout { .. } => "rate_limit_execution_timeout",
-            QueueError::Wedged => "rate_limit_queue_wedged",
-        }
-    }
-
-    /// Public `error.type`, following the status.
-    pub fn error_type(self) -> &'static str {
-        match self.status() {
-            429 => TYPE_RATE_LIMIT_ERROR,
-            504 => TYPE_GATEWAY_TIMEOUT,
-            _ => TYPE_SERVICE_UNAVAILABLE,
-        }
-    }
-
     /// Public `error.message`; `target` is `<provider>[/<model>]` or the limiter identity.
     pub fn message(self, target: &str) -> String {
         match self {
@@ -144,18 +91,6 @@ impl QueueError {
                  upstream operation was started or retried"
             ),
         }
-    }
-
-    /// Reads a code string back (case-insensitive), the spec's fallback to provenance.
-    pub fn is_queue_code(code: &str) -> bool {
-        [
-            RATE_LIMIT_QUEUE_FULL,
-            RATE_LIMIT_QUEUE_TIMEOUT,
-            RATE_LIMIT_EXECUTION_TIMEOUT,
-            RATE_LIMIT_QUEUE_WEDGED,
-        ]
-        .iter()
-        .any(|c| c.eq_ignore_ascii_case(code))
     }
 }
 

@@ -138,14 +138,6 @@ pub const SWEEP_INTERVAL_MS: u64 = 5 * MINUTE_MS;
 /// Longest `retry_after_ms` of a rejection while a half-open probe is in flight.
 pub const PROBE_BUSY_RETRY_AFTER_MS: u64 = 1_000;
 
-/// The response header set on a breaker rejection, and its value (§1.8).
-pub const BREAKER_HEADER: &str = "X-OmniRoute-Provider-Breaker";
-pub const BREAKER_HEADER_VALUE: &str = "open";
-/// Status, `error.type` and `error.code` of a breaker rejection (§1.8).
-pub const CIRCUIT_OPEN_STATUS: u16 = 503;
-pub const CIRCUIT_OPEN_TYPE: &str = "server_error";
-pub const CIRCUIT_OPEN_CODE: &str = "provider_circuit_open";
-
 /// The breaker trip predicate on an upstream status (§1.6).
 pub fn counts_as_failure(status: u16) -> bool {
     TRIP_STATUSES.contains(&status)
@@ -1001,34 +993,25 @@ pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
     retry_after_ms.div_ceil(1_000).max(1)
 }
 
-/// What the 503 of a breaker rejection says (§1.8); `proxy::respond` writes it.
+/// What the 503 of a breaker rejection says beyond its kind (§1.8). Its status, type, code
+/// and `X-OmniRoute-Provider-Breaker` header are those of `ErrorKind::ProviderCircuitOpen`
+/// (`error.rs` is the one map); `proxy::respond` writes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CircuitOpenResponse {
-    pub status: u16,
     /// For the `Retry-After` header and `error.retry_after`.
     pub retry_after_s: u64,
     /// `error.message`.
     pub message: String,
-    /// `error.type`.
-    pub error_type: &'static str,
-    /// `error.code`.
-    pub code: &'static str,
     /// `error.provider`.
     pub provider: String,
-    /// `X-OmniRoute-Provider-Breaker: open`.
-    pub header: (&'static str, &'static str),
 }
 
 /// The facts of the 503 for a rejection of `provider`'s breaker.
 pub fn circuit_open_response(provider: &str, retry_after_ms: u64) -> CircuitOpenResponse {
     CircuitOpenResponse {
-        status: CIRCUIT_OPEN_STATUS,
         retry_after_s: retry_after_secs(retry_after_ms),
         message: format!("Provider {provider} circuit breaker is open"),
-        error_type: CIRCUIT_OPEN_TYPE,
-        code: CIRCUIT_OPEN_CODE,
         provider: provider.to_owned(),
-        header: (BREAKER_HEADER, BREAKER_HEADER_VALUE),
     }
 }
 
@@ -2003,13 +1986,9 @@ mod tests {
         assert_eq!(retry_after_secs(1_001), 2);
         assert_eq!(retry_after_secs(29_999), 30);
         let r = circuit_open_response("openai", 12_345);
-        assert_eq!(r.status, 503);
         assert_eq!(r.retry_after_s, 13);
         assert_eq!(r.message, "Provider openai circuit breaker is open");
-        assert_eq!(r.error_type, "server_error");
-        assert_eq!(r.code, "provider_circuit_open");
         assert_eq!(r.provider, "openai");
-        assert_eq!(r.header, ("X-OmniRoute-Provider-Breaker", "open"));
     }
 
     #[test]

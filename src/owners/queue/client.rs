@@ -171,3 +171,50 @@ async fn sleep_until(shard: &Shard, at_ns: u64) {
         monoio::time::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue error's status, code and type come from its `ErrorKind` (B §1.6): the one map.
+    #[test]
+    fn queue_errors_map_through_the_one_error_table() {
+        let cases = [
+            (
+                QueueError::Full { max_queue_depth: 3 },
+                429,
+                "rate_limit_queue_full",
+                "rate_limit_error",
+            ),
+            (
+                QueueError::QueueTimeout { max_wait_ms: 5 },
+                503,
+                "rate_limit_queue_timeout",
+                "service_unavailable",
+            ),
+            (
+                QueueError::ExecutionTimeout {
+                    execution_max_wait_ms: 5,
+                },
+                504,
+                "rate_limit_execution_timeout",
+                "gateway_timeout",
+            ),
+            (
+                QueueError::Wedged,
+                503,
+                "rate_limit_queue_wedged",
+                "service_unavailable",
+            ),
+        ];
+        for (e, status, code, ty) in cases {
+            let g = error(e, "openai/gpt");
+            assert_eq!(
+                (g.kind.status(), g.kind.code(), g.kind.error_type()),
+                (status, code, ty),
+                "{e:?}"
+            );
+            assert_eq!(g.message, e.message("openai/gpt"));
+        }
+    }
+}
