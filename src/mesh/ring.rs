@@ -46,9 +46,9 @@
 //!
 //! # Wake-ups
 //!
-//! Every consumer has an `Inbox` with a one-slot atomic waker (the futures-rs `AtomicWaker`
-//! protocol: a tiny state machine `WAITING | REGISTERING | WAKING` that never blocks either
-//! side) and a `parked` flag. A parking consumer registers its waker, sets `parked`, issues a
+//! Every consumer has an `Inbox` with a one-slot atomic waker (the `atomic-waker` crate, the
+//! futures-rs `AtomicWaker`: a tiny state machine `WAITING | REGISTERING | WAKING` that never
+//! blocks either side) and a `parked` flag. A parking consumer registers its waker, sets `parked`, issues a
 //! `SeqCst` fence and re-checks its rings; a producer, after publishing its push, issues a
 //! `SeqCst` fence and reads `parked`. By the fence rule one of them sees the other's write: either
 //! the consumer finds the message, or the producer finds `parked` and wakes it (one producer
@@ -64,7 +64,7 @@
 //! `Mutex<Option<T>>` per slot (a lock on every message, ruled out by §1.1 "no `Mutex` on the
 //! request path", and two more atomic read-modify-writes per message) or an `AtomicPtr` slot
 //! holding a `Box<T>` (still needs `unsafe` for `Box::from_raw`, plus an allocation per message).
-//! So the rings and the waker slot use `UnsafeCell` in the private `raw` module, the only item
+//! So the rings use `UnsafeCell` in the private `raw` module, the only item
 //! in this file where `unsafe_code` is allowed. Every `unsafe` block carries a `SAFETY` note
 //! naming the protocol step that makes it sound; the tests below hammer the rings from several
 //! threads with heap-owning messages, tiny capacities and drops of non-empty rings.
@@ -77,7 +77,8 @@ use std::task::{Context, Poll};
 
 use std::cell::Cell;
 
-use raw::{AtomicWaker, Consumer, Padded, Producer};
+use atomic_waker::AtomicWaker;
+use raw::{Consumer, Padded, Producer};
 
 /// Slots per ring unless [`Mesh::with_capacity`] says otherwise (a power of two).
 pub const RING_CAPACITY: usize = 1024;
@@ -483,8 +484,8 @@ impl<T> Drop for MeshReceiver<T> {
     }
 }
 
-/// The lock-free pieces that need `UnsafeCell`: the SPSC ring and the one-slot atomic waker.
-/// Nothing outside this module can reach a slot or the waker cell.
+/// The lock-free piece that needs `UnsafeCell`: the SPSC ring. Nothing outside this module
+/// can reach a slot.
 #[allow(unsafe_code)]
 mod raw {
     use std::cell::{Cell, UnsafeCell};
@@ -492,7 +493,6 @@ mod raw {
     use std::ops::Deref;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Waker;
 
     /// Keeps a value on its own pair of cache lines (128 bytes: x86's adjacent-line
     /// prefetcher pulls lines in pairs), so a producer's writes never evict a consumer's.
@@ -639,104 +639,6 @@ mod raw {
             ring.head.0.store(head.wrapping_add(1), Ordering::Release);
             self.head.set(head.wrapping_add(1));
             Some(value)
-        }
-    }
-
-    const WAITING: usize = 0;
-    const REGISTERING: usize = 0b01;
-    const WAKING: usize = 0b10;
-
-    /// A one-slot waker any thread can wake, the futures-rs `AtomicWaker` protocol
-    /// (Apache-2.0/MIT). `state` is a tiny lock: `REGISTERING` is held by the (single)
-    /// registrar while it writes the slot, `WAKING` by a waker while it takes it. Neither side
-    /// ever waits for the other: a waker that finds `REGISTERING` leaves `WAKING` set and the
-    /// registrar wakes the task itself; a registrar that finds `WAKING` wakes its new waker
-    /// directly.
-    pub(super) struct AtomicWaker {
-        state: AtomicUsize,
-        waker: UnsafeCell<Option<Waker>>,
-    }
-
-    impl Default for AtomicWaker {
-        fn default() -> Self {
-            Self {
-                state: AtomicUsize::new(WAITING),
-                waker: UnsafeCell::new(None),
-            }
-        }
-    }
-
-    // SAFETY: the cell holds a `Waker` (`Send + Sync`); it is only accessed by whoever moved
-    // `state` out of `WAITING` (see `register` and `take`), so accesses never overlap.
-    unsafe impl Sync for AtomicWaker {}
-
-    impl AtomicWaker {
-        /// Stores `waker` to be woken by the next `wake`. One registrar at a time (the mesh
-        /// calls it only from `MeshReceiver::poll_recv`, which takes `&mut self`).
-        pub(super) fn register(&self, waker: &Waker) {
-            match self
-                .state
-                .compare_exchange(WAITING, REGISTERING, Ordering::Acquire, Ordering::Acquire)
-                .unwrap_or_else(|s| s)
-            {
-                WAITING => {
-                    // SAFETY: we moved `state` from WAITING to REGISTERING, which makes us the
-                    // only party allowed to touch the cell: `take` only enters it from
-                    // WAITING, and there is no second registrar.
-                    unsafe {
-                        let slot = &mut *self.waker.get();
-                        match slot {
-                            Some(old) if old.will_wake(waker) => {}
-                            _ => *slot = Some(waker.clone()),
-                        }
-                    }
-                    if self
-                        .state
-                        .compare_exchange(REGISTERING, WAITING, Ordering::AcqRel, Ordering::Acquire)
-                        .is_err()
-                    {
-                        // A `wake` arrived while we held the cell (state is now
-                        // REGISTERING | WAKING) and could not take the waker: wake it for them.
-                        // SAFETY: REGISTERING is still set (wakers only OR in WAKING), so the
-                        // cell is still ours.
-                        let pending = unsafe { (*self.waker.get()).take() };
-                        // AcqRel: acquire the wakers' writes, release our cell update.
-                        self.state.swap(WAITING, Ordering::AcqRel);
-                        if let Some(w) = pending {
-                            w.wake();
-                        }
-                    }
-                }
-                WAKING => {
-                    // A `wake` is taking the previous waker right now; wake the new one so
-                    // this registration cannot miss it.
-                    waker.wake_by_ref();
-                }
-                _ => {
-                    // REGISTERING: a concurrent registrar, which the mesh never creates.
-                }
-            }
-        }
-
-        /// Wakes the registered waker, if any, and clears it.
-        pub(super) fn wake(&self) {
-            if let Some(w) = self.take() {
-                w.wake();
-            }
-        }
-
-        fn take(&self) -> Option<Waker> {
-            match self.state.fetch_or(WAKING, Ordering::AcqRel) {
-                WAITING => {
-                    // SAFETY: we moved `state` from WAITING to WAKING: a registrar now backs
-                    // off (it wakes directly) and other wakers see WAKING and leave, so the
-                    // cell is ours until we clear the bit.
-                    let w = unsafe { (*self.waker.get()).take() };
-                    self.state.fetch_and(!WAKING, Ordering::Release);
-                    w
-                }
-                _ => None,
-            }
         }
     }
 }
