@@ -291,7 +291,7 @@ impl<T> Mesh<T> {
 /// thread, then use it directly or [`split`](MeshEnd::split) it.
 ///
 /// ```
-/// use tidegate::runtime::mesh::Mesh;
+/// use tidegate::mesh::ring::Mesh;
 ///
 /// let ends = Mesh::<&str>::build(2);
 /// ends[0].send(1, "breaker opened").unwrap();
@@ -300,9 +300,9 @@ impl<T> Mesh<T> {
 ///
 /// An end cannot be shared between threads (each ring has one producer and one consumer):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn shared<X: Sync>(_: &X) {}
-/// let ends = tidegate::runtime::mesh::Mesh::<u8>::build(2);
+/// let ends = tidegate::mesh::ring::Mesh::<u8>::build(2);
 /// shared(&ends[0]);
 /// ```
 pub struct MeshEnd<T> {

@@ -26,23 +26,23 @@
 ///
 /// What does not compile: a body, as text or bytes, a header list, or a field left out.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn safe<T: tidegate::mesh::safe::MeshSafe>() {}
 /// safe::<String>();
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn safe<T: tidegate::mesh::safe::MeshSafe>() {}
 /// safe::<Vec<u8>>();
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn safe<T: tidegate::mesh::safe::MeshSafe>() {}
 /// safe::<Vec<(String, String)>>();
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// struct Leaky { status: u16, body: String }
 /// tidegate::mesh_safe!(struct Leaky { status, body });
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0027
 /// struct Grown { status: u16, headers: Vec<(String, String)> }
 /// tidegate::mesh_safe!(struct Grown { status });
 /// ```
