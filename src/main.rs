@@ -119,6 +119,10 @@ fn serve(path: PathBuf) -> ExitCode {
     for w in &warnings {
         tracing::warn!("{w}");
     }
+    if let Some(why) = config::exposure::open_gateway_refusal(&cfg) {
+        eprintln!("{}: server.listen: {why}", path.display());
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let choice = match DriverChoice::parse(&std::env::var("TIDEGATE_DRIVER").unwrap_or_default()) {
         Some(c) => c,
         None => {

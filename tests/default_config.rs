@@ -123,7 +123,7 @@ fn real_providers_without_keys_are_disabled_not_fatal() {
 #[test]
 fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
     let gw = Gateway::start(&shipped(&[]));
-    let r = chat(&gw, "mock/fail-503", false);
+    let r = chat(&gw, "mock-faults/fail-503", false);
     assert_eq!(r.status, 503);
     assert_eq!(
         r.header("x-tidegate-attempts"),
@@ -140,7 +140,7 @@ fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
     // (Owners replicate lockouts asynchronously: allow them a moment to reach every shard.)
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     let r = loop {
-        let r = chat(&gw, "mock/fail-503", false);
+        let r = chat(&gw, "mock-faults/fail-503", false);
         if r.status == 429 || std::time::Instant::now() > deadline {
             break r;
         }
@@ -154,7 +154,7 @@ fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
 
     // A 429 moves to the next connection too; the last one's answer is relayed.
     let gw = Gateway::start(&shipped(&[]));
-    let r = chat(&gw, "mock/fail-429", false);
+    let r = chat(&gw, "mock-faults/fail-429", false);
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
@@ -167,7 +167,7 @@ fn mock_timing_behaviours_meet_the_gateway_budgets() {
         ("body_idle_timeout_ms", "300"),
     ]));
     // Non-stream stall: no head within the budget on either connection → 504.
-    let r = chat(&gw, "mock/stall", false);
+    let r = chat(&gw, "mock-faults/stall", false);
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(r.header("x-tidegate-error"), Some("upstream_timeout"));
     // Stream stall (on a fresh gateway: the timeouts above cooled both connections): the
@@ -176,7 +176,7 @@ fn mock_timing_behaviours_meet_the_gateway_budgets() {
         ("response_header_timeout_ms", "300"),
         ("body_idle_timeout_ms", "300"),
     ]));
-    let r = chat(&gw, "mock/stall", true);
+    let r = chat(&gw, "mock-faults/stall", true);
     assert_eq!(r.status, 200);
     assert_eq!(
         r.sse_events().last().unwrap().event.as_deref(),
@@ -203,4 +203,79 @@ fn mock_timing_behaviours_meet_the_gateway_budgets() {
         pieces >= 4,
         "a dripped stream arrives in several pieces, got {pieces}"
     );
+}
+
+/// The shipped config with OpenAI's base URL pointed at `upstream`.
+fn shipped_with_openai_at(upstream: &MockUpstream) -> String {
+    shipped(&[]).replace("https://api.openai.com/v1", &upstream.base_url())
+}
+
+#[test]
+fn a_real_model_name_is_never_answered_by_the_mock() {
+    let upstream = MockUpstream::start();
+    upstream.on_always("/v1/chat/completions", Reply::openai_chat("from openai"));
+    let gw = Gateway::start_with_env(
+        &shipped_with_openai_at(&upstream),
+        &[("OPENAI_API_KEY", "sk-test"), ("OPENROUTER_API_KEY", "")],
+    );
+    // A bare real model name goes to the real provider, not the mock's echo.
+    let r = chat(&gw, "gpt-4o-mini", false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-provider"), Some("openai"));
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from openai");
+    assert_eq!(upstream.hits("/v1/chat/completions"), 1);
+
+    // With no key at all, the real name is not served by the mock either: 503.
+    let gw = Gateway::start_with_env(&shipped(&[]), &[("OPENAI_API_KEY", "")]);
+    let r = chat(&gw, "gpt-4o-mini", false);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_ne!(r.header("x-tidegate-provider"), Some("mock"));
+}
+
+#[test]
+fn the_shipped_combo_does_not_fall_back_to_the_mock() {
+    let upstream = MockUpstream::start();
+    upstream.on_always(
+        "/v1/chat/completions",
+        Reply::error(503, "upstream overloaded"),
+    );
+    let gw = Gateway::start_with_env(
+        &shipped_with_openai_at(&upstream),
+        &[("OPENAI_API_KEY", "sk-test"), ("OPENROUTER_API_KEY", "")],
+    );
+    let r = chat(&gw, "chat-fast", false);
+    assert_eq!(
+        r.status,
+        503,
+        "the upstream's failure, not a mock echo: {}",
+        r.text()
+    );
+    assert_ne!(r.header("x-tidegate-provider"), Some("mock"));
+    assert!(upstream.hits("/v1/chat/completions") >= 1);
+}
+
+#[test]
+fn failure_demos_leave_mock_echo_serving() {
+    let gw = Gateway::start(&shipped(&[
+        ("response_header_timeout_ms", "300"),
+        ("body_idle_timeout_ms", "300"),
+    ]));
+    // The stall times out on both fault connections (cooling them) …
+    let r = chat(&gw, "mock-faults/stall", false);
+    assert_eq!(r.status, 504, "{}", r.text());
+    // … and the 503 demo locks its model there, yet the echo is answered at once by the
+    // first mock connection.
+    let r = chat(&gw, "mock-faults/fail-503", false);
+    assert_eq!(r.status, 503, "{}", r.text());
+    let r = chat(&gw, "mock/echo", false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("1"));
+    assert_eq!(
+        r.header("x-omniroute-selected-connection-id"),
+        Some("mock-a")
+    );
+    // The keyless fallback demo fails on the fault provider and lands on the echo.
+    let r = chat(&gw, "demo-fallback", false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-provider"), Some("mock"));
 }

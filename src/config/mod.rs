@@ -1,10 +1,12 @@
 //! Configuration: raw serde structs (`raw`), validated into the typed [`Config`]
 //! (`validate`), with the resilience settings of the spec and their environment overrides
 //! (`resilience`, reading variables through `env`). `problem` is the shared leaf. Imports
-//! run one way: problem, env ← resilience ← validate. Everything is checked at load; the rest of the gateway only ever
+//! run one way: problem, env ← resilience ← validate, and `exposure` (warnings about a valid
+//! but dangerous file) ← validate. Everything is checked at load; the rest of the gateway only ever
 //! sees a valid `Config`, with providers and connections addressed by dense ids.
 
 pub mod env;
+pub mod exposure;
 pub mod problem;
 pub mod raw;
 pub mod resilience;
@@ -86,6 +88,11 @@ pub struct ServerConfig {
     /// Slots per cross-shard ring (a power of two). Point-to-point messages that find a
     /// ring full wait in the sender's outbox; view broadcasts are dropped and re-sent.
     pub mesh_ring_capacity: usize,
+    /// Let another Tidegate that also allows it listen on the same address (the
+    /// zero-downtime handover); otherwise an address held by another process is refused.
+    pub allow_shared_listen: bool,
+    /// Serve on a non-loopback address with no client keys (an open gateway).
+    pub allow_open_gateway: bool,
 }
 
 /// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;

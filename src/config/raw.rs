@@ -48,6 +48,8 @@ pub struct RawServer {
     pub pin_threads: Option<bool>,
     pub snapshot_interval_ms: Option<u64>,
     pub mesh_ring_capacity: Option<u64>,
+    pub allow_shared_listen: Option<bool>,
+    pub allow_open_gateway: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

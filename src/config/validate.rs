@@ -113,6 +113,8 @@ impl Default for ServerConfig {
             pin_threads: true,
             mesh_ring_capacity: super::DEFAULT_MESH_RING_CAPACITY,
             snapshot_interval_ms: DEFAULT_SNAPSHOT_INTERVAL_MS,
+            allow_shared_listen: false,
+            allow_open_gateway: false,
         }
     }
 }
@@ -155,10 +157,9 @@ pub fn load_str(
     }
     let config = l.config(&raw);
     if l.problems.is_empty() {
-        Ok(LoadOutcome {
-            config,
-            warnings: l.warnings,
-        })
+        let mut warnings = l.warnings;
+        warnings.extend(super::exposure::warnings(&config, &raw, text));
+        Ok(LoadOutcome { config, warnings })
     } else {
         Err(ConfigError {
             problems: l.problems,
@@ -367,6 +368,8 @@ impl Loader<'_> {
                 HOUR_MS,
             ),
             mesh_ring_capacity: self.ring_capacity(raw.mesh_ring_capacity, d.mesh_ring_capacity),
+            allow_shared_listen: raw.allow_shared_listen.unwrap_or(d.allow_shared_listen),
+            allow_open_gateway: raw.allow_open_gateway.unwrap_or(d.allow_open_gateway),
         }
     }
 
@@ -1342,7 +1345,8 @@ mod tests {
         );
         assert_eq!(s.mesh_ring_capacity, 1024);
         assert_eq!(out.config.resilience, ResilienceSettings::default());
-        assert!(out.warnings.is_empty());
+        assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+        assert!(out.warnings[0].starts_with("config: the file is empty"));
     }
 
     #[test]
@@ -1430,7 +1434,9 @@ mod tests {
             ),
             (ProviderId(1), "echo", 2)
         );
-        assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+        // The only warning: the combo ends on the mock while OpenAI serves.
+        assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+        assert!(out.warnings[0].starts_with("combos[0].targets: combo \"fast\" falls back"));
     }
 
     #[test]
@@ -1656,8 +1662,13 @@ mod tests {
         assert_eq!(out.config.server.admin_token.as_deref(), Some("t0k"));
         let out = load(text).unwrap();
         assert!(out.config.server.admin_token.is_none());
-        assert_eq!(out.warnings.len(), 1);
-        assert!(out.warnings[0].starts_with("server.admin_token_env: TG_ADMIN is not set"));
+        let admin: Vec<_> = out
+            .warnings
+            .iter()
+            .filter(|w| w.starts_with("server."))
+            .collect();
+        assert_eq!(admin.len(), 1, "{:?}", out.warnings);
+        assert!(admin[0].starts_with("server.admin_token_env: TG_ADMIN is not set"));
     }
 
     #[test]
@@ -1753,7 +1764,10 @@ mod tests {
             out.warnings,
             vec![
                 "combos[1].name: combo \"gpt-4.1\" shadows the model of the same name in \
-                 provider \"openai\""
+                 provider \"openai\"",
+                "combos[0].targets: combo \"fast\" falls back to the mock provider \"mock\" \
+                 while real providers are enabled: clients would get the mock's canned answer \
+                 instead of an error"
             ]
         );
     }
@@ -1861,9 +1875,15 @@ mod tests {
             .filter(|x| x.enabled)
             .map(|x| (x.name.as_str(), x.provider, x.priority))
             .collect();
+        let faults = c.provider_by_name("mock-faults").unwrap();
         assert_eq!(
             enabled,
-            vec![("mock-a", mock.id, 1), ("mock-b", mock.id, 2)]
+            vec![
+                ("mock-a", mock.id, 1),
+                ("mock-b", mock.id, 2),
+                ("faults-a", faults.id, 1),
+                ("faults-b", faults.id, 2)
+            ]
         );
         for var in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"] {
             assert!(out.warnings.iter().any(|w| w.contains(var)), "{var}");

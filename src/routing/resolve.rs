@@ -2,7 +2,7 @@
 //! provider's catalog, becomes an ordered list of [`Target`]s; each target's candidate
 //! connections are the provider's enabled connections in priority order.
 
-use crate::config::{Config, ConnectionId, ProviderId};
+use crate::config::{Config, ConnectionId, ProviderFormat, ProviderId};
 use crate::error::{ErrorKind, GatewayError};
 
 /// Longest model string accepted.
@@ -119,12 +119,17 @@ fn direct_targets(
         }]);
     }
     // A bare model: every provider whose catalog lists it, those with an enabled
-    // connection first, in file order.
+    // connection first, in file order. The mock never shadows a real model: when a real
+    // provider lists the name, mock providers are left out (asking for a real model and
+    // getting the mock's echo is worse than a 503).
     let mut hits: Vec<&crate::config::Provider> = config
         .providers
         .iter()
         .filter(|p| p.models.iter().any(|m| m == model))
         .collect();
+    if hits.iter().any(|p| p.format != ProviderFormat::Mock) {
+        hits.retain(|p| p.format != ProviderFormat::Mock);
+    }
     hits.sort_by_key(|p| routes.connections(p.id).is_empty());
     if hits.is_empty() {
         return Err(GatewayError::new(

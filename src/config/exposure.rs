@@ -1,0 +1,184 @@
+//! Valid but dangerous or useless configurations: the warnings `tidegate check` and
+//! `tidegate serve` print for a file that loads, yet would expose paid accounts or fail
+//! every request — an open gateway or an inline key on an address other hosts can reach,
+//! no enabled connection, an empty file, a combo that falls back to the mock while real
+//! providers serve. `serve` refuses the open gateway outright ([`open_gateway_refusal`]).
+//! Runs on the validated [`Config`] plus the raw file (to tell an inline key from one read
+//! from a variable); it never adds a problem, only warnings.
+
+use super::raw::RawConfig;
+use super::{Config, ProviderFormat};
+
+/// The shipped sample key: public, since it is printed in the README and the default file.
+pub const SAMPLE_CLIENT_KEY: &str = "tidegate-dev-key";
+
+/// True when the text holds nothing but blank lines and comments.
+fn is_blank_file(text: &str) -> bool {
+    text.lines().all(|l| {
+        let t = l.trim();
+        t.is_empty() || t.starts_with('#')
+    })
+}
+
+/// The listener is reachable from other hosts (anything but a loopback address;
+/// `0.0.0.0` and `::` included).
+pub fn listens_beyond_loopback(config: &Config) -> bool {
+    !config.server.listen.ip().is_loopback()
+}
+
+/// Why `serve` must not start: a listener other hosts can reach, no client keys, and no
+/// `server.allow_open_gateway = true`.
+pub fn open_gateway_refusal(config: &Config) -> Option<String> {
+    if listens_beyond_loopback(config)
+        && config.client_keys.is_empty()
+        && !config.server.allow_open_gateway
+    {
+        Some(format!(
+            "refusing to serve {} with no [[client_keys]]: anyone who can reach it would spend \
+             your provider accounts; add a client key, listen on 127.0.0.1, or set \
+             server.allow_open_gateway = true",
+            config.server.listen
+        ))
+    } else {
+        None
+    }
+}
+
+/// One `<key>: <message>` line per dangerous or useless setting.
+pub fn warnings(config: &Config, raw: &RawConfig, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let listen = config.server.listen;
+    let exposed = listens_beyond_loopback(config);
+    if is_blank_file(text) {
+        out.push(
+            "config: the file is empty: built-in defaults, with no provider, no connection \
+             and no client key; every model request fails"
+                .to_string(),
+        );
+    } else if config.connections.is_empty() {
+        out.push(
+            "connections: no [[connections]]: every model request fails with \
+             no_available_connection"
+                .to_string(),
+        );
+    } else if !config.connections.iter().any(|c| c.enabled) {
+        out.push(
+            "connections: every connection is disabled (their key variables are unset): every \
+             model request fails with no_available_connection"
+                .to_string(),
+        );
+    }
+    if exposed && config.client_keys.is_empty() {
+        let consequence = if config.server.allow_open_gateway {
+            "serving anyway because server.allow_open_gateway = true"
+        } else {
+            "`tidegate serve` refuses this unless server.allow_open_gateway = true"
+        };
+        out.push(format!(
+            "server.listen: {listen} is reachable from other hosts and there are no \
+             [[client_keys]]: an open gateway, anyone who reaches it spends your provider \
+             accounts ({consequence})"
+        ));
+    }
+    if exposed {
+        for (i, k) in raw.client_keys.iter().enumerate() {
+            let Some(inline) = &k.key else { continue };
+            let which = if inline == SAMPLE_CLIENT_KEY {
+                "the shipped sample key, which is public"
+            } else {
+                "an inline key"
+            };
+            out.push(format!(
+                "client_keys[{i}].key: {which} on {listen}, which other hosts can reach: \
+                 anyone who can read this file can use it; use key_env or key_sha256"
+            ));
+        }
+    }
+    let real_enabled = config
+        .connections
+        .iter()
+        .any(|c| c.enabled && config.provider(c.provider).format != ProviderFormat::Mock);
+    if real_enabled {
+        for (i, combo) in config.combos.iter().enumerate() {
+            let has_real = combo
+                .targets
+                .iter()
+                .any(|t| config.provider(t.provider).format != ProviderFormat::Mock);
+            let mock = combo
+                .targets
+                .iter()
+                .find(|t| config.provider(t.provider).format == ProviderFormat::Mock);
+            if has_real && let Some(t) = mock {
+                out.push(format!(
+                    "combos[{i}].targets: combo {:?} falls back to the mock provider {:?} \
+                     while real providers are enabled: clients would get the mock's canned \
+                     answer instead of an error",
+                    combo.name,
+                    config.provider(t.provider).name
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+
+    fn warns(text: &str, env: &[(&str, &str)]) -> Vec<String> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        let lookup = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        load_str(text, &lookup).unwrap().warnings
+    }
+
+    const MOCK: &str = "[[providers]]\nid = \"m\"\nformat = \"mock\"\n\
+                        [[connections]]\nid = \"m1\"\nprovider = \"m\"\n";
+    const KEY: &str = "[[client_keys]]\nid = \"k\"\nkey = \"tidegate-dev-key\"\n";
+
+    #[test]
+    fn blank_files_and_files_with_no_usable_connection_warn() {
+        for text in ["", "\n  \n# only a comment\n"] {
+            let w = warns(text, &[]);
+            assert!(w.iter().any(|l| l.contains("the file is empty")), "{w:?}");
+        }
+        let w = warns("[server]\nworkers = 1\n", &[]);
+        assert!(w.iter().any(|l| l.contains("no [[connections]]")), "{w:?}");
+        let real = "[[providers]]\nid = \"o\"\nformat = \"openai\"\n\
+                    base_url = \"https://api.openai.com/v1\"\n\
+                    [[connections]]\nid = \"o1\"\nprovider = \"o\"\napi_key_env = \"TG_X\"\n";
+        let w = warns(real, &[]);
+        assert!(
+            w.iter().any(|l| l.contains("every connection is disabled")),
+            "{w:?}"
+        );
+        let w = warns(real, &[("TG_X", "sk")]);
+        assert!(w.iter().all(|l| !l.contains("disabled")), "{w:?}");
+    }
+
+    #[test]
+    fn exposure_depends_on_the_listen_address() {
+        let open = format!("[server]\nlisten = \"0.0.0.0:8787\"\n{MOCK}");
+        let w = warns(&open, &[]);
+        assert!(w.iter().any(|l| l.contains("open gateway")), "{w:?}");
+        let c = load_str(&open, &|_| None).unwrap().config;
+        assert!(open_gateway_refusal(&c).is_some());
+        let allowed = open.replace("[server]\n", "[server]\nallow_open_gateway = true\n");
+        let c = load_str(&allowed, &|_| None).unwrap().config;
+        assert!(open_gateway_refusal(&c).is_none());
+        let loopback = format!("[server]\nlisten = \"127.0.0.1:8787\"\n{MOCK}");
+        assert!(warns(&loopback, &[]).is_empty());
+        let c = load_str(&loopback, &|_| None).unwrap().config;
+        assert!(open_gateway_refusal(&c).is_none());
+        let v6 = format!("[server]\nlisten = \"[::1]:8787\"\n{MOCK}{KEY}");
+        assert!(warns(&v6, &[]).is_empty());
+        let keyed = format!("[server]\nlisten = \"[::]:8787\"\n{MOCK}{KEY}");
+        let w = warns(&keyed, &[]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("client_keys[0].key: the shipped sample key"));
+    }
+}
