@@ -15,6 +15,7 @@ use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 use crate::auth::KeyIndex;
 use crate::config::Config;
 use crate::mesh::ring::{Mesh, MeshEnd};
+use crate::net::claim::{self, Claim};
 use crate::net::downstream;
 use crate::net::listener::bind_shards;
 use crate::net::tls::TlsConfigs;
@@ -70,6 +71,8 @@ pub struct Fleet {
     pub driver: Driver,
     stops: Vec<flume::Sender<()>>,
     threads: Vec<JoinHandle<()>>,
+    /// Held until the fleet is stopped: the address's claim (see `net::claim`).
+    _claim: Claim,
 }
 
 #[derive(Debug)]
@@ -130,8 +133,16 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
             "no [[client_keys]] configured: inference endpoints accept requests without a key"
         );
     }
-    let (addr, listeners) = bind_shards(config.server.listen, shards)
-        .map_err(|e| StartError(format!("cannot listen on {}: {e}", config.server.listen)))?;
+    let listen = config.server.listen;
+    let shared_listen = config.server.allow_shared_listen;
+    let claim = claim::before_bind(listen, shared_listen)
+        .map_err(|e| StartError(format!("cannot listen on {listen}: {e}")))?;
+    let (addr, listeners) = bind_shards(listen, shards)
+        .map_err(|e| StartError(format!("cannot listen on {listen}: {e}")))?;
+    if listen.port() != 0 {
+        claim::after_bind(addr, shared_listen, &listeners)
+            .map_err(|e| StartError(format!("cannot listen on {listen}: {e}")))?;
+    }
     let mut mesh_ends: Vec<Option<MeshEnd<Msg>>> = if shards > 1 {
         Mesh::<Msg>::with_capacity(shards, config.server.mesh_ring_capacity)
             .into_iter()
@@ -195,6 +206,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         driver,
         stops,
         threads,
+        _claim: claim,
     };
     for _ in 0..shards {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {

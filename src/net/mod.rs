@@ -1,6 +1,7 @@
 //! Every socket of the gateway: client connections (`downstream`), listening sockets,
 //! the upstream client and its pool, TLS, and name resolution.
 
+pub mod claim;
 pub mod dns;
 pub mod downstream;
 pub mod io;

@@ -1,0 +1,129 @@
+//! One instance per address: the shards listen with `SO_REUSEPORT`, yet a second process on
+//! the same address is refused ("address in use by another process", exit 1) unless both
+//! set `server.allow_shared_listen = true` — the zero-downtime handover, where the new
+//! instance starts beside the old one and the old one drains on SIGTERM.
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+
+use support::{Client, Gateway, secs};
+
+const KEY: &str = "test-key";
+
+/// A port that was free a moment ago (the kernel hands out ephemeral ports in turn, so
+/// another test picking it again at once is unlikely).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `idle_ms` only makes two configs differ.
+fn config(port: u16, shared: bool, idle_ms: u64) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+workers = 2
+idle_timeout_ms = {idle_ms}
+allow_shared_listen = {shared}
+
+[[client_keys]]
+id = "t"
+key = "{KEY}"
+
+[[providers]]
+id = "mock"
+format = "mock"
+models = ["echo"]
+
+[[connections]]
+id = "mock-c"
+provider = "mock"
+"#
+    )
+}
+
+fn refused(cfg: &str) -> String {
+    let failure = match Gateway::try_start(cfg, &[]) {
+        Ok(gw) => panic!("a second instance started:\n{}", gw.logs()),
+        Err(f) => f,
+    };
+    assert_eq!(
+        failure.status.and_then(|s| s.code()),
+        Some(1),
+        "{}",
+        failure.logs
+    );
+    assert!(
+        failure.logs.contains("address in use by another process"),
+        "{}",
+        failure.logs
+    );
+    failure.logs
+}
+
+fn echo(addr: SocketAddr) -> u16 {
+    Client::connect(addr)
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {KEY}"))],
+            br#"{"model":"mock/echo","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .status
+}
+
+#[test]
+fn a_second_instance_on_the_same_address_is_refused_even_with_another_config() {
+    let port = free_port();
+    let first = Gateway::start(&config(port, false, 60000));
+    assert_eq!(echo(first.addr()), 200);
+    refused(&config(port, false, 60000));
+    refused(&config(port, false, 30000));
+    // Opting in on one side only is not enough, either way round.
+    refused(&config(port, true, 30000));
+    drop(first);
+    let first = Gateway::start(&config(port, true, 60000));
+    refused(&config(port, false, 30000));
+    assert_eq!(echo(first.addr()), 200, "the first instance still serves");
+}
+
+#[test]
+fn a_foreign_process_sharing_the_port_with_so_reuseport_is_detected() {
+    // Another program of the same user, listening with SO_REUSEPORT: the kernel would let
+    // the shards join it.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_reuse_port(true).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(16).unwrap();
+    let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+    refused(&config(port, false, 60000));
+    refused(&config(port, true, 60000));
+    drop(socket);
+    let gw = Gateway::start(&config(port, false, 60000));
+    assert_eq!(echo(gw.addr()), 200);
+}
+
+#[test]
+fn with_allow_shared_listen_on_both_the_new_instance_takes_over_while_the_old_drains() {
+    let port = free_port();
+    let mut old = Gateway::start(&config(port, true, 60000));
+    let new = Gateway::start(&config(port, true, 30000));
+    assert_eq!(new.addr(), old.addr());
+    assert_eq!(echo(new.addr()), 200);
+    old.terminate();
+    let status = old.wait_exit(secs(20)).expect("the old instance exits");
+    assert!(status.success(), "{}", old.logs());
+    // Every request now lands on the new instance.
+    for _ in 0..20 {
+        assert_eq!(echo(new.addr()), 200);
+    }
+}
