@@ -33,9 +33,6 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway until SIGTERM or SIGINT.
-    #[command(
-        after_help = "Environment:\n  TIDEGATE_CONFIG   configuration file when --config is not given\n  TIDEGATE_LOG      log filter (error, warn, info, debug; default info)\n  TIDEGATE_DRIVER   auto (default), io_uring or epoll\n\nWhen every shard accepts, prints: tidegate listening on <addr> (shards=<n>, driver=<io_uring|epoll>)"
-    )]
     Serve {
         /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
         #[arg(long, value_name = "PATH")]
@@ -83,8 +80,38 @@ fn init_logging() {
         .init();
 }
 
+/// Every environment variable the binary reads, for `--help`.
+fn environment_help() -> String {
+    let mut out = String::from(
+        "Environment:\n  \
+         TIDEGATE_CONFIG   configuration file when --config is not given\n  \
+         TIDEGATE_LOG      log filter (error, warn, info, debug; default info)\n  \
+         TIDEGATE_DRIVER   auto (default), io_uring or epoll\n\n\
+         Resilience overrides (under the file's values; docs/configuration.md):\n",
+    );
+    for var in config::resilience::env_variables() {
+        out.push_str("  ");
+        out.push_str(var);
+        out.push('\n');
+    }
+    out.push_str(
+        "\nSecrets, read from the variables the file names: connections.api_key_env \
+         (OPENAI_API_KEY, ANTHROPIC_API_KEY, OPENROUTER_API_KEY in the shipped file), \
+         client_keys.key_env, server.admin_token_env.",
+    );
+    out
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let env_help = environment_help();
+    let command = <Cli as clap::CommandFactory>::command()
+        .after_help(env_help.clone())
+        .mut_subcommand("serve", |c| c.after_help(format!("{env_help}\n\nWhen every shard accepts, prints: tidegate listening on <addr> (shards=<n>, driver=<io_uring|epoll>)")))
+        .mut_subcommand("check", |c| c.after_help(env_help.clone()));
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.command {
         Command::Check { config } => {
             let path = config_path(config);

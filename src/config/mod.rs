@@ -2,9 +2,10 @@
 //! (`validate`), with the resilience settings of the spec and their environment overrides
 //! (`resilience`, reading variables through `env`). `problem` is the shared leaf. Imports
 //! run one way: problem, env ← resilience ← validate, and `exposure` (warnings about a valid
-//! but dangerous file) ← validate. Everything is checked at load; the rest of the gateway only ever
+//! but dangerous file) and `diagnose` (messages for unknown keys and type errors) ← validate. Everything is checked at load; the rest of the gateway only ever
 //! sees a valid `Config`, with providers and connections addressed by dense ids.
 
+pub mod diagnose;
 pub mod env;
 pub mod exposure;
 pub mod problem;

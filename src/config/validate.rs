@@ -44,17 +44,21 @@ impl std::error::Error for ConfigError {}
 
 impl ConfigError {
     fn from_toml(text: &str, e: &toml::de::Error) -> Self {
-        let message = e.message().replace('\n', " ");
+        let mut message = super::diagnose::plain_types(e.message().replace('\n', " ").trim());
         let key = match e.span() {
+            // A value of the wrong type: name its key, and give the place after the message.
+            Some(span)
+                if message.starts_with("invalid type")
+                    || message.starts_with("invalid value")
+                    || message.starts_with("invalid length") =>
+            {
+                let (line, column) = line_column(text, span.start);
+                message = format!("{message} (line {line}, column {column})");
+                super::diagnose::key_at(text, span.start)
+                    .unwrap_or_else(|| format!("line {line}, column {column}"))
+            }
             Some(span) => {
-                let before = text.get(..span.start).unwrap_or(text);
-                let line = before.matches('\n').count() + 1;
-                let column = before
-                    .rsplit_once('\n')
-                    .map_or(before, |(_, tail)| tail)
-                    .chars()
-                    .count()
-                    + 1;
+                let (line, column) = line_column(text, span.start);
                 format!("line {line}, column {column}")
             }
             None => "toml".to_string(),
@@ -63,6 +67,19 @@ impl ConfigError {
             problems: vec![Problem::new(key, message.trim().to_string())],
         }
     }
+}
+
+/// 1-based line and column (in characters) of byte `offset`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit_once('\n')
+        .map_or(before, |(_, tail)| tail)
+        .chars()
+        .count()
+        + 1;
+    (line, column)
 }
 
 /// A valid configuration, plus the lines worth telling the operator (connections disabled
@@ -153,7 +170,8 @@ pub fn load_str(
         warnings: Vec::new(),
     };
     for key in unknown {
-        l.problem(key, "unknown key");
+        let message = super::diagnose::unknown_key(&key);
+        l.problem(key, message);
     }
     let config = l.config(&raw);
     if l.problems.is_empty() {
