@@ -5,8 +5,9 @@
 //! (`resilience`, `flow`, `routing`), wire formats (`providers`) and the client-key index
 //! (`auth`); transport (`mesh`); sockets (`net`, serving a handler it is given); the generic
 //! shard runtime (`shard`); the owner-held mechanisms (`owners`); the request phases
-//! (`proxy`, `admin`); and the server that wires them (`server`). `scripts/check-structure`
-//! keeps it so (rules in `scripts/structure.rules`).
+//! (`proxy`, `admin`); and the server that wires them (`server`), with `notify` telling
+//! systemd when it is ready and when it stops. `scripts/check-structure` keeps it so (rules
+//! in `scripts/structure.rules`).
 
 pub mod admin;
 pub mod auth;
@@ -17,6 +18,7 @@ pub mod flow;
 pub mod http1;
 pub mod mesh;
 pub mod net;
+pub mod notify;
 pub mod owners;
 pub mod providers;
 pub mod proxy;

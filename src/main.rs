@@ -181,7 +181,9 @@ fn serve(path: PathBuf) -> ExitCode {
         fleet.shards,
         fleet.driver.as_str()
     );
+    tidegate::notify::notify("READY=1");
     let signal = signals.forever().next();
+    tidegate::notify::notify("STOPPING=1");
     tracing::info!(signal = ?signal, "shutting down: no new connections, draining in-flight requests");
     fleet.stop();
     tracing::info!("stopped");
