@@ -1977,3 +1977,65 @@ mod tests {
         }
     }
 }
+
+/// The warnings of `exposure`, through the loader that runs them.
+#[cfg(test)]
+mod exposure_tests {
+    use crate::config::exposure::open_gateway_refusal;
+    use crate::config::validate::load_str;
+
+    fn warns(text: &str, env: &[(&str, &str)]) -> Vec<String> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        let lookup = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        load_str(text, &lookup).unwrap().warnings
+    }
+
+    const MOCK: &str = "[[providers]]\nid = \"m\"\nformat = \"mock\"\n\
+                        [[connections]]\nid = \"m1\"\nprovider = \"m\"\n";
+    const KEY: &str = "[[client_keys]]\nid = \"k\"\nkey = \"tidegate-dev-key\"\n";
+
+    #[test]
+    fn blank_files_and_files_with_no_usable_connection_warn() {
+        for text in ["", "\n  \n# only a comment\n"] {
+            let w = warns(text, &[]);
+            assert!(w.iter().any(|l| l.contains("the file is empty")), "{w:?}");
+        }
+        let w = warns("[server]\nworkers = 1\n", &[]);
+        assert!(w.iter().any(|l| l.contains("no [[connections]]")), "{w:?}");
+        let real = "[[providers]]\nid = \"o\"\nformat = \"openai\"\n\
+                    base_url = \"https://api.openai.com/v1\"\n\
+                    [[connections]]\nid = \"o1\"\nprovider = \"o\"\napi_key_env = \"TG_X\"\n";
+        let w = warns(real, &[]);
+        assert!(
+            w.iter().any(|l| l.contains("every connection is disabled")),
+            "{w:?}"
+        );
+        let w = warns(real, &[("TG_X", "sk")]);
+        assert!(w.iter().all(|l| !l.contains("disabled")), "{w:?}");
+    }
+
+    #[test]
+    fn exposure_depends_on_the_listen_address() {
+        let open = format!("[server]\nlisten = \"0.0.0.0:8787\"\n{MOCK}");
+        let w = warns(&open, &[]);
+        assert!(w.iter().any(|l| l.contains("open gateway")), "{w:?}");
+        let c = load_str(&open, &|_| None).unwrap().config;
+        assert!(open_gateway_refusal(&c).is_some());
+        let allowed = open.replace("[server]\n", "[server]\nallow_open_gateway = true\n");
+        let c = load_str(&allowed, &|_| None).unwrap().config;
+        assert!(open_gateway_refusal(&c).is_none());
+        let loopback = format!("[server]\nlisten = \"127.0.0.1:8787\"\n{MOCK}");
+        assert!(warns(&loopback, &[]).is_empty());
+        let c = load_str(&loopback, &|_| None).unwrap().config;
+        assert!(open_gateway_refusal(&c).is_none());
+        let v6 = format!("[server]\nlisten = \"[::1]:8787\"\n{MOCK}{KEY}");
+        assert!(warns(&v6, &[]).is_empty());
+        let keyed = format!("[server]\nlisten = \"[::]:8787\"\n{MOCK}{KEY}");
+        let w = warns(&keyed, &[]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("client_keys[0].key: the shipped sample key"));
+    }
+}
