@@ -8,6 +8,7 @@
 pub mod diagnose;
 pub mod env;
 pub mod exposure;
+pub mod kinds;
 pub mod problem;
 pub mod raw;
 pub mod resilience;
@@ -174,7 +175,10 @@ pub struct BaseUrl {
 #[derive(Clone, Debug)]
 pub struct Provider {
     pub id: ProviderId,
+    /// The operator's name for it (`[[providers]] id`): free, never interpreted.
     pub name: String,
+    /// Its quirks, resolved from `kind` at load ([`kinds`]).
+    pub quirks: kinds::Quirks,
     pub format: ProviderFormat,
     pub auth: AuthKind,
     /// `None` only for `format = mock`.

@@ -65,6 +65,7 @@ pub struct RawClientKey {
 #[derive(Debug, Default, Deserialize)]
 pub struct RawProvider {
     pub id: Option<String>,
+    pub kind: Option<String>,
     pub format: Option<String>,
     pub auth: Option<String>,
     pub base_url: Option<String>,

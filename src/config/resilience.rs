@@ -592,6 +592,14 @@ impl ResilienceSettings {
             .unwrap_or(!matches!(auth, AuthKind::Local))
     }
 
+    /// `provider_quota_overrides` of a provider id (compared case-insensitively).
+    pub fn quota_override_for(&self, id: &str) -> Option<&ProviderQuotaOverride> {
+        self.provider_quota_overrides
+            .iter()
+            .find(|(p, _)| p.eq_ignore_ascii_case(id))
+            .map(|(_, o)| o)
+    }
+
     /// Operator error rules for a provider id (compared lower-cased).
     pub fn error_rules_for(&self, provider: &str) -> &[ProviderErrorRule] {
         self.provider_error_rules

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::kinds::ProviderKind;
 use super::problem::{DAY_MS, HOUR_MS, Problem, out_of_range};
 use super::raw::{
     RawClientKey, RawCombo, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer,
@@ -515,6 +516,23 @@ impl Loader<'_> {
                     models.push(m.clone());
                 }
             }
+            let kind = match p.kind.as_deref() {
+                None => ProviderKind::default_for_id(&name),
+                Some(k) => ProviderKind::from_name(k).unwrap_or_else(|| {
+                    self.problem(
+                        format!("{key}.kind"),
+                        format!(
+                            "unknown provider kind {k:?} (known: {})",
+                            ProviderKind::names()
+                        ),
+                    );
+                    ProviderKind::Generic
+                }),
+            };
+            let mut quirks = kind.quirks();
+            // Local / self-hosted and in-process providers hold per-model limits.
+            quirks.per_model_quota |=
+                auth == AuthKind::Local || format == Some(ProviderFormat::Mock);
             let headers = self.headers(&key, &p.headers);
             let ca_file = p.ca_file.as_ref().map(|f| {
                 let path = PathBuf::from(f);
@@ -529,6 +547,7 @@ impl Loader<'_> {
             out.push(Provider {
                 id: ProviderId(u16::try_from(i).unwrap_or(u16::MAX)),
                 name,
+                quirks,
                 format: format.unwrap_or(ProviderFormat::Mock),
                 auth,
                 base_url,
@@ -1808,6 +1827,67 @@ mod tests {
             assert_eq!(parse_strategy(name), Ok(s));
         }
         assert!(parse_strategy("round_robin").is_err());
+    }
+
+    #[test]
+    fn provider_kinds_resolve_at_load() {
+        let text = r#"
+            [[providers]]
+            id = "nvidia"
+            format = "openai"
+            base_url = "http://127.0.0.1:9/v1"
+            [[providers]]
+            id = "nim-eu"
+            kind = "NVIDIA"
+            format = "openai"
+            base_url = "http://127.0.0.1:9/v1"
+            [[providers]]
+            id = "codex"
+            kind = "generic"
+            format = "openai"
+            base_url = "http://127.0.0.1:9/v1"
+            [[providers]]
+            id = "openai-compatible-acme"
+            format = "openai"
+            base_url = "http://127.0.0.1:9/v1"
+            [[providers]]
+            id = "self"
+            format = "openai"
+            auth = "local"
+            base_url = "http://127.0.0.1:9/v1"
+        "#;
+        let c = load(text).unwrap().config;
+        let kind = |name: &str| c.provider_by_name(name).unwrap().quirks.kind;
+        assert_eq!(kind("nvidia"), ProviderKind::Nvidia);
+        assert_eq!(kind("nim-eu"), ProviderKind::Nvidia);
+        assert_eq!(kind("codex"), ProviderKind::Generic);
+        assert_eq!(
+            kind("openai-compatible-acme"),
+            ProviderKind::OpenaiCompatible
+        );
+        assert_eq!(kind("self"), ProviderKind::Generic);
+        let nim = &c.provider_by_name("nim-eu").unwrap().quirks;
+        assert_eq!(
+            (nim.default_rpm, nim.default_concurrency),
+            (Some(40), Some(6))
+        );
+        // A generic kind has no quirks even under a known id.
+        assert!(!c.provider_by_name("codex").unwrap().quirks.per_model_quota);
+        // Local providers hold per-model quotas whatever the kind.
+        assert!(c.provider_by_name("self").unwrap().quirks.per_model_quota);
+    }
+
+    #[test]
+    fn unknown_provider_kind_is_a_problem() {
+        let text = "[[providers]]\nid = \"x\"\nkind = \"nvidea\"\nformat = \"mock\"\n";
+        let p = problems(text);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with(
+                "providers[0].kind: unknown provider kind \"nvidea\" (known: generic,"
+            ),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -40,13 +40,11 @@ pub struct QuotaShareHome;
 
 /// `provider_quota_overrides[<provider>].provider_concurrency` (0 = none).
 pub fn provider_capacity(config: &Config, provider: ProviderId) -> Option<u32> {
-    let name = &config.provider(provider).name;
+    let p = config.provider(provider);
     config
         .resilience
-        .provider_quota_overrides
-        .iter()
-        .find(|(p, _)| p.eq_ignore_ascii_case(name))
-        .and_then(|(_, o)| o.provider_concurrency)
+        .quota_override_for(&p.name)
+        .and_then(|o| o.provider_concurrency)
         .filter(|n| *n > 0)
 }
 
@@ -64,7 +62,8 @@ pub fn account_capacity(config: &Config, connection: ConnectionId) -> Option<u32
         .max_concurrent
         .or(c.max_concurrent)
         .or_else(|| {
-            provider_default_concurrency(&config.resilience, &config.provider(c.provider).name)
+            let p = config.provider(c.provider);
+            provider_default_concurrency(&config.resilience, &p.name, &p.quirks)
         })
         .filter(|n| *n > 0)
 }
@@ -129,7 +128,7 @@ pub fn limiter_settings(config: &Config, connection: ConnectionId) -> LimiterSet
     LimiterSettings::resolve(
         &config.resilience,
         &conn.rate_limit_overrides,
-        &provider.name,
+        provider.quirks.max_wait_floor_ms,
         provider.auth,
         conn.enabled,
     )
@@ -170,6 +169,7 @@ pub fn queue_of(
     settings.enabled.then(|| {
         let key = limiter_key(KeyParts {
             provider: &provider.name,
+            scheme: provider.quirks.limiter_key,
             connection: &conn.name,
             model: Some(model),
             codex_key: None,
@@ -182,9 +182,9 @@ pub fn queue_of(
 /// The provider sliding window (B §1.2b) of `connection`, with its counter key.
 pub fn window_of(config: &Config, connection: ConnectionId) -> Option<(ProviderWindow, String)> {
     let conn = config.connection(connection);
-    let provider = &config.provider(conn.provider).name;
-    ProviderWindow::for_provider(&config.resilience, provider)
-        .map(|w| (w, ProviderWindow::key(provider, Some(&conn.name))))
+    let provider = config.provider(conn.provider);
+    ProviderWindow::for_provider(&config.resilience, &provider.name, &provider.quirks)
+        .map(|w| (w, ProviderWindow::key(&provider.name, Some(&conn.name))))
 }
 
 #[cfg(test)]

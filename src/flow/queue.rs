@@ -45,6 +45,7 @@ pub use window::{
 };
 
 use crate::clock::Now;
+use crate::config::kinds::LimiterKey;
 use crate::config::resilience::{DAY_MS, MINUTE_MS, ResilienceSettings};
 use crate::config::{AuthKind, RateLimitOverrides};
 
@@ -125,10 +126,8 @@ pub const MAX_BUDGET_MS: u64 = DAY_MS;
 pub const OVERRIDE_MAX_WAIT_MS: u64 = 120_000;
 /// Per-connection `executionMaxWaitMs` override range is `1..=` this.
 pub const OVERRIDE_EXECUTION_MAX_WAIT_MS: u64 = 600_000;
-/// Queue-budget floor of `zai-web`.
-pub const ZAI_WEB_MAX_WAIT_FLOOR_MS: u64 = 60_000;
-/// Queue-budget floor of `maxai` / `mx`.
-pub const MAXAI_MAX_WAIT_FLOOR_MS: u64 = 300_000;
+/// Queue-budget floors of `zai-web` and `maxai` / `mx` (a kind's `max_wait_floor_ms`).
+pub use crate::config::kinds::{MAXAI_MAX_WAIT_FLOOR_MS, ZAI_WEB_MAX_WAIT_FLOOR_MS};
 
 /// The limiter numbers of one connection after precedence and clamping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,12 +155,13 @@ impl LimiterSettings {
     /// zero override falls through — except `min_time_between_requests_ms`, whose explicit
     /// 0 means no spacing; every value is clamped into the spec's range.
     ///
-    /// `provider` is the provider's name (for the queue-budget floors), `auth` its
-    /// category, `connection_active` whether the connection is enabled.
+    /// `max_wait_floor_ms` is the provider kind's queue-budget floor
+    /// ([`Quirks::max_wait_floor_ms`](crate::config::kinds::Quirks)), `auth` its category,
+    /// `connection_active` whether the connection is enabled.
     pub fn resolve(
         settings: &ResilienceSettings,
         overrides: &RateLimitOverrides,
-        provider: &str,
+        max_wait_floor_ms: u64,
         auth: AuthKind,
         connection_active: bool,
     ) -> Self {
@@ -190,7 +190,7 @@ impl LimiterSettings {
 
         let mut max_wait_ms = q.max_wait_ms.min(MAX_BUDGET_MS);
         if max_wait_ms > 0 {
-            max_wait_ms = max_wait_ms.max(max_wait_floor_ms(provider));
+            max_wait_ms = max_wait_ms.max(max_wait_floor_ms);
         }
         if let Some(v) = overrides.max_wait_ms.filter(|v| *v > 0) {
             max_wait_ms = v.min(OVERRIDE_MAX_WAIT_MS);
@@ -213,18 +213,6 @@ impl LimiterSettings {
     }
 }
 
-/// The provider floor of the stored/default queue budget (before per-connection
-/// overrides). A budget of 0 ("no deadline") needs no floor.
-pub fn max_wait_floor_ms(provider: &str) -> u64 {
-    if provider.eq_ignore_ascii_case("zai-web") {
-        ZAI_WEB_MAX_WAIT_FLOOR_MS
-    } else if provider.eq_ignore_ascii_case("maxai") || provider.eq_ignore_ascii_case("mx") {
-        MAXAI_MAX_WAIT_FLOOR_MS
-    } else {
-        0
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Limiter keys (B §1.1)
 
@@ -232,6 +220,8 @@ pub fn max_wait_floor_ms(provider: &str) -> u64 {
 #[derive(Clone, Copy, Debug)]
 pub struct KeyParts<'a> {
     pub provider: &'a str,
+    /// How the provider's kind keys its limiter.
+    pub scheme: LimiterKey,
     pub connection: &'a str,
     pub model: Option<&'a str>,
     /// Codex executor's per-account/model-family key.
@@ -240,26 +230,26 @@ pub struct KeyParts<'a> {
     pub quota_family: Option<&'a str>,
 }
 
-/// The limiter key: `<provider>:<connection>` normally; `codex:<codexKey>` for Codex;
-/// `<provider>:<connection>:<quota family or model>` for Antigravity;
-/// `<provider>:<connection>:<model>` for Gemini and GitHub Copilot, so that separate
-/// upstream quota buckets do not block each other.
+/// The limiter key, by the kind's scheme: `<provider>:<connection>` normally;
+/// `codex:<codexKey>` for Codex; `<provider>:<connection>:<quota family or model>` for
+/// Antigravity; `<provider>:<connection>:<model>` for Gemini and GitHub Copilot, so that
+/// separate upstream quota buckets do not block each other.
 pub fn limiter_key(p: KeyParts<'_>) -> String {
     let provider = p.provider.to_ascii_lowercase();
-    match provider.as_str() {
-        "codex" => match p.codex_key {
+    match p.scheme {
+        LimiterKey::Codex => match p.codex_key {
             Some(k) => format!("codex:{k}"),
             None => format!("codex:{}", p.connection),
         },
-        "antigravity" | "agy" => match p.quota_family.or(p.model) {
+        LimiterKey::QuotaFamily => match p.quota_family.or(p.model) {
             Some(f) => format!("{provider}:{}:{f}", p.connection),
             None => format!("{provider}:{}", p.connection),
         },
-        "gemini" | "github" => match p.model {
+        LimiterKey::Model => match p.model {
             Some(m) => format!("{provider}:{}:{m}", p.connection),
             None => format!("{provider}:{}", p.connection),
         },
-        _ => format!("{provider}:{}", p.connection),
+        LimiterKey::Connection => format!("{provider}:{}", p.connection),
     }
 }
 

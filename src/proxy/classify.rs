@@ -37,7 +37,8 @@ pub fn decide(config: &Config, backoff_level: u32, f: &Failed<'_>, now: Now) -> 
     let mut input = ClassifyInput::new(f.status, f.text, &headers, now);
     input.backoff_level = backoff_level;
     input.model = Some(f.model);
-    input.provider = Some(&provider.name);
+    // Built-in rules and provider branches are keyed by the provider's kind, never its id.
+    input.provider = Some(provider.quirks.kind.name());
     input.auth = auth;
     input.profile = Some(CooldownProfile::for_category(&config.resilience, auth));
     input.operator_rules = config.resilience.error_rules_for(&provider.name);

@@ -400,7 +400,7 @@ fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buff
         .and_then(|(_, v)| std::str::from_utf8(v).ok())
         .and_then(|v| retry_after_header(v, now.wall_ms));
     let restated = apply_status_restatement(
-        Some(&provider.name),
+        Some(provider.quirks.kind.name()),
         buffered.status,
         &message,
         &text,

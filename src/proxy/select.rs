@@ -92,11 +92,14 @@ pub fn gate(
         }
         Routability::Terminal(t) => return Gate::Skip(Exclusion::Terminal(t), None),
     }
-    let provider = &config.provider(target.provider).name;
-    if let Some(lock) = views
-        .lockouts
-        .lock_of(provider, Some(connection), &target.model, now)
-    {
+    let provider = config.provider(target.provider);
+    if let Some(lock) = views.lockouts.lock_of(
+        &provider.name,
+        provider.quirks.quota_family,
+        Some(connection),
+        &target.model,
+        now,
+    ) {
         return Gate::Skip(
             Exclusion::ModelLockout,
             Some(lock.until_ms.saturating_sub(now.mono_ms())),

@@ -221,7 +221,7 @@ pub struct ClassifyInput<'a> {
     /// The connection's current backoff level.
     pub backoff_level: u32,
     pub model: Option<&'a str>,
-    /// Provider id (compared case-insensitively).
+    /// The provider's kind name (`config::kinds`; compared case-insensitively), never its id.
     pub provider: Option<&'a str>,
     pub auth: AuthKind,
     /// `None` = no provider profile: 5 s base, 15 steps, 120 s cap, no hints.
@@ -1222,7 +1222,7 @@ impl<'a> Ctx<'a> {
         }
         // A `*-compatible-*` provider is a passthrough: its "credits" message is about one
         // upstream model, not the account — unless it is Moonshot's empty-balance error.
-        let model_scoped = self.provider.is_some_and(|p| p.contains("-compatible-"))
+        let model_scoped = self.provider.is_some_and(|p| p.contains("-compatible"))
             && !self.lower.contains("exceeded_current_quota_error");
         Some(Self::payment_required(!model_scoped))
     }

@@ -78,6 +78,7 @@ use super::lockout::{
 };
 use super::{FallbackDecision, HintSource, Reason, RuleScope};
 use crate::clock::Now;
+use crate::config::kinds::{ProviderKind, Quirks};
 use crate::config::resilience::{DAY_MS, HOUR_MS, MINUTE_MS, ResilienceSettings};
 use crate::config::{AuthKind, ConnectionId};
 
@@ -497,6 +498,9 @@ pub struct MarkOptions<'a> {
     pub probe: bool,
     /// A local / self-hosted provider (`auth = "local"`).
     pub local_provider: bool,
+    /// The provider's quirks (410 as not-found, codex scopes, exact model locks, quota
+    /// family of lock keys).
+    pub quirks: Quirks,
 }
 
 impl<'a> MarkOptions<'a> {
@@ -510,6 +514,7 @@ impl<'a> MarkOptions<'a> {
             persist: true,
             probe: false,
             local_provider: false,
+            quirks: ProviderKind::Generic.quirks(),
         }
     }
 }
@@ -731,7 +736,6 @@ pub fn mark_unavailable(
         return MarkDecision::write(cooldown_ms, MarkEffect::Cooling { until_ms }, change);
     }
     let model = o.model.map(str::trim).filter(|m| !m.is_empty());
-    let provider = o.provider.to_ascii_lowercase();
     let record = |reason: LockReason,
                   status: u16,
                   fallback: Option<u64>,
@@ -741,6 +745,7 @@ pub fn mark_unavailable(
                   model: &str| {
         LockoutCommand::Record(FailureRecord {
             provider: o.provider.to_string(),
+            family: o.quirks.quota_family,
             connection: Some(id),
             model: model.to_string(),
             reason,
@@ -777,10 +782,10 @@ pub fn mark_unavailable(
     // Step 13: per-model quota providers lock the model, not the connection. A network
     // failure is about the host, not the model (every model behind it is as unreachable):
     // it cools the connection (deviation).
-    let not_found_status = f.status == 404 || (f.status == 410 && provider == "nvidia");
+    let not_found_status = f.status == 404 || (f.status == 410 && o.quirks.gone_is_not_found);
     if o.per_model
         && d.reason != Reason::NetworkError
-        && provider != "codex"
+        && !o.quirks.scoped_quota_cooldowns
         && (not_found_status || f.status == 429 || f.status >= 500)
         && let Some(m) = model
     {
@@ -813,7 +818,7 @@ pub fn mark_unavailable(
                 d.retry_hint_source,
                 Some(HintSource::Header | HintSource::GoogleRpcRetryInfo)
             );
-        let scope = matches!(provider.as_str(), "antigravity" | "agy").then_some(LockScope::Exact);
+        let scope = o.quirks.exact_model_locks.then_some(LockScope::Exact);
         let status = if not_found_status { 404 } else { f.status };
         let cmd = record(reason, status, fallback, exact, upstream, scope, m);
         let provisional = exact.unwrap_or(d.cooldown_ms);
@@ -904,6 +909,7 @@ pub fn mark_unavailable(
             out = out.with_lock(
                 LockoutCommand::Lock(LockRecord {
                     provider: o.provider.to_string(),
+                    family: o.quirks.quota_family,
                     connection: Some(id),
                     model: m.to_string(),
                     reason: d.reason.into(),
@@ -1485,6 +1491,7 @@ impl ConnectionTable {
 mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
+    use crate::config::kinds::QuotaFamily;
     use crate::resilience::lockout::{LockKey, LockoutTable};
     use proptest::prelude::*;
 
@@ -2076,7 +2083,13 @@ mod tests {
         let rec = lt.apply(&cmd, c.now()).unwrap();
         m.decision.settle_lockout(rec.cooldown_ms);
         assert_eq!(m.decision.cooldown_ms, 33_000);
-        assert!(lt.is_locked("gemini", Some(ID), "gemini-2.5-pro", c.now()));
+        assert!(lt.is_locked(
+            "gemini",
+            QuotaFamily::Model,
+            Some(ID),
+            "gemini-2.5-pro",
+            c.now()
+        ));
 
         // 500 exactly: error fields only, no lockout.
         let d = scaled(&p, 0, 500, Reason::ServerError);
@@ -2117,8 +2130,9 @@ mod tests {
         // Codex is excluded from the per-model 429 branch.
         let mut t = ConnectionTable::new();
         let co = MarkOptions {
-            provider: "codex",
+            provider: "my-codex",
             model: Some("gpt-5"),
+            quirks: ProviderKind::Codex.quirks(),
             ..o
         };
         let d = scaled(&p, 0, 429, Reason::RateLimitExceeded);
@@ -2165,6 +2179,7 @@ mod tests {
         assert_eq!(
             m.decision.lockout,
             Some(LockoutCommand::Lock(LockRecord {
+                family: QuotaFamily::Model,
                 provider: "openai".into(),
                 connection: Some(ID),
                 model: "gpt-4o".into(),

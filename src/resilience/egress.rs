@@ -18,7 +18,7 @@
 //!   exact and known at start-up.
 //! - **Opt-in by label, not by provider allowlist.** `OMNIROUTE_EGRESS_IP_LOCK_PROVIDERS`
 //!   is not read: a connection without an `egress` label never takes part. The family of a
-//!   provider ([`lock_family`]) keeps the opencode members together as upstream did; every
+//!   provider (its kind's `egress_family`) keeps the opencode members together as upstream did; every
 //!   other provider is its own family.
 //! - **"Longer" means longer.** A sibling already cooling until the new deadline or later is
 //!   left alone; one cooling for less is extended to the new deadline (the guide's intent;
@@ -32,24 +32,11 @@ use crate::config::ConnectionId;
 /// The failing connection's cooldown when classification gave none.
 pub const EGRESS_DEFAULT_COOLDOWN_MS: u64 = 120_000;
 
-const OPENCODE_FAMILY: &[&str] = &["opencode", "opencode-zen", "opencode-go", "opencode-cli"];
-
-/// The family a provider belongs to for the egress lock: the opencode members share one,
-/// every other provider is its own (compare families case-insensitively).
-pub fn lock_family(provider: &str) -> &str {
-    let p = provider.trim();
-    if OPENCODE_FAMILY.iter().any(|f| f.eq_ignore_ascii_case(p)) {
-        "opencode"
-    } else {
-        p
-    }
-}
-
 /// The connection whose request failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FailingConnection<'a> {
     pub id: ConnectionId,
-    /// [`lock_family`] of its provider.
+    /// Its provider kind's egress family (`Quirks::egress_family`), else the provider id.
     pub family: &'a str,
     pub egress: Option<&'a str>,
     pub disable_cooling: bool,
@@ -267,12 +254,5 @@ mod tests {
             egress_lock(&f, 429, &rate_limited(1_000), &siblings, NOW),
             None
         );
-    }
-
-    #[test]
-    fn families() {
-        assert_eq!(lock_family("opencode-go"), "opencode");
-        assert_eq!(lock_family("OpenCode-CLI"), "opencode");
-        assert_eq!(lock_family(" openai "), "openai");
     }
 }

@@ -49,6 +49,7 @@ use super::backoff::{
 };
 use crate::clock::Now;
 use crate::config::ConnectionId;
+use crate::config::kinds::QuotaFamily;
 use crate::config::resilience::ModelLockoutSettings;
 
 /// Above this many locks, expired ones are evicted (never active ones).
@@ -209,6 +210,7 @@ impl LockKey {
     /// else the raw model.
     pub fn family(
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         reason: Option<LockReason>,
@@ -217,12 +219,12 @@ impl LockKey {
         let not_found = reason == Some(LockReason::NotFound) || status == Some(404);
         let x = if not_found {
             model.to_string()
-        } else if provider == "codex" {
-            codex_scope(model).to_string()
-        } else if is_antigravity(provider) {
-            antigravity_family(model)
         } else {
-            model.to_string()
+            match family {
+                QuotaFamily::Codex => codex_scope(model).to_string(),
+                QuotaFamily::Antigravity => antigravity_family(model),
+                QuotaFamily::Model => model.to_string(),
+            }
         };
         Self {
             provider: provider.to_string(),
@@ -235,6 +237,7 @@ impl LockKey {
     pub fn not_found(provider: &str, connection: Option<ConnectionId>, model: &str) -> Self {
         Self::family(
             provider,
+            QuotaFamily::Model,
             connection,
             model,
             Some(LockReason::NotFound),
@@ -255,6 +258,7 @@ impl LockKey {
     pub fn for_scope(
         scope: LockScope,
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         reason: LockReason,
@@ -262,15 +266,22 @@ impl LockKey {
     ) -> Self {
         match scope {
             LockScope::QuotaFamily => {
-                Self::family(provider, connection, model, Some(reason), status)
+                Self::family(provider, family, connection, model, Some(reason), status)
             }
             LockScope::Exact => Self::exact(provider, connection, model),
         }
     }
 
     /// The distinct keys a model is checked under: family (no reason), not-found, exact.
-    pub fn shapes(provider: &str, connection: Option<ConnectionId>, model: &str) -> Vec<LockKey> {
-        let mut keys = vec![Self::family(provider, connection, model, None, None)];
+    pub fn shapes(
+        provider: &str,
+        family: QuotaFamily,
+        connection: Option<ConnectionId>,
+        model: &str,
+    ) -> Vec<LockKey> {
+        let mut keys = vec![Self::family(
+            provider, family, connection, model, None, None,
+        )];
         let nf = Self::not_found(provider, connection, model);
         if nf != keys[0] {
             keys.push(nf);
@@ -328,10 +339,6 @@ pub fn codex_scope(model: &str) -> &'static str {
     "codex"
 }
 
-fn is_antigravity(provider: &str) -> bool {
-    provider == "antigravity" || provider == "agy"
-}
-
 /// The antigravity quota family: `family:gemini`, `family:claude`, or the model itself.
 pub fn antigravity_family(model: &str) -> String {
     let lower = model.to_ascii_lowercase();
@@ -372,6 +379,8 @@ pub struct LockProfile {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailureRecord {
     pub provider: String,
+    /// How the provider's kind keys a model's quota.
+    pub family: QuotaFamily,
     pub connection: Option<ConnectionId>,
     pub model: String,
     pub reason: LockReason,
@@ -397,8 +406,10 @@ impl FailureRecord {
     /// from [`select_lockout_cooldown_ms`], upstream-verified when the hint exceeds the
     /// base. Escalation uses `modelLockout.maxBackoffSteps` (a deviation, see the module
     /// docs). The caller gates it with [`lockout_applies`].
+    #[allow(clippy::too_many_arguments)] // the spec's argument list plus the kind's family
     pub fn combo(
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         status: u16,
@@ -413,6 +424,7 @@ impl FailureRecord {
         };
         Self {
             provider: provider.to_string(),
+            family,
             connection,
             model: model.to_string(),
             reason,
@@ -435,6 +447,8 @@ impl FailureRecord {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockRecord {
     pub provider: String,
+    /// How the provider's kind keys a model's quota.
+    pub family: QuotaFamily,
     pub connection: Option<ConnectionId>,
     pub model: String,
     pub reason: LockReason,
@@ -610,6 +624,7 @@ impl LockoutTable {
         let key = LockKey::for_scope(
             scope,
             &r.provider,
+            r.family,
             r.connection,
             &r.model,
             r.reason,
@@ -692,7 +707,15 @@ impl LockoutTable {
             return None;
         }
         let now_ms = now.mono_ms();
-        let key = LockKey::for_scope(l.scope, &l.provider, l.connection, &l.model, l.reason, None);
+        let key = LockKey::for_scope(
+            l.scope,
+            &l.provider,
+            l.family,
+            l.connection,
+            &l.model,
+            l.reason,
+            None,
+        );
         self.clean_key(&key, now_ms);
         let until_ms = self.write_lock(&key, l.reason, l.cooldown_ms, None, true, now_ms);
         self.evict(now_ms);
@@ -775,12 +798,13 @@ impl LockoutTable {
     pub fn is_locked(
         &self,
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         now: Now,
     ) -> bool {
         let now_ms = now.mono_ms();
-        LockKey::shapes(provider, connection, model)
+        LockKey::shapes(provider, family, connection, model)
             .iter()
             .any(|k| self.locks.get(k).is_some_and(|e| e.until_ms > now_ms))
     }
@@ -789,12 +813,13 @@ impl LockoutTable {
     pub fn info(
         &self,
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         now: Now,
     ) -> Option<LockInfo> {
         let now_ms = now.mono_ms();
-        LockKey::shapes(provider, connection, model)
+        LockKey::shapes(provider, family, connection, model)
             .iter()
             .filter_map(|k| self.locks.get(k))
             .filter(|e| e.until_ms > now_ms)
@@ -823,6 +848,7 @@ impl LockoutTable {
     pub fn decay(
         &mut self,
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         _now: Now,
@@ -834,7 +860,7 @@ impl LockoutTable {
         if model.trim().is_empty() {
             return out;
         }
-        for key in LockKey::shapes(provider, connection, model) {
+        for key in LockKey::shapes(provider, family, connection, model) {
             let Some(f) = self.failures.get_mut(&key) else {
                 continue;
             };
@@ -854,9 +880,15 @@ impl LockoutTable {
 
     /// `clearModelLock`: deletes lock and failure state under all three shapes (a direct
     /// success for that model on that connection). True if anything was deleted.
-    pub fn clear(&mut self, provider: &str, connection: Option<ConnectionId>, model: &str) -> bool {
+    pub fn clear(
+        &mut self,
+        provider: &str,
+        family: QuotaFamily,
+        connection: Option<ConnectionId>,
+        model: &str,
+    ) -> bool {
         let mut any = false;
-        for key in LockKey::shapes(provider, connection, model) {
+        for key in LockKey::shapes(provider, family, connection, model) {
             any |= self.remove_key(&key);
         }
         any
@@ -1107,6 +1139,7 @@ impl LockoutViews {
     pub fn lock_of(
         &self,
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         now: Now,
@@ -1115,7 +1148,7 @@ impl LockoutViews {
         if self.horizon.get(connection) <= now_ms {
             return None;
         }
-        LockKey::shapes(provider, connection, model)
+        LockKey::shapes(provider, family, connection, model)
             .iter()
             .filter_map(|k| self.entries.get(k).and_then(|(_, l)| *l))
             .filter(|l| l.until_ms > now_ms)
@@ -1125,11 +1158,13 @@ impl LockoutViews {
     pub fn is_locked(
         &self,
         provider: &str,
+        family: QuotaFamily,
         connection: Option<ConnectionId>,
         model: &str,
         now: Now,
     ) -> bool {
-        self.lock_of(provider, connection, model, now).is_some()
+        self.lock_of(provider, family, connection, model, now)
+            .is_some()
     }
 
     /// Whether any lock was ever seen for `connection` (so a success on it may have
@@ -1180,9 +1215,17 @@ mod tests {
         }
     }
 
+    /// The quota family a provider of that kind name has.
+    fn fam(provider: &str) -> QuotaFamily {
+        crate::config::kinds::ProviderKind::default_for_id(provider)
+            .quirks()
+            .quota_family
+    }
+
     fn rec(provider: &str, model: &str, status: u16, reason: LockReason) -> FailureRecord {
         FailureRecord {
             provider: provider.into(),
+            family: fam(provider),
             connection: C1,
             model: model.into(),
             reason,
@@ -1237,19 +1280,33 @@ mod tests {
 
         let k = LockKey::family(
             "codex",
+            QuotaFamily::Codex,
             C1,
             "gpt-5.6-luna",
             Some(LockReason::RateLimit),
             Some(429),
         );
         assert_eq!(k.to_string(), "codex:1:codex");
-        let k = LockKey::family("codex", C1, "gpt-5.6-luna", None, Some(404));
+        let k = LockKey::family(
+            "codex",
+            QuotaFamily::Codex,
+            C1,
+            "gpt-5.6-luna",
+            None,
+            Some(404),
+        );
         assert_eq!(k.to_string(), "codex:1:gpt-5.6-luna");
         let k = LockKey::exact("openai", None, "  GPT-4o ");
         assert_eq!(k.to_string(), "openai::exact:gpt-4o");
         // Plain providers: family and not-found keys coincide, so two shapes.
-        assert_eq!(LockKey::shapes("openai", C1, "gpt-4o").len(), 2);
-        assert_eq!(LockKey::shapes("codex", C1, "gpt-5").len(), 3);
+        assert_eq!(
+            LockKey::shapes("openai", QuotaFamily::Model, C1, "gpt-4o").len(),
+            2
+        );
+        assert_eq!(
+            LockKey::shapes("codex", QuotaFamily::Codex, C1, "gpt-5").len(),
+            3
+        );
     }
 
     #[test]
@@ -1383,6 +1440,7 @@ mod tests {
         let c = clock();
         let mut t = LockoutTable::new();
         let long = LockRecord {
+            family: QuotaFamily::Model,
             provider: "openai".into(),
             connection: C1,
             model: "m".into(),
@@ -1406,7 +1464,7 @@ mod tests {
             ..long.clone()
         };
         t.lock(&zero, c.now());
-        assert!(!t.is_locked("openai", C1, "m", c.now()));
+        assert!(!t.is_locked("openai", QuotaFamily::Model, C1, "m", c.now()));
         // No model: no-op.
         let none = LockRecord {
             model: " ".into(),
@@ -1423,17 +1481,23 @@ mod tests {
             &rec("codex", "gpt-5.6-luna", 429, LockReason::RateLimited),
             c.now(),
         );
-        assert!(t.is_locked("codex", C1, "gpt-5.3-codex", c.now()));
-        assert!(!t.is_locked("codex", C1, "gpt-5.3-codex-spark", c.now()));
-        assert!(!t.is_locked("codex", C2, "gpt-5.3-codex", c.now()));
+        assert!(t.is_locked("codex", QuotaFamily::Codex, C1, "gpt-5.3-codex", c.now()));
+        assert!(!t.is_locked(
+            "codex",
+            QuotaFamily::Codex,
+            C1,
+            "gpt-5.3-codex-spark",
+            c.now()
+        ));
+        assert!(!t.is_locked("codex", QuotaFamily::Codex, C2, "gpt-5.3-codex", c.now()));
 
         let mut t = LockoutTable::new();
         t.record_failure(
             &rec("codex", "gpt-5.6-luna", 502, LockReason::ServerError),
             c.now(),
         );
-        assert!(t.is_locked("codex", C1, "GPT-5.6-Luna", c.now()));
-        assert!(!t.is_locked("codex", C1, "gpt-5.3-codex", c.now()));
+        assert!(t.is_locked("codex", QuotaFamily::Codex, C1, "GPT-5.6-Luna", c.now()));
+        assert!(!t.is_locked("codex", QuotaFamily::Codex, C1, "gpt-5.3-codex", c.now()));
 
         let mut t = LockoutTable::new();
         let out = t
@@ -1443,7 +1507,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out.key.model_part(), "gpt-5.6-luna");
-        assert!(!t.is_locked("codex", C1, "gpt-5.3-codex", c.now()));
+        assert!(!t.is_locked("codex", QuotaFamily::Codex, C1, "gpt-5.3-codex", c.now()));
     }
 
     #[test]
@@ -1455,7 +1519,9 @@ mod tests {
         r.exact_cooldown_ms = Some(60_000);
         t.record_failure(&r, c.now());
         c.advance_ms(1_000);
-        let info = t.info("openai", C1, "a", c.now()).unwrap();
+        let info = t
+            .info("openai", QuotaFamily::Model, C1, "a", c.now())
+            .unwrap();
         assert_eq!(info.remaining_ms, 2_000);
         assert_eq!(info.locked_at_wall_ms, 1_768_478_400_000);
 
@@ -1473,7 +1539,7 @@ mod tests {
         assert_eq!(json[1]["reason"], "server_error");
 
         c.advance_ms(2_000);
-        assert!(!t.is_locked("openai", C1, "a", c.now()));
+        assert!(!t.is_locked("openai", QuotaFamily::Model, C1, "a", c.now()));
         assert_eq!(t.list(c.now(), |_| String::new()).len(), 1);
         t.sweep(c.now());
         assert_eq!(t.len(), 1);
@@ -1489,7 +1555,7 @@ mod tests {
         }
         let key = LockKey::exact("openai", C1, "m");
         assert_eq!(t.failure_count(&key), 5);
-        let d = t.decay("openai", C1, "m", c.now());
+        let d = t.decay("openai", QuotaFamily::Model, C1, "m", c.now());
         assert_eq!(
             d,
             Decay {
@@ -1498,11 +1564,15 @@ mod tests {
             }
         );
         assert!(
-            t.is_locked("openai", C1, "m", c.now()),
+            t.is_locked("openai", QuotaFamily::Model, C1, "m", c.now()),
             "lock stays while count > 0"
         );
-        assert_eq!(t.decay("openai", C1, "m", c.now()).new_failure_count, 1);
-        let d = t.decay("openai", C1, "m", c.now());
+        assert_eq!(
+            t.decay("openai", QuotaFamily::Model, C1, "m", c.now())
+                .new_failure_count,
+            1
+        );
+        let d = t.decay("openai", QuotaFamily::Model, C1, "m", c.now());
         assert_eq!(
             d,
             Decay {
@@ -1510,9 +1580,9 @@ mod tests {
                 new_failure_count: 0
             }
         );
-        assert!(!t.is_locked("openai", C1, "m", c.now()));
+        assert!(!t.is_locked("openai", QuotaFamily::Model, C1, "m", c.now()));
         assert_eq!(
-            t.decay("openai", C1, "m", c.now()),
+            t.decay("openai", QuotaFamily::Model, C1, "m", c.now()),
             Decay {
                 cleared: false,
                 new_failure_count: 0
@@ -1533,15 +1603,15 @@ mod tests {
         t.record_failure(&r, c.now());
         r.model = "n".into();
         t.record_failure(&r, c.now());
-        assert!(t.clear("openai", C1, "m"));
-        assert!(!t.clear("openai", C1, "m"));
-        assert!(t.is_locked("openai", C2, "m", c.now()));
+        assert!(t.clear("openai", QuotaFamily::Model, C1, "m"));
+        assert!(!t.clear("openai", QuotaFamily::Model, C1, "m"));
+        assert!(t.is_locked("openai", QuotaFamily::Model, C2, "m", c.now()));
 
         r.connection = C1;
         t.record_failure(&r, c.now()); // openai/1/n
         assert!(t.clear_listed("openai", "n"));
-        assert!(!t.is_locked("openai", C1, "n", c.now()));
-        assert!(!t.is_locked("openai", C2, "n", c.now()));
+        assert!(!t.is_locked("openai", QuotaFamily::Model, C1, "n", c.now()));
+        assert!(!t.is_locked("openai", QuotaFamily::Model, C2, "n", c.now()));
         assert!(!t.clear_listed("openai", "n"));
 
         t.record_failure(&r, c.now());
@@ -1569,7 +1639,7 @@ mod tests {
         assert_eq!(select_lockout_cooldown_ms(60_000, &fixed), 120_000);
 
         let mut t = LockoutTable::new();
-        let r = FailureRecord::combo("openai", None, "m", 403, 0, &s, 30_000);
+        let r = FailureRecord::combo("openai", QuotaFamily::Model, None, "m", 403, 0, &s, 30_000);
         assert_eq!(r.reason, LockReason::QuotaExhausted);
         // exact = 0 → exponential from 120 s, not midnight.
         let got: Vec<u64> = (0..6)
@@ -1578,7 +1648,16 @@ mod tests {
         assert_eq!(got, vec![120, 240, 480, 960, 1_800, 1_800]);
         // A long hint is upstream-verified and exceeds the cap.
         let mut t = LockoutTable::new();
-        let r = FailureRecord::combo("openai", None, "m", 429, 2 * 3_600_000, &s, 30_000);
+        let r = FailureRecord::combo(
+            "openai",
+            QuotaFamily::Model,
+            None,
+            "m",
+            429,
+            2 * 3_600_000,
+            &s,
+            30_000,
+        );
         assert_eq!(r.reason, LockReason::RateLimit);
         assert_eq!(
             t.record_failure(&r, c.now()).unwrap().cooldown_ms,
@@ -1586,7 +1665,16 @@ mod tests {
         );
         // Fixed backoff: always the base.
         let mut t = LockoutTable::new();
-        let r = FailureRecord::combo("openai", None, "m", 502, 0, &fixed, 30_000);
+        let r = FailureRecord::combo(
+            "openai",
+            QuotaFamily::Model,
+            None,
+            "m",
+            502,
+            0,
+            &fixed,
+            30_000,
+        );
         for _ in 0..3 {
             assert_eq!(t.record_failure(&r, c.now()).unwrap().cooldown_ms, 120_000);
         }
@@ -1597,7 +1685,16 @@ mod tests {
             ..s
         };
         let mut t = LockoutTable::new();
-        let r = FailureRecord::combo("openai", None, "m", 503, 0, &steps1, 30_000);
+        let r = FailureRecord::combo(
+            "openai",
+            QuotaFamily::Model,
+            None,
+            "m",
+            503,
+            0,
+            &steps1,
+            30_000,
+        );
         let got: Vec<u64> = (0..3)
             .map(|_| t.record_failure(&r, c.now()).unwrap().cooldown_ms / MINUTE_MS)
             .collect();
@@ -1621,15 +1718,17 @@ mod tests {
         // Duplicates and stale updates change nothing.
         assert!(!v.apply(&ups[1]));
         assert!(!v.apply(&ups[0]));
-        let l = v.lock_of("openai", C1, "m", c.now()).unwrap();
+        let l = v
+            .lock_of("openai", QuotaFamily::Model, C1, "m", c.now())
+            .unwrap();
         assert_eq!(l.until_ms, 6_000);
         assert_eq!(l.reason, LockReason::ServerError);
 
-        t.clear("openai", C1, "m");
+        t.clear("openai", QuotaFamily::Model, C1, "m");
         for u in t.drain_updates() {
             v.apply(&u);
         }
-        assert!(!v.is_locked("openai", C1, "m", c.now()));
+        assert!(!v.is_locked("openai", QuotaFamily::Model, C1, "m", c.now()));
         assert!(
             !v.apply(&ups[1]),
             "a late duplicate does not resurrect the lock"
@@ -1651,7 +1750,7 @@ mod tests {
             }
         }
         assert_eq!(t.len(), MAX_LOCK_ENTRIES - 10);
-        assert!(t.is_locked("openai", C1, "m20", c.now()));
+        assert!(t.is_locked("openai", QuotaFamily::Model, C1, "m20", c.now()));
     }
 
     #[derive(Clone, Debug)]
@@ -1699,7 +1798,7 @@ mod tests {
                         prop_assert!(out.failure_count >= 1);
                     }
                     Op::Success { model } => {
-                        t.decay("codex", C1, &format!("gpt-5.{model}"), c.now());
+                        t.decay("codex", QuotaFamily::Codex, C1, &format!("gpt-5.{model}"), c.now());
                     }
                     Op::Advance(ms) => c.advance_ms(ms),
                 }

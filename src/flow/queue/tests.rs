@@ -8,6 +8,7 @@ use super::learn::DEFAULT_RESET_MS;
 use super::*;
 use crate::clock::Clock;
 use crate::clock::ManualClock;
+use crate::config::kinds::ProviderKind;
 use crate::config::raw::RawResilience;
 use crate::config::resilience::{ProviderQuotaOverride, build};
 
@@ -101,7 +102,15 @@ fn resilience(env: &[(&str, &str)], file: &str) -> ResilienceSettings {
 fn limiter_is_off_by_default_and_auto_enables_only_api_key_providers() {
     let s = ResilienceSettings::default();
     let none = RateLimitOverrides::default();
-    let r = LimiterSettings::resolve(&s, &none, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &none,
+        ProviderKind::default_for_id("openai")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::ApiKey,
+        true,
+    );
     assert!(!r.enabled);
     assert_eq!((r.max_concurrent, r.min_time_ms, r.rpm), (6, 350, Some(60)));
     assert_eq!(
@@ -110,15 +119,56 @@ fn limiter_is_off_by_default_and_auto_enables_only_api_key_providers() {
     );
 
     let on = resilience(&[("RATE_LIMIT_AUTO_ENABLE", "on")], "");
-    assert!(LimiterSettings::resolve(&on, &none, "openai", AuthKind::ApiKey, true).enabled);
-    assert!(!LimiterSettings::resolve(&on, &none, "claude", AuthKind::OAuth, true).enabled);
-    assert!(!LimiterSettings::resolve(&on, &none, "openai", AuthKind::ApiKey, false).enabled);
+    assert!(
+        LimiterSettings::resolve(
+            &on,
+            &none,
+            ProviderKind::default_for_id("openai")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            true
+        )
+        .enabled
+    );
+    assert!(
+        !LimiterSettings::resolve(
+            &on,
+            &none,
+            ProviderKind::default_for_id("claude")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::OAuth,
+            true
+        )
+        .enabled
+    );
+    assert!(
+        !LimiterSettings::resolve(
+            &on,
+            &none,
+            ProviderKind::default_for_id("openai")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            false
+        )
+        .enabled
+    );
 
     let explicit = RateLimitOverrides {
         requests_per_minute: Some(10),
         ..Default::default()
     };
-    let r = LimiterSettings::resolve(&s, &explicit, "claude", AuthKind::OAuth, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &explicit,
+        ProviderKind::default_for_id("claude")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::OAuth,
+        true,
+    );
     assert!(r.enabled && r.rpm_overridden);
     assert_eq!(r.rpm, Some(10));
     // max_concurrent alone is a gate, not the limiter.
@@ -126,7 +176,18 @@ fn limiter_is_off_by_default_and_auto_enables_only_api_key_providers() {
         max_concurrent: Some(2),
         ..Default::default()
     };
-    assert!(!LimiterSettings::resolve(&s, &gate_only, "openai", AuthKind::ApiKey, true).enabled);
+    assert!(
+        !LimiterSettings::resolve(
+            &s,
+            &gate_only,
+            ProviderKind::default_for_id("openai")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            true
+        )
+        .enabled
+    );
 }
 
 #[test]
@@ -138,14 +199,30 @@ fn precedence_env_then_config_then_override() {
     let none = RateLimitOverrides::default();
     // env over built-in
     let s = resilience(&env, "");
-    let r = LimiterSettings::resolve(&s, &none, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &none,
+        ProviderKind::default_for_id("openai")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::ApiKey,
+        true,
+    );
     assert_eq!((r.max_wait_ms, r.execution_max_wait_ms), (15_000, 900_000));
     // config over env
     let s = resilience(
         &env,
         "[request_queue]\nmax_wait_ms = 45000\nmin_time_between_requests_ms = 100\n",
     );
-    let r = LimiterSettings::resolve(&s, &none, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &none,
+        ProviderKind::default_for_id("openai")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::ApiKey,
+        true,
+    );
     assert_eq!((r.max_wait_ms, r.min_time_ms), (45_000, 100));
     // override over config; zero falls through, except for the spacing (below)
     let o = RateLimitOverrides {
@@ -155,7 +232,15 @@ fn precedence_env_then_config_then_override() {
         max_concurrent: Some(0),
         ..Default::default()
     };
-    let r = LimiterSettings::resolve(&s, &o, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &o,
+        ProviderKind::default_for_id("openai")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::ApiKey,
+        true,
+    );
     assert_eq!(
         (r.max_wait_ms, r.execution_max_wait_ms, r.min_time_ms),
         (5_000, 900_000, 100)
@@ -189,7 +274,15 @@ fn clamps_and_provider_floors() {
     s.request_queue.requests_per_minute = 0;
     s.request_queue.execution_max_wait_ms = 0;
     let none = RateLimitOverrides::default();
-    let r = LimiterSettings::resolve(&s, &none, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &none,
+        ProviderKind::default_for_id("openai")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::ApiKey,
+        true,
+    );
     assert_eq!(
         (r.max_concurrent, r.rpm, r.execution_max_wait_ms),
         (UNLIMITED_CONCURRENCY, None, 1)
@@ -202,7 +295,15 @@ fn clamps_and_provider_floors() {
         min_time_between_requests_ms: Some(10_000_000),
         ..Default::default()
     };
-    let r = LimiterSettings::resolve(&s, &o, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(
+        &s,
+        &o,
+        ProviderKind::default_for_id("openai")
+            .quirks()
+            .max_wait_floor_ms,
+        AuthKind::ApiKey,
+        true,
+    );
     assert_eq!(
         (r.max_wait_ms, r.execution_max_wait_ms),
         (OVERRIDE_MAX_WAIT_MS, OVERRIDE_EXECUTION_MAX_WAIT_MS)
@@ -211,11 +312,29 @@ fn clamps_and_provider_floors() {
 
     let d = ResilienceSettings::default();
     assert_eq!(
-        LimiterSettings::resolve(&d, &none, "zai-web", AuthKind::ApiKey, true).max_wait_ms,
+        LimiterSettings::resolve(
+            &d,
+            &none,
+            ProviderKind::default_for_id("zai-web")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            true
+        )
+        .max_wait_ms,
         60_000
     );
     assert_eq!(
-        LimiterSettings::resolve(&d, &none, "MaxAI", AuthKind::ApiKey, true).max_wait_ms,
+        LimiterSettings::resolve(
+            &d,
+            &none,
+            ProviderKind::default_for_id("MaxAI")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            true
+        )
+        .max_wait_ms,
         300_000
     );
     // The floor applies before the per-connection override.
@@ -224,23 +343,42 @@ fn clamps_and_provider_floors() {
         ..Default::default()
     };
     assert_eq!(
-        LimiterSettings::resolve(&d, &o, "mx", AuthKind::ApiKey, true).max_wait_ms,
+        LimiterSettings::resolve(
+            &d,
+            &o,
+            ProviderKind::default_for_id("mx")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            true
+        )
+        .max_wait_ms,
         1_000
     );
     // 0 = no deadline needs no floor.
     let mut z = ResilienceSettings::default();
     z.request_queue.max_wait_ms = 0;
     assert_eq!(
-        LimiterSettings::resolve(&z, &none, "zai-web", AuthKind::ApiKey, true).max_wait_ms,
+        LimiterSettings::resolve(
+            &z,
+            &none,
+            ProviderKind::default_for_id("zai-web")
+                .quirks()
+                .max_wait_floor_ms,
+            AuthKind::ApiKey,
+            true
+        )
+        .max_wait_ms,
         0
     );
 }
 
 #[test]
 fn limiter_keys() {
-    let k = |provider, model, codex_key, quota_family| {
+    let k = |provider: &str, model, codex_key, quota_family| {
         limiter_key(KeyParts {
             provider,
+            scheme: ProviderKind::default_for_id(provider).quirks().limiter_key,
             connection: "c1",
             model,
             codex_key,
@@ -780,15 +918,40 @@ fn idle_limiters_are_evicted() {
 fn provider_default_window_and_overrides() {
     let mut s = ResilienceSettings::default();
     assert_eq!(
-        ProviderWindow::for_provider(&s, "nvidia"),
+        ProviderWindow::for_provider(
+            &s,
+            "nvidia",
+            &ProviderKind::default_for_id("nvidia").quirks()
+        ),
         Some(ProviderWindow {
             limit: NVIDIA_DEFAULT_RPM,
             window_ms: PROVIDER_WINDOW_MS
         })
     );
-    assert_eq!(ProviderWindow::for_provider(&s, "openai"), None);
-    assert_eq!(provider_default_concurrency(&s, "nvidia"), Some(6));
-    assert_eq!(provider_default_concurrency(&s, "openai"), None);
+    assert_eq!(
+        ProviderWindow::for_provider(
+            &s,
+            "openai",
+            &ProviderKind::default_for_id("openai").quirks()
+        ),
+        None
+    );
+    assert_eq!(
+        provider_default_concurrency(
+            &s,
+            "nvidia",
+            &ProviderKind::default_for_id("nvidia").quirks()
+        ),
+        Some(6)
+    );
+    assert_eq!(
+        provider_default_concurrency(
+            &s,
+            "openai",
+            &ProviderKind::default_for_id("openai").quirks()
+        ),
+        None
+    );
     s.provider_quota_overrides.insert(
         "openai".into(),
         ProviderQuotaOverride {
@@ -806,15 +969,32 @@ fn provider_default_window_and_overrides() {
         },
     );
     assert_eq!(
-        ProviderWindow::for_provider(&s, "openai").map(|w| w.limit),
+        ProviderWindow::for_provider(
+            &s,
+            "openai",
+            &ProviderKind::default_for_id("openai").quirks()
+        )
+        .map(|w| w.limit),
         Some(3)
     );
     assert_eq!(
-        ProviderWindow::for_provider(&s, "nvidia").map(|w| w.limit),
+        ProviderWindow::for_provider(
+            &s,
+            "nvidia",
+            &ProviderKind::default_for_id("nvidia").quirks()
+        )
+        .map(|w| w.limit),
         Some(40),
         "rpm 0 is no override"
     );
-    assert_eq!(provider_default_concurrency(&s, "openai"), Some(2));
+    assert_eq!(
+        provider_default_concurrency(
+            &s,
+            "openai",
+            &ProviderKind::default_for_id("openai").quirks()
+        ),
+        Some(2)
+    );
     assert_eq!(ProviderWindow::key("NVIDIA", None), "nvidia:_");
 }
 

@@ -6,14 +6,12 @@
 use std::collections::VecDeque;
 
 use crate::clock::Now;
+use crate::config::kinds::Quirks;
 use crate::config::resilience::ResilienceSettings;
 
 /// Window length of every provider window.
 pub const PROVIDER_WINDOW_MS: u64 = 60_000;
-/// `nvidia`'s built-in requests per window.
-pub const NVIDIA_DEFAULT_RPM: u32 = 40;
-/// `nvidia`'s built-in per-connection concurrency cap.
-pub const NVIDIA_DEFAULT_CONCURRENCY: u32 = 6;
+pub use crate::config::kinds::{NVIDIA_DEFAULT_CONCURRENCY, NVIDIA_DEFAULT_RPM};
 
 const NS_PER_MS: u64 = 1_000_000;
 
@@ -26,19 +24,18 @@ pub struct ProviderWindow {
 }
 
 impl ProviderWindow {
-    /// The window of `provider`: the operator override (`rpm > 0`), else the built-in one.
-    pub fn for_provider(settings: &ResilienceSettings, provider: &str) -> Option<Self> {
+    /// The window of the provider named `provider` with `quirks`: the operator override
+    /// (`rpm > 0`), else its kind's built-in one.
+    pub fn for_provider(
+        settings: &ResilienceSettings,
+        provider: &str,
+        quirks: &Quirks,
+    ) -> Option<Self> {
         let over = settings
-            .provider_quota_overrides
-            .iter()
-            .find(|(p, _)| p.eq_ignore_ascii_case(provider))
-            .and_then(|(_, o)| o.rpm)
+            .quota_override_for(provider)
+            .and_then(|o| o.rpm)
             .filter(|rpm| *rpm > 0);
-        let limit = over.or_else(|| {
-            provider
-                .eq_ignore_ascii_case("nvidia")
-                .then_some(NVIDIA_DEFAULT_RPM)
-        })?;
+        let limit = over.or(quirks.default_rpm)?;
         Some(Self {
             limit,
             window_ms: PROVIDER_WINDOW_MS,
@@ -60,20 +57,18 @@ impl ProviderWindow {
     }
 }
 
-/// The companion per-connection concurrency cap: the override's `concurrency`, else 6 for
-/// `nvidia`.
-pub fn provider_default_concurrency(settings: &ResilienceSettings, provider: &str) -> Option<u32> {
+/// The companion per-connection concurrency cap: the override's `concurrency`, else the
+/// kind's built-in one (6 for `nvidia`).
+pub fn provider_default_concurrency(
+    settings: &ResilienceSettings,
+    provider: &str,
+    quirks: &Quirks,
+) -> Option<u32> {
     settings
-        .provider_quota_overrides
-        .iter()
-        .find(|(p, _)| p.eq_ignore_ascii_case(provider))
-        .and_then(|(_, o)| o.concurrency)
+        .quota_override_for(provider)
+        .and_then(|o| o.concurrency)
         .filter(|c| *c > 0)
-        .or_else(|| {
-            provider
-                .eq_ignore_ascii_case("nvidia")
-                .then_some(NVIDIA_DEFAULT_CONCURRENCY)
-        })
+        .or(quirks.default_concurrency)
 }
 
 /// Decision of [`SlidingWindow::admit`].

@@ -16,7 +16,7 @@ use crate::resilience::classify::CooldownProfile;
 use crate::resilience::connection::{
     ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkOptions, Routability,
 };
-use crate::resilience::egress::{FailingConnection, SiblingView, egress_lock, lock_family};
+use crate::resilience::egress::{FailingConnection, SiblingView, egress_lock};
 use crate::resilience::lockout::{LockoutTable, SWEEP_INTERVAL_MS};
 use crate::resilience::tracker::{CooldownTracker, TrackerKey};
 use crate::shard::HOUSEKEEPING_MS;
@@ -258,8 +258,13 @@ impl Health {
                         view: t.view,
                     });
                 }
-                self.lockouts
-                    .decay(&provider.name, Some(o.connection), &o.model, now);
+                self.lockouts.decay(
+                    &provider.name,
+                    provider.quirks.quota_family,
+                    Some(o.connection),
+                    &o.model,
+                    now,
+                );
                 let track = TrackerKey::Connection(o.provider, o.connection);
                 self.tracker.record_success(track);
                 self.sync_tracker(cx, track);
@@ -319,6 +324,7 @@ impl Health {
         options.disable_cooling = conn.disable_cooling;
         options.local_provider = auth == AuthKind::Local;
         options.per_model = per_model_quota(config, o.provider);
+        options.quirks = provider.quirks;
         let policy = ConnectionPolicy::from_settings(&config.resilience, auth);
         let marked =
             self.connections
@@ -373,7 +379,11 @@ impl Health {
         if conn.egress.is_none() || status != 429 {
             return;
         }
-        let family = |p: ProviderId| lock_family(&config.provider(p).name).to_owned();
+        // The kind's egress family (the opencode kinds share one), else the provider alone.
+        let family = |p: ProviderId| {
+            let p = config.provider(p);
+            p.quirks.egress_family.unwrap_or(&p.name).to_owned()
+        };
         let failing_family = family(o.provider);
         let failing = FailingConnection {
             id: o.connection,
@@ -438,15 +448,10 @@ pub fn breaker_auth(config: &Config, key: BreakerKey) -> AuthKind {
 }
 
 /// `hasPerModelQuota` (A §4.5): whether a provider's limits are per model, so a model's
-/// failure locks that model rather than cooling the whole connection. Tidegate has no
-/// provider registry: local/self-hosted providers, the mock, and providers whose id marks
-/// them as OpenAI/Anthropic-compatible passthroughs count as per-model.
+/// failure locks that model rather than cooling the whole connection. Resolved at load
+/// from the provider's kind (plus local/self-hosted providers and the mock).
 pub fn per_model_quota(config: &Config, provider: ProviderId) -> bool {
-    let p = config.provider(provider);
-    p.auth == AuthKind::Local
-        || p.format == crate::config::ProviderFormat::Mock
-        || p.name.starts_with("openai-compatible")
-        || p.name.starts_with("anthropic-compatible")
+    config.provider(provider).quirks.per_model_quota
 }
 
 /// Drops expired lockout replicas (removal markers are kept at least one lockout sweep).
