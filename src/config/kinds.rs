@@ -123,6 +123,7 @@ kinds! {
     CloudflareAi = "cloudflare-ai",
     Codex = "codex",
     Gemini = "gemini",
+    GeminiCli = "gemini-cli",
     Github = "github",
     Maxai = "maxai",
     Mx = "mx",
@@ -134,6 +135,7 @@ kinds! {
     OpencodeGo = "opencode-go",
     OpencodeZen = "opencode-zen",
     Openrouter = "openrouter",
+    Vertex = "vertex",
     ZaiWeb = "zai-web",
 }
 
@@ -186,7 +188,9 @@ impl ProviderKind {
             | K::CloudflareAi
             | K::Minimax
             | K::MinimaxPassthrough
-            | K::Openrouter => base,
+            | K::Openrouter
+            | K::GeminiCli
+            | K::Vertex => base,
             K::OpenaiCompatible | K::AnthropicCompatible | K::Agentrouter => per_model,
             K::Gemini | K::Github => Quirks {
                 limiter_key: LimiterKey::Model,

@@ -188,6 +188,15 @@ pub struct Provider {
     pub headers: Vec<(String, String)>,
     /// Extra PEM CA bundle trusted for this provider's TLS (private endpoints).
     pub ca_file: Option<PathBuf>,
+    /// When this provider's daily quotas reset; `None` = midnight UTC.
+    pub daily_reset: Option<DailyResetClock>,
+}
+
+/// A provider's daily quota reset: `hour` o'clock at `utc_offset_minutes` east of UTC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DailyResetClock {
+    pub utc_offset_minutes: i16,
+    pub hour: u8,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -74,6 +74,8 @@ pub struct RawProvider {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     pub ca_file: Option<String>,
+    pub daily_reset_hour: Option<i64>,
+    pub daily_reset_utc_offset_minutes: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -19,8 +19,8 @@ use super::raw::{
 use super::resilience::{self, ResilienceSettings};
 use super::{
     AuthKind, BaseUrl, ClientKey, Combo, ComboStrategy, ComboTarget, Config, Connection,
-    ConnectionId, KeySecret, Provider, ProviderFormat, ProviderId, RateLimitOverrides, Scheme,
-    Scope, ServerConfig,
+    ConnectionId, DailyResetClock, KeySecret, Provider, ProviderFormat, ProviderId,
+    RateLimitOverrides, Scheme, Scope, ServerConfig,
 };
 
 /// The configuration is invalid; `Display` prints one line per problem.
@@ -533,6 +533,7 @@ impl Loader<'_> {
             // Local / self-hosted and in-process providers hold per-model limits.
             quirks.per_model_quota |=
                 auth == AuthKind::Local || format == Some(ProviderFormat::Mock);
+            let daily_reset = self.daily_reset(&key, p);
             let headers = self.headers(&key, &p.headers);
             let ca_file = p.ca_file.as_ref().map(|f| {
                 let path = PathBuf::from(f);
@@ -554,9 +555,39 @@ impl Loader<'_> {
                 models,
                 headers,
                 ca_file,
+                daily_reset,
             });
         }
         out
+    }
+
+    /// `daily_reset_hour` (0..=23) and `daily_reset_utc_offset_minutes` (-720..=840): either
+    /// one configures the clock (the other defaults to 0).
+    fn daily_reset(&mut self, key: &str, p: &RawProvider) -> Option<DailyResetClock> {
+        if p.daily_reset_hour.is_none() && p.daily_reset_utc_offset_minutes.is_none() {
+            return None;
+        }
+        let hour = p.daily_reset_hour.unwrap_or(0);
+        let offset = p.daily_reset_utc_offset_minutes.unwrap_or(0);
+        let mut ok = true;
+        if !(0..=23).contains(&hour) {
+            self.problem(
+                format!("{key}.daily_reset_hour"),
+                format!("{hour} is out of range (0..=23)"),
+            );
+            ok = false;
+        }
+        if !(-720..=840).contains(&offset) {
+            self.problem(
+                format!("{key}.daily_reset_utc_offset_minutes"),
+                format!("{offset} is out of range (-720..=840)"),
+            );
+            ok = false;
+        }
+        ok.then(|| DailyResetClock {
+            utc_offset_minutes: i16::try_from(offset).unwrap_or(0),
+            hour: u8::try_from(hour).unwrap_or(0),
+        })
     }
 
     fn headers(&mut self, key: &str, raw: &BTreeMap<String, String>) -> Vec<(String, String)> {

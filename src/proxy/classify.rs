@@ -3,12 +3,12 @@
 //! terminal-state type — into a [`Verdict`] the owners apply (no body, no header list).
 
 use crate::clock::Now;
-use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
+use crate::config::{AuthKind, Config, ConnectionId, DailyResetClock, ProviderId};
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::health::protocol::{LastError, Verdict};
 use crate::resilience::breaker::Failure;
 use crate::resilience::classify::{
-    ClassifyInput, CooldownProfile, check_fallback_error, is_ban_signal, is_cloud_code_provider,
+    ClassifyInput, CooldownProfile, DailyReset, check_fallback_error, is_ban_signal, is_cloud_code_provider,
     is_context_overflow, is_credits_signal, is_daily_quota, is_fingerprint_rejection,
     is_geo_block_provider, is_geo_blocked, is_model_named_unsupported, is_oauth_invalid_token,
     is_project_route_error, is_resource_not_found, is_sentinel_block, is_subscription_quota,
@@ -42,6 +42,7 @@ pub fn decide(config: &Config, backoff_level: u32, f: &Failed<'_>, now: Now) -> 
     input.auth = auth;
     input.profile = Some(CooldownProfile::for_category(&config.resilience, auth));
     input.operator_rules = config.resilience.error_rules_for(&provider.name);
+    input.daily_reset = provider.daily_reset.map(daily_reset);
     check_fallback_error(&input)
 }
 
@@ -53,7 +54,8 @@ pub fn verdict(config: &Config, backoff_level: u32, f: &Failed<'_>, now: Now) ->
     let answer = Answer {
         status: f.status,
         lower: &lower,
-        provider: &provider.name,
+        // Typed by the provider's kind, never its id.
+        provider: provider.quirks.kind.name(),
         auth: provider.auth,
     };
     Verdict {
@@ -190,6 +192,14 @@ fn forbidden_type(a: &Answer<'_>) -> Option<ProviderErrorType> {
             AuthKind::ApiKey | AuthKind::Local => None,
             AuthKind::OAuth => Some(ProviderErrorType::Forbidden),
         }
+    }
+}
+
+/// A provider's configured daily reset as classification's clock.
+fn daily_reset(c: DailyResetClock) -> DailyReset {
+    DailyReset {
+        utc_offset_minutes: c.utc_offset_minutes,
+        hour: c.hour,
     }
 }
 

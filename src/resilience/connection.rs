@@ -73,6 +73,7 @@
 use std::collections::HashMap;
 
 use super::backoff::{BackoffProfile, exponential_ms, human_duration, scaled_cooldown};
+use super::egress::egress_cooldown_ms;
 use super::lockout::{
     FailureRecord, LockProfile, LockReason, LockRecord, LockScope, LockoutCommand,
 };
@@ -501,6 +502,13 @@ pub struct MarkOptions<'a> {
     /// The provider's quirks (410 as not-found, codex scopes, exact model locks, quota
     /// family of lock keys).
     pub quirks: Quirks,
+    /// The connection takes part in the egress-bucketed lock (an `egress` label, or its
+    /// kind's default; A §7).
+    pub egress_lock: bool,
+    /// Milliseconds to the provider's configured daily reset, if it has one: a
+    /// `quota_exhausted` model lock without a reset hint lasts until then (else until
+    /// midnight UTC).
+    pub daily_reset_ms: Option<u64>,
 }
 
 impl<'a> MarkOptions<'a> {
@@ -515,6 +523,8 @@ impl<'a> MarkOptions<'a> {
             probe: false,
             local_provider: false,
             quirks: ProviderKind::Generic.quirks(),
+            egress_lock: false,
+            daily_reset_ms: None,
         }
     }
 }
@@ -589,6 +599,9 @@ pub struct MarkDecision {
     /// The answer's cooldown is the lock's: call [`MarkDecision::settle_lockout`] with
     /// what the lockout table returned.
     pub cooldown_from_lockout: bool,
+    /// The egress-bucketed lock cooled the connection (step 11): its siblings behind the
+    /// same egress cool to the same deadline.
+    pub egress: bool,
 }
 
 impl MarkDecision {
@@ -600,6 +613,7 @@ impl MarkDecision {
             change: None,
             lockout: None,
             cooldown_from_lockout: false,
+            egress: false,
         }
     }
 
@@ -611,6 +625,7 @@ impl MarkDecision {
             change: Some(change),
             lockout: None,
             cooldown_from_lockout: false,
+            egress: false,
         }
     }
 
@@ -735,6 +750,30 @@ pub fn mark_unavailable(
         };
         return MarkDecision::write(cooldown_ms, MarkEffect::Cooling { until_ms }, change);
     }
+    // Step 11: the egress-bucketed lock (an account-wide 429), before the per-model
+    // branches. The siblings are the owner's to cool.
+    if let Some(cooldown_ms) = egress_cooldown_ms(o.egress_lock, o.disable_cooling, f.status, d) {
+        let until_ms = now_ms.saturating_add(cooldown_ms);
+        let change = Change {
+            cooldown: Update::Set(Cooldown {
+                until_ms,
+                reason: d.reason,
+            }),
+            test_status: Some(TestStatus::Unavailable),
+            error: Update::Set(ErrorFields {
+                message: sanitize(&format!(
+                    "Shared egress IP quota exhausted ({})",
+                    o.provider
+                )),
+                ..errors
+            }),
+            backoff_level: Some(clamp_level(d.new_backoff_level, state.backoff_level, p)),
+            ..Change::default()
+        };
+        let mut out = MarkDecision::write(cooldown_ms, MarkEffect::Cooling { until_ms }, change);
+        out.egress = true;
+        return out;
+    }
     let model = o.model.map(str::trim).filter(|m| !m.is_empty());
     let record = |reason: LockReason,
                   status: u16,
@@ -811,7 +850,11 @@ pub fn mark_unavailable(
         let exact = if d.used_upstream_retry_hint {
             Some(d.cooldown_ms)
         } else {
-            d.quota_reset_hint_ms
+            d.quota_reset_hint_ms.or_else(|| {
+                (reason == LockReason::QuotaExhausted)
+                    .then_some(o.daily_reset_ms)
+                    .flatten()
+            })
         };
         let upstream = d.used_upstream_retry_hint
             && matches!(
@@ -2138,6 +2181,68 @@ mod tests {
         let d = scaled(&p, 0, 429, Reason::RateLimitExceeded);
         let m = t.mark_unavailable(ID, &fail(429, &d), &co, &p, c.now());
         assert!(matches!(m.decision.effect, MarkEffect::Cooling { .. }));
+    }
+
+    #[test]
+    fn egress_branch_cools_an_account_wide_429_only() {
+        let c = clock();
+        let p = policy(AuthKind::ApiKey);
+        let mut o = MarkOptions::new("opencode-go", Some("m"));
+        o.egress_lock = true;
+        o.per_model = true;
+        let d = scaled(&p, 0, 429, Reason::RateLimitExceeded);
+        // Before the per-model branch: the connection cools and the owner cools siblings.
+        let mut t = ConnectionTable::new();
+        let m = t.mark_unavailable(ID, &fail(429, &d), &o, &p, c.now());
+        assert!(m.decision.egress);
+        assert!(m.decision.lockout.is_none());
+        assert!(matches!(m.decision.effect, MarkEffect::Cooling { .. }));
+        assert_eq!(
+            t.state(ID).error.unwrap().message,
+            "Shared egress IP quota exhausted (opencode-go)"
+        );
+        // A second 429 while it cools is the same episode: no sibling is extended.
+        let m = t.mark_unavailable(ID, &fail(429, &d), &o, &p, c.now());
+        assert_eq!(m.decision.effect, MarkEffect::AlreadyCooling);
+        assert!(!m.decision.egress);
+        // A connection-scoped quota rule cools this account alone.
+        let mut q = FallbackDecision::new(true, 0, Reason::QuotaExhausted);
+        q.rule_scope = Some(RuleScope::Connection);
+        let mut t = ConnectionTable::new();
+        let m = t.mark_unavailable(ID, &fail(429, &q), &o, &p, c.now());
+        assert!(!m.decision.egress);
+        assert!(matches!(m.decision.effect, MarkEffect::Cooling { .. }));
+        // Not taking part: the per-model branch locks the model instead.
+        o.egress_lock = false;
+        let mut t = ConnectionTable::new();
+        let m = t.mark_unavailable(ID, &fail(429, &d), &o, &p, c.now());
+        assert!(!m.decision.egress);
+        assert!(m.decision.lockout.is_some());
+    }
+
+    #[test]
+    fn a_quota_model_lock_lasts_until_the_configured_daily_reset() {
+        let c = clock();
+        let p = policy(AuthKind::ApiKey);
+        let mut o = MarkOptions::new("gemini", Some("gemini-2.5-pro"));
+        o.per_model = true;
+        o.daily_reset_ms = Some(5 * HOUR_MS);
+        let d = scaled(&p, 0, 429, Reason::QuotaExhausted);
+        let mut t = ConnectionTable::new();
+        let m = t.mark_unavailable(ID, &fail(429, &d), &o, &p, c.now());
+        let Some(LockoutCommand::Record(r)) = &m.decision.lockout else {
+            panic!("record expected");
+        };
+        assert_eq!(r.exact_cooldown_ms, Some(5 * HOUR_MS));
+        // A reset hint from upstream still wins.
+        let mut h = d.clone();
+        h.quota_reset_hint_ms = Some(HOUR_MS);
+        let mut t = ConnectionTable::new();
+        let m = t.mark_unavailable(ID, &fail(429, &h), &o, &p, c.now());
+        let Some(LockoutCommand::Record(r)) = &m.decision.lockout else {
+            panic!("record expected");
+        };
+        assert_eq!(r.exact_cooldown_ms, Some(HOUR_MS));
     }
 
     #[test]

@@ -6,17 +6,17 @@
 use std::collections::HashMap;
 
 use crate::clock::Now;
-use crate::config::{AuthKind, Config, ProviderId};
+use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
 use crate::mesh::placement::owner_of;
-use crate::resilience::FallbackDecision;
+use crate::resilience::Reason;
 use crate::resilience::breaker::{
     Admission, BreakerKey, BreakerSettings, BreakerTable, Transition as BreakerTransition,
 };
-use crate::resilience::classify::CooldownProfile;
+use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
-    ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkOptions, Routability,
+    ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect, MarkOptions, Routability,
 };
-use crate::resilience::egress::{FailingConnection, SiblingView, egress_lock};
+use crate::resilience::egress::{FailingConnection, SiblingView, egress_siblings};
 use crate::resilience::lockout::{LockoutTable, SWEEP_INTERVAL_MS};
 use crate::resilience::tracker::{CooldownTracker, TrackerKey};
 use crate::shard::HOUSEKEEPING_MS;
@@ -258,13 +258,17 @@ impl Health {
                         view: t.view,
                     });
                 }
-                self.lockouts.decay(
-                    &provider.name,
-                    provider.quirks.quota_family,
-                    Some(o.connection),
-                    &o.model,
-                    now,
-                );
+                // A direct success lifts the model's lock and forgets its failures
+                // (`clearModelLock`, A §4.6), so the next failure starts from the base
+                // again; a combo success halves them (`decayModelFailureCount`).
+                let family = provider.quirks.quota_family;
+                if o.combo {
+                    self.lockouts
+                        .decay(&provider.name, family, Some(o.connection), &o.model, now);
+                } else {
+                    self.lockouts
+                        .clear(&provider.name, family, Some(o.connection), &o.model);
+                }
                 let track = TrackerKey::Connection(o.provider, o.connection);
                 self.tracker.record_success(track);
                 self.sync_tracker(cx, track);
@@ -325,6 +329,14 @@ impl Health {
         options.local_provider = auth == AuthKind::Local;
         options.per_model = per_model_quota(config, o.provider);
         options.quirks = provider.quirks;
+        options.egress_lock = takes_part_in_egress_lock(config, o.connection);
+        options.daily_reset_ms = provider.daily_reset.map(|c| {
+            DailyReset {
+                utc_offset_minutes: c.utc_offset_minutes,
+                hour: c.hour,
+            }
+            .ms_until_next(now.wall_ms)
+        });
         let policy = ConnectionPolicy::from_settings(&config.resilience, auth);
         let marked =
             self.connections
@@ -340,6 +352,10 @@ impl Health {
                 view: t.view,
             });
         }
+        let egress_until = match marked.decision.effect {
+            MarkEffect::Cooling { until_ms } if marked.decision.egress => Some(until_ms),
+            _ => None,
+        };
         // The breaker: connection-scoped unless it is a network error, which the asking
         // shard reports to the provider's owner.
         let key = BreakerKey::for_failure(o.provider, Some(o.connection), v.breaker);
@@ -364,7 +380,9 @@ impl Health {
         } else {
             self.release_probe(cx, conn_key, o);
         }
-        self.egress(cx, o, v.status, &decision, now);
+        if let Some(until_ms) = egress_until {
+            self.egress(cx, o, until_ms, decision.reason, now);
+        }
         if o.combo && v.breaker.counts() && !decision.skip_provider_breaker {
             let track = TrackerKey::Connection(o.provider, o.connection);
             self.tracker.record_failure(now, track, auth);
@@ -372,13 +390,11 @@ impl Health {
         }
     }
 
-    /// One 429 quota / rate limit cools the whole family behind the same egress.
-    fn egress(&self, cx: &mut Cx<'_>, o: &Outcome, status: u16, d: &FallbackDecision, now: Now) {
+    /// The egress lock cooled the failing connection until `until_ms`: every sibling
+    /// behind the same egress cools to the same deadline.
+    fn egress(&self, cx: &mut Cx<'_>, o: &Outcome, until_ms: u64, reason: Reason, now: Now) {
         let config = cx.config;
         let conn = config.connection(o.connection);
-        if conn.egress.is_none() || status != 429 {
-            return;
-        }
         // The kind's egress family (the opencode kinds share one), else the provider alone.
         let family = |p: ProviderId| {
             let p = config.provider(p);
@@ -389,7 +405,6 @@ impl Health {
             id: o.connection,
             family: &failing_family,
             egress: conn.egress.as_deref(),
-            disable_cooling: conn.disable_cooling,
         };
         let families: Vec<String> = config
             .connections
@@ -411,26 +426,32 @@ impl Health {
                     id: c.id,
                     family: families.get(c.id.0 as usize).map_or("", String::as_str),
                     egress: c.egress.as_deref(),
+                    takes_part: takes_part_in_egress_lock(config, c.id),
                     disable_cooling: c.disable_cooling,
                     terminal,
                     cooling_until_ms,
                 }
             })
             .collect();
-        if let Some(lock) = egress_lock(&failing, status, d, siblings.iter(), now.wall_ms) {
-            for sibling in lock.siblings {
-                let to = owner_of(&sibling, cx.shards);
-                cx.tell(
-                    to,
-                    Fact::EgressCool {
-                        connection: sibling,
-                        until_ms: lock.until_ms,
-                        reason: lock.reason,
-                    },
-                );
-            }
+        for sibling in egress_siblings(&failing, until_ms, siblings.iter()) {
+            let to = owner_of(&sibling, cx.shards);
+            cx.tell(
+                to,
+                Fact::EgressCool {
+                    connection: sibling,
+                    until_ms,
+                    reason,
+                },
+            );
         }
     }
+}
+
+/// Whether a connection takes part in the egress-bucketed lock: it has an `egress` label,
+/// or its provider's kind is on the default allowlist (A §7).
+pub fn takes_part_in_egress_lock(config: &Config, connection: ConnectionId) -> bool {
+    let c = config.connection(connection);
+    c.egress.is_some() || config.provider(c.provider).quirks.egress_lock_by_default
 }
 
 fn breaker_view(cx: &mut Cx<'_>, key: BreakerKey, t: Option<BreakerTransition>) {
