@@ -253,18 +253,18 @@ fn precedence_env_then_config_then_override() {
     // `max_concurrent` alone is a concurrency gate, not the limiter.
     let mut off = s.clone();
     off.request_queue.auto_enable_api_key_providers = false;
-    assert!(!LimiterSettings::resolve(&off, &none, "openai", AuthKind::ApiKey, true).enabled);
+    assert!(!LimiterSettings::resolve(&off, &none, 0, AuthKind::ApiKey, true).enabled);
     let zero = RateLimitOverrides {
         min_time_between_requests_ms: Some(0),
         ..Default::default()
     };
-    let r = LimiterSettings::resolve(&off, &zero, "openai", AuthKind::ApiKey, true);
+    let r = LimiterSettings::resolve(&off, &zero, 0, AuthKind::ApiKey, true);
     assert_eq!((r.enabled, r.min_time_ms), (true, 0));
     let gate_only = RateLimitOverrides {
         max_concurrent: Some(2),
         ..Default::default()
     };
-    assert!(!LimiterSettings::resolve(&off, &gate_only, "openai", AuthKind::ApiKey, true).enabled);
+    assert!(!LimiterSettings::resolve(&off, &gate_only, 0, AuthKind::ApiKey, true).enabled);
 }
 
 #[test]
