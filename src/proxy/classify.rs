@@ -8,11 +8,11 @@ use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::health::protocol::{LastError, Verdict};
 use crate::resilience::breaker::Failure;
 use crate::resilience::classify::{
-    ClassifyInput, CooldownProfile, DailyReset, check_fallback_error, is_ban_signal, is_cloud_code_provider,
-    is_context_overflow, is_credits_signal, is_daily_quota, is_fingerprint_rejection,
-    is_geo_block_provider, is_geo_blocked, is_model_named_unsupported, is_oauth_invalid_token,
-    is_project_route_error, is_resource_not_found, is_sentinel_block, is_subscription_quota,
-    searchable_text,
+    ClassifyInput, CooldownProfile, DailyReset, check_fallback_error, is_ban_signal,
+    is_cloud_code_provider, is_context_overflow, is_credits_signal, is_daily_quota,
+    is_fingerprint_rejection, is_geo_block_provider, is_geo_blocked, is_model_named_unsupported,
+    is_oauth_invalid_token, is_project_route_error, is_resource_not_found, is_sentinel_block,
+    is_subscription_quota, searchable_text,
 };
 use crate::resilience::connection::ProviderErrorType;
 use crate::resilience::{FallbackDecision, OwnedHeaders, Reason};
