@@ -362,8 +362,10 @@ fn every_provider_error_type_is_reached_from_a_real_answer() {
             error_type: "project_route_error",
             terminal: None,
         },
+        // `vertex`, not `gemini`: a gemini-kind provider holds per-model quotas, so its 403
+        // locks the model (A §3.5 step 19) and the next request would not reach upstream.
         Case {
-            provider: "gemini",
+            provider: "vertex",
             auth: "oauth",
             status: 403,
             text: "User location is not supported for the API use.",
