@@ -26,3 +26,4 @@ pub mod resilience;
 pub mod routing;
 pub mod server;
 pub mod shard;
+pub mod sse;

@@ -1,0 +1,215 @@
+//! Sans-IO server-sent events: a [`Scanner`] that cuts a byte stream into events however the
+//! bytes are split (LF or CRLF line ends, a blank line ends an event, `data:` lines joined
+//! with `\n`), and [`classify`] that names what an event carries for the three streaming
+//! shapes the gateway relays (OpenAI chat, OpenAI Responses, Anthropic Messages).
+//!
+//! The scanner never owns a complete event that arrived inside one piece: it is parsed where
+//! it lies. Only an event cut by a piece boundary is copied, into one reused buffer, and that
+//! buffer is bounded: an event longer than the scanner's limit is reported once as
+//! [`SseError::EventTooLarge`] and skipped up to its end. Multi-line `data` is joined into a
+//! second reused buffer. Nothing is allocated per byte or, once the buffers are warm, per
+//! event.
+
+mod classify;
+#[cfg(test)]
+mod tests;
+
+pub use classify::{Frame, FrameKind, classify};
+
+/// Default limit of one event, terminating blank line included.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 256 * 1024;
+
+/// One event: its `event:` name (the last one), its `data:` lines joined with `\n`, and
+/// whether it had comment lines (`:` first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event<'a> {
+    pub name: Option<&'a [u8]>,
+    pub data: Option<&'a [u8]>,
+    pub comment: bool,
+}
+
+impl Event<'_> {
+    /// An event with no field and no comment (blank lines only) carries nothing.
+    pub fn is_empty(&self) -> bool {
+        self.name.is_none() && self.data.is_none() && !self.comment
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SseError {
+    /// An event longer than the limit (bytes); it is skipped up to its end.
+    EventTooLarge { limit: usize },
+}
+
+impl std::fmt::Display for SseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SseError::EventTooLarge { limit } => {
+                write!(f, "server-sent event longer than {limit} bytes")
+            }
+        }
+    }
+}
+
+/// Where the current line stands: nothing yet, a lone `\r`, or content (not blank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Line {
+    Start,
+    Cr,
+    Content,
+}
+
+impl Line {
+    fn after(self, part: &[u8]) -> Line {
+        match (self, part) {
+            (s, []) => s,
+            (Line::Start, b"\r") => Line::Cr,
+            _ => Line::Content,
+        }
+    }
+}
+
+/// Cuts a byte stream into events. Feed pieces with [`Scanner::feed`]; each complete event
+/// (or an oversize error) is handed to the callback in order.
+#[derive(Debug)]
+pub struct Scanner {
+    /// The start of an event cut by a piece boundary.
+    pending: Vec<u8>,
+    /// Scratch for multi-line `data`.
+    joined: Vec<u8>,
+    line: Line,
+    /// Skipping the rest of an oversize event.
+    discarding: bool,
+    max_event: usize,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_EVENT_BYTES)
+    }
+}
+
+impl Scanner {
+    pub fn new(max_event_bytes: usize) -> Self {
+        Self {
+            pending: Vec::new(),
+            joined: Vec::new(),
+            line: Line::Start,
+            discarding: false,
+            max_event: max_event_bytes.max(2),
+        }
+    }
+
+    /// Bytes held for an incomplete event (at most the limit).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Scans `input`, calling `on` for every event that ends in it.
+    pub fn feed(&mut self, input: &[u8], on: &mut impl FnMut(Result<Event<'_>, SseError>)) {
+        let mut start = 0;
+        let mut pos = 0;
+        for lf in memchr::memchr_iter(b'\n', input) {
+            let blank = self.line.after(&input[pos..lf]) != Line::Content;
+            self.line = Line::Start;
+            pos = lf + 1;
+            if !blank {
+                continue;
+            }
+            let piece = &input[start..pos];
+            start = pos;
+            if self.discarding {
+                self.discarding = false;
+                self.pending.clear();
+                continue;
+            }
+            if self.pending.len() + piece.len() > self.max_event {
+                self.pending.clear();
+                on(Err(SseError::EventTooLarge {
+                    limit: self.max_event,
+                }));
+                continue;
+            }
+            let ev = if self.pending.is_empty() {
+                parse(piece, &mut self.joined)
+            } else {
+                self.pending.extend_from_slice(piece);
+                parse(&self.pending, &mut self.joined)
+            };
+            if !ev.is_empty() {
+                on(Ok(ev));
+            }
+            self.pending.clear();
+        }
+        self.line = self.line.after(&input[pos..]);
+        let tail = &input[start..];
+        if self.discarding || tail.is_empty() {
+            return;
+        }
+        if self.pending.len() + tail.len() > self.max_event {
+            self.pending.clear();
+            self.discarding = true;
+            on(Err(SseError::EventTooLarge {
+                limit: self.max_event,
+            }));
+            return;
+        }
+        self.pending.extend_from_slice(tail);
+    }
+}
+
+/// Parses one complete event (its lines and the blank line that ends it).
+fn parse<'a>(raw: &'a [u8], joined: &'a mut Vec<u8>) -> Event<'a> {
+    let mut name = None;
+    let mut first: Option<&'a [u8]> = None;
+    let mut lines_of_data = 0usize;
+    let mut comment = false;
+    for line in raw.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        if line[0] == b':' {
+            comment = true;
+            continue;
+        }
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &line[line.len()..]),
+        };
+        match field {
+            b"event" => name = Some(value),
+            b"data" => {
+                lines_of_data += 1;
+                match lines_of_data {
+                    1 => first = Some(value),
+                    2 => {
+                        joined.clear();
+                        joined.extend_from_slice(first.unwrap_or_default());
+                        joined.push(b'\n');
+                        joined.extend_from_slice(value);
+                    }
+                    _ => {
+                        joined.push(b'\n');
+                        joined.extend_from_slice(value);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let joined: &'a Vec<u8> = joined;
+    let data = if lines_of_data > 1 {
+        Some(joined.as_slice())
+    } else {
+        first
+    };
+    Event {
+        name,
+        data,
+        comment,
+    }
+}
