@@ -79,6 +79,8 @@ pub enum ErrorKind {
     UpstreamTimeout(TimeoutPhase),
     /// The upstream answered with bytes that are not HTTP/1.1, or closed mid-response.
     UpstreamProtocol,
+    /// A stream produced no model output within the content-stall budget (spec B §7.1).
+    StreamContentStall,
     /// The provider (or connection) circuit breaker is open (spec A §1.8).
     ProviderCircuitOpen,
     /// Every connection of the requested model is cooling down (spec B §3.4 model-cooldown).
@@ -129,6 +131,7 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect => 502,
             ErrorKind::UpstreamTimeout(_) => 504,
             ErrorKind::UpstreamProtocol => 502,
+            ErrorKind::StreamContentStall => 502,
             ErrorKind::ProviderCircuitOpen => 503,
             ErrorKind::ModelCooldown => 429,
             ErrorKind::AllTargetsCoolingDown => 503,
@@ -165,6 +168,7 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect => "upstream_connect_failed",
             ErrorKind::UpstreamTimeout(_) => "upstream_timeout",
             ErrorKind::UpstreamProtocol => "bad_upstream_response",
+            ErrorKind::StreamContentStall => "stream_content_stall",
             ErrorKind::ProviderCircuitOpen => "provider_circuit_open",
             ErrorKind::ModelCooldown => "model_cooldown",
             ErrorKind::AllTargetsCoolingDown => "all_targets_cooling_down",
@@ -187,6 +191,9 @@ impl ErrorKind {
         if self == ErrorKind::ProviderCircuitOpen {
             // The spec's breaker body says server_error although the status is 503.
             return "server_error";
+        }
+        if self == ErrorKind::StreamContentStall {
+            return "stream_error";
         }
         match self.status() {
             401 => "authentication_error",
@@ -216,7 +223,8 @@ impl ErrorKind {
             | ErrorKind::EndpointNotSupported => Side::Downstream,
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamTimeout(_)
-            | ErrorKind::UpstreamProtocol => Side::Upstream,
+            | ErrorKind::UpstreamProtocol
+            | ErrorKind::StreamContentStall => Side::Upstream,
             ErrorKind::NoConnection
             | ErrorKind::ProviderCircuitOpen
             | ErrorKind::ModelCooldown
@@ -245,6 +253,8 @@ impl ErrorKind {
             ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader) => Retry::Decided(true),
             ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle) => Retry::Decided(false),
             ErrorKind::UpstreamProtocol => Retry::IfReused,
+            // Another target may answer sooner (spec B §7.1: the stall fails over).
+            ErrorKind::StreamContentStall => Retry::Decided(true),
             ErrorKind::MalformedRequest
             | ErrorKind::HeadTimeout
             | ErrorKind::HeadTooLarge

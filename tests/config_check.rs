@@ -273,7 +273,7 @@ api_key_env = "{UNSET_VAR}"
 }
 
 /// Every setting that is validated but not read yet, set once: all in the file except
-/// `stream_watchdog`, which comes from its environment variable.
+/// `stream_watchdog.active_timeout_ms`, which comes from its environment variable.
 const INACTIVE_SETTINGS: &str = r#"
 [resilience.quota_preflight]
 enabled = true
@@ -341,7 +341,7 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
         "{}",
         out.stderr
     );
-    // Without the variable, stream_watchdog is not set and does not warn.
+    // Without the variable, stream_watchdog.active_timeout_ms is not set and does not warn.
     let out = run_tidegate(&["check", "--config", path.to_str().unwrap()], &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(not_active_lines(&out.stderr).len(), keys.len() - 1);

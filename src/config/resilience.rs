@@ -461,7 +461,9 @@ pub struct ProviderErrorRule {
 /// deleting its line here (and its "accepted, not active yet" mark in
 /// `docs/configuration.md`).
 pub const NOT_ACTIVE_YET: &[&str] = &[
-    "stream_watchdog",
+    // Only `stall_timeout_ms` of `[resilience.stream_watchdog]` is wired (the content-stall
+    // watchdog); the hard per-attempt deadline is not yet.
+    "stream_watchdog.active_timeout_ms",
     "quota_preflight",
     "wait_for_cooldown",
     "combo_cooldown_wait",
@@ -2268,7 +2270,7 @@ mod tests {
         assert_eq!(not_active(&warnings), want);
         assert_eq!(
             want[0],
-            "resilience.stream_watchdog: accepted but not active yet"
+            "resilience.stream_watchdog.active_timeout_ms: accepted but not active yet"
         );
     }
 
@@ -2284,7 +2286,7 @@ mod tests {
         assert_eq!(problems, vec![]);
         assert_eq!(
             not_active(&warnings),
-            vec!["resilience.stream_watchdog: accepted but not active yet"]
+            vec!["resilience.stream_watchdog.active_timeout_ms: accepted but not active yet"]
         );
         let (_, problems, warnings) = build_toml(
             "[token_refresh_breaker]\nscope = \"connection\"\n\

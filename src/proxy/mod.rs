@@ -11,6 +11,7 @@ pub mod respond;
 pub mod select;
 pub mod stream;
 pub mod upstream;
+pub mod watchdog;
 
 use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;

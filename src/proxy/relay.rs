@@ -348,10 +348,17 @@ async fn attempt(
     if let Some(q) = queue_slot.as_mut() {
         q.learn_from(status, up.head.fields().into_iter());
     }
-    // The first piece is read before anything reaches the client, so a failure here can
-    // still move on.
-    let first = match up.next(req.budgets.idle).await {
+    // The first bytes are read before anything reaches the client, so a failure here can
+    // still move on. An event stream under the content-stall watchdog holds its lifecycle
+    // frames back until the first model output; a stall meanwhile fails over (B §7.1).
+    let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
+    let first = match super::watchdog::first_bytes(&mut up, req.budgets.idle, wd.as_mut()).await {
         Ok(first) => first,
+        Err(e) if e.kind == ErrorKind::StreamContentStall => {
+            tracing::debug!(connection = %conn.name, "{e}");
+            attempted.end(Ended::StreamStall).await;
+            return AttemptEnd::MoveOn(LastFailure::Gateway(e));
+        }
         Err(e) => {
             tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
             attempted.end_with_error(&e).await;
@@ -369,6 +376,8 @@ async fn attempt(
         down.client,
         down.keep_alive,
         req.budgets.idle,
+        req.endpoint,
+        wd,
     )
     .await;
     attempted.end(ended).await;

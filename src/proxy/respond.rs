@@ -10,6 +10,7 @@ use crate::http1::{Framing, write_response_head};
 use crate::net::downstream::After;
 use crate::net::io::write_all;
 use crate::owners::Shard;
+use crate::providers::Endpoint;
 
 /// Header that tells clients the gateway, not the upstream, made this error.
 pub const ERROR_HEADER: &str = "x-tidegate-error";
@@ -77,9 +78,25 @@ pub fn write_body(
     dst.extend_from_slice(body);
 }
 
-/// The in-band event that ends a stream broken after its first byte (no `[DONE]` follows).
-pub fn stream_error_event(err: &GatewayError) -> String {
-    format!("event: error\ndata: {}\n\n", error_body(err))
+/// The in-band event that ends a stream broken after its first byte (no `[DONE]` follows),
+/// in the endpoint's own shape: Anthropic Messages `event: error` with
+/// `{"type":"error","error":{"type","message"}}`; the OpenAI endpoints a `data:` line with
+/// the gateway's `{"error":{…}}` body.
+pub fn stream_error_event(err: &GatewayError, endpoint: Endpoint) -> String {
+    match endpoint {
+        Endpoint::Messages => {
+            let body = json!({
+                "type": "error",
+                "error": {
+                    "type": err.kind.error_type(),
+                    "message": err.message,
+                    "code": err.kind.code(),
+                },
+            });
+            format!("event: error\ndata: {body}\n\n")
+        }
+        _ => format!("data: {}\n\n", error_body(err)),
+    }
 }
 
 /// Writes a gateway error as the whole response.

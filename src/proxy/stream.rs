@@ -1,7 +1,9 @@
 //! Relay: an upstream answer to the client. A success streams back piece by piece (head
 //! and whatever is already here in one write; long length-delimited pieces without a
-//! copy); after its first byte a stream is never replayed — an upstream failure ends it
-//! with an in-band error event. An error answer is read whole (bounded) first, so the
+//! copy); after its first byte a stream is never replayed — an upstream failure or a
+//! content stall ([`super::watchdog`]) ends it with an in-band error event in the
+//! endpoint's own shape and a close without the chunked terminator, so the body the client
+//! holds is visibly incomplete. An error answer is read whole (bounded) first, so the
 //! attempt loop can still move on, and relayed as it came when nothing better does.
 
 use std::time::Duration;
@@ -10,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
 use super::upstream::{Up, UpHead};
+use super::watchdog::{self, Watchdog};
 use super::{After, respond};
 use crate::config::{Connection, Provider};
 use crate::error::GatewayError;
@@ -21,6 +24,7 @@ use crate::net::io::write_all;
 use crate::net::upstream::Buffered as InBuffer;
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
+use crate::providers::Endpoint;
 use crate::shard::metrics::bump;
 
 /// Pieces of a length-delimited body at least this large are written without copying.
@@ -146,6 +150,8 @@ pub async fn commit(
     client: &mut TcpStream,
     keep_alive: bool,
     idle: Duration,
+    endpoint: Endpoint,
+    mut wd: Option<Watchdog>,
 ) -> (After, Ended) {
     let status = up.head.status();
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
@@ -190,7 +196,7 @@ pub async fn commit(
         None => true,
         Some(piece) => {
             put_piece(&mut out, &piece, chunked);
-            gather(&mut up, &mut out, chunked)
+            gather(&mut up, &mut out, chunked, wd.as_mut())
         }
     };
     if done && chunked {
@@ -205,7 +211,7 @@ pub async fn commit(
         return (After::Close, result);
     }
     while !done {
-        let piece = match up.next(idle).await {
+        let piece = match watchdog::next(&mut up, idle, wd.as_mut()).await {
             Ok(Some(piece)) => piece,
             Ok(None) => {
                 done = true;
@@ -219,7 +225,9 @@ pub async fn commit(
                 continue;
             }
             Err(e) => {
-                let after = break_stream(shard, conn, &e, chunked, event_stream, client).await;
+                let close_delimited = framing == Framing::Close;
+                let inband = event_stream && (chunked || close_delimited);
+                let after = break_stream(shard, conn, &e, chunked, inband, endpoint, client).await;
                 return (after, Ended::StreamStall);
             }
         };
@@ -228,7 +236,7 @@ pub async fn commit(
         } else {
             let mut out = BytesMut::with_capacity(piece.len() + 64);
             put_piece(&mut out, &piece, chunked);
-            done = gather(&mut up, &mut out, chunked);
+            done = gather(&mut up, &mut out, chunked, wd.as_mut());
             if done && chunked {
                 write_last_chunk(&mut out);
             }
@@ -248,36 +256,44 @@ pub async fn commit(
     (after, Ended::Success)
 }
 
-/// Appends every piece already buffered; true when the body ended. A decode failure is
-/// left for the next blocking read to report.
-fn gather(up: &mut Up, out: &mut BytesMut, chunked: bool) -> bool {
+/// Appends every piece already buffered (each one scanned by the watchdog); true when the
+/// body ended. A decode failure is left for the next blocking read to report.
+fn gather(up: &mut Up, out: &mut BytesMut, chunked: bool, mut wd: Option<&mut Watchdog>) -> bool {
     loop {
         match up.next_buffered() {
-            Ok(InBuffer::Piece(p)) => put_piece(out, &p, chunked),
+            Ok(InBuffer::Piece(p)) => {
+                if let Some(w) = wd.as_deref_mut() {
+                    w.observe(&p);
+                }
+                put_piece(out, &p, chunked)
+            }
             Ok(InBuffer::End) => return true,
             Ok(InBuffer::Empty) | Err(_) => return false,
         }
     }
 }
 
-/// Ends a stream whose upstream failed after the first byte: an in-band error event for
-/// event streams, a clean end of the chunked body, and the connection closed.
+/// Ends a stream whose upstream failed (or stalled) after the first byte: an in-band error
+/// event in the endpoint's shape for event streams, then the connection is closed without
+/// the chunked terminator — never a clean end, never a `[DONE]`.
 async fn break_stream(
     shard: &Shard,
     conn: &Connection,
     err: &GatewayError,
     chunked: bool,
-    event_stream: bool,
+    inband: bool,
+    endpoint: Endpoint,
     client: &mut TcpStream,
 ) -> After {
     bump(&shard.metrics().streams_broken);
     tracing::warn!(connection = %conn.name, "stream broken after the first byte: {err}");
-    if chunked {
+    if inband {
         let mut out = BytesMut::with_capacity(256);
-        if event_stream {
-            put_piece(&mut out, respond::stream_error_event(err).as_bytes(), true);
-        }
-        write_last_chunk(&mut out);
+        put_piece(
+            &mut out,
+            respond::stream_error_event(err, endpoint).as_bytes(),
+            chunked,
+        );
         let _ = write_all(client, out).await;
     }
     After::Close

@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 32] = [
+pub const ERROR_KINDS: [ErrorKind; 33] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -30,6 +30,7 @@ pub const ERROR_KINDS: [ErrorKind; 32] = [
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::BodyIdle),
     ErrorKind::UpstreamProtocol,
+    ErrorKind::StreamContentStall,
     ErrorKind::ProviderCircuitOpen,
     ErrorKind::ModelCooldown,
     ErrorKind::AllTargetsCoolingDown,
@@ -45,6 +46,23 @@ pub const ERROR_KINDS: [ErrorKind; 32] = [
     ErrorKind::ShuttingDown,
     ErrorKind::Internal,
 ];
+
+/// One counter per [`ERROR_KINDS`] entry (an array longer than 32 has no derived `Default`).
+#[derive(Debug)]
+struct PerKind([AtomicU64; ERROR_KINDS.len()]);
+
+impl Default for PerKind {
+    fn default() -> Self {
+        PerKind(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl std::ops::Deref for PerKind {
+    type Target = [AtomicU64; ERROR_KINDS.len()];
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
 
 fn kind_index(kind: ErrorKind) -> usize {
     ERROR_KINDS
@@ -84,7 +102,7 @@ pub struct ShardMetrics {
     pub gate_permits: AtomicU64,
     pub gate_waiters: AtomicU64,
     pub queue_requests: AtomicU64,
-    gateway_errors: [AtomicU64; ERROR_KINDS.len()],
+    gateway_errors: PerKind,
     upstream_errors: [AtomicU64; UPSTREAM_ERROR_SLOTS],
 }
 

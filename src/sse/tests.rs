@@ -53,7 +53,11 @@ fn every_split(max: usize, input: &[u8]) -> Vec<Seen> {
     whole.0
 }
 
-fn ev(name: Option<&str>, data: Option<&str>, comment: bool) -> (Option<String>, Option<String>, bool) {
+fn ev(
+    name: Option<&str>,
+    data: Option<&str>,
+    comment: bool,
+) -> (Option<String>, Option<String>, bool) {
     (name.map(str::to_owned), data.map(str::to_owned), comment)
 }
 
@@ -76,12 +80,24 @@ fn events_split_on_blank_lines_lf_and_crlf() {
     let rows: &[(&[u8], Vec<(Option<String>, Option<String>, bool)>)] = &[
         (b"data: a\n\n", vec![ev(None, Some("a"), false)]),
         (b"data: a\r\n\r\n", vec![ev(None, Some("a"), false)]),
-        (b"data:a\n\ndata: b\n\n", vec![ev(None, Some("a"), false), ev(None, Some("b"), false)]),
+        (
+            b"data:a\n\ndata: b\n\n",
+            vec![ev(None, Some("a"), false), ev(None, Some("b"), false)],
+        ),
         // Multi-line data joined with \n; only one leading space is stripped.
-        (b"data: a\ndata:  b\ndata\n\n", vec![ev(None, Some("a\n b\n"), false)]),
-        (b"event: ping\ndata: {}\r\n\r\n", vec![ev(Some("ping"), Some("{}"), false)]),
+        (
+            b"data: a\ndata:  b\ndata\n\n",
+            vec![ev(None, Some("a\n b\n"), false)],
+        ),
+        (
+            b"event: ping\ndata: {}\r\n\r\n",
+            vec![ev(Some("ping"), Some("{}"), false)],
+        ),
         // Mixed line ends inside one event.
-        (b"event: x\r\ndata: 1\n\r\n", vec![ev(Some("x"), Some("1"), false)]),
+        (
+            b"event: x\r\ndata: 1\n\r\n",
+            vec![ev(Some("x"), Some("1"), false)],
+        ),
         (b": keep-alive\n\n", vec![ev(None, None, true)]),
         (b":\n: c\ndata: z\n\n", vec![ev(None, Some("z"), true)]),
         // Blank lines alone carry nothing; an unterminated event is held back.
@@ -89,7 +105,10 @@ fn events_split_on_blank_lines_lf_and_crlf() {
         (b"data: never ends\n", vec![]),
         (b"data: a\n\ndata: held", vec![ev(None, Some("a"), false)]),
         // id / retry / unknown fields are ignored; the last event name wins.
-        (b"id: 7\nretry: 10\nfoo: bar\nevent: a\nevent: b\ndata: d\n\n", vec![ev(Some("b"), Some("d"), false)]),
+        (
+            b"id: 7\nretry: 10\nfoo: bar\nevent: a\nevent: b\ndata: d\n\n",
+            vec![ev(Some("b"), Some("d"), false)],
+        ),
         // A lone CR is not a line end; "\r\r\n" is a line with content.
         (b"data: a\rb\n\n", vec![ev(None, Some("a\rb"), false)]),
         (b"data: a\n\r\r\n\n", vec![ev(None, Some("a"), false)]),
@@ -163,18 +182,48 @@ fn f(kind: FrameKind, output: bool) -> Frame {
 fn openai_chat_frames() {
     use FrameKind::*;
     let rows = [
-        (r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#, f(Lifecycle, false)),
-        (r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#, f(Lifecycle, false)),
-        (r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#, f(Text, true)),
-        (r#"{"choices":[{"index":0,"delta":{"content":"\u00e9\n"}}]}"#, f(Text, true)),
-        (r#"{"choices":[{"index":0,"delta":{"reasoning_content":""}}]}"#, f(Reasoning, true)),
-        (r#"{"choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text"}]}}]}"#, f(Reasoning, true)),
-        (r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#, f(Tool, true)),
-        (r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#, f(Lifecycle, false)),
-        (r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#, f(Usage, false)),
+        (
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#,
+            f(Text, true),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{"content":"\u00e9\n"}}]}"#,
+            f(Text, true),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":""}}]}"#,
+            f(Reasoning, true),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text"}]}}]}"#,
+            f(Reasoning, true),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            f(Tool, true),
+        ),
+        (
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#,
+            f(Usage, false),
+        ),
         (r#"{"error":{"message":"overloaded"}}"#, f(Error, false)),
         // An error frame that still carries a delta is output.
-        (r#"{"error":{"message":"x"},"choices":[{"delta":{"content":"more"}}]}"#, f(Text, true)),
+        (
+            r#"{"error":{"message":"x"},"choices":[{"delta":{"content":"more"}}]}"#,
+            f(Text, true),
+        ),
     ];
     for (json, want) in rows {
         assert_eq!(frame_of(&format!("data: {json}\n\n")), want, "{json}");
@@ -195,24 +244,84 @@ fn openai_chat_frames() {
 fn anthropic_frames() {
     use FrameKind::*;
     let rows = [
-        ("message_start", r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":3}}}"#, f(Lifecycle, false)),
+        (
+            "message_start",
+            r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":3}}}"#,
+            f(Lifecycle, false),
+        ),
         ("ping", r#"{"type": "ping"}"#, f(Lifecycle, false)),
-        ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#, f(Lifecycle, false)),
-        ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}"#, f(Reasoning, true)),
-        ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"redacted_thinking","data":"x"}}"#, f(Reasoning, true)),
-        ("content_block_start", r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#, f(Tool, true)),
-        ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#, f(Text, true)),
-        ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""}}"#, f(Text, true)),
-        ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}"#, f(Reasoning, true)),
-        ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"text":"s","type":"signature_delta","signature":"EqQ"}}"#, f(Reasoning, true)),
-        ("content_block_delta", r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a"}}"#, f(Tool, true)),
-        ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#, f(Lifecycle, false)),
-        ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}"#, f(Usage, false)),
-        ("message_stop", r#"{"type":"message_stop"}"#, f(Lifecycle, false)),
-        ("error", r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#, f(Error, false)),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"redacted_thinking","data":"x"}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#,
+            f(Tool, true),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+            f(Text, true),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""}}"#,
+            f(Text, true),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"text":"s","type":"signature_delta","signature":"EqQ"}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a"}}"#,
+            f(Tool, true),
+        ),
+        (
+            "content_block_stop",
+            r#"{"type":"content_block_stop","index":0}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}"#,
+            f(Usage, false),
+        ),
+        (
+            "message_stop",
+            r#"{"type":"message_stop"}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            "error",
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            f(Error, false),
+        ),
     ];
     for (name, json, want) in rows {
-        assert_eq!(frame_of(&format!("event: {name}\r\ndata: {json}\r\n\r\n")), want, "{json}");
+        assert_eq!(
+            frame_of(&format!("event: {name}\r\ndata: {json}\r\n\r\n")),
+            want,
+            "{json}"
+        );
     }
     // The event name types the data when the JSON has no `type`.
     assert_eq!(frame_of("event: ping\ndata: {}\n\n"), f(Lifecycle, false));
@@ -223,27 +332,85 @@ fn anthropic_frames() {
 fn responses_frames() {
     use FrameKind::*;
     let rows = [
-        (r#"{"type":"response.created","response":{"id":"r"}}"#, f(Lifecycle, false)),
-        (r#"{"type":"response.in_progress","response":{"id":"r"}}"#, f(Lifecycle, false)),
-        (r#"{"type":"response.output_item.added","item":{"type":"message","role":"assistant"}}"#, f(Lifecycle, false)),
-        (r#"{"type":"response.output_item.added","item":{"type":"reasoning","id":"rs"}}"#, f(Reasoning, true)),
-        (r#"{"type":"response.output_item.done","item":{"type":"reasoning","id":"rs"}}"#, f(Reasoning, true)),
-        (r#"{"type":"response.output_item.added","item":{"type":"function_call","name":"f"}}"#, f(Tool, true)),
-        (r#"{"type":"response.reasoning_summary_text.delta","delta":"x"}"#, f(Reasoning, true)),
-        (r#"{"type":"response.reasoning_summary_part.added","part":{}}"#, f(Reasoning, true)),
-        (r#"{"type":"response.content_part.added","part":{"type":"output_text","text":""}}"#, f(Lifecycle, false)),
-        (r#"{"type":"response.output_text.delta","delta":"Hi"}"#, f(Text, true)),
-        (r#"{"type":"response.output_text.delta","delta":""}"#, f(Text, true)),
-        (r#"{"type":"response.function_call_arguments.delta","delta":"{"}"#, f(Tool, true)),
-        (r#"{"type":"response.audio.delta","delta":"AAA"}"#, f(Other, true)),
-        (r#"{"type":"response.output_text.done","text":"Hi"}"#, f(Lifecycle, false)),
-        (r#"{"type":"response.completed","response":{"usage":{"input_tokens":1}}}"#, f(Usage, false)),
-        (r#"{"type":"response.failed","response":{"error":{}}}"#, f(Error, false)),
-        (r#"{"type":"error","code":"x","message":"boom"}"#, f(Error, false)),
+        (
+            r#"{"type":"response.created","response":{"id":"r"}}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"type":"response.in_progress","response":{"id":"r"}}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"type":"response.output_item.added","item":{"type":"message","role":"assistant"}}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"type":"response.output_item.added","item":{"type":"reasoning","id":"rs"}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            r#"{"type":"response.output_item.done","item":{"type":"reasoning","id":"rs"}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            r#"{"type":"response.output_item.added","item":{"type":"function_call","name":"f"}}"#,
+            f(Tool, true),
+        ),
+        (
+            r#"{"type":"response.reasoning_summary_text.delta","delta":"x"}"#,
+            f(Reasoning, true),
+        ),
+        (
+            r#"{"type":"response.reasoning_summary_part.added","part":{}}"#,
+            f(Reasoning, true),
+        ),
+        (
+            r#"{"type":"response.content_part.added","part":{"type":"output_text","text":""}}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+            f(Text, true),
+        ),
+        (
+            r#"{"type":"response.output_text.delta","delta":""}"#,
+            f(Text, true),
+        ),
+        (
+            r#"{"type":"response.function_call_arguments.delta","delta":"{"}"#,
+            f(Tool, true),
+        ),
+        (
+            r#"{"type":"response.audio.delta","delta":"AAA"}"#,
+            f(Other, true),
+        ),
+        (
+            r#"{"type":"response.output_text.done","text":"Hi"}"#,
+            f(Lifecycle, false),
+        ),
+        (
+            r#"{"type":"response.completed","response":{"usage":{"input_tokens":1}}}"#,
+            f(Usage, false),
+        ),
+        (
+            r#"{"type":"response.failed","response":{"error":{}}}"#,
+            f(Error, false),
+        ),
+        (
+            r#"{"type":"error","code":"x","message":"boom"}"#,
+            f(Error, false),
+        ),
     ];
     for (json, want) in rows {
-        let ty = serde_json::from_str::<serde_json::Value>(json).unwrap()["type"].as_str().unwrap().to_owned();
-        assert_eq!(frame_of(&format!("event: {ty}\ndata: {json}\n\n")), want, "{json}");
+        let ty = serde_json::from_str::<serde_json::Value>(json).unwrap()["type"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            frame_of(&format!("event: {ty}\ndata: {json}\n\n")),
+            want,
+            "{json}"
+        );
     }
 }
 
@@ -262,7 +429,10 @@ fn odd_json_never_fails_classification() {
         let fr = frame_of(&format!("data: {json}\n\n"));
         assert!(!fr.output || json.contains("ing"), "{json}: {fr:?}");
     }
-    assert_eq!(frame_of("data: {\"type\":\"\\u0070ing\"}\n\n"), f(FrameKind::Lifecycle, false));
+    assert_eq!(
+        frame_of("data: {\"type\":\"\\u0070ing\"}\n\n"),
+        f(FrameKind::Lifecycle, false)
+    );
 }
 
 proptest! {
