@@ -185,12 +185,26 @@ fn nothing_fails_over_after_the_first_byte() {
     a.on_always("/v1/chat/completions", Reply::sse(chunks));
     b.on_always("/v1/chat/completions", Reply::openai_chat("from b"));
     let gw = Gateway::start(&config(&a.base_url(), &b.base_url(), ""));
-    let resp = ask(&gw, "m1");
-    assert_eq!(resp.status, 200);
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer test-key")],
+        br#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
     assert_eq!(
-        resp.header("x-omniroute-selected-connection-id"),
+        head.header("x-omniroute-selected-connection-id"),
         Some("first")
     );
+    // The cut stream ends with an in-band error event and no chunked terminator.
+    let raw = c.read_until_close(std::time::Duration::from_secs(10));
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.contains("\"content\":\"one\""), "{text}");
+    assert!(text.contains("data: {\"error\":"), "{text}");
+    assert!(!text.ends_with("0\r\n\r\n"), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
     assert_eq!(
         b.hits("/v1/chat/completions"),
         0,
