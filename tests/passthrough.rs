@@ -256,7 +256,10 @@ fn a_stream_broken_after_the_first_byte_ends_with_an_error_event_and_no_done() {
     assert_eq!(head.status, 200);
     // The connection closes after the error event, without the chunked terminator.
     let raw = c.read_until_close(Duration::from_secs(5));
-    assert!(!raw.ends_with(b"0\r\n\r\n"), "a broken stream never ends cleanly");
+    assert!(
+        !raw.ends_with(b"0\r\n\r\n"),
+        "a broken stream never ends cleanly"
+    );
     let mut body = Vec::new();
     let mut rest = &raw[..];
     while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {

@@ -352,19 +352,20 @@ async fn attempt(
     // still move on. An event stream under the content-stall watchdog holds its lifecycle
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
     let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
-    let first = match super::watchdog::first_bytes(&mut up, req.budgets.idle, wd.as_mut()).await {
-        Ok(first) => first,
-        Err(e) if e.kind == ErrorKind::StreamContentStall => {
-            tracing::debug!(connection = %conn.name, "{e}");
-            attempted.end(Ended::StreamStall).await;
-            return AttemptEnd::MoveOn(LastFailure::Gateway(e));
-        }
-        Err(e) => {
-            tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
-            attempted.end_with_error(&e).await;
-            return AttemptEnd::MoveOn(LastFailure::Gateway(e));
-        }
-    };
+    let first =
+        match super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut()).await {
+            Ok(first) => first,
+            Err(e) if e.kind == ErrorKind::StreamContentStall => {
+                tracing::debug!(connection = %conn.name, "{e}");
+                attempted.end(Ended::StreamStall).await;
+                return AttemptEnd::MoveOn(LastFailure::Gateway(e));
+            }
+            Err(e) => {
+                tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
+                attempted.end_with_error(&e).await;
+                return AttemptEnd::MoveOn(LastFailure::Gateway(e));
+            }
+        };
     let (after, ended) = stream::commit(
         shard,
         req.head,

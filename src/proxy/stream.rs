@@ -196,7 +196,7 @@ pub async fn commit(
         None => true,
         Some(piece) => {
             put_piece(&mut out, &piece, chunked);
-            gather(&mut up, &mut out, chunked, wd.as_mut())
+            gather(shard, &mut up, &mut out, chunked, wd.as_mut())
         }
     };
     if done && chunked {
@@ -211,7 +211,7 @@ pub async fn commit(
         return (After::Close, result);
     }
     while !done {
-        let piece = match watchdog::next(&mut up, idle, wd.as_mut()).await {
+        let piece = match watchdog::next(shard, &mut up, idle, wd.as_mut()).await {
             Ok(Some(piece)) => piece,
             Ok(None) => {
                 done = true;
@@ -236,7 +236,7 @@ pub async fn commit(
         } else {
             let mut out = BytesMut::with_capacity(piece.len() + 64);
             put_piece(&mut out, &piece, chunked);
-            done = gather(&mut up, &mut out, chunked, wd.as_mut());
+            done = gather(shard, &mut up, &mut out, chunked, wd.as_mut());
             if done && chunked {
                 write_last_chunk(&mut out);
             }
@@ -258,12 +258,18 @@ pub async fn commit(
 
 /// Appends every piece already buffered (each one scanned by the watchdog); true when the
 /// body ended. A decode failure is left for the next blocking read to report.
-fn gather(up: &mut Up, out: &mut BytesMut, chunked: bool, mut wd: Option<&mut Watchdog>) -> bool {
+fn gather(
+    shard: &Shard,
+    up: &mut Up,
+    out: &mut BytesMut,
+    chunked: bool,
+    mut wd: Option<&mut Watchdog>,
+) -> bool {
     loop {
         match up.next_buffered() {
             Ok(InBuffer::Piece(p)) => {
                 if let Some(w) = wd.as_deref_mut() {
-                    w.observe(&p);
+                    w.observe(&p, shard.now().mono_ns);
                 }
                 put_piece(out, &p, chunked)
             }

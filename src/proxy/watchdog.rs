@@ -7,7 +7,7 @@
 //! `stream_content_stall` and the attempt fails over; after it, the stream ends with an
 //! in-band error event.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
@@ -24,7 +24,8 @@ const HOLD_BACK_MAX_BYTES: usize = 64 * 1024;
 pub struct Watchdog {
     scanner: Scanner,
     budget: Duration,
-    deadline: Instant,
+    /// Monotonic nanoseconds (the shard's clock) when the budget runs out.
+    deadline_ns: u64,
     /// A model-generated frame has been seen.
     output: bool,
 }
@@ -40,7 +41,10 @@ impl Watchdog {
         Some(Watchdog {
             scanner: Scanner::default(),
             budget,
-            deadline: Instant::now() + budget,
+            deadline_ns: shard
+                .now()
+                .mono_ns
+                .saturating_add(ms.saturating_mul(1_000_000)),
             output: false,
         })
     }
@@ -48,7 +52,7 @@ impl Watchdog {
     /// Scans a piece; true when it carried model output (the budget is re-armed). An
     /// event too large for the scanner is not classified; its bytes count as output (an
     /// upstream sending that much is not stalled).
-    pub fn observe(&mut self, piece: &[u8]) -> bool {
+    pub fn observe(&mut self, piece: &[u8], now_ns: u64) -> bool {
         let mut progress = false;
         self.scanner.feed(piece, &mut |r| match r {
             Ok(ev) => progress |= classify(&ev).output,
@@ -56,7 +60,8 @@ impl Watchdog {
         });
         if progress {
             self.output = true;
-            self.deadline = Instant::now() + self.budget;
+            let budget_ns = u64::try_from(self.budget.as_nanos()).unwrap_or(u64::MAX);
+            self.deadline_ns = now_ns.saturating_add(budget_ns);
         }
         progress
     }
@@ -82,6 +87,7 @@ impl Watchdog {
 /// The next body piece within the body-idle budget and, with a watchdog, before the stall
 /// deadline (whichever comes first). A piece is scanned before it is returned.
 pub async fn next(
+    shard: &Shard,
     up: &mut Up,
     idle: Duration,
     wd: Option<&mut Watchdog>,
@@ -89,7 +95,7 @@ pub async fn next(
     let Some(wd) = wd else {
         return up.next(idle).await;
     };
-    let left = wd.deadline.saturating_duration_since(Instant::now());
+    let left = Duration::from_nanos(wd.deadline_ns.saturating_sub(shard.now().mono_ns));
     if left.is_zero() {
         return Err(wd.stall_error());
     }
@@ -102,7 +108,7 @@ pub async fn next(
         }
     };
     if let Ok(Some(piece)) = &got {
-        wd.observe(piece);
+        wd.observe(piece, shard.now().mono_ns);
     }
     got
 }
@@ -112,6 +118,7 @@ pub async fn next(
 /// [`HOLD_BACK_MAX_BYTES`]; a stall meanwhile is an error while nothing has reached the
 /// client, so the attempt can fail over. `None` for an empty body.
 pub async fn first_bytes(
+    shard: &Shard,
     up: &mut Up,
     idle: Duration,
     mut wd: Option<&mut Watchdog>,
@@ -119,7 +126,7 @@ pub async fn first_bytes(
     let mut held: Option<Bytes> = None;
     let mut more = BytesMut::new();
     loop {
-        let piece = match next(up, idle, wd.as_deref_mut()).await? {
+        let piece = match next(shard, up, idle, wd.as_deref_mut()).await? {
             Some(p) => p,
             None => break,
         };

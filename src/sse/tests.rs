@@ -53,6 +53,9 @@ fn every_split(max: usize, input: &[u8]) -> Vec<Seen> {
     whole.0
 }
 
+/// An event's fields: name, data, comment.
+type Fields = (Option<String>, Option<String>, bool);
+
 fn ev(
     name: Option<&str>,
     data: Option<&str>,
@@ -61,7 +64,7 @@ fn ev(
     (name.map(str::to_owned), data.map(str::to_owned), comment)
 }
 
-fn fields(seen: &[Seen]) -> Vec<(Option<String>, Option<String>, bool)> {
+fn fields(seen: &[Seen]) -> Vec<Fields> {
     seen.iter()
         .filter_map(|s| match s {
             Seen::Event {
@@ -77,7 +80,7 @@ fn fields(seen: &[Seen]) -> Vec<(Option<String>, Option<String>, bool)> {
 
 #[test]
 fn events_split_on_blank_lines_lf_and_crlf() {
-    let rows: &[(&[u8], Vec<(Option<String>, Option<String>, bool)>)] = &[
+    let rows: &[(&[u8], Vec<Fields>)] = &[
         (b"data: a\n\n", vec![ev(None, Some("a"), false)]),
         (b"data: a\r\n\r\n", vec![ev(None, Some("a"), false)]),
         (
