@@ -57,6 +57,8 @@ pub enum ErrorKind {
     BodyTooLarge,
     /// The body is not valid JSON, or lacks the fields the endpoint needs.
     InvalidJson,
+    /// The body is a JSON object without a `model`.
+    MissingModel,
     /// A transfer coding other than chunked.
     UnsupportedTransferEncoding,
     /// No valid client key.
@@ -120,6 +122,7 @@ impl ErrorKind {
             ErrorKind::HeadTooLarge => 431,
             ErrorKind::BodyTooLarge => 413,
             ErrorKind::InvalidJson => 400,
+            ErrorKind::MissingModel => 400,
             ErrorKind::UnsupportedTransferEncoding => 501,
             ErrorKind::Unauthorized => 401,
             ErrorKind::Forbidden => 403,
@@ -157,6 +160,7 @@ impl ErrorKind {
             ErrorKind::HeadTooLarge => "request_header_fields_too_large",
             ErrorKind::BodyTooLarge => "request_too_large",
             ErrorKind::InvalidJson => "invalid_json",
+            ErrorKind::MissingModel => "missing_model",
             ErrorKind::UnsupportedTransferEncoding => "unsupported_transfer_encoding",
             ErrorKind::Unauthorized => "invalid_api_key",
             ErrorKind::Forbidden => "forbidden",
@@ -207,6 +211,26 @@ impl ErrorKind {
         }
     }
 
+    /// Anthropic's `error.type` for this failure, by status like Anthropic's own table: an
+    /// Anthropic SDK reads the status for its exception class and this name for the body.
+    /// A 503 is a temporary refusal (breaker, cooldown, queue, shutdown): `overloaded_error`,
+    /// except a model with no enabled connection, which waiting does not fix.
+    pub fn anthropic_type(self) -> &'static str {
+        if self == ErrorKind::NoConnection {
+            return "api_error";
+        }
+        match self.status() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
     pub fn side(self) -> Side {
         match self {
             ErrorKind::MalformedRequest
@@ -214,6 +238,7 @@ impl ErrorKind {
             | ErrorKind::HeadTooLarge
             | ErrorKind::BodyTooLarge
             | ErrorKind::InvalidJson
+            | ErrorKind::MissingModel
             | ErrorKind::UnsupportedTransferEncoding
             | ErrorKind::Unauthorized
             | ErrorKind::Forbidden
@@ -260,6 +285,7 @@ impl ErrorKind {
             | ErrorKind::HeadTooLarge
             | ErrorKind::BodyTooLarge
             | ErrorKind::InvalidJson
+            | ErrorKind::MissingModel
             | ErrorKind::UnsupportedTransferEncoding
             | ErrorKind::Unauthorized
             | ErrorKind::Forbidden
@@ -301,6 +327,16 @@ impl ErrorKind {
     }
 }
 
+/// The error body shape a client expects: the API family of the endpoint it called.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error":{"message","type","code",…}}` (OpenAI, and every non-Anthropic route).
+    #[default]
+    OpenAi,
+    /// `{"type":"error","error":{"type","message",…}}` (`/v1/messages`).
+    Anthropic,
+}
+
 /// A gateway-made failure with a human message, and what the response adds for it:
 /// a `Retry-After`, extra `error` fields and top-level fields (e.g. `diagnostics`).
 #[derive(Clone, Debug, PartialEq)]
@@ -313,6 +349,8 @@ pub struct GatewayError {
     pub extra: Vec<(&'static str, serde_json::Value)>,
     /// Extra top-level members of the body (e.g. `diagnostics`).
     pub top_level: Vec<(&'static str, serde_json::Value)>,
+    /// Extra response headers (e.g. `Allow` on a 405).
+    pub headers: Vec<(&'static str, Cow<'static, str>)>,
 }
 
 impl GatewayError {
@@ -323,7 +361,13 @@ impl GatewayError {
             retry_after_s: None,
             extra: Vec::new(),
             top_level: Vec::new(),
+            headers: Vec::new(),
         }
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: impl Into<Cow<'static, str>>) -> Self {
+        self.headers.push((name, value.into()));
+        self
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
@@ -402,6 +446,42 @@ mod tests {
         assert_eq!(
             open.kind_header(),
             Some(("x-omniroute-provider-breaker", "open"))
+        );
+    }
+
+    #[test]
+    fn anthropic_types_follow_anthropics_table() {
+        assert_eq!(
+            ErrorKind::MissingModel.anthropic_type(),
+            "invalid_request_error"
+        );
+        assert_eq!(
+            ErrorKind::MethodNotAllowed.anthropic_type(),
+            "invalid_request_error"
+        );
+        assert_eq!(
+            ErrorKind::Unauthorized.anthropic_type(),
+            "authentication_error"
+        );
+        assert_eq!(ErrorKind::Forbidden.anthropic_type(), "permission_error");
+        assert_eq!(ErrorKind::ModelNotFound.anthropic_type(), "not_found_error");
+        assert_eq!(
+            ErrorKind::BodyTooLarge.anthropic_type(),
+            "request_too_large"
+        );
+        assert_eq!(
+            ErrorKind::ModelCooldown.anthropic_type(),
+            "rate_limit_error"
+        );
+        assert_eq!(
+            ErrorKind::ProviderCircuitOpen.anthropic_type(),
+            "overloaded_error"
+        );
+        assert_eq!(ErrorKind::NoConnection.anthropic_type(), "api_error");
+        assert_eq!(ErrorKind::UpstreamConnect.anthropic_type(), "api_error");
+        assert_eq!(
+            ErrorKind::UpstreamTimeout(TimeoutPhase::Connect).anthropic_type(),
+            "api_error"
         );
     }
 

@@ -58,8 +58,10 @@ pub trait Handler {
         pending: &mut BytesMut,
     ) -> impl std::future::Future<Output = After>;
     /// Answers bad input with its typed error; the connection closes after it.
+    /// `head` is the request's head when it was read (the body was refused).
     fn reject(
         &self,
+        head: Option<&RequestHead>,
         client: &mut TcpStream,
         err: &GatewayError,
     ) -> impl std::future::Future<Output = ()>;
@@ -75,7 +77,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: TcpStream) {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(err) => {
-                handler.reject(&mut stream, &err).await;
+                handler.reject(None, &mut stream, &err).await;
                 break;
             }
         };
@@ -83,7 +85,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: TcpStream) {
         let body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
             Ok(b) => b,
             Err(Some(err)) => {
-                handler.reject(&mut stream, &err).await;
+                handler.reject(Some(&head), &mut stream, &err).await;
                 break;
             }
             Err(None) => break,

@@ -19,7 +19,7 @@ use monoio::net::TcpStream;
 use crate::admin;
 use crate::auth::Caller;
 use crate::config::{ComboStrategy, Scope};
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{Dialect, ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 pub use crate::net::downstream::After;
 use crate::net::downstream::{Handler, Limits};
@@ -78,8 +78,9 @@ impl Handler for Shard {
         handle(self, head, body, client, pending).await
     }
 
-    async fn reject(&self, client: &mut TcpStream, err: &GatewayError) {
-        send_error(self, client, err, false).await;
+    async fn reject(&self, head: Option<&RequestHead>, client: &mut TcpStream, err: &GatewayError) {
+        let dialect = head.map_or(Dialect::OpenAi, dialect);
+        send_error(self, client, err, dialect, false).await;
     }
 }
 
@@ -88,7 +89,22 @@ impl Handler for Shard {
 enum Route {
     Inference(Endpoint),
     Models,
+    /// `GET /v1/models/{id}`; the id is the rest of the path.
+    Model,
     Admin(admin::Route),
+}
+
+const MODELS_PATH: &str = "/v1/models";
+
+/// The error shape a request's client expects: Anthropic's on the Messages API, OpenAI's
+/// everywhere else.
+pub fn dialect(head: &RequestHead) -> Dialect {
+    let path = head.path();
+    match path.strip_prefix("/v1/messages") {
+        Some("") => Dialect::Anthropic,
+        Some(rest) if rest.starts_with('/') => Dialect::Anthropic,
+        _ => Dialect::OpenAi,
+    }
 }
 
 fn route(head: &RequestHead) -> Result<Route, GatewayError> {
@@ -98,17 +114,30 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
         if method == m || (m == Method::Get && method == Method::Head) {
             Ok(r)
         } else {
+            let allow = if m == Method::Get {
+                "GET, HEAD"
+            } else {
+                m.as_str()
+            };
             Err(GatewayError::new(
                 ErrorKind::MethodNotAllowed,
                 format!("{path} does not take {}", head.method_str()),
-            ))
+            )
+            .with_header("allow", allow))
         }
     };
     if let Some(ep) = Endpoint::from_path(path) {
         return want(Method::Post, Route::Inference(ep));
     }
-    if path == "/v1/models" {
+    if path == MODELS_PATH {
         return want(Method::Get, Route::Models);
+    }
+    if path
+        .strip_prefix(MODELS_PATH)
+        .and_then(|r| r.strip_prefix('/'))
+        .is_some_and(|id| !id.is_empty())
+    {
+        return want(Method::Get, Route::Model);
     }
     if let Some((m, r)) = admin::route(path) {
         return want(m, Route::Admin(r));
@@ -134,10 +163,12 @@ pub async fn handle(
         Ok(Route::Inference(ep)) => {
             return inference(shard, head, ep, body, client, pending, keep_alive).await;
         }
-        Ok(Route::Models) => match authorize(shard, head, Scope::Inference) {
-            Ok(_) => Ok(models::list(shard.config())),
-            Err(e) => Err(e),
-        },
+        Ok(Route::Models) => authorize(shard, head, Scope::Inference)
+            .map(|_| models::list(shard.config(), &shard.shared().routes)),
+        Ok(Route::Model) => authorize(shard, head, Scope::Inference).and_then(|_| {
+            let id = head.path().get(MODELS_PATH.len() + 1..).unwrap_or_default();
+            models::retrieve(shard.config(), &shard.shared().routes, id)
+        }),
         Ok(Route::Admin(r)) => admin::serve(shard, head, r),
         Err(e) => Err(e),
     };
@@ -152,7 +183,7 @@ pub async fn handle(
         }
         Err(err) => {
             note_error(shard, &err);
-            respond::write_error(&mut out, &err, keep_alive, head_only);
+            respond::write_error(&mut out, &err, dialect(head), keep_alive, head_only);
         }
     }
     match write_all(client, out).await {
@@ -211,10 +242,11 @@ async fn inference(
                 client,
                 pending,
                 keep_alive,
+                dialect: dialect(head),
             };
             relay::run(shard, head, endpoint, body, plan, downstream).await
         }
-        Err(err) => send_error(shard, client, &err, keep_alive).await,
+        Err(err) => send_error(shard, client, &err, dialect(head), keep_alive).await,
     }
 }
 
@@ -228,8 +260,7 @@ fn plan(
     let key = authorize(shard, head, Scope::Inference)?;
     let peek = {
         let mut scratch = shard.scratch().borrow_mut();
-        peek::peek(body, &mut scratch)
-            .map_err(|e| GatewayError::new(ErrorKind::InvalidJson, peek_message(&e)))?
+        peek::peek(body, &mut scratch).map_err(peek_error)?
     };
     let config = shard.config();
     let resolved = resolve(config, &shard.shared().routes, &peek.model)?;
@@ -286,6 +317,18 @@ fn plan(
         combo: resolved.combo,
         quota_share,
     })
+}
+
+fn peek_error(e: peek::PeekError) -> GatewayError {
+    if e == peek::PeekError::MissingModel {
+        // OpenAI's own wording for a body without a model.
+        return GatewayError::new(
+            ErrorKind::MissingModel,
+            "you must provide a model parameter",
+        )
+        .with_extra("param", serde_json::json!("model"));
+    }
+    GatewayError::new(ErrorKind::InvalidJson, peek_message(&e))
 }
 
 fn peek_message(e: &peek::PeekError) -> String {

@@ -19,7 +19,7 @@ use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, peek};
 use crate::config::ConnectionId;
-use crate::error::{ErrorKind, GatewayError, Retry};
+use crate::error::{Dialect, ErrorKind, GatewayError, Retry};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
 use crate::http1::RequestHead;
@@ -54,6 +54,8 @@ pub struct Downstream<'c> {
     pub client: &'c mut TcpStream,
     pub pending: &'c mut BytesMut,
     pub keep_alive: bool,
+    /// The error shape the client expects.
+    pub dialect: Dialect,
 }
 
 /// What the attempts of one request share.
@@ -455,22 +457,22 @@ async fn answer_last(
     attempts: usize,
     down: &mut Downstream<'_>,
 ) -> After {
-    let (client, keep_alive) = (&mut *down.client, down.keep_alive);
+    let (client, keep_alive, dialect) = (&mut *down.client, down.keep_alive, down.dialect);
     match last {
         Some(LastFailure::Upstream(b)) => {
             stream::relay_buffered(shard, &b, attempts, client, keep_alive).await
         }
         Some(LastFailure::Gateway(e)) if attempts > 0 || excluded.is_empty() => {
-            send_error(shard, client, &e, keep_alive).await
+            send_error(shard, client, &e, dialect, keep_alive).await
         }
         _ if !excluded.is_empty() => {
             let err = exclusion_error(shard, plan, excluded);
-            send_error(shard, client, &err, keep_alive).await
+            send_error(shard, client, &err, dialect, keep_alive).await
         }
         _ => {
             let err =
                 GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed");
-            send_error(shard, client, &err, keep_alive).await
+            send_error(shard, client, &err, dialect, keep_alive).await
         }
     }
 }

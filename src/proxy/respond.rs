@@ -1,11 +1,12 @@
-//! The one place that writes gateway-made responses: error bodies with their status,
-//! OpenAI-shaped JSON and the `x-tidegate-error` header, and small JSON answers.
+//! The one place that writes gateway-made responses: error bodies with their status, in
+//! the caller's dialect (OpenAI's shape, or Anthropic's on `/v1/messages`) and the
+//! `x-tidegate-error` header carrying the gateway's own code, and small JSON answers.
 
 use bytes::BytesMut;
 use monoio::net::TcpStream;
 use serde_json::json;
 
-use crate::error::GatewayError;
+use crate::error::{Dialect, GatewayError};
 use crate::http1::{Framing, write_response_head};
 use crate::net::downstream::After;
 use crate::net::io::write_all;
@@ -15,16 +16,26 @@ use crate::providers::Endpoint;
 /// Header that tells clients the gateway, not the upstream, made this error.
 pub const ERROR_HEADER: &str = "x-tidegate-error";
 
-/// The JSON body of a gateway error: `{"error":{"message","type","code"}}`.
-pub fn error_body(err: &GatewayError) -> String {
+/// The JSON body of a gateway error: OpenAI's `{"error":{"message","type","code"}}`, or
+/// Anthropic's `{"type":"error","error":{"type","message"}}` (the code is in the header).
+pub fn error_body(err: &GatewayError, dialect: Dialect) -> String {
     let mut error = serde_json::Map::new();
-    error.insert("message".into(), json!(err.message));
-    error.insert("type".into(), json!(err.kind.error_type()));
-    error.insert("code".into(), json!(err.kind.code()));
+    let mut body = serde_json::Map::new();
+    match dialect {
+        Dialect::OpenAi => {
+            error.insert("message".into(), json!(err.message));
+            error.insert("type".into(), json!(err.kind.error_type()));
+            error.insert("code".into(), json!(err.kind.code()));
+        }
+        Dialect::Anthropic => {
+            body.insert("type".into(), json!("error"));
+            error.insert("type".into(), json!(err.kind.anthropic_type()));
+            error.insert("message".into(), json!(err.message));
+        }
+    }
     for (k, v) in &err.extra {
         error.insert((*k).into(), v.clone());
     }
-    let mut body = serde_json::Map::new();
     body.insert("error".into(), serde_json::Value::Object(error));
     for (k, v) in &err.top_level {
         body.insert((*k).into(), v.clone());
@@ -33,8 +44,14 @@ pub fn error_body(err: &GatewayError) -> String {
 }
 
 /// Encodes a complete error response into `dst`.
-pub fn write_error(dst: &mut BytesMut, err: &GatewayError, keep_alive: bool, head_only: bool) {
-    let body = error_body(err);
+pub fn write_error(
+    dst: &mut BytesMut,
+    err: &GatewayError,
+    dialect: Dialect,
+    keep_alive: bool,
+    head_only: bool,
+) {
+    let body = error_body(err, dialect);
     let code = err.kind.code();
     let retry_after = err.retry_after_s.map(|s| s.to_string());
     let mut headers: Vec<(&str, &[u8])> = vec![
@@ -45,6 +62,9 @@ pub fn write_error(dst: &mut BytesMut, err: &GatewayError, keep_alive: bool, hea
         headers.push(("retry-after", ra.as_bytes()));
     }
     if let Some((name, value)) = err.kind_header() {
+        headers.push((name, value.as_bytes()));
+    }
+    for (name, value) in &err.headers {
         headers.push((name, value.as_bytes()));
     }
     write_response_head(
@@ -88,14 +108,14 @@ pub fn stream_error_event(err: &GatewayError, endpoint: Endpoint) -> String {
             let body = json!({
                 "type": "error",
                 "error": {
-                    "type": err.kind.error_type(),
+                    "type": err.kind.anthropic_type(),
                     "message": err.message,
                     "code": err.kind.code(),
                 },
             });
             format!("event: error\ndata: {body}\n\n")
         }
-        _ => format!("data: {}\n\n", error_body(err)),
+        _ => format!("data: {}\n\n", error_body(err, Dialect::OpenAi)),
     }
 }
 
@@ -104,12 +124,13 @@ pub async fn send_error(
     shard: &Shard,
     client: &mut TcpStream,
     err: &GatewayError,
+    dialect: Dialect,
     keep_alive: bool,
 ) -> After {
     note_error(shard, err);
     let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
     let mut out = BytesMut::with_capacity(256);
-    write_error(&mut out, err, keep_alive, false);
+    write_error(&mut out, err, dialect, keep_alive, false);
     match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,

@@ -11,12 +11,13 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 33] = [
+pub const ERROR_KINDS: [ErrorKind; 34] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
     ErrorKind::BodyTooLarge,
     ErrorKind::InvalidJson,
+    ErrorKind::MissingModel,
     ErrorKind::UnsupportedTransferEncoding,
     ErrorKind::Unauthorized,
     ErrorKind::Forbidden,
