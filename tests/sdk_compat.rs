@@ -119,3 +119,98 @@ provider = "an"
     assert_eq!(sent[1].json()["model"], "gpt-x");
     assert_eq!(sent[1].json()["stream"], true);
 }
+
+#[test]
+fn sdks_type_the_gateways_own_errors() {
+    // The Anthropic upstream rate-limits once; the gateway then holds the model back and
+    // answers the next calls itself (429 in Anthropic's shape).
+    let anthropic = MockUpstream::start();
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            429,
+            serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+        )
+        .header("retry-after", "60"),
+    );
+    let openai = MockUpstream::start();
+    let gw = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[[client_keys]]
+id = "sdk"
+key = "sdk-key"
+
+[[providers]]
+id = "oa"
+format = "openai"
+base_url = "{}"
+models = ["gpt-x"]
+
+[[providers]]
+id = "an"
+format = "anthropic"
+base_url = "{}"
+models = ["claude-x"]
+
+[[connections]]
+id = "oa-1"
+provider = "oa"
+
+[[connections]]
+id = "an-1"
+provider = "an"
+"#,
+        openai.base_url(),
+        anthropic.base_url()
+    ));
+    let body =
+        br#"{"model":"an/claude-x","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    let ask = || {
+        Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", "sdk-key")],
+            body,
+        )
+    };
+    assert_eq!(ask().status, 429, "the upstream's 429 is relayed");
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the gateway answers the cooling model itself",
+        || ask().header("x-tidegate-error").is_some().then_some(()),
+    );
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_client(
+        &origin,
+        "sdk-key",
+        &[
+            "--errors",
+            "--model",
+            "oa/gpt-x",
+            "--anthropic-model",
+            "an/claude-x",
+            "--cooling-model",
+            "an/claude-x",
+        ],
+    );
+    assert_eq!(r["openai_retrieve"]["id"], "oa/gpt-x", "{r}");
+    assert_eq!(r["openai_retrieve"]["not_found"], "NotFoundError", "{r}");
+    assert_eq!(
+        r["anthropic_authentication_error"]["exception"], "AuthenticationError",
+        "{r}"
+    );
+    assert_eq!(
+        r["anthropic_rate_limit_error"]["exception"], "RateLimitError",
+        "{r}"
+    );
+    assert_eq!(
+        anthropic.hits("/v1/messages"),
+        1,
+        "only the first call reached it"
+    );
+    assert_eq!(openai.requests().len(), 0);
+}

@@ -2,6 +2,8 @@
 """Drive a Tidegate gateway with the official OpenAI and Anthropic Python SDKs.
 
 Usage: sdk_client.py BASE_URL API_KEY [--model MODEL] [--only openai|anthropic] [--expect-echo]
+       sdk_client.py BASE_URL API_KEY --errors --model MODEL --anthropic-model MODEL
+                     [--cooling-model MODEL]
 
 BASE_URL is the server origin, e.g. http://127.0.0.1:8080 (a trailing /v1 is ignored): the
 OpenAI SDK gets BASE_URL/v1, the Anthropic SDK BASE_URL (it appends /v1/messages itself).
@@ -17,6 +19,14 @@ reason, and for streams a clean end (the SDK iterator finishes without error; fo
 message_start first and message_stop last). With --expect-echo the text must also contain the
 prompt (the mock provider's `echo` model). Prints one JSON line with the results and exits 0,
 or prints a JSON line with "ok": false, says what failed on stderr and exits 1.
+
+With --errors it checks the gateway's own answers as the SDKs type them instead:
+  1. OpenAI    models.retrieve(MODEL)             GET /v1/models/MODEL: the model object
+  2. OpenAI    models.retrieve("no-such-model")   openai.NotFoundError, code model_not_found
+  3. Anthropic messages.create with a wrong key   anthropic.AuthenticationError, Anthropic body
+  4. Anthropic messages.create(--cooling-model)   anthropic.RateLimitError, Anthropic body
+                                                  (only with --cooling-model: a model the
+                                                  gateway is holding back)
 """
 
 import argparse
@@ -121,6 +131,67 @@ def anthropic_stream(client, model, expect_echo):
     return {"content": text, "stop_reason": final.stop_reason, "events": len(events)}
 
 
+def openai_retrieve(client, model):
+    m = client.models.retrieve(model)
+    require(m.id == model, f"openai retrieve: id {m.id!r} != {model!r}")
+    require(m.object == "model", f"openai retrieve: object {m.object!r}")
+    try:
+        client.models.retrieve("no-such-model")
+    except openai.NotFoundError as e:
+        require(e.code == "model_not_found", f"openai retrieve: code {e.code!r}")
+        return {"id": m.id, "owned_by": m.owned_by, "not_found": type(e).__name__}
+    raise CheckFailed("openai retrieve: an unknown model did not raise NotFoundError")
+
+
+def anthropic_error(client, model, expected, anthropic_type):
+    try:
+        client.messages.create(
+            model=model, max_tokens=16, messages=[{"role": "user", "content": PROMPT}]
+        )
+    except expected as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        require(body.get("type") == "error", f"{anthropic_type}: body {e.body!r}")
+        got = (body.get("error") or {}).get("type")
+        require(got == anthropic_type, f"{anthropic_type}: error.type {got!r}")
+        code = e.response.headers.get("x-tidegate-error")
+        require(code, f"{anthropic_type}: no x-tidegate-error header")
+        return {"exception": type(e).__name__, "type": got, "code": code}
+    raise CheckFailed(f"{anthropic_type}: the call did not raise {expected.__name__}")
+
+
+def error_checks(args, origin):
+    """The --errors checks, as (name, check, client) like the others; each check ignores
+    the (client, model, expect_echo) it is called with."""
+    oa = openai.OpenAI(
+        base_url=origin + "/v1", api_key=args.api_key, max_retries=0, timeout=TIMEOUT_S
+    )
+    wrong = anthropic.Anthropic(
+        base_url=origin, api_key="not-" + args.api_key, max_retries=0, timeout=TIMEOUT_S
+    )
+    an = anthropic.Anthropic(
+        base_url=origin, api_key=args.api_key, max_retries=0, timeout=TIMEOUT_S
+    )
+    checks = [
+        ("openai_retrieve", lambda *_: openai_retrieve(oa, args.model), None),
+        (
+            "anthropic_authentication_error",
+            lambda *_: anthropic_error(
+                wrong, args.anthropic_model, anthropic.AuthenticationError, "authentication_error"
+            ),
+            None,
+        ),
+    ]
+    if args.cooling_model:
+        checks.append((
+            "anthropic_rate_limit_error",
+            lambda *_: anthropic_error(
+                an, args.cooling_model, anthropic.RateLimitError, "rate_limit_error"
+            ),
+            None,
+        ))
+    return checks
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base_url")
@@ -128,11 +199,17 @@ def main():
     parser.add_argument("--model", default="mock/echo")
     parser.add_argument("--only", choices=["openai", "anthropic"])
     parser.add_argument("--expect-echo", action="store_true")
+    parser.add_argument("--errors", action="store_true")
+    parser.add_argument("--anthropic-model")
+    parser.add_argument("--cooling-model")
     args = parser.parse_args()
 
     origin = args.base_url.rstrip("/")
     if origin.endswith("/v1"):
         origin = origin[: -len("/v1")]
+
+    if args.errors:
+        return run_checks(args, error_checks(args, origin))
 
     checks = []
     if args.only in (None, "openai"):
@@ -148,7 +225,10 @@ def main():
             ("anthropic_message", anthropic_message, an),
             ("anthropic_stream", anthropic_stream, an),
         ]
+    return run_checks(args, checks)
 
+
+def run_checks(args, checks):
     results = {
         "ok": True,
         "sdk": {"openai": openai.__version__, "anthropic": anthropic.__version__},
