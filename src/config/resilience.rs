@@ -470,13 +470,6 @@ pub const NOT_ACTIVE_YET: &[&str] = &[
     "token_refresh_breaker",
     "credential_health_check",
     "stream_recovery",
-    // Only `max_cooldown_ms` of `[resilience.model_lockout]` is read (it caps cooldowns);
-    // the rest configure the combo-path lockout, which nothing records yet.
-    "model_lockout.enabled",
-    "model_lockout.error_codes",
-    "model_lockout.base_cooldown_ms",
-    "model_lockout.max_backoff_steps",
-    "model_lockout.use_exponential_backoff",
 ];
 
 /// The warning of a [`NOT_ACTIVE_YET`] path.

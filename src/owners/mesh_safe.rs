@@ -30,13 +30,14 @@ impl MeshSafe for LastError {}
 mod health {
     use crate::mesh_safe;
     use crate::owners::health::protocol::{
-        Ended, Fact, Outcome, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+        ComboAttempt, Ended, Fact, Outcome, ProviderReport, Reply, Request, TrackerView, Verdict,
+        View,
     };
     use crate::resilience::FallbackDecision;
     use crate::resilience::lockout::{KeyModel, LockKey, LockUpdate};
     use crate::resilience::tracker::TrackerKey;
 
-    mesh_safe!(copy: Reply, ProviderReport, TrackerKey, TrackerView);
+    mesh_safe!(copy: Reply, ProviderReport, TrackerKey, TrackerView, ComboAttempt);
     mesh_safe!(enum View {
         Breaker { key, view },
         Connection { connection, view },

@@ -18,7 +18,7 @@ use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, peek};
-use crate::config::ConnectionId;
+use crate::config::{ConnectionId, ProviderId};
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
@@ -26,14 +26,14 @@ use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Shard;
 use crate::owners::health::client::{ProbePermits, report};
-use crate::owners::health::protocol::{Ended, Verdict};
+use crate::owners::health::protocol::{ComboAttempt, Ended, Verdict};
 use crate::owners::{gates, queue, quota_share};
 use crate::providers::Endpoint;
-use crate::resilience::OwnedHeaders;
 use crate::resilience::backoff::retry_after_header;
 use crate::resilience::breaker::{Failure, circuit_open_response};
 use crate::resilience::classify::parse_error_body;
 use crate::resilience::restate::apply_status_restatement;
+use crate::resilience::{OwnedHeaders, RuleScope};
 use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
 
@@ -111,13 +111,22 @@ pub async fn run(
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut attempts = 0usize;
-    for (target, connection) in &plan.candidates {
+    let mut exhausted = Exhausted::default();
+    for (i, (target, connection)) in plan.candidates.iter().enumerate() {
+        if exhausted.rules_out(target.provider, *connection) {
+            continue;
+        }
+        let combo = plan.combo.map(|_| ComboAttempt {
+            next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
+        });
         let end = attempt(
             shard,
             &request,
             target,
             *connection,
+            combo,
             &mut attempts,
+            &mut exhausted,
             &mut downstream,
         )
         .await;
@@ -162,6 +171,44 @@ async fn order_available<'s>(
     ticket
 }
 
+/// The provider of the first candidate after `i` whose target differs from candidate `i`'s
+/// (the combo's next target), if any.
+fn next_target_provider(candidates: &[(Target, ConnectionId)], i: usize) -> Option<ProviderId> {
+    let (target, _) = candidates.get(i)?;
+    candidates
+        .iter()
+        .skip(i + 1)
+        .find(|(t, _)| t != target)
+        .map(|(t, _)| t.provider)
+}
+
+/// What rule-scoped failures ruled out for the rest of one request (A §6.3): a failure whose
+/// provider rule is scoped to the provider excludes every connection of that provider (for
+/// every target); one scoped to the connection excludes that connection.
+#[derive(Debug, Default)]
+struct Exhausted {
+    providers: Vec<ProviderId>,
+    connections: Vec<ConnectionId>,
+}
+
+impl Exhausted {
+    fn note(&mut self, scope: Option<RuleScope>, provider: ProviderId, connection: ConnectionId) {
+        match scope {
+            Some(RuleScope::Provider) if !self.providers.contains(&provider) => {
+                self.providers.push(provider);
+            }
+            Some(RuleScope::Connection) if !self.connections.contains(&connection) => {
+                self.connections.push(connection);
+            }
+            Some(RuleScope::Provider | RuleScope::Connection | RuleScope::Model) | None => {}
+        }
+    }
+
+    fn rules_out(&self, provider: ProviderId, connection: ConnectionId) -> bool {
+        self.providers.contains(&provider) || self.connections.contains(&connection)
+    }
+}
+
 /// Reports an attempt's outcome to the owners exactly once: [`Attempted::end`] consumes
 /// it. An attempt dropped before its end (its future cancelled with the client) counts as
 /// a client abort: its probe permits go back when they drop, nothing counts against the
@@ -170,8 +217,9 @@ struct Attempted<'s> {
     shard: &'s Shard,
     target: &'s Target,
     connection: ConnectionId,
-    /// A combo target (its failures feed the provider cooldown tracker).
-    combo: bool,
+    /// A combo target (the owners apply the combo path's rules; its failures feed the
+    /// provider cooldown tracker).
+    combo: Option<ComboAttempt>,
     permits: Option<ProbePermits<'s>>,
 }
 
@@ -220,19 +268,21 @@ impl<'s> Attempted<'s> {
     }
 }
 
-/// One attempt on `(target, connection)`.
+/// One attempt on `(target, connection)`; `combo` when it is for a combo's target.
+#[allow(clippy::too_many_arguments)]
 async fn attempt(
     shard: &Shard,
     req: &Request<'_>,
     target: &Target,
     connection: ConnectionId,
+    combo: Option<ComboAttempt>,
     attempts: &mut usize,
+    exhausted: &mut Exhausted,
     down: &mut Downstream<'_>,
 ) -> AttemptEnd {
     let config = shard.config();
     // Select: the local views, and a half-open breaker's probe permit from its owner.
-    let combo = req.plan.combo.is_some();
-    let permits = match select::admit(shard, target, connection, combo).await {
+    let permits = match select::admit(shard, target, connection, combo.is_some()).await {
         Admit::Yes(p) => p,
         Admit::No(e) => return AttemptEnd::Skipped(e),
         Admit::Failed(e) => return AttemptEnd::MoveOn(LastFailure::Gateway(e)),
@@ -332,6 +382,7 @@ async fn attempt(
             };
         up.finish(shard);
         let verdict = classify_answer(shard, &attempted, &mut buffered);
+        exhausted.note(verdict.decision.rule_scope, target.provider, connection);
         if let Some(g) = &gate
             && let Some(ms) = gate_block_ms(config, connection, verdict.status, &verdict.decision)
         {

@@ -9,7 +9,9 @@ use crate::resilience::breaker::{BreakerKey, Failure, ProbeTicket};
 use crate::shard::call::CallError;
 
 use super::Health;
-use super::protocol::{Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request};
+use super::protocol::{
+    ComboAttempt, Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request,
+};
 use crate::owners::Shard;
 
 /// How long a shard waits for an owner's probe answer.
@@ -96,13 +98,14 @@ impl Drop for ProbePermits<'_> {
 /// changed, so the next request — from this client or any other — routes on them;
 /// successes and aborts are only sent, and a success on a connection with no state
 /// anywhere is not news (it costs no cross-core message). `combo`: the attempt was a
-/// combo target (its failures feed the provider cooldown tracker).
+/// combo target (the owners apply the combo path's rules; its failures feed the provider
+/// cooldown tracker).
 pub async fn report(
     shard: &Shard,
     provider: ProviderId,
     connection: ConnectionId,
     model: &str,
-    combo: bool,
+    combo: Option<ComboAttempt>,
     mut permits: ProbePermits<'_>,
     ended: Ended,
 ) {
@@ -127,7 +130,7 @@ pub async fn report(
             } else {
                 v.breaker
             };
-            (f.is_network() || provider_probe.is_some() || (combo && f.counts()))
+            (f.is_network() || provider_probe.is_some() || (combo.is_some() && f.counts()))
                 .then_some(ProviderEnded::Failed(f))
         }
         Ended::StreamStall | Ended::ClientAbort => None,
@@ -159,7 +162,7 @@ pub async fn report(
                 provider,
                 ended,
                 probe: provider_probe,
-                combo,
+                combo: combo.is_some(),
             };
             if wait_for_owner {
                 let _ = shard

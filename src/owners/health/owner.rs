@@ -8,17 +8,17 @@ use std::collections::HashMap;
 use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
 use crate::mesh::placement::owner_of;
-use crate::resilience::Reason;
 use crate::resilience::breaker::{
-    Admission, BreakerKey, BreakerSettings, BreakerTable, Transition as BreakerTransition,
+    Admission, BreakerKey, BreakerSettings, BreakerTable, Failure, Transition as BreakerTransition,
 };
 use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
     ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect, MarkOptions, Routability,
 };
 use crate::resilience::egress::{FailingConnection, SiblingView, egress_siblings};
-use crate::resilience::lockout::{LockoutTable, SWEEP_INTERVAL_MS};
+use crate::resilience::lockout::{FailureRecord, LockoutTable, SWEEP_INTERVAL_MS, lockout_applies};
 use crate::resilience::tracker::{CooldownTracker, TrackerKey};
+use crate::resilience::{FallbackDecision, Reason};
 use crate::shard::HOUSEKEEPING_MS;
 use crate::shard::call::CallId;
 
@@ -262,7 +262,7 @@ impl Health {
                 // (`clearModelLock`, A §4.6), so the next failure starts from the base
                 // again; a combo success halves them (`decayModelFailureCount`).
                 let family = provider.quirks.quota_family;
-                if o.combo {
+                if o.combo.is_some() {
                     self.lockouts
                         .decay(&provider.name, family, Some(o.connection), &o.model, now);
                 } else {
@@ -337,6 +337,10 @@ impl Health {
             }
             .ms_until_next(now.wall_ms)
         });
+        // A combo does not persist a transient failure as the connection's cooldown
+        // (`persistUnavailableState = false`, A §3.5): the model is locked on the connection
+        // instead, so the combo's other targets on it are still tried.
+        options.persist = !(o.combo.is_some() && v.is_transient());
         let policy = ConnectionPolicy::from_settings(&config.resilience, auth);
         let marked =
             self.connections
@@ -345,6 +349,9 @@ impl Health {
         // `modelLockout.enabled` (A §4.5); only combo lockouts are gated by it.
         if let Some(cmd) = &marked.decision.lockout {
             self.lockouts.apply(cmd, now);
+        }
+        if o.combo.is_some() {
+            self.combo_lockout(config, o, v, &decision, now);
         }
         if let Some(t) = marked.transition.filter(|t| t.view_changed) {
             cx.view(View::Connection {
@@ -359,15 +366,22 @@ impl Health {
         // The breaker: connection-scoped unless it is a network error, which the asking
         // shard reports to the provider's owner.
         let key = BreakerKey::for_failure(o.provider, Some(o.connection), v.breaker);
-        if decision.skip_provider_breaker {
+        // A combo target whose next target is the same provider is not a breaker failure
+        // (A §1.6); a half-open probe's outcome still settles its breaker.
+        let same_provider_next = o.combo.is_some_and(|c| c.next_same_provider) && o.probe.is_none();
+        if decision.skip_provider_breaker || same_provider_next {
             self.release_probe(cx, conn_key, o);
         } else if key == conn_key {
-            // The direct (single-model) path counts every failure; the table's 5 s
-            // per-connection dedupe belongs to the combo path (A §1.6 path 4).
-            let t = self
-                .breakers
-                .get_or_create(key, auth)
-                .on_failure(now, v.breaker, o.probe);
+            let t = match o.combo {
+                // The combo path: at most one failure per connection per 5 s (the table's
+                // dedupe, A §1.6 path 4).
+                Some(_) => self.breakers.on_failure(now, key, auth, v.breaker, o.probe),
+                // The direct (single-model) path counts every failure.
+                None => self
+                    .breakers
+                    .get_or_create(key, auth)
+                    .on_failure(now, v.breaker, o.probe),
+            };
             match t {
                 Some(t) => breaker_view(cx, key, Some(t)),
                 // No transition, but shards learn this breaker has counts to decay: from
@@ -383,11 +397,51 @@ impl Health {
         if let Some(until_ms) = egress_until {
             self.egress(cx, o, until_ms, decision.reason, now);
         }
-        if o.combo && v.breaker.counts() && !decision.skip_provider_breaker {
+        if o.combo.is_some() && v.breaker.counts() && !decision.skip_provider_breaker {
             let track = TrackerKey::Connection(o.provider, o.connection);
             self.tracker.record_failure(now, track, auth);
             self.sync_tracker(cx, track);
         }
+    }
+
+    /// A combo target's model lockout (A §4.5), when `model_lockout.enabled` and the status
+    /// is one of its `error_codes`: escalating from `base_cooldown_ms`, or the upstream's
+    /// hint when it is longer, capped by `max_cooldown_ms`. Every (target, connection) pair
+    /// is tried at most once per request, so each failure is its target's first attempt.
+    fn combo_lockout(
+        &mut self,
+        config: &Config,
+        o: &Outcome,
+        v: &Verdict,
+        d: &FallbackDecision,
+        now: Now,
+    ) {
+        let settings = &config.resilience.model_lockout;
+        if !lockout_applies(settings, v.status) || v.breaker == Failure::RequestScoped {
+            return;
+        }
+        let provider = config.provider(o.provider);
+        let hint_ms = if d.used_upstream_retry_hint {
+            d.cooldown_ms
+        } else {
+            d.quota_reset_hint_ms.unwrap_or(0)
+        };
+        let reset_timeout_ms = config
+            .resilience
+            .provider_breaker
+            .get(provider.auth)
+            .reset_timeout_ms;
+        let record = FailureRecord::combo(
+            &provider.name,
+            provider.quirks.quota_family,
+            Some(o.connection),
+            &o.model,
+            v.status,
+            hint_ms,
+            settings,
+            reset_timeout_ms,
+        );
+        self.lockouts.record_failure(&record, now);
     }
 
     /// The egress lock cooled the failing connection until `until_ms`: every sibling

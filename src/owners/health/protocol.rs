@@ -13,7 +13,7 @@ use crate::resilience::connection::{
 };
 use crate::resilience::lockout::LockUpdate;
 use crate::resilience::tracker::TrackerKey;
-use crate::resilience::{FallbackDecision, Reason};
+use crate::resilience::{FallbackDecision, Reason, RuleScope};
 
 /// The `lastError` an owner records: sanitised, at most [`MAX_LAST_ERROR_BYTES`] bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +50,48 @@ impl Verdict {
     pub fn is_network(&self) -> bool {
         matches!(self.breaker, Failure::ConnectFailed)
     }
+
+    /// A transient failure: a rate limit, a capacity or server error (408, 5xx), a timeout
+    /// or a connect failure. Never a quota, auth, ban or credits verdict, nor a rule scoped
+    /// to the connection or the provider. A combo does not persist these as a connection
+    /// cooldown (`persistUnavailableState = false`, A §3.5): the model is locked on that
+    /// connection instead, and the combo's other targets keep using it.
+    pub fn is_transient(&self) -> bool {
+        let d = &self.decision;
+        if d.permanent || d.credits_exhausted || d.daily_quota_exhausted || self.credits_signal {
+            return false;
+        }
+        if matches!(
+            d.rule_scope,
+            Some(RuleScope::Connection | RuleScope::Provider)
+        ) {
+            return false;
+        }
+        if matches!(self.breaker, Failure::Timeout | Failure::ConnectFailed) {
+            return true;
+        }
+        match d.reason {
+            Reason::RateLimitExceeded | Reason::ServerError | Reason::ModelCapacity => true,
+            Reason::Unknown => self.status == 408 || self.status >= 500,
+            Reason::AuthError
+            | Reason::NetworkError
+            | Reason::QuotaExhausted
+            | Reason::ServiceNotRunning
+            | Reason::NotFound
+            | Reason::ExecutorContractViolation
+            | Reason::InvalidPreviousResponseBinding
+            | Reason::ProviderModelUnsupported => false,
+        }
+    }
+}
+
+/// An attempt made for a combo target: what the owner needs to apply the combo path's rules
+/// (A §1.6 path 4, §3.5 `persistUnavailableState`, §4.5 combo lockouts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComboAttempt {
+    /// The combo's next target (after this one's connections) is on the same provider: a
+    /// failure is then not a breaker failure (unless it is a network error).
+    pub next_same_provider: bool,
 }
 
 /// How an attempt ended.
@@ -75,8 +117,9 @@ pub struct Outcome {
     pub ended: Ended,
     /// The connection breaker's probe permit this attempt carried, if any.
     pub probe: Option<ProbeTicket>,
-    /// The attempt was a combo target: its failures feed the provider cooldown tracker.
-    pub combo: bool,
+    /// The attempt was for a combo's target (`None`: a direct request); its failures feed
+    /// the provider cooldown tracker.
+    pub combo: Option<ComboAttempt>,
 }
 
 /// How an attempt ended, as the provider's owner needs it.
