@@ -297,8 +297,10 @@ degradation_threshold = 1
 #[test]
 fn a_failure_is_not_counted_on_the_connection_breaker_when_the_next_target_is_the_same_provider() {
     let mock = MockUpstream::start();
+    // a fails (a breaker status), then b refuses the request itself (a 400 is relayed and
+    // is no breaker failure, nor a success that would lower the count).
     mock.on(CHAT, Reply::error(503, "overloaded"));
-    mock.on(CHAT, Reply::openai_chat("from b"));
+    mock.on(CHAT, Reply::error(400, "invalid value for 'temperature'"));
     mock.on(CHAT, Reply::error(503, "overloaded"));
     mock.on_always(CHAT, Reply::openai_chat("ok"));
     let gw = Gateway::start_with_env(
@@ -320,26 +322,26 @@ name = "duo"
 targets = ["p/a", "p/b"]
 {TWO_STRIKES}
 "#,
-            provider = provider("p", &mock.base_url(), &["a", "b", "c"]),
+            provider = provider("p", &mock.base_url(), &["a", "b", "c", "d"]),
         ),
         &[("TG_C1", "key-c1")],
     );
     let mut client = Client::connect(gw.addr());
     // a fails, b (same provider) is next: not a breaker failure.
     let r = ask(&mut client, "duo");
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 400, "b's answer is relayed: {}", r.text());
     assert_eq!(attempts(&r), "2");
-    // A direct failure always counts: the first one here.
+    // A direct failure always counts: the first one here, below the threshold of 2.
     assert_eq!(ask(&mut client, "p/c").status, 503);
     // c1's breaker is still closed.
-    let r = ask(&mut client, "p/b");
+    let r = ask(&mut client, "p/d");
     assert_eq!(
         r.status,
         200,
         "the breaker counted the combo failure: {}",
         r.text()
     );
-    assert_eq!(models_seen(&mock), ["a", "b", "c", "b"]);
+    assert_eq!(models_seen(&mock), ["a", "b", "c", "d"]);
 }
 
 #[test]

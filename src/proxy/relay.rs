@@ -639,3 +639,53 @@ fn exclusion_error(shard: &Shard, plan: &Plan, excluded: &[Excluded]) -> Gateway
     }
     err
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(provider: u16, model: &str) -> Target {
+        Target {
+            provider: ProviderId(provider),
+            model: model.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_next_target_is_the_first_candidate_of_another_target() {
+        let c = |i| ConnectionId(i);
+        let candidates = vec![
+            (t(0, "a"), c(0)),
+            (t(0, "a"), c(1)),
+            (t(0, "b"), c(0)),
+            (t(1, "x"), c(2)),
+        ];
+        let next: Vec<Option<ProviderId>> = (0..5)
+            .map(|i| next_target_provider(&candidates, i))
+            .collect();
+        assert_eq!(
+            next,
+            vec![
+                Some(ProviderId(0)),
+                Some(ProviderId(0)),
+                Some(ProviderId(1)),
+                None,
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn rule_scopes_rule_out_a_provider_or_a_connection() {
+        let mut e = Exhausted::default();
+        e.note(Some(RuleScope::Model), ProviderId(0), ConnectionId(0));
+        e.note(None, ProviderId(0), ConnectionId(0));
+        assert!(!e.rules_out(ProviderId(0), ConnectionId(0)));
+        e.note(Some(RuleScope::Connection), ProviderId(0), ConnectionId(1));
+        assert!(e.rules_out(ProviderId(0), ConnectionId(1)));
+        assert!(!e.rules_out(ProviderId(0), ConnectionId(2)));
+        e.note(Some(RuleScope::Provider), ProviderId(1), ConnectionId(3));
+        assert!(e.rules_out(ProviderId(1), ConnectionId(4)));
+        assert!(!e.rules_out(ProviderId(2), ConnectionId(4)));
+    }
+}

@@ -657,4 +657,116 @@ mod tests {
             .collect();
         assert_eq!(per_model, vec![true, false, true, true]);
     }
+
+    mod combo {
+        use super::*;
+        use crate::clock::{Clock, ManualClock};
+        use crate::config::ConnectionId;
+        use crate::owners::health::protocol::{ComboAttempt, LastError};
+        use crate::owners::health::views::Views;
+        use crate::resilience::Reason;
+        use crate::resilience::connection::ProviderErrorType;
+
+        const TOML: &str = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                            [[connections]]\nid = \"c\"\nprovider = \"p\"\n\
+                            [resilience.model_lockout]\nenabled = true\nbase_cooldown_ms = 60000\n";
+
+        fn failed(status: u16, reason: Reason) -> Verdict {
+            Verdict {
+                status,
+                decision: FallbackDecision::new(true, 3_000, reason),
+                breaker: Failure::Status(status),
+                error_type: None,
+                credits_signal: false,
+                last_error: LastError::new("failed"),
+            }
+        }
+
+        fn outcome(v: Verdict, combo: Option<ComboAttempt>) -> Outcome {
+            Outcome {
+                provider: ProviderId(0),
+                connection: ConnectionId(0),
+                model: "a".to_owned(),
+                ended: Ended::Failed(Box::new(v)),
+                probe: None,
+                combo,
+            }
+        }
+
+        /// Applies one outcome; returns (connection cooling?, model locked?, breaker count).
+        fn apply(o: &Outcome) -> (bool, bool, u32) {
+            let config = crate::config::load_str(TOML, &|_| None).unwrap().config;
+            let views = Views::default();
+            let now = ManualClock::new(1_000_000).now();
+            let mut health = Health::new(&config);
+            let mut cx = Cx::detached(&config, &views, now, 2);
+            health.fact(&mut cx, Fact::Outcome(Box::new(o.clone())));
+            let cooling = !matches!(
+                health.connections.view(ConnectionId(0)).routability(now),
+                Routability::Routable
+            );
+            let locked = health
+                .lockouts
+                .is_locked("p", Some(ConnectionId(0)), "a", now);
+            let count = health
+                .breakers
+                .get(BreakerKey::Connection(ConnectionId(0)))
+                .map_or(0, |b| b.failure_count());
+            (cooling, locked, count)
+        }
+
+        #[test]
+        fn a_direct_transient_failure_cools_the_connection() {
+            let v = failed(503, Reason::ServerError);
+            assert!(v.is_transient());
+            assert_eq!(apply(&outcome(v, None)), (true, false, 1));
+        }
+
+        #[test]
+        fn a_combo_transient_failure_locks_the_model_and_keeps_the_connection() {
+            let next_other = Some(ComboAttempt {
+                next_same_provider: false,
+            });
+            assert_eq!(
+                apply(&outcome(failed(503, Reason::ServerError), next_other)),
+                (false, true, 1)
+            );
+            let next_same = Some(ComboAttempt {
+                next_same_provider: true,
+            });
+            assert_eq!(
+                apply(&outcome(failed(503, Reason::ServerError), next_same)),
+                (false, true, 0),
+                "not a breaker failure when the next target is the same provider"
+            );
+        }
+
+        #[test]
+        fn a_combo_failure_that_is_not_transient_still_cools_the_connection() {
+            let mut v = failed(401, Reason::AuthError);
+            v.error_type = Some(ProviderErrorType::Unauthorized);
+            assert!(!v.is_transient());
+            let combo = Some(ComboAttempt {
+                next_same_provider: false,
+            });
+            let (cooling_or_terminal, _, _) = apply(&outcome(v, combo));
+            assert!(cooling_or_terminal);
+        }
+
+        #[test]
+        fn quota_and_credit_verdicts_are_not_transient() {
+            let v = failed(429, Reason::RateLimitExceeded);
+            assert!(v.is_transient());
+            assert!(!failed(429, Reason::QuotaExhausted).is_transient());
+            assert!(!failed(400, Reason::Unknown).is_transient());
+            let mut v = failed(503, Reason::ServerError);
+            v.credits_signal = true;
+            assert!(!v.is_transient());
+            let mut v = failed(503, Reason::ServerError);
+            v.decision.rule_scope = Some(crate::resilience::RuleScope::Provider);
+            assert!(!v.is_transient());
+            v.decision.rule_scope = Some(crate::resilience::RuleScope::Model);
+            assert!(v.is_transient());
+        }
+    }
 }
