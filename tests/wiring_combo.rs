@@ -206,6 +206,70 @@ targets = ["p/a", "p/b"]
     assert_eq!(other.hits(CHAT), 0);
 }
 
+#[test]
+fn a_lock_on_one_shards_connection_routes_the_next_request_to_the_other_shards_target() {
+    // c0 (connection 0) is owned by shard 0, d2 (connection 2) by shard 1.
+    let p_mock = MockUpstream::start();
+    let q_mock = MockUpstream::start();
+    p_mock.on(CHAT, Reply::error(502, "bad gateway"));
+    p_mock.on_always(CHAT, Reply::openai_chat("from p"));
+    q_mock.on_always(CHAT, Reply::openai_chat("from q"));
+    let gw = Gateway::start_with_env(
+        &format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+{p}{q}
+[[connections]]
+id = "c0"
+provider = "p"
+api_key_env = "TG_C0"
+
+[[connections]]
+id = "pad"
+provider = "q"
+priority = 9
+api_key_env = "TG_PAD"
+
+[[connections]]
+id = "d2"
+provider = "q"
+priority = 1
+api_key_env = "TG_D2"
+
+[[combos]]
+name = "split"
+targets = ["p/a", "q/x"]
+{LONG_TRANSIENT}
+"#,
+            p = provider("p", &p_mock.base_url(), &["a", "b"]),
+            q = provider("q", &q_mock.base_url(), &["x"]),
+        ),
+        &[
+            ("TG_C0", "key-c0"),
+            ("TG_PAD", "key-pad"),
+            ("TG_D2", "key-d2"),
+        ],
+    );
+    let mut client = Client::connect(gw.addr());
+    let r = ask(&mut client, "split");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "d2");
+    assert_eq!(attempts(&r), "2");
+    for n in 0..3 {
+        let r = ask(&mut client, "split");
+        assert_eq!(served_by(&r), "d2", "request {n}: {}", r.text());
+        assert_eq!(attempts(&r), "1", "request {n}: a is locked on c0");
+    }
+    // Only the model is out: c0 still serves p's other model.
+    let r = ask(&mut client, "p/b");
+    assert_eq!(r.status, 200, "c0 was cooled: {}", r.text());
+    assert_eq!(served_by(&r), "c0");
+    assert_eq!(models_seen(&p_mock), ["a", "b"]);
+}
+
 // ---------------------------------------------------------------------------------------
 // Item 17: combo model lockouts
 
