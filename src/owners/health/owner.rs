@@ -767,6 +767,12 @@ mod tests {
             assert!(!v.is_transient());
             v.decision.rule_scope = Some(crate::resilience::RuleScope::Model);
             assert!(v.is_transient());
+            let mut v = failed(502, Reason::NetworkError);
+            v.breaker = Failure::ConnectFailed;
+            assert!(!v.is_transient(), "a down host is down for every model");
+            let mut v = failed(504, Reason::ServerError);
+            v.breaker = Failure::Timeout;
+            assert!(v.is_transient());
         }
     }
 }

@@ -51,11 +51,12 @@ impl Verdict {
         matches!(self.breaker, Failure::ConnectFailed)
     }
 
-    /// A transient failure: a rate limit, a capacity or server error (408, 5xx), a timeout
-    /// or a connect failure. Never a quota, auth, ban or credits verdict, nor a rule scoped
-    /// to the connection or the provider. A combo does not persist these as a connection
-    /// cooldown (`persistUnavailableState = false`, A §3.5): the model is locked on that
-    /// connection instead, and the combo's other targets keep using it.
+    /// A transient failure: a rate limit, a capacity or server error (408, 5xx) or a
+    /// timeout. Never a quota, auth, ban or credits verdict, a rule scoped to the connection
+    /// or the provider, nor a connect failure (the host is down for every model). A combo
+    /// does not persist these as a connection cooldown (`persistUnavailableState = false`,
+    /// A §3.5): the model is locked on that connection instead, and the combo's other
+    /// targets keep using it.
     pub fn is_transient(&self) -> bool {
         let d = &self.decision;
         if d.permanent || d.credits_exhausted || d.daily_quota_exhausted || self.credits_signal {
@@ -67,8 +68,13 @@ impl Verdict {
         ) {
             return false;
         }
-        if matches!(self.breaker, Failure::Timeout | Failure::ConnectFailed) {
-            return true;
+        match self.breaker {
+            Failure::ConnectFailed => return false,
+            Failure::Timeout => return true,
+            Failure::Status(_)
+            | Failure::ClientAbort
+            | Failure::LocalLimit
+            | Failure::RequestScoped => {}
         }
         match d.reason {
             Reason::RateLimitExceeded | Reason::ServerError | Reason::ModelCapacity => true,
