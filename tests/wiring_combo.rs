@@ -132,6 +132,45 @@ targets = ["p/a", "p/b"]
 }
 
 #[test]
+fn a_connection_that_never_cools_takes_no_transient_model_lock_either() {
+    let mock = MockUpstream::start();
+    mock.on(CHAT, Reply::error(500, "internal error"));
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = Gateway::start_with_env(
+        &format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+{provider}
+[[connections]]
+id = "c1"
+provider = "p"
+disable_cooling = true
+api_key_env = "TG_C1"
+
+[[combos]]
+name = "duo"
+targets = ["p/a", "p/b"]
+{LONG_TRANSIENT}
+"#,
+            provider = provider("p", &mock.base_url(), &["a", "b"]),
+        ),
+        &[("TG_C1", "key-c1")],
+    );
+    let mut client = Client::connect(gw.addr());
+    let r = ask(&mut client, "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(attempts(&r), "2");
+    // a is tried again at once: nothing cooled, nothing locked.
+    let r = ask(&mut client, "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(attempts(&r), "1");
+    assert_eq!(models_seen(&mock), ["a", "b", "a"]);
+}
+
+#[test]
 fn the_lock_holds_for_both_connections_when_their_owners_are_different_shards() {
     // Connection ids are dense in file order; with two shards, connection 0 is owned by
     // shard 0 and connection 2 by shard 1 (`mix64(DOMAIN_CONNECTION | id) % 2`).

@@ -55,6 +55,10 @@
 //! * **Terminal verdicts, expired strikes and request-rejected rungs are written even with
 //!   `persist = false`** (combo callers pass it for transient failures only; these are not
 //!   transient).
+//! * **`disable_cooling` also suppresses the model lock of a non-persisted failure**: that
+//!   lock is the transient cooldown moved from the connection to the model (step 22 locks
+//!   regardless); a connection that must never cool for transient failures does not cool
+//!   its models for them either. Per-model-quota locks and combo lockouts still apply.
 //! * **A network failure on a per-model provider cools the connection** (step 13 would
 //!   lock the model): DNS, connect and TLS failures are about the host, and every model
 //!   behind it is as unreachable.
@@ -945,9 +949,12 @@ pub fn mark_unavailable(
         ..Change::default()
     };
     if !o.persist {
+        // The non-persisted cooldown is the same transient cooldown in another unit (the
+        // model on this connection), so `disable_cooling` suppresses it too.
         let mut out = MarkDecision::write(cooldown_ms, MarkEffect::ErrorRecorded, change);
         if let Some(m) = model
             && cooldown_ms > 0
+            && !o.disable_cooling
         {
             out = out.with_lock(
                 LockoutCommand::Lock(LockRecord {
