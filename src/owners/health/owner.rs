@@ -705,9 +705,13 @@ mod tests {
                 health.connections.view(ConnectionId(0)).routability(now),
                 Routability::Routable
             );
-            let locked = health
-                .lockouts
-                .is_locked("p", Some(ConnectionId(0)), "a", now);
+            let locked = health.lockouts.is_locked(
+                "p",
+                crate::config::kinds::QuotaFamily::Model,
+                Some(ConnectionId(0)),
+                "a",
+                now,
+            );
             let count = health
                 .breakers
                 .get(BreakerKey::Connection(ConnectionId(0)))
