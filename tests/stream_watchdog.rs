@@ -262,10 +262,10 @@ fn pings_and_comments_alone_are_a_stall_and_do_not_cool_the_connection() {
             resp.header("x-tidegate-error"),
             Some("stream_content_stall")
         );
-        let want = serde_json::json!({"error": {
+        // `/v1/messages`: Anthropic's error shape and type name (the code is in the header).
+        let want = serde_json::json!({"type": "error", "error": {
             "message": format!("stream content stall: no model output within {STALL_MS}ms (lifecycle/heartbeat events only)"),
-            "type": "stream_error",
-            "code": "stream_content_stall",
+            "type": "api_error",
         }});
         assert_eq!(resp.text(), want.to_string());
         assert!(took < Duration::from_millis(1_800), "{took:?}");
@@ -311,7 +311,7 @@ fn pings_after_the_first_tokens_do_not_keep_an_anthropic_stream_alive() {
     // Some pings were relayed (as they came) before the budget ran out, then the
     // Anthropic-shaped error event ends it.
     let error = serde_json::json!({"type": "error", "error": {
-        "type": "stream_error",
+        "type": "api_error",
         "message": format!("stream content stall: no model output for {STALL_MS}ms"),
         "code": "stream_content_stall",
     }});
