@@ -5,9 +5,9 @@
 //! `min_time_between_requests_ms = 0` means no spacing while `max_concurrent` alone does not
 //! turn its request queue on; `RATE_LIMIT_AUTO_ENABLE` wins over the file.
 //!
-//! Item 9 (the queue wedge watchdog's heartbeat) needs a limiter older than 120 s: the binary
-//! has no manual clock and the threshold is not a setting, so it is shown on the queue owner's
-//! real handler with a driven clock (`owners::queue::owner` tests,
+//! Item 9 (the queue wedge watchdog's heartbeat) needs a limiter older than 120 s of wall
+//! time: it has its own test binary, `tests/queue_wedge.rs`, and an owner-level test with a
+//! driven clock (`owners::queue::owner` tests,
 //! `a_limiter_older_than_the_wedge_threshold_is_not_wedged_by_its_spacing`).
 
 #![allow(
