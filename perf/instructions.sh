@@ -14,39 +14,8 @@ N1=${1:-500}
 N2=${2:-2500}
 OUT=perf/out; mkdir -p "$OUT"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
-OHA=$(command -v oha || echo /opt/oha/bin/oha)
-[ -x "$OHA" ] || { cargo install oha --locked --root /opt/oha -q; OHA=/opt/oha/bin/oha; }
-cargo build --release --bins -q
-BIN=${CARGO_TARGET_DIR:-target}/release
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-MOCK_PORT=$((20000 + RANDOM % 20000))
-"$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/mock.log" 2>&1 &
-pids+=($!)
-
-cat > "$OUT/instr.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-pin_threads = false
-
-[[client_keys]]
-id = "perf"
-key = "perf-key"
-
-[[providers]]
-id = "perf"
-format = "openai"
-base_url = "http://127.0.0.1:$MOCK_PORT/v1"
-models = ["gpt-4o-mini"]
-
-[[connections]]
-id = "perf-1"
-provider = "perf"
-TOML
+. perf/common.sh
+write_config "$OUT/instr.toml" 1 false
 
 body='{"model":"perf/gpt-4o-mini","stream":false,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the load test in a few words please."}]}'
 

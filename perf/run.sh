@@ -8,41 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
 OUT=perf/out; mkdir -p "$OUT"
-command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-OHA=$(command -v oha || echo /opt/oha/bin/oha)
-[ -x "$OHA" ] || { cargo install oha --locked --root /opt/oha -q; OHA=/opt/oha/bin/oha; }
-RATE=${RATE:-4000}
-cargo build --release --bins -q
-BIN=${CARGO_TARGET_DIR:-target}/release
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-MOCK_PORT=$((20000 + RANDOM % 20000))
-"$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/mock.log" 2>&1 &
-pids+=($!)
-
-cat > "$OUT/perf.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-workers = ${TIDEGATE_WORKERS:-1}
-pin_threads = ${TIDEGATE_PIN:-true}
-
-[[client_keys]]
-id = "perf"
-key = "perf-key"
-
-[[providers]]
-id = "perf"
-format = "openai"
-base_url = "http://127.0.0.1:$MOCK_PORT/v1"
-models = ["gpt-4o-mini"]
-
-[[connections]]
-id = "perf-1"
-provider = "perf"
-TOML
+. perf/common.sh
+write_config "$OUT/perf.toml" "${TIDEGATE_WORKERS:-1}" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/perf.toml" > "$OUT/tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
 for _ in $(seq 100); do grep -q "listening on" "$OUT/tidegate.log" && break; sleep 0.1; done
