@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
 OUT=perf/out; mkdir -p "$OUT"
+RATE=${RATE:-4000}
 . perf/common.sh
 write_config "$OUT/perf.toml" "${TIDEGATE_WORKERS:-1}" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/perf.toml" > "$OUT/tidegate.log" 2>&1 &
