@@ -60,39 +60,7 @@ fn official_sdks_work_through_to_real_socket_upstreams() {
         "/v1/messages",
         Reply::anthropic_stream(&["hello ", "from ", "anthropic"]),
     );
-    let gw = Gateway::start(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-
-[[client_keys]]
-id = "sdk"
-key = "sdk-key"
-
-[[providers]]
-id = "oa"
-format = "openai"
-base_url = "{}"
-models = ["gpt-x"]
-
-[[providers]]
-id = "an"
-format = "anthropic"
-base_url = "{}"
-models = ["claude-x"]
-
-[[connections]]
-id = "oa-1"
-provider = "oa"
-
-[[connections]]
-id = "an-1"
-provider = "an"
-"#,
-        openai.base_url(),
-        anthropic.base_url()
-    ));
+    let gw = Gateway::start(&two_providers(&openai, &anthropic));
     let origin = format!("http://{}", gw.addr());
     let oa = run_sdk_client(
         &origin,
@@ -134,39 +102,7 @@ fn sdks_type_the_gateways_own_errors() {
         .header("retry-after", "60"),
     );
     let openai = MockUpstream::start();
-    let gw = Gateway::start(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-
-[[client_keys]]
-id = "sdk"
-key = "sdk-key"
-
-[[providers]]
-id = "oa"
-format = "openai"
-base_url = "{}"
-models = ["gpt-x"]
-
-[[providers]]
-id = "an"
-format = "anthropic"
-base_url = "{}"
-models = ["claude-x"]
-
-[[connections]]
-id = "oa-1"
-provider = "oa"
-
-[[connections]]
-id = "an-1"
-provider = "an"
-"#,
-        openai.base_url(),
-        anthropic.base_url()
-    ));
+    let gw = Gateway::start(&two_providers(&openai, &anthropic));
     let body =
         br#"{"model":"an/claude-x","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
     let ask = || {
@@ -213,4 +149,42 @@ provider = "an"
         "only the first call reached it"
     );
     assert_eq!(openai.requests().len(), 0);
+}
+
+/// One OpenAI-format provider `oa` (model `gpt-x`) and one Anthropic-format provider `an`
+/// (model `claude-x`), one connection each, client key `sdk-key`.
+fn two_providers(openai: &MockUpstream, anthropic: &MockUpstream) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[[client_keys]]
+id = "sdk"
+key = "sdk-key"
+
+[[providers]]
+id = "oa"
+format = "openai"
+base_url = "{}"
+models = ["gpt-x"]
+
+[[providers]]
+id = "an"
+format = "anthropic"
+base_url = "{}"
+models = ["claude-x"]
+
+[[connections]]
+id = "oa-1"
+provider = "oa"
+
+[[connections]]
+id = "an-1"
+provider = "an"
+"#,
+        openai.base_url(),
+        anthropic.base_url()
+    )
 }
