@@ -23,6 +23,28 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Waits until nothing listens on `port` any more. A killed io_uring process is reaped
+/// before the kernel tears its ring down, and the ring's pending accepts keep the listening
+/// socket alive for that moment.
+#[allow(clippy::disallowed_methods)] // a wall-clock bound on the wait
+fn wait_until_unbound(port: u16) {
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = std::time::Instant::now() + secs(10);
+    loop {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_reuse_address(true).unwrap();
+        if socket.bind(&addr.into()).is_ok() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "port {port} still listened on 10 s after the process exited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// `idle_ms` only makes two configs differ.
 fn config(port: u16, shared: bool, idle_ms: u64) -> String {
     format!(
@@ -89,6 +111,7 @@ fn a_second_instance_on_the_same_address_is_refused_even_with_another_config() {
     // Opting in on one side only is not enough, either way round.
     refused(&config(port, true, 30000));
     drop(first);
+    wait_until_unbound(port);
     let first = Gateway::start(&config(port, true, 60000));
     refused(&config(port, false, 30000));
     assert_eq!(echo(first.addr()), 200, "the first instance still serves");
