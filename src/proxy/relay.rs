@@ -110,10 +110,9 @@ pub async fn run(
     };
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
-    let mut attempts = 0usize;
-    let mut exhausted = Exhausted::default();
+    let mut walk = Walk::default();
     for (i, (target, connection)) in plan.candidates.iter().enumerate() {
-        if exhausted.rules_out(target.provider, *connection) {
+        if walk.exhausted.rules_out(target.provider, *connection) {
             continue;
         }
         let combo = plan.combo.map(|_| ComboAttempt {
@@ -125,8 +124,7 @@ pub async fn run(
             target,
             *connection,
             combo,
-            &mut attempts,
-            &mut exhausted,
+            &mut walk,
             &mut downstream,
         )
         .await;
@@ -140,7 +138,15 @@ pub async fn run(
             }
         }
     }
-    answer_last(shard, &plan, last, &excluded, attempts, &mut downstream).await
+    answer_last(
+        shard,
+        &plan,
+        last,
+        &excluded,
+        walk.attempts,
+        &mut downstream,
+    )
+    .await
 }
 
 /// Quota-share ordering over the candidates the local views let through now (spec B §3.1:
@@ -180,6 +186,14 @@ fn next_target_provider(candidates: &[(Target, ConnectionId)], i: usize) -> Opti
         .skip(i + 1)
         .find(|(t, _)| t != target)
         .map(|(t, _)| t.provider)
+}
+
+/// How far one request's walk over its candidates has come.
+#[derive(Debug, Default)]
+struct Walk {
+    /// Upstream attempts made so far.
+    attempts: usize,
+    exhausted: Exhausted,
 }
 
 /// What rule-scoped failures ruled out for the rest of one request (A §6.3): a failure whose
@@ -269,15 +283,13 @@ impl<'s> Attempted<'s> {
 }
 
 /// One attempt on `(target, connection)`; `combo` when it is for a combo's target.
-#[allow(clippy::too_many_arguments)]
 async fn attempt(
     shard: &Shard,
     req: &Request<'_>,
     target: &Target,
     connection: ConnectionId,
     combo: Option<ComboAttempt>,
-    attempts: &mut usize,
-    exhausted: &mut Exhausted,
+    walk: &mut Walk,
     down: &mut Downstream<'_>,
 ) -> AttemptEnd {
     let config = shard.config();
@@ -319,10 +331,10 @@ async fn attempt(
     let provider = config.provider(target.provider);
     let conn = config.connection(connection);
     bump(&shard.metrics().upstream_attempts);
-    if *attempts > 0 {
+    if walk.attempts > 0 {
         bump(&shard.metrics().upstream_failovers);
     }
-    *attempts += 1;
+    walk.attempts += 1;
     // Forward, within the execution budget when the connection has a request queue (spec
     // B §1.3: separate from the time spent queued).
     let body = if target.model == req.plan.peek.model {
@@ -382,7 +394,8 @@ async fn attempt(
             };
         up.finish(shard);
         let verdict = classify_answer(shard, &attempted, &mut buffered);
-        exhausted.note(verdict.decision.rule_scope, target.provider, connection);
+        walk.exhausted
+            .note(verdict.decision.rule_scope, target.provider, connection);
         if let Some(g) = &gate
             && let Some(ms) = gate_block_ms(config, connection, verdict.status, &verdict.decision)
         {
@@ -394,8 +407,14 @@ async fn attempt(
         if move_on {
             return AttemptEnd::MoveOn(LastFailure::Upstream(Box::new(buffered)));
         }
-        let after =
-            stream::relay_buffered(shard, &buffered, *attempts, down.client, down.keep_alive).await;
+        let after = stream::relay_buffered(
+            shard,
+            &buffered,
+            walk.attempts,
+            down.client,
+            down.keep_alive,
+        )
+        .await;
         return AttemptEnd::Done(after);
     }
     if let Some(q) = queue_slot.as_mut() {
@@ -426,7 +445,7 @@ async fn attempt(
         first,
         provider,
         conn,
-        *attempts,
+        walk.attempts,
         down.client,
         down.keep_alive,
         req.budgets.idle,
