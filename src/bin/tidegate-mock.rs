@@ -12,7 +12,69 @@ use clap::Parser;
 use mimalloc::MiMalloc;
 use monoio::net::TcpStream;
 
-use tidegate::http1::{self, BodyDecoder, BodyEvent, Decoded, Framing};
+// The unreachable-code check (scripts/check-dead-code) also builds this binary with
+// `--cfg tidegate_reach`, the library's modules compiled in; an item counts as unreachable
+// only when neither binary reaches it. The list must equal lib.rs's.
+#[cfg(tidegate_reach)]
+use crate as tidegate;
+#[cfg(tidegate_reach)]
+#[path = "../admin/mod.rs"]
+mod admin;
+#[cfg(tidegate_reach)]
+#[path = "../auth/mod.rs"]
+mod auth;
+#[cfg(tidegate_reach)]
+#[path = "../clock.rs"]
+mod clock;
+#[cfg(tidegate_reach)]
+#[path = "../config/mod.rs"]
+mod config;
+#[cfg(tidegate_reach)]
+#[path = "../error.rs"]
+mod error;
+#[cfg(tidegate_reach)]
+#[path = "../flow/mod.rs"]
+mod flow;
+#[cfg(tidegate_reach)]
+#[path = "../http1/mod.rs"]
+mod http1;
+#[cfg(tidegate_reach)]
+#[path = "../mesh/mod.rs"]
+mod mesh;
+#[cfg(tidegate_reach)]
+#[path = "../net/mod.rs"]
+mod net;
+#[cfg(tidegate_reach)]
+#[path = "../notify.rs"]
+mod notify;
+#[cfg(tidegate_reach)]
+#[path = "../owners/mod.rs"]
+mod owners;
+#[cfg(tidegate_reach)]
+#[path = "../providers/mod.rs"]
+mod providers;
+#[cfg(tidegate_reach)]
+#[path = "../proxy/mod.rs"]
+mod proxy;
+#[cfg(tidegate_reach)]
+#[path = "../resilience/mod.rs"]
+mod resilience;
+#[cfg(tidegate_reach)]
+#[path = "../routing/mod.rs"]
+mod routing;
+#[cfg(tidegate_reach)]
+#[path = "../server.rs"]
+mod server;
+#[cfg(tidegate_reach)]
+#[path = "../shard/mod.rs"]
+mod shard;
+#[cfg(tidegate_reach)]
+#[path = "../sse/mod.rs"]
+mod sse;
+
+#[cfg(not(tidegate_reach))]
+use tidegate::http1;
+use tidegate::http1::{BodyDecoder, BodyEvent, Decoded, Framing};
 use tidegate::net::io::{READ_BUF_BYTES, read_more, write_all};
 use tidegate::net::listener::bind_shards;
 use tidegate::providers::{Endpoint, mock};
