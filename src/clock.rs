@@ -3,10 +3,8 @@
 //! [`ManualClock`] instead of sleeping.
 #![allow(clippy::disallowed_methods)]
 
-use std::cell::Cell;
-use std::rc::Rc;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A point in time as both clocks see it: monotonic nanoseconds for deadlines that never
 /// leave the process, wall-clock milliseconds for anything persisted or shown to people.
@@ -50,24 +48,18 @@ impl Clock for MonoClock {
     }
 }
 
-impl MonoClock {
-    /// Converts a monotonic deadline (ns since the process epoch) into a std `Instant`,
-    /// for handing to the runtime's timers.
-    pub fn instant_at(mono_ns: u64) -> Instant {
-        process_epoch() + Duration::from_nanos(mono_ns)
-    }
-}
-
-/// A clock that only moves when told to. Cloning shares the same time.
+/// A clock that only moves when told to, for unit tests. Cloning shares the same time.
+#[cfg(test)]
 #[derive(Clone, Debug)]
 pub struct ManualClock {
-    now: Rc<Cell<Now>>,
+    now: std::rc::Rc<std::cell::Cell<Now>>,
 }
 
+#[cfg(test)]
 impl ManualClock {
     pub fn new(wall_ms: u64) -> Self {
         Self {
-            now: Rc::new(Cell::new(Now {
+            now: std::rc::Rc::new(std::cell::Cell::new(Now {
                 mono_ns: 0,
                 wall_ms,
             })),
@@ -75,10 +67,10 @@ impl ManualClock {
     }
 
     pub fn advance_ms(&self, ms: u64) {
-        self.advance(Duration::from_millis(ms));
+        self.advance(std::time::Duration::from_millis(ms));
     }
 
-    pub fn advance(&self, by: Duration) {
+    pub fn advance(&self, by: std::time::Duration) {
         let mut n = self.now.get();
         let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         n.mono_ns = n.mono_ns.saturating_add(ns);
@@ -87,6 +79,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for ManualClock {
     fn now(&self) -> Now {
         self.now.get()

@@ -6,17 +6,6 @@
 use std::borrow::Cow;
 use std::fmt;
 
-/// Where a failure originated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// The client sent something we refuse.
-    Downstream,
-    /// The upstream provider failed or misbehaved.
-    Upstream,
-    /// The gateway itself (configuration, capacity, shutdown).
-    Internal,
-}
-
 /// Whether the request may be retried on another target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Retry {
@@ -228,43 +217,6 @@ impl ErrorKind {
             503 => "overloaded_error",
             s if s >= 500 => "api_error",
             _ => "invalid_request_error",
-        }
-    }
-
-    pub fn side(self) -> Side {
-        match self {
-            ErrorKind::MalformedRequest
-            | ErrorKind::HeadTimeout
-            | ErrorKind::HeadTooLarge
-            | ErrorKind::BodyTooLarge
-            | ErrorKind::InvalidJson
-            | ErrorKind::MissingModel
-            | ErrorKind::UnsupportedTransferEncoding
-            | ErrorKind::Unauthorized
-            | ErrorKind::Forbidden
-            | ErrorKind::RouteNotFound
-            | ErrorKind::MethodNotAllowed
-            | ErrorKind::ModelNotFound
-            | ErrorKind::EndpointNotSupported => Side::Downstream,
-            ErrorKind::UpstreamConnect
-            | ErrorKind::UpstreamTimeout(_)
-            | ErrorKind::UpstreamProtocol
-            | ErrorKind::StreamContentStall => Side::Upstream,
-            ErrorKind::NoConnection
-            | ErrorKind::ProviderCircuitOpen
-            | ErrorKind::ModelCooldown
-            | ErrorKind::AllTargetsCoolingDown
-            | ErrorKind::AllConnectionsTerminal
-            | ErrorKind::UpstreamUnreachable
-            | ErrorKind::MeshUnavailable
-            | ErrorKind::SemaphoreTimeout
-            | ErrorKind::SemaphoreQueueFull
-            | ErrorKind::RateLimitQueueFull
-            | ErrorKind::RateLimitQueueTimeout
-            | ErrorKind::RateLimitExecutionTimeout
-            | ErrorKind::RateLimitQueueWedged
-            | ErrorKind::ShuttingDown
-            | ErrorKind::Internal => Side::Internal,
         }
     }
 

@@ -17,9 +17,10 @@ pub mod validate;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-pub use problem::Problem;
 pub use resilience::ResilienceSettings;
-pub use validate::{ConfigError, LoadOutcome, load_file, load_str};
+pub use validate::load_file;
+#[cfg_attr(tidegate_reach, allow(unused_imports))] // benches load inline configs
+pub use validate::load_str;
 
 /// Index of a provider in [`Config::providers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -30,21 +30,10 @@ pub mod learn;
 pub mod limiter;
 pub mod window;
 
-pub use learn::{
-    CapLearn, HeaderLearn, ResponseFacts, ResponseLearn, apply_response, learn_cap_from_body,
-    observe_headers, observe_response, observe_retry_hint, parse_reset_duration_ms,
-    requests_within_cap,
-};
-pub use limiter::{
-    ComboAdmission, Grant, KNOWN_COOLDOWN_DEFAULT_MS, LIMITER_IDLE_EVICT_MS, Limiter, LimiterTable,
-    Schedule, WEDGE_AFTER_MS, WaiterId,
-};
-pub use window::{
-    NVIDIA_DEFAULT_CONCURRENCY, NVIDIA_DEFAULT_RPM, PROVIDER_WINDOW_MS, ProviderWindow,
-    SlidingWindow, WindowDecision, provider_default_concurrency,
-};
+pub use learn::{ResponseFacts, apply_response};
+pub use limiter::{Grant, Limiter, LimiterTable, Schedule};
+pub use window::{ProviderWindow, SlidingWindow, WindowDecision, provider_default_concurrency};
 
-use crate::clock::Now;
 use crate::config::kinds::LimiterKey;
 use crate::config::resilience::{DAY_MS, MINUTE_MS, ResilienceSettings};
 use crate::config::{AuthKind, RateLimitOverrides};
@@ -126,8 +115,6 @@ pub const MAX_BUDGET_MS: u64 = DAY_MS;
 pub const OVERRIDE_MAX_WAIT_MS: u64 = 120_000;
 /// Per-connection `executionMaxWaitMs` override range is `1..=` this.
 pub const OVERRIDE_EXECUTION_MAX_WAIT_MS: u64 = 600_000;
-/// Queue-budget floors of `zai-web` and `maxai` / `mx` (a kind's `max_wait_floor_ms`).
-pub use crate::config::kinds::{MAXAI_MAX_WAIT_FLOOR_MS, ZAI_WEB_MAX_WAIT_FLOOR_MS};
 
 /// The limiter numbers of one connection after precedence and clamping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,8 +254,9 @@ pub fn execution_budget_ms(settings: &LimiterSettings, upstream_start_timeout_ms
 
 /// Monotonic deadline (ns) of a call dispatched at `start`; past it the request fails with
 /// [`QueueError::ExecutionTimeout`]. Independent of any time spent queued.
+#[cfg(test)]
 pub fn execution_deadline_ns(
-    start: Now,
+    start: crate::clock::Now,
     settings: &LimiterSettings,
     upstream_start_timeout_ms: u64,
 ) -> u64 {
@@ -277,6 +265,7 @@ pub fn execution_deadline_ns(
 }
 
 /// The error of an execution deadline that passed.
+#[cfg(test)]
 pub fn execution_timeout(settings: &LimiterSettings, upstream_start_timeout_ms: u64) -> QueueError {
     QueueError::ExecutionTimeout {
         execution_max_wait_ms: execution_budget_ms(settings, upstream_start_timeout_ms),

@@ -161,10 +161,6 @@ pub struct InflightTicket {
 }
 
 impl InflightTicket {
-    pub fn connection(&self) -> ConnectionId {
-        self.connection
-    }
-
     /// Unique among this selector's tickets (names it in a release message).
     pub fn serial(&self) -> u64 {
         self.serial
@@ -206,6 +202,7 @@ fn bare_model(model: &str) -> &str {
 }
 
 impl QuotaShareSelector {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }

@@ -162,11 +162,13 @@ impl BodyDecoder {
         }
     }
 
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn is_done(&self) -> bool {
         self.state == State::Done
     }
 
     /// Content bytes still expected for a fixed-length body (`None` for other kinds).
+    #[cfg(test)]
     pub fn remaining(&self) -> Option<u64> {
         match self.state {
             State::Length { remaining } => Some(remaining),

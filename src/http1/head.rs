@@ -214,6 +214,7 @@ impl Fields {
             .map(move |f| (f.name.get_str(raw), f.value.get(raw)))
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.0.len()
     }

@@ -38,8 +38,8 @@ use std::fmt;
 
 pub use body::{BodyDecoder, BodyEvent};
 pub use encode::{
-    CONTINUE_100, Framing, is_hop_by_hop, reason_phrase, write_chunk, write_last_chunk,
-    write_request_head, write_response_head,
+    CONTINUE_100, Framing, is_hop_by_hop, write_chunk, write_last_chunk, write_request_head,
+    write_response_head,
 };
 pub use request::{RequestHead, decode_request_head};
 pub use response::{ResponseHead, decode_response_head};

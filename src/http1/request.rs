@@ -67,6 +67,7 @@ impl RequestHead {
     }
 
     /// Number of header fields.
+    #[cfg(test)]
     pub fn header_count(&self) -> usize {
         self.fields.len()
     }
@@ -86,6 +87,7 @@ impl RequestHead {
         self.expect_continue
     }
 
+    #[cfg(test)]
     pub fn raw(&self) -> &Bytes {
         &self.raw
     }

@@ -25,11 +25,13 @@ impl ResponseHead {
     }
 
     /// The reason phrase as sent (empty when absent, or when it holds non-ASCII bytes).
+    #[cfg(test)]
     pub fn reason(&self) -> &str {
         self.reason.get_str(&self.raw)
     }
 
     /// `0` for HTTP/1.0, `1` for HTTP/1.1.
+    #[cfg(test)]
     pub fn minor_version(&self) -> u8 {
         self.minor_version
     }
@@ -45,6 +47,7 @@ impl ResponseHead {
     }
 
     /// Number of header fields.
+    #[cfg(test)]
     pub fn header_count(&self) -> usize {
         self.fields.len()
     }
@@ -61,6 +64,7 @@ impl ResponseHead {
         self.keep_alive
     }
 
+    #[cfg(test)]
     pub fn raw(&self) -> &Bytes {
         &self.raw
     }

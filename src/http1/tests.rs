@@ -5,6 +5,7 @@
 use bytes::BytesMut;
 use proptest::prelude::*;
 
+use super::encode::reason_phrase;
 use super::*;
 
 /// Which side of the gateway a driver plays: decoding requests, or responses to `Method`.

@@ -25,8 +25,6 @@
 //!
 //! Shard 0 additionally owns all lease state (§3); that is the lease module's rule, not a hash.
 
-use std::hash::{BuildHasherDefault, Hasher};
-
 /// FNV-1a 64-bit offset basis.
 pub const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 /// FNV-1a 64-bit prime.
@@ -125,34 +123,6 @@ impl<A: OwnerKey, B: OwnerKey> OwnerKey for (A, B) {
     }
 }
 
-/// FNV-1a as a [`Hasher`], for in-memory maps keyed by small ids (views, owner tables):
-/// fixed, cheap for 2- to 8-byte keys, and not randomised — so use it only for keys that come
-/// from the configuration, never for keys a client chooses (HashDoS).
-#[derive(Clone, Copy, Debug)]
-pub struct FnvHasher(u64);
-
-impl Default for FnvHasher {
-    fn default() -> Self {
-        FnvHasher(FNV_OFFSET_BASIS)
-    }
-}
-
-impl Hasher for FnvHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(FNV_PRIME);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Builds [`FnvHasher`]s: `HashMap<K, V, FnvBuildHasher>`.
-pub type FnvBuildHasher = BuildHasherDefault<FnvHasher>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,10 +133,6 @@ mod tests {
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-        let mut h = FnvHasher::default();
-        h.write(b"foo");
-        h.write(b"bar");
-        assert_eq!(h.finish(), fnv1a64(b"foobar"));
     }
 
     #[test]
@@ -290,13 +256,6 @@ mod tests {
         #[test]
         fn the_owner_is_always_a_shard(hash in any::<u64>(), shards in 1usize..1024) {
             prop_assert!(owner(hash, shards) < shards);
-        }
-
-        #[test]
-        fn fnv_hasher_equals_fnv1a64(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let mut h = FnvHasher::default();
-            h.write(&bytes);
-            prop_assert_eq!(h.finish(), fnv1a64(&bytes));
         }
     }
 }

@@ -81,6 +81,7 @@ use atomic_waker::AtomicWaker;
 use raw::{Consumer, Padded, Producer};
 
 /// Slots per ring unless [`Mesh::with_capacity`] says otherwise (a power of two).
+#[cfg_attr(tidegate_reach, allow(dead_code))]
 pub const RING_CAPACITY: usize = 1024;
 /// Largest ring [`Mesh::with_capacity`] builds; larger requests are clamped to it.
 pub const MAX_RING_CAPACITY: usize = 1 << 16;
@@ -131,6 +132,7 @@ impl<T> std::fmt::Debug for Rejected<T> {
 
 /// Drop counters of one pair of shards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(tidegate_reach, allow(dead_code))]
 pub struct PairDrops {
     pub ring_full: u64,
     pub peer_closed: u64,
@@ -159,6 +161,7 @@ impl MeshStats {
     }
 
     /// Shards in the mesh.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn shards(&self) -> usize {
         self.shards
     }
@@ -186,6 +189,7 @@ impl MeshStats {
     }
 
     /// Messages `from` could not hand to `to` (zeros for indices outside the mesh).
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn pair(&self, from: usize, to: usize) -> PairDrops {
         let read = |reason| {
             self.pair_slot(from, to, reason)
@@ -238,6 +242,7 @@ pub struct Mesh<T>(PhantomData<fn() -> T>);
 
 impl<T> Mesh<T> {
     /// One end per shard (index = shard id), with rings of [`RING_CAPACITY`] slots.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn build(shards: usize) -> Vec<MeshEnd<T>> {
         Self::with_capacity(shards, RING_CAPACITY)
     }
@@ -312,36 +317,43 @@ pub struct MeshEnd<T> {
 
 impl<T> MeshEnd<T> {
     /// This shard's index.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn id(&self) -> usize {
         self.sender.id
     }
 
     /// Shards in the mesh.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn shards(&self) -> usize {
         self.sender.shards()
     }
 
     /// See [`MeshSender::send`].
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn send(&self, to: usize, msg: T) -> Result<(), T> {
         self.sender.send(to, msg)
     }
 
     /// See [`MeshSender::try_send`].
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn try_send(&self, to: usize, msg: T) -> Result<(), Rejected<T>> {
         self.sender.try_send(to, msg)
     }
 
     /// See [`MeshReceiver::try_recv`].
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn try_recv(&self) -> Option<(usize, T)> {
         self.receiver.try_recv()
     }
 
     /// See [`MeshReceiver::poll_recv`].
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<(usize, T)> {
         self.receiver.poll_recv(cx)
     }
 
     /// See [`MeshReceiver::recv`].
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub async fn recv(&mut self) -> (usize, T) {
         self.receiver.recv().await
     }
@@ -368,11 +380,13 @@ pub struct MeshSender<T> {
 
 impl<T> MeshSender<T> {
     /// This shard's index.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn id(&self) -> usize {
         self.id
     }
 
     /// Shards in the mesh.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn shards(&self) -> usize {
         self.outbound.len()
     }
@@ -428,6 +442,7 @@ pub struct MeshReceiver<T> {
 
 impl<T> MeshReceiver<T> {
     /// This shard's index.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn id(&self) -> usize {
         self.id
     }
@@ -471,6 +486,7 @@ impl<T> MeshReceiver<T> {
 
     /// Waits until any inbound ring has a message and returns it as `(from, msg)`.
     /// Cancel-safe: dropping the future takes nothing.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub async fn recv(&mut self) -> (usize, T) {
         poll_fn(|cx| self.poll_recv(cx)).await
     }

@@ -116,12 +116,8 @@ impl Cx<'_> {
             .push((Dest::SelfAt(at_ns), shard::Msg::Fact(fact.into())));
     }
 
-    /// The messages produced so far (owner tests read them).
-    pub fn sent(&self) -> &Out<Tidegate> {
-        &self.out
-    }
-
     /// A context for driving an owner table directly (owner tests, benches).
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn detached<'a>(config: &'a Config, views: &'a Views, now: Now, shards: usize) -> Cx<'a> {
         Cx {
             config,
@@ -134,6 +130,7 @@ impl Cx<'_> {
     }
 
     /// Takes the messages produced so far.
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn take(&mut self) -> Out<Tidegate> {
         std::mem::take(&mut self.out)
     }
@@ -343,11 +340,6 @@ pub fn reply_bound(wait_ms: u64) -> std::time::Duration {
     } else {
         std::time::Duration::from_secs(24 * 3600)
     }
-}
-
-/// The owner of `connection`'s state (breakers, cooldown, lockouts, queue).
-pub fn connection_owner(connection: ConnectionId, shards: usize) -> usize {
-    crate::mesh::placement::owner_of(&connection, shards)
 }
 
 #[cfg(test)]

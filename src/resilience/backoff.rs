@@ -577,45 +577,10 @@ fn truncate_at_char_boundary(s: &str, max: usize) -> &str {
 // Calendar arithmetic: the `time` crate turns fields into instants and back, `httpdate`
 // parses RFC 7231 dates. What stays here is the lexing of the forms the parsers accept.
 
-/// Julian day number of 1970-01-01.
-const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
-
 /// The last instant [`format_rfc3339_ms`] can print, `9999-12-31T23:59:59.999Z` (the end of
 /// the `time` crate's range); later instants print as it.
+#[cfg(test)]
 pub const MAX_FORMATTED_MS: u64 = 253_402_300_799_999;
-
-/// Days since 1970-01-01 of a proleptic Gregorian date. A month outside 1–12 carries into
-/// the year and a day beyond the month counts on from its first day (day 0 is the last day
-/// of the previous month). Results beyond the `time` crate's years ±9999 saturate at its
-/// ends.
-pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let months = year
-        .saturating_mul(12)
-        .saturating_add(i64::from(month))
-        .saturating_sub(1);
-    let (y, m) = (months.div_euclid(12), months.rem_euclid(12) + 1);
-    let first = i32::try_from(y)
-        .ok()
-        .zip(u8::try_from(m).ok().and_then(|m| Month::try_from(m).ok()))
-        .and_then(|(y, m)| Date::from_calendar_date(y, m, 1).ok())
-        .unwrap_or(if y < 0 { Date::MIN } else { Date::MAX });
-    let days = i64::from(first.to_julian_day()) + i64::from(day) - 1;
-    days.clamp(
-        i64::from(Date::MIN.to_julian_day()),
-        i64::from(Date::MAX.to_julian_day()),
-    ) - UNIX_EPOCH_JULIAN_DAY
-}
-
-/// The (year, month, day) of a day count since 1970-01-01; beyond the `time` crate's years
-/// ±9999 it saturates at its ends.
-pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let date = i32::try_from(days.saturating_add(UNIX_EPOCH_JULIAN_DAY))
-        .ok()
-        .and_then(|jd| Date::from_julian_day(jd).ok())
-        .unwrap_or(if days < 0 { Date::MIN } else { Date::MAX });
-    let (y, m, d) = date.to_calendar_date();
-    (i64::from(y), u32::from(u8::from(m)), u32::from(d))
-}
 
 /// An HTTP date (RFC 7231 §7.1.1.1) as epoch milliseconds: IMF-fixdate
 /// (`Sun, 06 Nov 1994 08:49:37 GMT`), or the obsolete RFC 850
@@ -743,7 +708,8 @@ pub fn parse_iso8601_prefix(s: &str) -> Option<(u64, usize)> {
 }
 
 /// RFC 3339 in UTC with milliseconds, as JavaScript's `toISOString()` prints it:
-/// `2026-08-12T10:00:00.000Z`. Instants after [`MAX_FORMATTED_MS`] print as it.
+/// `2026-08-12T10:00:00.000Z`. Instants after the end of year 9999 print as its last
+/// millisecond.
 pub fn format_rfc3339_ms(epoch_ms: u64) -> String {
     let at = OffsetDateTime::from_unix_timestamp_nanos(i128::from(epoch_ms) * 1_000_000)
         .unwrap_or(PrimitiveDateTime::MAX.assume_utc());
@@ -1137,35 +1103,11 @@ mod tests {
     }
 
     #[test]
-    fn civil_round_trip() {
-        for days in [-719_468, -1, 0, 1, 59, 365, 10_957, 20_468, 2_932_896] {
-            let (y, m, d) = civil_from_days(days);
-            assert_eq!(days_from_civil(y, m, d), days);
-        }
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+    fn rfc3339_formatting() {
         assert_eq!(format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(
             format_rfc3339_ms(951_782_400_123),
             "2000-02-29T00:00:00.123Z"
-        );
-    }
-
-    #[test]
-    fn civil_edges_carry_and_saturate() {
-        // Out-of-range months carry into the year; days count on from the month's first.
-        assert_eq!(days_from_civil(2025, 13, 1), days_from_civil(2026, 1, 1));
-        assert_eq!(days_from_civil(2026, 0, 1), days_from_civil(2025, 12, 1));
-        assert_eq!(days_from_civil(2026, 3, 0), days_from_civil(2026, 2, 28));
-        // 2100 is not a leap year.
-        assert_eq!(days_from_civil(2100, 3, 1), 47_541);
-        assert_eq!(civil_from_days(47_540), (2100, 2, 28));
-        // Beyond the calendar's range (years ±9999): saturated, no panic.
-        assert_eq!(civil_from_days(i64::MAX), (9_999, 12, 31));
-        assert_eq!(civil_from_days(i64::MIN), (-9_999, 1, 1));
-        assert_eq!(
-            days_from_civil(i64::MAX, 12, 31),
-            days_from_civil(9_999, 12, 31)
         );
     }
 

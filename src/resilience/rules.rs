@@ -237,6 +237,7 @@ fn named(provider: Option<&str>) -> Option<&str> {
 }
 
 /// The whole built-in catalogue, in lookup order.
+#[cfg(test)]
 pub fn builtin_rules() -> &'static [BuiltinRule] {
     BUILTIN_RULES
 }
@@ -302,15 +303,6 @@ impl BuiltinRule {
             source: RuleSource::Builtin(self.id),
         })
     }
-}
-
-/// True when the provider has at least one operator rule (`operator_rules` is the
-/// provider's own list).
-pub fn has_operator_rule_for_provider(
-    provider: Option<&str>,
-    operator_rules: &[ProviderErrorRule],
-) -> bool {
-    named(provider).is_some() && !operator_rules.is_empty()
 }
 
 /// Whether a matched rule's scope is carried into the decision for this provider: it is on
@@ -669,8 +661,6 @@ mod tests {
             RuleScope::Provider,
             Some(21_600_000),
         )];
-        assert!(has_operator_rule_for_provider(Some("openrouter"), &rules));
-        assert!(!has_operator_rule_for_provider(Some("openrouter"), &[]));
         assert!(honors_rule_lock_scope(Some("openrouter"), &rules));
         let text = "Insufficient funds on this key";
         let body = resolve_rule_match_body(Some("openrouter"), None, None, text, &rules);

@@ -297,6 +297,7 @@ impl<A: App> Shard<A> {
     }
 
     /// Owner calls of this shard still waiting for a reply.
+    #[cfg(test)]
     pub fn outstanding_calls(&self) -> usize {
         self.calls.outstanding()
     }

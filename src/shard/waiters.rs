@@ -100,6 +100,7 @@ impl<R> Calls<R> {
     }
 
     /// Calls waiting for a reply, abandoned ones included.
+    #[cfg(test)]
     pub fn outstanding(&self) -> usize {
         self.waiters.borrow().len()
     }

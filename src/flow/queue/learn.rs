@@ -89,6 +89,7 @@ impl ResponseFacts {
     }
 
     /// Whether the answer teaches a queue anything at all.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.limit.is_none()
             && !self.over_limit
@@ -99,6 +100,7 @@ impl ResponseFacts {
 }
 
 /// Applies the rate-limit headers of an upstream response to `limiter`.
+#[cfg(test)]
 pub fn observe_headers<H: Headers + ?Sized>(
     limiter: &mut Limiter,
     headers: &H,
@@ -249,6 +251,7 @@ pub enum CapLearn {
 /// Learns a cap in words from a 429 body: spacing = window / N, never below the
 /// configured spacing; refused when the connection overrides `rpm` or when the spacing
 /// exceeds `max_wait_ms` (if there is a queue deadline).
+#[cfg(test)]
 pub fn learn_cap_from_body(limiter: &mut Limiter, body: &str) -> CapLearn {
     learn_cap(limiter, requests_within_cap(body))
 }
@@ -289,6 +292,7 @@ pub struct ResponseLearn {
 /// * another error with a retry hint in its body: the reservoir is emptied until then.
 ///
 /// A key without a limiter (protection disabled, or evicted) still gets its cooldown.
+#[cfg(test)]
 pub fn observe_response<H: Headers + ?Sized>(
     table: &mut LimiterTable,
     key: &str,

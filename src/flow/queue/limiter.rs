@@ -149,16 +149,19 @@ impl Limiter {
     }
 
     /// Waiters holding a slot.
+    #[cfg(test)]
     pub fn running(&self) -> usize {
         self.slots.len()
     }
 
     /// Current spacing between starts (ms).
+    #[cfg(test)]
     pub fn min_time_ms(&self) -> u64 {
         self.min_time_ms
     }
 
     /// Requests left in the reservoir (`None` = unbounded).
+    #[cfg(test)]
     pub fn reservoir_left(&self) -> Option<u32> {
         self.reservoir.map(|r| r.left)
     }
@@ -172,6 +175,7 @@ impl Limiter {
     /// [`Limiter::schedule`] for a request with `remaining_budget_ms` of its own left: the
     /// queue deadline is the earlier of the two, and a spent budget fails at once with the
     /// queue-timeout error, without being scheduled (B §1.3).
+    #[cfg(test)]
     pub fn schedule_with_budget(
         &mut self,
         id: WaiterId,
@@ -421,6 +425,7 @@ pub struct LimiterTable {
 }
 
 impl LimiterTable {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -451,10 +456,12 @@ impl LimiterTable {
         self.limiters.get_mut(key)
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.limiters.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.limiters.is_empty()
     }

@@ -5,9 +5,14 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::learn::DEFAULT_RESET_MS;
+use super::learn::*;
+use super::limiter::*;
+use super::window::*;
 use super::*;
 use crate::clock::Clock;
 use crate::clock::ManualClock;
+use crate::clock::Now;
+use crate::config::kinds::NVIDIA_DEFAULT_RPM;
 use crate::config::kinds::ProviderKind;
 use crate::config::raw::RawResilience;
 use crate::config::resilience::{ProviderQuotaOverride, build};

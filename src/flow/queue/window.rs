@@ -11,7 +11,6 @@ use crate::config::resilience::ResilienceSettings;
 
 /// Window length of every provider window.
 pub const PROVIDER_WINDOW_MS: u64 = 60_000;
-pub use crate::config::kinds::{NVIDIA_DEFAULT_CONCURRENCY, NVIDIA_DEFAULT_RPM};
 
 const NS_PER_MS: u64 = 1_000_000;
 
@@ -89,11 +88,13 @@ pub struct SlidingWindow {
 }
 
 impl SlidingWindow {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Starts counted in the window ending at `now`.
+    #[cfg(test)]
     pub fn count(&mut self, spec: ProviderWindow, now: Now) -> usize {
         self.prune(spec, now.mono_ns);
         self.starts.len()
@@ -135,6 +136,7 @@ impl SlidingWindow {
     }
 
     /// True when nothing in the window is left (the owner may drop it).
+    #[cfg(test)]
     pub fn is_empty(&mut self, spec: ProviderWindow, now: Now) -> bool {
         self.count(spec, now) == 0
     }

@@ -8,14 +8,13 @@
 
 use crate::config::{ConnectionId, ProviderId};
 use crate::resilience::breaker::{BreakerKey, BreakerView, Failure, ProbeTicket};
-use crate::resilience::connection::{
-    ConnectionView, MAX_LAST_ERROR_BYTES, ProviderErrorType, sanitize,
-};
+use crate::resilience::connection::{ConnectionView, ProviderErrorType, sanitize};
 use crate::resilience::lockout::LockUpdate;
 use crate::resilience::tracker::TrackerKey;
 use crate::resilience::{FallbackDecision, Reason, RuleScope};
 
-/// The `lastError` an owner records: sanitised, at most [`MAX_LAST_ERROR_BYTES`] bytes.
+/// The `lastError` an owner records: sanitised, at most
+/// [`MAX_LAST_ERROR_BYTES`](crate::resilience::connection::MAX_LAST_ERROR_BYTES) bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LastError(String);
 
@@ -224,4 +223,5 @@ pub struct TrackerView {
 }
 
 /// The longest `lastError` a verdict carries.
-pub const MAX_VERDICT_TEXT_BYTES: usize = MAX_LAST_ERROR_BYTES;
+#[cfg(test)]
+pub const MAX_VERDICT_TEXT_BYTES: usize = crate::resilience::connection::MAX_LAST_ERROR_BYTES;
