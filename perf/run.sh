@@ -1,56 +1,105 @@
 #!/usr/bin/env bash
-# Load test: the same wrk load against tidegate-mock directly and through Tidegate, in one
-# run, non-stream and stream, 64 and 256 connections. Writes perf/out/load.md (figures and
-# the exact commands). Traffic stays on 127.0.0.1; every process started here is ended by PID.
+# Load test: the same load against tidegate-mock directly, through nginx (a plain keep-alive
+# reverse proxy, perf/nginx.conf.in) and through Tidegate, in interleaved rounds (direct,
+# nginx, Tidegate back to back for every cell), non-stream and stream, 64 and 256
+# connections; a fixed-rate added-latency table (oha, coordinated-omission corrected); and a
+# sequential c=1 overhead probe (median of per-round differences). Writes perf/out/load.md
+# (figures and the exact commands). Traffic stays on 127.0.0.1; every process started here
+# is ended by PID.
 #
 #   perf/run.sh [DURATION_S]        (default 10 s per measurement)
+#   ROUNDS=3 perf/run.sh 10         (median of 3 interleaved rounds per cell; default 1)
+#   RATE=4000 PROBE_ROUNDS=5 TIDEGATE_WORKERS=1 TIDEGATE_PIN=true are the other knobs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
 OUT=perf/out; mkdir -p "$OUT"
 RATE=${RATE:-4000}
+ROUNDS=${ROUNDS:-1}
+PROBE_ROUNDS=${PROBE_ROUNDS:-5}
 . perf/common.sh
+
+# nginx from the distribution's package (no service started: policy-rc.d answers 101).
+if ! command -v nginx >/dev/null; then
+  made_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1; fi
+  apt-get update -qq && apt-get install -y -qq nginx-light
+  [ $made_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
+fi
+NGINX_PORT=$((MOCK_PORT + 1))
+NGX=$PWD/$OUT/nginx; rm -rf "$NGX"; mkdir -p "$NGX"/{client_body,proxy,fastcgi,uwsgi,scgi}; chmod -R 777 "$NGX"
+sed -e "s|@MOCK_PORT@|$MOCK_PORT|g; s|@NGINX_PORT@|$NGINX_PORT|g; s|@PREFIX@|$NGX|g" perf/nginx.conf.in > "$NGX/nginx.conf"
+nginx -p "$NGX" -c "$NGX/nginx.conf" > "$OUT/nginx.log" 2>&1 &
+pids+=($!)
+
 write_config "$OUT/perf.toml" "${TIDEGATE_WORKERS:-1}" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/perf.toml" > "$OUT/tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
 for _ in $(seq 100); do grep -q "listening on" "$OUT/tidegate.log" && break; sleep 0.1; done
 TG_ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/tidegate.log")
 [ -n "$TG_ADDR" ] || { cat "$OUT/tidegate.log"; exit 1; }
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$NGINX_PORT) 2>/dev/null && break; sleep 0.1; done
+
+PATH_=/v1/chat/completions
+declare -A URL=(
+  [direct]="http://127.0.0.1:$MOCK_PORT$PATH_"
+  [nginx]="http://127.0.0.1:$NGINX_PORT$PATH_"
+  [tidegate]="http://$TG_ADDR$PATH_"
+)
+SIDES=(direct nginx tidegate)
 
 cpu_ticks() { awk '{print $14 + $15}' /proc/$TG_PID/stat; }
-# wrk_run NAME URL CONNS STREAM -> prints "rps p50_ms p99_ms"
+to_ms() { awk -v v="$1" 'BEGIN{ if (v ~ /us$/) {sub(/us/,"",v); print v/1000} else if (v ~ /ms$/) {sub(/ms/,"",v); print v+0} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000} else print v }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
+minus() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a-b}'; }
+# median of the arguments
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
+# wrk_run NAME URL CONNS STREAM DUR -> prints "rps p50_ms p99_ms"
 wrk_run() {
-  local name=$1 url=$2 conns=$3 stream=$4
-  STREAM=$stream wrk -t2 -c"$conns" -d"${DUR}s" --latency -s perf/post.lua "$url" > "$OUT/$name.txt" 2>&1
+  local name=$1 url=$2 conns=$3 stream=$4 dur=$5 threads=2
+  [ "$conns" = 1 ] && threads=1
+  STREAM=$stream wrk -t$threads -c"$conns" -d"${dur}s" --latency -s perf/post.lua "$url" > "$OUT/$name.txt" 2>&1
   local rps p50 p99
   rps=$(awk '/^Requests\/sec/ {print $2}' "$OUT/$name.txt")
   p50=$(awk '$1=="50%" {print $2}' "$OUT/$name.txt")
   p99=$(awk '$1=="99%" {print $2}' "$OUT/$name.txt")
   echo "$rps $(to_ms "$p50") $(to_ms "$p99")"
 }
-to_ms() { awk -v v="$1" 'BEGIN{ if (v ~ /us$/) {sub(/us/,"",v); print v/1000} else if (v ~ /ms$/) {sub(/ms/,"",v); print v+0} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000} else print v }'; }
 
-# Warm up both paths.
-STREAM=0 wrk -t1 -c8 -d2s -s perf/post.lua "http://127.0.0.1:$MOCK_PORT/v1/chat/completions" > /dev/null
-STREAM=0 wrk -t1 -c8 -d2s -s perf/post.lua "http://$TG_ADDR/v1/chat/completions" > /dev/null
+# Warm up every path.
+for side in "${SIDES[@]}"; do
+  STREAM=0 wrk -t1 -c8 -d2s -s perf/post.lua "${URL[$side]}" > /dev/null
+done
 
 HZ=$(getconf CLK_TCK)
 rows=()
 for stream in 0 1; do
   for conns in 64 256; do
     mode=$([ $stream = 1 ] && echo stream || echo non-stream)
-    read -r d_rps d_p50 d_p99 < <(wrk_run "direct-$mode-$conns" "http://127.0.0.1:$MOCK_PORT/v1/chat/completions" "$conns" "$stream")
-    t0=$(cpu_ticks)
-    read -r g_rps g_p50 g_p99 < <(wrk_run "tidegate-$mode-$conns" "http://$TG_ADDR/v1/chat/completions" "$conns" "$stream")
-    t1=$(cpu_ticks)
-    cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$HZ" -v d="$DUR" 'BEGIN{printf "%.0f", (b-a)/hz/d*100}')
-    ratio=$(awk -v a="$g_rps" -v b="$d_rps" 'BEGIN{printf "%.2f", a/b}')
-    added=$(awk -v a="$g_p99" -v b="$d_p99" 'BEGIN{printf "%.3f", a-b}')
-    rows+=("| $mode | $conns | $d_rps | $d_p50 | $d_p99 | $g_rps | $g_p50 | $g_p99 | **$ratio** | $added | $cpu% |")
+    declare -A RPS=() P50=() P99=()
+    cpu_all=()
+    for round in $(seq "$ROUNDS"); do
+      for side in "${SIDES[@]}"; do
+        [ "$side" = tidegate ] && t0=$(cpu_ticks)
+        read -r rps p50 p99 < <(wrk_run "$side-$mode-$conns-r$round" "${URL[$side]}" "$conns" "$stream" "$DUR")
+        if [ "$side" = tidegate ]; then
+          t1=$(cpu_ticks)
+          cpu_all+=("$(awk -v a="$t0" -v b="$t1" -v hz="$HZ" -v d="$DUR" 'BEGIN{printf "%.0f", (b-a)/hz/d*100}')")
+        fi
+        RPS[$side]+="$rps "; P50[$side]+="$p50 "; P99[$side]+="$p99 "
+      done
+    done
+    for side in "${SIDES[@]}"; do
+      # shellcheck disable=SC2086
+      RPS[$side]=$(median ${RPS[$side]}); P50[$side]=$(median ${P50[$side]}); P99[$side]=$(median ${P99[$side]})
+    done
+    cpu=$(median "${cpu_all[@]}")
+    rows+=("| $mode | $conns | ${RPS[direct]} | ${P99[direct]} | ${RPS[nginx]} | ${P99[nginx]} | ${RPS[tidegate]} | ${P50[tidegate]} | ${P99[tidegate]} | $(ratio "${RPS[nginx]}" "${RPS[direct]}") | $(ratio "${RPS[tidegate]}" "${RPS[direct]}") | **$(ratio "${RPS[tidegate]}" "${RPS[nginx]}")** | $(minus "${P99[nginx]}" "${P99[direct]}") | $(minus "${P99[tidegate]}" "${P99[direct]}") | ${cpu}% |")
   done
 done
-# Added latency at a fixed offered rate (below both capacities), corrected for coordinated
-# omission: the same oha load directly and through Tidegate.
+
+# Added latency at a fixed offered rate (below every side's capacity), corrected for
+# coordinated omission: the same oha load on each side.
 oha_run() {
   local url=$1 stream=$2
   local body='{"model":"perf/gpt-4o-mini","stream":'$([ "$stream" = 1 ] && echo true || echo false)',"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the load test in a few words please."}]}'
@@ -61,32 +110,45 @@ oha_run() {
 lat_rows=()
 for stream in 0 1; do
   mode=$([ $stream = 1 ] && echo stream || echo non-stream)
-  read -r d_rps d_p50 d_p99 d_ok < <(oha_run "http://127.0.0.1:$MOCK_PORT/v1/chat/completions" $stream)
-  read -r g_rps g_p50 g_p99 g_ok < <(oha_run "http://$TG_ADDR/v1/chat/completions" $stream)
-  added50=$(awk -v a="$g_p50" -v b="$d_p50" 'BEGIN{printf "%.3f", a-b}')
-  added99=$(awk -v a="$g_p99" -v b="$d_p99" 'BEGIN{printf "%.3f", a-b}')
-  lat_rows+=("| $mode | 64 | $RATE | $d_rps | $d_p50 | $d_p99 | $g_rps | $g_p50 | $g_p99 | $added50 | **$added99** | $g_ok |")
+  read -r d_rps d_p50 d_p99 d_ok < <(oha_run "${URL[direct]}" $stream)
+  read -r n_rps n_p50 n_p99 n_ok < <(oha_run "${URL[nginx]}" $stream)
+  read -r g_rps g_p50 g_p99 g_ok < <(oha_run "${URL[tidegate]}" $stream)
+  lat_rows+=("| $mode | $RATE | $d_p50 | $d_p99 | $(minus "$n_p50" "$d_p50") | $(minus "$n_p99" "$d_p99") | $(minus "$g_p50" "$d_p50") | **$(minus "$g_p99" "$d_p99")** | $d_ok / $n_ok / $g_ok |")
+done
+
+# Sequential overhead: one connection, one request at a time, the three sides back to back
+# per round; per round the p50 difference to direct; the median over rounds.
+probe_n=(); probe_g=()
+for round in $(seq "$PROBE_ROUNDS"); do
+  read -r _ d50 _ < <(wrk_run "probe-direct-r$round" "${URL[direct]}" 1 0 2)
+  read -r _ n50 _ < <(wrk_run "probe-nginx-r$round" "${URL[nginx]}" 1 0 2)
+  read -r _ g50 _ < <(wrk_run "probe-tidegate-r$round" "${URL[tidegate]}" 1 0 2)
+  probe_n+=("$(awk -v a="$n50" -v b="$d50" 'BEGIN{printf "%.1f", (a-b)*1000}')")
+  probe_g+=("$(awk -v a="$g50" -v b="$d50" 'BEGIN{printf "%.1f", (a-b)*1000}')")
 done
 RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
 
 {
   echo "# Tidegate load test results"
   echo
-  echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -r)); load generator, mock and Tidegate share the machine."
-  echo "Tidegate workers=${TIDEGATE_WORKERS:-1} pin_threads=${TIDEGATE_PIN:-true}, mock workers=1, wrk -t2, ${DUR}s per row. Latencies in ms (wrk --latency)."
+  echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -r)); load generator, mock, nginx and Tidegate share the machine."
+  echo "Tidegate workers=${TIDEGATE_WORKERS:-1} pin_threads=${TIDEGATE_PIN:-true}; nginx $(nginx -v 2>&1 | sed 's|.*/||') worker_processes 2, upstream keepalive 128, proxy_buffering off (perf/nginx.conf.in); mock workers=1; wrk -t2, ${DUR}s per measurement, median of $ROUNDS interleaved round(s). Latencies in ms (wrk --latency)."
   echo
-  echo "| mode | conns | direct rps | direct p50 | direct p99 | tidegate rps | tidegate p50 | tidegate p99 | ratio | added p99 | tidegate CPU |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| mode | conns | direct rps | direct p99 | nginx rps | nginx p99 | tidegate rps | tidegate p50 | tidegate p99 | nginx/direct | tidegate/direct | tidegate/nginx | nginx added p99 | tidegate added p99 | tidegate CPU |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
-  echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms):"
+  echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms; added = side − direct):"
   echo
-  echo "| mode | conns | offered rps | direct rps | direct p50 | direct p99 | tidegate rps | tidegate p50 | tidegate p99 | added p50 | added p99 | success |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| mode | offered rps | direct p50 | direct p99 | nginx added p50 | nginx added p99 | tidegate added p50 | tidegate added p99 | success direct / nginx / tidegate |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${lat_rows[@]}"
+  echo
+  echo "Sequential overhead (wrk -t1 -c1 -d2s, non-stream, $PROBE_ROUNDS interleaved rounds; per round p50 minus direct's p50, µs):"
+  echo "nginx $(median "${probe_n[@]}") µs (rounds: ${probe_n[*]}), tidegate $(median "${probe_g[@]}") µs (rounds: ${probe_g[*]})."
   echo
   echo "Tidegate peak RSS over the whole run (VmHWM): $((RSS_KB / 1024)) MiB ($RSS_KB KiB)."
   echo
-  echo "Command: \`perf/run.sh $DUR\` (TIDEGATE_WORKERS=${TIDEGATE_WORKERS:-1} TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE); per row \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
+  echo "Command: \`ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=${TIDEGATE_WORKERS:-1} TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
 } > "$OUT/load.md"
 cat "$OUT/load.md"
