@@ -126,7 +126,7 @@ impl Default for ServerConfig {
             response_header_timeout_ms: DEFAULT_RESPONSE_HEADER_TIMEOUT_MS,
             body_idle_timeout_ms: DEFAULT_BODY_IDLE_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
-            pool_max_idle_per_host: 64,
+            pool_max_idle_per_host: 1024,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pin_threads: true,
             mesh_ring_capacity: super::DEFAULT_MESH_RING_CAPACITY,
@@ -1406,7 +1406,7 @@ mod tests {
             ),
             (10_000, 60_000, 10_000, 600_000, 300_000, 90_000)
         );
-        assert_eq!(s.pool_max_idle_per_host, 64);
+        assert_eq!(s.pool_max_idle_per_host, 1024);
         assert_eq!(
             (s.shutdown_grace_ms, s.snapshot_interval_ms),
             (10_000, 1_000)
