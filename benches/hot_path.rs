@@ -77,10 +77,13 @@ fn config() -> Config {
     );
     for i in 0..CONNECTIONS {
         toml.push_str(&format!(
-            "[[connections]]\nid = \"c{i}\"\nprovider = \"bench\"\napi_key = \"sk-upstream-{i}\"\npriority = {i}\n"
+            "[[connections]]\nid = \"c{i}\"\nprovider = \"bench\"\napi_key_env = \"BENCH_UPSTREAM_KEY_{i}\"\npriority = {i}\n"
         ));
     }
-    match load_str(&toml, &|_| None) {
+    match load_str(&toml, &|name| {
+        name.starts_with("BENCH_UPSTREAM_KEY_")
+            .then(|| format!("sk-upstream-{name}"))
+    }) {
         Ok(o) => o.config,
         Err(e) => panic!("bench config: {e}"),
     }
