@@ -245,15 +245,15 @@ impl Naive {
             .iter()
             .position(|(name, p, _)| {
                 p == provider
-                    && !self.cooling.get(name).is_some_and(|u| *u > NOW.wall_ms)
-                    && !self
+                    && self.cooling.get(name).is_none_or(|u| *u <= NOW.wall_ms)
+                    && self
                         .locks
                         .get(&format!("{provider}:{name}:{model}"))
-                        .is_some_and(|u| *u > NOW.wall_ms)
-                    && !self
+                        .is_none_or(|u| *u <= NOW.wall_ms)
+                    && self
                         .open
                         .get(&format!("{provider}::conn::{name}"))
-                        .is_some_and(|u| *u > NOW.wall_ms)
+                        .is_none_or(|u| *u <= NOW.wall_ms)
             })
             .expect("a routable connection")
     }

@@ -102,7 +102,7 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_BODY_IDLE_TIMEOUT_MS: u64 = 300_000;
 pub const DEFAULT_POOL_IDLE_TIMEOUT_MS: u64 = 90_000;
-pub const DEFAULT_POOL_MAX_IDLE_PER_HOST: u64 = 64;
+pub const DEFAULT_POOL_MAX_IDLE_PER_HOST: u64 = 1024;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 pub const DEFAULT_SNAPSHOT_INTERVAL_MS: u64 = 1_000;
 pub const MAX_WORKERS: u64 = 1_024;
@@ -126,7 +126,7 @@ impl Default for ServerConfig {
             response_header_timeout_ms: DEFAULT_RESPONSE_HEADER_TIMEOUT_MS,
             body_idle_timeout_ms: DEFAULT_BODY_IDLE_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
-            pool_max_idle_per_host: 1024,
+            pool_max_idle_per_host: DEFAULT_POOL_MAX_IDLE_PER_HOST as usize,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pin_threads: true,
             mesh_ring_capacity: super::DEFAULT_MESH_RING_CAPACITY,
