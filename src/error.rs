@@ -80,6 +80,22 @@ pub enum ErrorKind {
     AllTargetsCoolingDown,
     /// Every connection of the model is in a terminal state (banned, expired, credits).
     AllConnectionsTerminal,
+    /// A combo whose every target is unavailable for good (B §3.4).
+    NoExecutableTargets,
+    /// Every combo target was ruled out before dispatch, no cooldown applies (B §3.4).
+    AllTargetsSkipped,
+    /// As [`ErrorKind::AllTargetsSkipped`], with a known time to retry: a 429.
+    AllTargetsSkippedRateLimited,
+    /// Combo targets were attempted but no upstream answered with a status (B §3.4).
+    AllAccountsInactive,
+    /// As [`ErrorKind::AllAccountsInactive`], with a known time to retry: a 429.
+    AllAccountsInactiveRateLimited,
+    /// `combo_timeout_ms` ran out (B §3.4).
+    ComboTimeout,
+    /// A combo request reached the loop-safety cap on attempts (B §3.4).
+    MaxAttemptsExceeded,
+    /// Every attempted combo target failed, with failures of different classes (#10501).
+    AllTargetsFailed,
     /// Every connection of the model cools after network errors (DNS, connect, TLS): the
     /// upstream could not be reached, nothing was rate limited.
     UpstreamUnreachable,
@@ -128,6 +144,14 @@ impl ErrorKind {
             ErrorKind::ModelCooldown => 429,
             ErrorKind::AllTargetsCoolingDown => 503,
             ErrorKind::AllConnectionsTerminal => 401,
+            ErrorKind::NoExecutableTargets => 404,
+            ErrorKind::AllTargetsSkipped => 503,
+            ErrorKind::AllTargetsSkippedRateLimited => 429,
+            ErrorKind::AllAccountsInactive => 503,
+            ErrorKind::AllAccountsInactiveRateLimited => 429,
+            ErrorKind::ComboTimeout => 504,
+            ErrorKind::MaxAttemptsExceeded => 503,
+            ErrorKind::AllTargetsFailed => 502,
             ErrorKind::UpstreamUnreachable => 503,
             ErrorKind::MeshUnavailable => 503,
             ErrorKind::SemaphoreTimeout => 429,
@@ -166,6 +190,16 @@ impl ErrorKind {
             ErrorKind::ModelCooldown => "model_cooldown",
             ErrorKind::AllTargetsCoolingDown => "all_targets_cooling_down",
             ErrorKind::AllConnectionsTerminal => "all_connections_unavailable",
+            ErrorKind::NoExecutableTargets => "no_executable_targets",
+            ErrorKind::AllTargetsSkipped | ErrorKind::AllTargetsSkippedRateLimited => {
+                "ALL_TARGETS_SKIPPED"
+            }
+            ErrorKind::AllAccountsInactive | ErrorKind::AllAccountsInactiveRateLimited => {
+                "ALL_ACCOUNTS_INACTIVE"
+            }
+            ErrorKind::ComboTimeout => "COMBO_TIMEOUT",
+            ErrorKind::MaxAttemptsExceeded => "max_attempts_exceeded",
+            ErrorKind::AllTargetsFailed => "all_targets_failed",
             ErrorKind::UpstreamUnreachable => "upstream_unreachable",
             ErrorKind::MeshUnavailable => "shard_mesh_unavailable",
             ErrorKind::SemaphoreTimeout => "semaphore_timeout",
@@ -187,6 +221,10 @@ impl ErrorKind {
         }
         if self == ErrorKind::StreamContentStall {
             return "stream_error";
+        }
+        if self == ErrorKind::ComboTimeout {
+            // B §3.4: the combo timeout's body says server_error.
+            return "server_error";
         }
         match self.status() {
             401 => "authentication_error",
@@ -250,6 +288,14 @@ impl ErrorKind {
             | ErrorKind::ModelCooldown
             | ErrorKind::AllTargetsCoolingDown
             | ErrorKind::AllConnectionsTerminal
+            | ErrorKind::NoExecutableTargets
+            | ErrorKind::AllTargetsSkipped
+            | ErrorKind::AllTargetsSkippedRateLimited
+            | ErrorKind::AllAccountsInactive
+            | ErrorKind::AllAccountsInactiveRateLimited
+            | ErrorKind::ComboTimeout
+            | ErrorKind::MaxAttemptsExceeded
+            | ErrorKind::AllTargetsFailed
             | ErrorKind::UpstreamUnreachable
             | ErrorKind::MeshUnavailable
             | ErrorKind::ShuttingDown

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde::de::{self, Visitor};
 
 use super::raw::{
-    RawClientKey, RawCombo, RawConfig, RawConnection, RawProvider, RawRateLimitOverrides,
-    RawResilience, RawServer, RawWeightedTarget,
+    RawClientKey, RawCombo, RawComboConfig, RawConfig, RawConnection, RawProvider,
+    RawRateLimitOverrides, RawResilience, RawServer, RawWeightedTarget,
 };
 use super::resilience;
 
@@ -94,7 +94,9 @@ fn known_in(section: &str) -> Vec<&'static str> {
         "connections.rate_limit_overrides" => Some(fields_of::<RawRateLimitOverrides>()),
         "combos" => Some(fields_of::<RawCombo>()),
         "combos.targets" => Some(fields_of::<RawWeightedTarget>()),
+        "combos.config" | "combo_defaults" => Some(fields_of::<RawComboConfig>()),
         "resilience" => Some(fields_of::<RawResilience>()),
+        s if s.starts_with("combo_provider_overrides.") => Some(fields_of::<RawComboConfig>()),
         _ => None,
     };
     if let Some(f) = fixed {

@@ -5,6 +5,7 @@
 //! but dangerous file) and `diagnose` (messages for unknown keys and type errors) ← validate. Everything is checked at load; the rest of the gateway only ever
 //! sees a valid `Config`, with providers and connections addressed by dense ids.
 
+pub mod combo;
 pub mod diagnose;
 pub mod env;
 pub mod exposure;
@@ -17,6 +18,7 @@ pub mod validate;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use combo::ComboSettings;
 pub use resilience::ResilienceSettings;
 pub use validate::load_file;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // benches load inline configs
@@ -256,5 +258,8 @@ pub struct ComboTarget {
 pub struct Combo {
     pub name: String,
     pub strategy: ComboStrategy,
+    /// Flattened: nested combos' targets in place of their reference (B §3.1).
     pub targets: Vec<ComboTarget>,
+    /// The resolved combo config cascade.
+    pub settings: ComboSettings,
 }

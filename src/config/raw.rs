@@ -26,6 +26,12 @@ pub struct RawConfig {
     pub connections: Vec<RawConnection>,
     #[serde(default)]
     pub combos: Vec<RawCombo>,
+    /// The combo config cascade's second layer (B §3.1).
+    #[serde(default)]
+    pub combo_defaults: RawComboConfig,
+    /// The cascade's third layer, by provider id.
+    #[serde(default)]
+    pub combo_provider_overrides: BTreeMap<String, RawComboConfig>,
     #[serde(default)]
     pub resilience: RawResilience,
 }
@@ -108,9 +114,33 @@ pub struct RawCombo {
     pub name: Option<String>,
     pub strategy: Option<String>,
     pub targets: Option<Vec<RawComboTarget>>,
+    /// The cascade's last layer: this combo's own settings.
+    #[serde(default)]
+    pub config: RawComboConfig,
 }
 
-/// `"provider/model"` or `{ model = "provider/model", weight = n }`.
+/// One layer of the combo config cascade (`[combo_defaults]`,
+/// `[combo_provider_overrides.<id>]`, `[combos.config]`); see `config::combo`.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawComboConfig {
+    pub max_retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub fallback_delay_ms: Option<u64>,
+    pub failover_before_retry: Option<bool>,
+    pub max_set_retries: Option<u32>,
+    pub set_retry_delay_ms: Option<u64>,
+    pub hedging: Option<bool>,
+    pub hedge_delay_ms: Option<u64>,
+    pub combo_timeout_ms: Option<u64>,
+    pub target_timeout_ms: Option<u64>,
+    pub max_combo_depth: Option<u32>,
+    pub concurrency_per_model: Option<u32>,
+    pub queue_timeout_ms: Option<u64>,
+    pub queue_depth: Option<u32>,
+}
+
+/// `"provider/model"`, `{ model = "provider/model", weight = n }` or a nested combo
+/// `{ combo = "<name>", weight = n }`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum RawComboTarget {
@@ -120,7 +150,8 @@ pub enum RawComboTarget {
 
 #[derive(Debug, Deserialize)]
 pub struct RawWeightedTarget {
-    pub model: String,
+    pub model: Option<String>,
+    pub combo: Option<String>,
     pub weight: Option<u32>,
 }
 

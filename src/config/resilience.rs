@@ -466,7 +466,6 @@ pub const NOT_ACTIVE_YET: &[&str] = &[
     "stream_watchdog.active_timeout_ms",
     "quota_preflight",
     "wait_for_cooldown",
-    "combo_cooldown_wait",
     "token_refresh_breaker",
     "credential_health_check",
     "stream_recovery",

@@ -11,11 +11,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::combo::{self, ComboLayer, ComboSettings};
 use super::kinds::ProviderKind;
 use super::problem::{DAY_MS, HOUR_MS, Problem, out_of_range};
-use super::raw::{
-    RawClientKey, RawCombo, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer,
-};
+use super::raw::{RawClientKey, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer};
 use super::resilience::{self, ResilienceSettings};
 use super::{
     AuthKind, BaseUrl, ClientKey, Combo, ComboStrategy, ComboTarget, Config, Connection,
@@ -233,8 +232,8 @@ impl Loader<'_> {
             .map(|c| (c.name.as_str(), c.id))
             .collect();
         let client_keys = self.client_keys(&raw.client_keys, &connection_ids);
-        let combos = self.combos(&raw.combos, &providers, &provider_ids);
         let resilience = self.resilience(raw, &provider_ids);
+        let combos = self.combos(raw, &providers, &provider_ids, &resilience);
         for p in &providers {
             if !connections.iter().any(|c| c.provider == p.id) {
                 self.warn(
@@ -941,13 +940,16 @@ impl Loader<'_> {
 
     fn combos(
         &mut self,
-        raw: &[RawCombo],
+        raw: &RawConfig,
         providers: &[Provider],
         provider_ids: &HashMap<&str, usize>,
+        resilience: &ResilienceSettings,
     ) -> Vec<Combo> {
-        let mut out: Vec<Combo> = Vec::with_capacity(raw.len());
+        let mut out: Vec<Combo> = Vec::with_capacity(raw.combos.len());
+        let mut steps: Vec<Vec<Step>> = Vec::with_capacity(raw.combos.len());
+        let mut layers: Vec<ComboLayer> = Vec::with_capacity(raw.combos.len());
         let mut seen: HashMap<String, usize> = HashMap::new();
-        for (i, c) in raw.iter().enumerate() {
+        for (i, c) in raw.combos.iter().enumerate() {
             let key = format!("combos[{i}]");
             let name = match c.name.as_deref() {
                 None => {
@@ -1000,7 +1002,7 @@ impl Loader<'_> {
                     }
                 },
             };
-            let mut targets = Vec::new();
+            let mut own = Vec::new();
             match &c.targets {
                 None => self.problem(
                     format!("{key}.targets"),
@@ -1012,31 +1014,94 @@ impl Loader<'_> {
                 Some(list) => {
                     for (j, t) in list.iter().enumerate() {
                         let tkey = format!("{key}.targets[{j}]");
-                        let (model, weight) = match t {
-                            RawComboTarget::Plain(m) => (m, None),
-                            RawComboTarget::Weighted(w) => (&w.model, w.weight),
+                        let (model, combo, weight) = match t {
+                            RawComboTarget::Plain(m) => (Some(m), None, None),
+                            RawComboTarget::Weighted(w) => {
+                                (w.model.as_ref(), w.combo.as_ref(), w.weight)
+                            }
                         };
-                        let weight = self.bounded(
+                        let weight = narrow_u32(self.bounded(
                             &format!("{tkey}.weight"),
                             weight.map(u64::from),
                             1,
                             0,
                             1_000_000,
-                        );
-                        if let Some(t) = self.target(&tkey, model, providers, provider_ids) {
-                            targets.push(ComboTarget {
-                                weight: narrow_u32(weight),
-                                ..t
-                            });
+                        ));
+                        match (model, combo) {
+                            (Some(model), None) => {
+                                if let Some(t) = self.target(&tkey, model, providers, provider_ids)
+                                {
+                                    own.push(Step::Model(ComboTarget { weight, ..t }));
+                                }
+                            }
+                            (None, Some(combo)) => own.push(Step::Combo {
+                                key: tkey,
+                                name: combo.clone(),
+                            }),
+                            _ => self.problem(
+                                tkey,
+                                "must set exactly one of model = \"provider/model\" and \
+                                 combo = \"<combo name>\"",
+                            ),
                         }
                     }
                 }
             }
+            layers.push(ComboLayer::check(
+                &format!("{key}.config"),
+                &c.config,
+                &mut self.problems,
+            ));
+            steps.push(own);
             out.push(Combo {
                 name,
                 strategy,
-                targets,
+                targets: Vec::new(),
+                settings: ComboSettings::default(),
             });
+        }
+        let defaults = ComboLayer::check("combo_defaults", &raw.combo_defaults, &mut self.problems);
+        let mut by_provider: HashMap<&str, ComboLayer> = HashMap::new();
+        for (p, layer) in &raw.combo_provider_overrides {
+            let key = format!("combo_provider_overrides.{p}");
+            if !provider_ids.contains_key(p.as_str()) {
+                self.problem(key.clone(), format!("unknown provider {p:?}"));
+            }
+            by_provider.insert(
+                p.as_str(),
+                ComboLayer::check(&key, layer, &mut self.problems),
+            );
+        }
+        let wait = &resilience.combo_cooldown_wait;
+        let wait_budget = wait.enabled.then_some(wait.budget_ms);
+        for i in 0..out.len() {
+            let mut stack = Vec::new();
+            let (targets, depth) = match flatten(i, &out, &steps, &mut stack) {
+                Ok(flat) => flat,
+                Err(message) => {
+                    self.problem(format!("combos[{i}].targets"), message);
+                    (Vec::new(), 0)
+                }
+            };
+            let provider_layer = targets
+                .first()
+                .and_then(|t| providers.get(usize::from(t.provider.0)))
+                .and_then(|p| by_provider.get(p.name.as_str()));
+            let mut cascade: Vec<&ComboLayer> = vec![&defaults];
+            cascade.extend(provider_layer);
+            cascade.push(&layers[i]);
+            let settings = combo::cascade(&cascade, wait_budget);
+            if depth > settings.max_combo_depth as usize {
+                self.problem(
+                    format!("combos[{i}].targets"),
+                    format!(
+                        "combo {:?} nests {depth} levels deep; max_combo_depth is {}",
+                        out[i].name, settings.max_combo_depth
+                    ),
+                );
+            }
+            out[i].targets = targets;
+            out[i].settings = settings;
         }
         out
     }
@@ -1199,6 +1264,63 @@ fn valid_env_name(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// One written target of a combo: a model, or a reference to another combo.
+enum Step {
+    Model(ComboTarget),
+    Combo { key: String, name: String },
+}
+
+/// The most nesting `flatten` follows before calling it a problem.
+const FLATTEN_LIMIT: usize = 10;
+
+/// Combo `i`'s targets with every combo reference replaced by that combo's targets, in
+/// order (a target already listed earlier is not repeated), and how deep the references
+/// nest (1 = no reference). A cycle or an unknown combo name is an error.
+fn flatten(
+    i: usize,
+    combos: &[Combo],
+    steps: &[Vec<Step>],
+    stack: &mut Vec<usize>,
+) -> Result<(Vec<ComboTarget>, usize), String> {
+    if stack.contains(&i) || stack.len() >= FLATTEN_LIMIT {
+        let mut path: Vec<&str> = stack.iter().map(|s| combos[*s].name.as_str()).collect();
+        path.push(&combos[i].name);
+        return Err(format!(
+            "combo references form a cycle or nest past {FLATTEN_LIMIT}: {}",
+            path.join(" -> ")
+        ));
+    }
+    stack.push(i);
+    let mut out: Vec<ComboTarget> = Vec::new();
+    let mut depth = 1;
+    for step in &steps[i] {
+        let add: Vec<ComboTarget> = match step {
+            Step::Model(t) => vec![t.clone()],
+            Step::Combo { key, name } => {
+                let Some(j) = combos.iter().position(|c| &c.name == name) else {
+                    stack.pop();
+                    return Err(format!("{key}: no combo named {name:?}"));
+                };
+                let (inner, d) = flatten(j, combos, steps, stack).inspect_err(|_| {
+                    stack.pop();
+                })?;
+                depth = depth.max(d + 1);
+                inner
+            }
+        };
+        for t in add {
+            if !out
+                .iter()
+                .any(|o| o.provider == t.provider && o.model == t.model)
+            {
+                out.push(t);
+            }
+        }
+    }
+    stack.pop();
+    Ok((out, depth))
 }
 
 fn narrow_u32(v: u64) -> u32 {

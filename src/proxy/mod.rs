@@ -3,6 +3,7 @@
 //! decision. Errors become responses only in `respond`.
 
 pub mod classify;
+pub mod combo;
 pub mod forward;
 pub mod models;
 pub mod peek;

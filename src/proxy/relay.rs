@@ -59,22 +59,22 @@ pub struct Downstream<'c> {
 }
 
 /// What the attempts of one request share.
-struct Request<'r> {
+pub(super) struct Request<'r> {
     head: &'r RequestHead,
     endpoint: Endpoint,
     body: &'r Bytes,
-    plan: &'r Plan,
+    pub(super) plan: &'r Plan,
     budgets: Budgets,
 }
 
 /// The last failure seen, answered when no candidate succeeds.
-enum LastFailure {
+pub(super) enum LastFailure {
     Gateway(GatewayError),
     Upstream(Box<Buffered>),
 }
 
 /// How one attempt ended.
-enum AttemptEnd {
+pub(super) enum AttemptEnd {
     /// The client has its answer (or is gone): the request is over.
     Done(After),
     /// Failed before the first byte reached the client: try the next candidate.
@@ -108,6 +108,10 @@ pub async fn run(
         plan: &plan,
         budgets: Budgets::of(shard),
     };
+    // A combo runs by its settings (retries, failover order, timeouts, waits).
+    if let Some(combo) = plan.combo {
+        return super::combo::run(shard, &request, combo, &mut downstream).await;
+    }
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
@@ -190,17 +194,65 @@ fn next_target_provider(candidates: &[(Target, ConnectionId)], i: usize) -> Opti
 
 /// How far one request's walk over its candidates has come.
 #[derive(Debug, Default)]
-struct Walk {
+pub(super) struct Walk {
     /// Upstream attempts made so far.
-    attempts: usize,
-    exhausted: Exhausted,
+    pub(super) attempts: usize,
+    pub(super) exhausted: Exhausted,
+    /// The next attempt's budget up to its response head (a combo's target timeout).
+    pub(super) open_budget: Option<std::time::Duration>,
+    /// What the last attempt that moved on failed with.
+    pub(super) note: Option<FailureNote>,
+}
+
+/// What one failed attempt teaches a combo's loop: the upstream status (none for a
+/// gateway-side failure), its class, the upstream's retry hint, and, for an answer that
+/// calls the request itself invalid, the error's identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct FailureNote {
+    pub(super) status: Option<u16>,
+    pub(super) class: &'static str,
+    /// How long the upstream asked to wait (Retry-After or a reset hint), ms.
+    pub(super) hint_ms: Option<u64>,
+    /// `Some(identity)` for a request-shape error (context length, malformed or invalid
+    /// parameters): never re-sent to the same target.
+    pub(super) request_shape: Option<String>,
+}
+
+impl FailureNote {
+    fn of_error(e: &GatewayError) -> Self {
+        Self {
+            status: None,
+            class: e.kind.code(),
+            hint_ms: None,
+            request_shape: None,
+        }
+    }
+
+    fn of_answer(v: &Verdict, hint_ms: Option<u64>, message: &str) -> Self {
+        let class = match v.error_type {
+            Some(t) => t.as_str(),
+            None => v.decision.reason.as_str(),
+        };
+        let shape = matches!(v.status, 400 | 413 | 422)
+            && v.decision.reason != crate::resilience::Reason::RateLimitExceeded
+            && v.decision.rule_scope.is_none();
+        Self {
+            status: Some(v.status),
+            class,
+            hint_ms,
+            request_shape: shape.then(|| {
+                let m: String = message.chars().take(200).collect();
+                format!("{} {}", v.status, m.to_lowercase())
+            }),
+        }
+    }
 }
 
 /// What rule-scoped failures ruled out for the rest of one request (A §6.3): a failure whose
 /// provider rule is scoped to the provider excludes every connection of that provider (for
 /// every target); one scoped to the connection excludes that connection.
 #[derive(Debug, Default)]
-struct Exhausted {
+pub(super) struct Exhausted {
     providers: Vec<ProviderId>,
     connections: Vec<ConnectionId>,
 }
@@ -218,7 +270,7 @@ impl Exhausted {
         }
     }
 
-    fn rules_out(&self, provider: ProviderId, connection: ConnectionId) -> bool {
+    pub(super) fn rules_out(&self, provider: ProviderId, connection: ConnectionId) -> bool {
         self.providers.contains(&provider) || self.connections.contains(&connection)
     }
 }
@@ -283,7 +335,7 @@ impl<'s> Attempted<'s> {
 }
 
 /// One attempt on `(target, connection)`; `combo` when it is for a combo's target.
-async fn attempt(
+pub(super) async fn attempt(
     shard: &Shard,
     req: &Request<'_>,
     target: &Target,
@@ -354,6 +406,22 @@ async fn attempt(
         &req.budgets,
     );
     let execution_budget = queue_slot.as_ref().and_then(|q| q.execution_budget);
+    let open_budget = walk.open_budget.take();
+    let open = async {
+        match open_budget {
+            Some(b) => match monoio::time::timeout(b, open).await {
+                Ok(r) => r,
+                Err(_) => Err(GatewayError::new(
+                    ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
+                    format!(
+                        "no response head within the combo's target timeout ({} ms)",
+                        b.as_millis()
+                    ),
+                )),
+            },
+            None => open.await,
+        }
+    };
     let opened = match execution_budget {
         Some(b) => match monoio::time::timeout(b, open).await {
             Ok(r) => r,
@@ -371,6 +439,7 @@ async fn attempt(
         Err(e) => {
             tracing::debug!(connection = %conn.name, "attempt failed: {e}");
             attempted.end_with_error(&e).await;
+            walk.note = Some(FailureNote::of_error(&e));
             let retry = e.kind.retry() != Retry::Decided(false);
             let failure = LastFailure::Gateway(e);
             return if retry {
@@ -389,11 +458,20 @@ async fn attempt(
                 Ok(b) => b,
                 Err(e) => {
                     attempted.end_with_error(&e).await;
+                    walk.note = Some(FailureNote::of_error(&e));
                     return AttemptEnd::MoveOn(LastFailure::Gateway(e));
                 }
             };
         up.finish(shard);
         let verdict = classify_answer(shard, &attempted, &mut buffered);
+        walk.note = Some(FailureNote::of_answer(
+            &verdict,
+            retry_hint_ms(shard, &buffered, &verdict),
+            &parse_error_body(&String::from_utf8_lossy(&buffered.body))
+                .error
+                .message
+                .unwrap_or_default(),
+        ));
         walk.exhausted
             .note(verdict.decision.rule_scope, target.provider, connection);
         if let Some(g) = &gate
@@ -430,11 +508,13 @@ async fn attempt(
             Err(e) if e.kind == ErrorKind::StreamContentStall => {
                 tracing::debug!(connection = %conn.name, "{e}");
                 attempted.end(Ended::StreamStall).await;
+                walk.note = Some(FailureNote::of_error(&e));
                 return AttemptEnd::MoveOn(LastFailure::Gateway(e));
             }
             Err(e) => {
                 tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
                 attempted.end_with_error(&e).await;
+                walk.note = Some(FailureNote::of_error(&e));
                 return AttemptEnd::MoveOn(LastFailure::Gateway(e));
             }
         };
@@ -455,6 +535,20 @@ async fn attempt(
     .await;
     attempted.end(ended).await;
     AttemptEnd::Done(after)
+}
+
+/// How long an error answer asked to wait: its `Retry-After`, else the reset hint its
+/// classification found (ms).
+fn retry_hint_ms(shard: &Shard, buffered: &Buffered, verdict: &Verdict) -> Option<u64> {
+    let now = shard.now();
+    buffered
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("retry-after"))
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .and_then(|v| retry_after_header(v, now.wall_ms))
+        .or(buffered.retry_after_s.map(|s| s.saturating_mul(1000)))
+        .or(verdict.decision.quota_reset_hint_ms)
 }
 
 /// Restates and classifies an error answer (once, here), and tells the connection's
@@ -519,7 +613,7 @@ fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buff
 }
 
 /// The answer when every candidate failed or was skipped.
-async fn answer_last(
+pub(super) async fn answer_last(
     shard: &Shard,
     plan: &Plan,
     last: Option<LastFailure>,

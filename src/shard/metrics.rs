@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 34] = [
+pub const ERROR_KINDS: [ErrorKind; 42] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -36,6 +36,14 @@ pub const ERROR_KINDS: [ErrorKind; 34] = [
     ErrorKind::ModelCooldown,
     ErrorKind::AllTargetsCoolingDown,
     ErrorKind::AllConnectionsTerminal,
+    ErrorKind::NoExecutableTargets,
+    ErrorKind::AllTargetsSkipped,
+    ErrorKind::AllTargetsSkippedRateLimited,
+    ErrorKind::AllAccountsInactive,
+    ErrorKind::AllAccountsInactiveRateLimited,
+    ErrorKind::ComboTimeout,
+    ErrorKind::MaxAttemptsExceeded,
+    ErrorKind::AllTargetsFailed,
     ErrorKind::UpstreamUnreachable,
     ErrorKind::MeshUnavailable,
     ErrorKind::SemaphoreTimeout,
@@ -292,6 +300,10 @@ pub fn render(
             .sum();
         let phase = match kind {
             ErrorKind::UpstreamTimeout(p) => p.as_str(),
+            // The 429 variants share their code with the 503 ones.
+            ErrorKind::AllTargetsSkippedRateLimited | ErrorKind::AllAccountsInactiveRateLimited => {
+                "rate_limited"
+            }
             _ => "",
         };
         let _ = writeln!(

@@ -449,6 +449,8 @@ pub struct RecordedRequest {
     /// Headers in order, names as sent.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When the mock had read it whole.
+    pub at: std::time::Instant,
 }
 
 impl RecordedRequest {
@@ -1036,6 +1038,7 @@ impl Conn<'_> {
             version: incoming.version,
             headers: incoming.headers,
             body: incoming.body,
+            at: std::time::Instant::now(),
         });
         state.in_flight += 1;
         state.peak_in_flight = state.peak_in_flight.max(state.in_flight);

@@ -1,0 +1,967 @@
+//! The combo runner (spec B §3.1, §3.3, §3.4): how a request for a combo walks its
+//! targets. The relay's [`attempt`] does one (target, connection) attempt; this module
+//! decides which attempt comes next and when, and what the client is told when none
+//! serves.
+//!
+//! A combo's candidates are grouped into *steps*, one per target (its connections in
+//! priority order). One pass over the set tries every step once, then — with
+//! `failover_before_retry` — retries each step that failed retryably up to `max_retries`
+//! times; without it, a step is retried before the next one is tried. A retry waits
+//! `retry_delay_ms`, or longer when the upstream asked for longer (never a hint beyond the
+//! remaining budget). A request-shape error (context length, malformed, invalid
+//! parameters) is never re-sent to its target, and three steps in a row failing with the
+//! identical one end the loop. After a failed pass come the set retries
+//! (`max_set_retries`), then the combo cooldown wait (B §3.3): when the shortest live lock
+//! on a target is short and waitable, the pass is re-run after it. Every wait is raced
+//! against the client hanging up (nothing more is sent upstream then). `target_timeout_ms`
+//! bounds each attempt up to its response head, `combo_timeout_ms` the whole request
+//! (504 `COMBO_TIMEOUT`).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::After;
+use super::relay::{
+    AttemptEnd, Downstream, FailureNote, LastFailure, Request, Walk, answer_last, attempt,
+};
+use super::respond::send_error;
+use super::select::{self, Excluded, Exclusion, Gate};
+use crate::config::{ComboSettings, ConnectionId};
+use crate::error::{ErrorKind, GatewayError};
+use crate::net::downstream::unless_client_gone;
+use crate::owners::Shard;
+use crate::owners::health::protocol::ComboAttempt;
+use crate::routing::resolve::Target;
+use crate::shard::metrics::bump;
+
+/// Upstream attempts one combo request may make in all (the loop-safety cap): past it the
+/// request ends with 503 `max_attempts_exceeded`.
+pub const MAX_COMBO_ATTEMPTS: usize = 64;
+/// Margin added to a cooldown wait (B §3.3).
+const WAIT_MARGIN_MS: u64 = 50;
+/// Request-shape failures in a row (identical) that end the loop.
+const SHAPE_STREAK_STOP: u32 = 3;
+/// At most this many tried targets are named in a `COMBO_TIMEOUT` message.
+const TIMEOUT_LISTED: usize = 5;
+
+/// One target of the combo and its candidates (indices into the plan's candidates).
+struct Step {
+    target: Target,
+    candidates: Vec<usize>,
+    /// Its last try failed in a way a same-target retry may fix.
+    retryable: bool,
+    /// The longest wait the upstream asked for in its last try, ms.
+    hint_ms: Option<u64>,
+    /// Same-target retries made in the current pass.
+    retries: u32,
+}
+
+/// One failed attempt, for the terminal answer.
+struct Outcome {
+    target: Target,
+    note: FailureNote,
+}
+
+/// How one try of a step ended.
+enum StepEnd {
+    /// The request is over (served, relayed, or the client is gone).
+    Over(After),
+    Failed,
+    Skipped,
+}
+
+/// Why the loop ended without a served answer.
+enum Ended {
+    /// Every pass failed; answer from what was seen.
+    Exhausted,
+    /// A failure the next target would not fix (relay it).
+    Stop,
+    /// Three identical request-shape errors in a row.
+    ShapeStreak,
+    Timeout,
+    AttemptCap,
+}
+
+struct Runner<'a, 'r> {
+    shard: &'a Shard,
+    req: &'a Request<'r>,
+    s: &'a ComboSettings,
+    combo: usize,
+    steps: Vec<Step>,
+    walk: Walk,
+    /// Mono ms the request started.
+    start_ms: u64,
+    last: Option<LastFailure>,
+    outcomes: Vec<Outcome>,
+    /// Skipped candidates of the current pass.
+    excluded: Vec<Excluded>,
+    /// Candidates a rule-scoped failure ruled out in the current pass.
+    exhausted: Vec<(Target, ConnectionId)>,
+    /// The earliest retry hint of the current pass (upstream or a skipped candidate's).
+    hint_ms: Option<u64>,
+    shape_streak: Option<(String, u32)>,
+}
+
+/// Runs the combo `combo` of `req.plan`.
+pub(super) async fn run(
+    shard: &Shard,
+    req: &Request<'_>,
+    combo: usize,
+    down: &mut Downstream<'_>,
+) -> After {
+    let config = shard.config();
+    let s = &config.combos[combo].settings;
+    let mut steps: Vec<Step> = Vec::new();
+    for (i, (t, _)) in req.plan.candidates.iter().enumerate() {
+        match steps.last_mut() {
+            Some(step) if step.target == *t => step.candidates.push(i),
+            _ => steps.push(Step {
+                target: t.clone(),
+                candidates: vec![i],
+                retryable: false,
+                hint_ms: None,
+                retries: 0,
+            }),
+        }
+    }
+    let mut r = Runner {
+        shard,
+        req,
+        s,
+        combo,
+        steps,
+        walk: Walk::default(),
+        start_ms: shard.now().mono_ms(),
+        last: None,
+        outcomes: Vec::new(),
+        excluded: Vec::new(),
+        exhausted: Vec::new(),
+        hint_ms: None,
+        shape_streak: None,
+    };
+    match r.drive(down).await {
+        Ok(ended) => r.answer(ended, down).await,
+        Err(after) => after,
+    }
+}
+
+impl Runner<'_, '_> {
+    fn now_ms(&self) -> u64 {
+        self.shard.now().mono_ms()
+    }
+
+    /// Ms left of `combo_timeout_ms` (`None`: no combo timeout).
+    fn remaining_ms(&self) -> Option<u64> {
+        (self.s.combo_timeout_ms > 0).then(|| {
+            self.s
+                .combo_timeout_ms
+                .saturating_sub(self.now_ms().saturating_sub(self.start_ms))
+        })
+    }
+
+    fn timed_out(&self) -> bool {
+        self.remaining_ms() == Some(0)
+    }
+
+    /// Waits `ms` unless the client hangs up (`Err`: the request is over, nothing more
+    /// goes upstream) or the combo's budget ends first (`Ok(false)`).
+    async fn pause(&self, ms: u64, down: &mut Downstream<'_>) -> Result<bool, After> {
+        if ms == 0 {
+            return Ok(true);
+        }
+        let (ms, whole) = match self.remaining_ms() {
+            Some(left) if left < ms => (left, false),
+            _ => (ms, true),
+        };
+        let sleep = monoio::time::sleep(Duration::from_millis(ms));
+        match unless_client_gone(down.client, down.pending, sleep).await {
+            Some(()) => Ok(whole),
+            None => {
+                bump(&self.shard.metrics().abandoned_while_waiting);
+                tracing::info!(
+                    combo = %self.shard.config().combos[self.combo].name,
+                    "client hung up during a combo wait (499): nothing more sent upstream"
+                );
+                Err(After::Close)
+            }
+        }
+    }
+
+    /// Passes over the set until one serves, the loop must stop, or no set retry or
+    /// cooldown wait is left.
+    async fn drive(&mut self, down: &mut Downstream<'_>) -> Result<Ended, After> {
+        let wait = &self.shard.config().resilience.combo_cooldown_wait;
+        let mut set_retries = 0;
+        let mut waits = 0;
+        let mut wait_budget = wait.budget_ms;
+        loop {
+            self.excluded.clear();
+            self.exhausted.clear();
+            self.hint_ms = None;
+            for step in &mut self.steps {
+                step.retries = 0;
+                step.retryable = false;
+            }
+            if let Some(ended) = self.pass(down).await? {
+                return Ok(ended);
+            }
+            if set_retries < self.s.max_set_retries {
+                set_retries += 1;
+                if !self.pause(self.s.set_retry_delay_ms, down).await? {
+                    return Ok(Ended::Timeout);
+                }
+                continue;
+            }
+            match self.cooldown_wait(waits, wait_budget) {
+                Some(ms) => {
+                    tracing::debug!(ms, "combo cooldown wait");
+                    if !self.pause(ms, down).await? {
+                        return Ok(Ended::Timeout);
+                    }
+                    waits += 1;
+                    wait_budget = wait_budget.saturating_sub(ms);
+                }
+                None => return Ok(Ended::Exhausted),
+            }
+        }
+    }
+
+    /// One pass over the set: `Some` when the loop ends here.
+    async fn pass(&mut self, down: &mut Downstream<'_>) -> Result<Option<Ended>, After> {
+        let n = self.steps.len();
+        if self.s.failover_before_retry {
+            if let Some(e) = self.first_tries(down).await? {
+                return Ok(Some(e));
+            }
+            for _ in 0..self.s.max_retries {
+                for i in 0..n {
+                    if !self.steps[i].retryable {
+                        continue;
+                    }
+                    if let Some(e) = self.retry(i, down).await? {
+                        return Ok(Some(e));
+                    }
+                }
+            }
+        } else {
+            for i in 0..n {
+                if let Some(e) = self.try_step(i, down).await? {
+                    return Ok(Some(e));
+                }
+                while self.steps[i].retryable && self.steps[i].retries < self.s.max_retries {
+                    if let Some(e) = self.retry(i, down).await? {
+                        return Ok(Some(e));
+                    }
+                }
+                if i + 1 < n && !self.pause(self.s.fallback_delay_ms, down).await? {
+                    return Ok(Some(Ended::Timeout));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every step once, in order (hedged when the combo hedges).
+    async fn first_tries(&mut self, down: &mut Downstream<'_>) -> Result<Option<Ended>, After> {
+        let n = self.steps.len();
+        for i in 0..n {
+            if let Some(e) = self.try_step(i, down).await? {
+                return Ok(Some(e));
+            }
+            if i + 1 < n && !self.pause(self.s.fallback_delay_ms, down).await? {
+                return Ok(Some(Ended::Timeout));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A same-target retry of step `i`, after its wait; not made when the upstream asked
+    /// for longer than the budget left, or the views would skip it anyway.
+    async fn retry(&mut self, i: usize, down: &mut Downstream<'_>) -> Result<Option<Ended>, After> {
+        self.steps[i].retries += 1;
+        let hint = self.steps[i].hint_ms;
+        let ceiling = self.remaining_ms().unwrap_or_else(|| {
+            let w = &self.shard.config().resilience.combo_cooldown_wait;
+            self.s.retry_delay_ms.max(w.max_wait_ms)
+        });
+        if hint.is_some_and(|h| h > ceiling) {
+            self.steps[i].retryable = false;
+            return Ok(None);
+        }
+        // Never sooner than the target's own lock or cooldown lets it through either.
+        let wait = self.s.retry_delay_ms.max(hint.unwrap_or(0));
+        let wait = match self.skipped_for(i) {
+            Some(Some(ms)) if ms <= ceiling => wait.max(ms),
+            Some(_) => {
+                self.steps[i].retryable = false;
+                return Ok(None);
+            }
+            None => wait,
+        };
+        if !self.pause(wait, down).await? {
+            return Ok(Some(Ended::Timeout));
+        }
+        self.try_step(i, down).await
+    }
+
+    /// `Some` when the views skip every candidate of step `i`: with the time until the
+    /// first may pass again, when known.
+    fn skipped_for(&self, i: usize) -> Option<Option<u64>> {
+        let shard = self.shard;
+        let views = shard.state().views.borrow();
+        let (config, now) = (shard.config(), shard.now());
+        let mut soonest: Option<Option<u64>> = None;
+        for &k in &self.steps[i].candidates {
+            let (t, c) = &self.req.plan.candidates[k];
+            match select::gate(&views, config, t, *c, now) {
+                Gate::Skip(_, Some(ms)) => {
+                    soonest = Some(match soonest {
+                        Some(Some(s)) => Some(s.min(ms)),
+                        _ => Some(ms),
+                    });
+                }
+                Gate::Skip(_, None) => {
+                    if soonest.is_none() {
+                        soonest = Some(None);
+                    }
+                }
+                Gate::Pass | Gate::NeedProbe(_) => return None,
+            }
+        }
+        soonest
+    }
+
+    /// One try of step `i`: its candidates in order until one serves or every one failed
+    /// or was skipped. `Some` when the loop ends.
+    async fn try_step(
+        &mut self,
+        i: usize,
+        down: &mut Downstream<'_>,
+    ) -> Result<Option<Ended>, After> {
+        match self.step_once(i, down).await {
+            StepEndOr::End(e) => Ok(Some(e)),
+            StepEndOr::Step(StepEnd::Over(after)) => Err(after),
+            StepEndOr::Step(StepEnd::Failed | StepEnd::Skipped) => Ok(None),
+        }
+    }
+
+    async fn step_once(&mut self, i: usize, down: &mut Downstream<'_>) -> StepEndOr {
+        let candidates = self.steps[i].candidates.clone();
+        let mut failed = false;
+        self.steps[i].retryable = false;
+        self.steps[i].hint_ms = None;
+        for k in candidates {
+            let (target, connection) = &self.req.plan.candidates[k];
+            if self.walk.exhausted.rules_out(target.provider, *connection) {
+                self.exhausted.push((target.clone(), *connection));
+                continue;
+            }
+            if self.timed_out() {
+                return StepEndOr::End(Ended::Timeout);
+            }
+            if self.walk.attempts >= MAX_COMBO_ATTEMPTS {
+                return StepEndOr::End(Ended::AttemptCap);
+            }
+            let budget = match self.remaining_ms() {
+                Some(left) => left.min(self.s.target_timeout_ms),
+                None => self.s.target_timeout_ms,
+            };
+            self.walk.open_budget = Some(Duration::from_millis(budget));
+            self.walk.note = None;
+            let combo = ComboAttempt {
+                next_same_provider: self.next_provider(k) == Some(target.provider),
+            };
+            let end = attempt(
+                self.shard,
+                self.req,
+                target,
+                *connection,
+                Some(combo),
+                &mut self.walk,
+                down,
+            )
+            .await;
+            self.walk.open_budget = None;
+            match end {
+                AttemptEnd::Done(after) => return StepEndOr::Step(StepEnd::Over(after)),
+                AttemptEnd::Skipped(e) => {
+                    if let Some(ms) = e.retry_after_ms {
+                        self.hint(ms);
+                    }
+                    self.excluded.push(e);
+                }
+                AttemptEnd::Stop(f) => {
+                    self.last = Some(f);
+                    return StepEndOr::End(Ended::Stop);
+                }
+                AttemptEnd::MoveOn(f) => {
+                    self.last = Some(f);
+                    failed = true;
+                    let Some(note) = self.walk.note.take() else {
+                        if self.timed_out() {
+                            return StepEndOr::End(Ended::Timeout);
+                        }
+                        continue;
+                    };
+                    if let Some(h) = note.hint_ms {
+                        self.hint(h);
+                        let step = &mut self.steps[i];
+                        step.hint_ms = Some(step.hint_ms.map_or(h, |o| o.max(h)));
+                    }
+                    let shape = note.request_shape.clone();
+                    self.outcomes.push(Outcome {
+                        target: target.clone(),
+                        note,
+                    });
+                    if self.timed_out() {
+                        return StepEndOr::End(Ended::Timeout);
+                    }
+                    if let Some(shape) = shape {
+                        // Never re-sent to this target, on any of its connections.
+                        self.steps[i].retryable = false;
+                        let count = match &self.shape_streak {
+                            Some((s, n)) if *s == shape => n + 1,
+                            _ => 1,
+                        };
+                        self.shape_streak = Some((shape, count));
+                        if count >= SHAPE_STREAK_STOP {
+                            return StepEndOr::End(Ended::ShapeStreak);
+                        }
+                        return StepEndOr::Step(StepEnd::Failed);
+                    }
+                    self.shape_streak = None;
+                    self.steps[i].retryable = true;
+                }
+            }
+        }
+        StepEndOr::Step(if failed {
+            StepEnd::Failed
+        } else {
+            StepEnd::Skipped
+        })
+    }
+
+    fn hint(&mut self, ms: u64) {
+        self.hint_ms = Some(self.hint_ms.map_or(ms, |h| h.min(ms)));
+    }
+
+    /// The provider of the next step after candidate `k`'s.
+    fn next_provider(&self, k: usize) -> Option<crate::config::ProviderId> {
+        let (target, _) = self.req.plan.candidates.get(k)?;
+        self.req
+            .plan
+            .candidates
+            .iter()
+            .skip(k + 1)
+            .find(|(t, _)| t != target)
+            .map(|(t, _)| t.provider)
+    }
+
+    /// B §3.3: after a failed pass, wait for the shortest live lock on a target when it
+    /// is short, its reason waitable, and the pass recorded a retry hint; `None` = answer
+    /// now. Also the circuit-open wait (earliest probe time) and the pre-dispatch wait (a
+    /// pass that attempted nothing because every candidate was under a short lock).
+    fn cooldown_wait(&self, waits: u32, budget_ms: u64) -> Option<u64> {
+        let shard = self.shard;
+        let w = &shard.config().resilience.combo_cooldown_wait;
+        if !w.enabled || waits >= w.max_attempts {
+            return None;
+        }
+        let hint = self.hint_ms?;
+        let (lock_ms, waitable) = self.shortest_lock()?;
+        if !waitable {
+            return None;
+        }
+        let wait = lock_ms.max(hint) + WAIT_MARGIN_MS;
+        let fits_combo = self.remaining_ms().is_none_or(|left| wait <= left);
+        (wait <= w.max_wait_ms && wait <= budget_ms && fits_combo).then_some(wait)
+    }
+
+    /// The shortest positive time a candidate's model is still locked (a model lockout),
+    /// and whether its reason is one a combo may wait out. When the pass attempted nothing
+    /// and every candidate sat behind an open breaker, the earliest probe time instead
+    /// (the circuit-open wait).
+    fn shortest_lock(&self) -> Option<(u64, bool)> {
+        let shard = self.shard;
+        let views = shard.state().views.borrow();
+        let (config, now) = (shard.config(), shard.now());
+        let mut best: Option<(u64, bool)> = None;
+        let mut consider = |ms: u64, ok: bool| {
+            if ms > 0 && best.is_none_or(|(b, _)| ms < b) {
+                best = Some((ms, ok));
+            }
+        };
+        let all_open = !self.excluded.is_empty()
+            && self.exhausted.is_empty()
+            && self
+                .excluded
+                .iter()
+                .all(|e| e.reason == Exclusion::CircuitOpen);
+        let attempted_now = self.excluded.len() < self.req.plan.candidates.len();
+        if all_open && !attempted_now {
+            for e in &self.excluded {
+                consider(e.retry_after_ms.unwrap_or(0), true);
+            }
+            return best;
+        }
+        for (t, c) in &self.req.plan.candidates {
+            let p = config.provider(t.provider);
+            if let Some(l) =
+                views
+                    .lockouts
+                    .lock_of(&p.name, p.quirks.quota_family, Some(*c), &t.model, now)
+            {
+                consider(
+                    l.until_ms.saturating_sub(now.mono_ms()),
+                    l.reason.is_waitable(),
+                );
+            }
+        }
+        best
+    }
+
+    // -- the answer ------------------------------------------------------------------
+
+    async fn answer(mut self, ended: Ended, down: &mut Downstream<'_>) -> After {
+        let shard = self.shard;
+        let err = match ended {
+            Ended::Stop | Ended::ShapeStreak => None,
+            Ended::Timeout => Some(self.timeout_error()),
+            Ended::AttemptCap => Some(self.diagnosed(
+                GatewayError::new(
+                    ErrorKind::MaxAttemptsExceeded,
+                    "Maximum combo retry limit reached",
+                ),
+                "max_attempts_exceeded",
+                "retry",
+                "Retry the request later",
+                None,
+            )),
+            Ended::Exhausted => self.exhausted_error(),
+        };
+        match err {
+            Some(e) => send_error(shard, down.client, &e, down.dialect, down.keep_alive).await,
+            None => {
+                let last = self.last.take();
+                answer_last(
+                    shard,
+                    self.req.plan,
+                    last,
+                    &self.excluded,
+                    self.walk.attempts,
+                    down,
+                )
+                .await
+            }
+        }
+    }
+
+    /// The answer after every pass failed; `None` = relay the last failure as it is.
+    fn exhausted_error(&self) -> Option<GatewayError> {
+        let cooling = |r: &Exclusion| {
+            matches!(
+                r,
+                Exclusion::CircuitOpen
+                    | Exclusion::ConnectionCooldown
+                    | Exclusion::Unreachable
+                    | Exclusion::ModelLockout
+                    | Exclusion::ProviderCooldown
+            )
+        };
+        if self.outcomes.is_empty() {
+            if let Some(LastFailure::Gateway(_)) = &self.last
+                && self.excluded.is_empty()
+            {
+                // Refused locally (queue, gate) before any upstream call: that refusal.
+                return None;
+            }
+            if self.excluded.iter().any(|e| cooling(&e.reason)) {
+                return Some(self.cooling_error());
+            }
+            if !self.excluded.is_empty() && self.exhausted.is_empty() {
+                return Some(self.no_executable_error());
+            }
+            if !self.exhausted.is_empty() || !self.excluded.is_empty() {
+                return Some(self.skipped_error());
+            }
+            return None;
+        }
+        if self.outcomes.iter().all(|o| o.note.status.is_none()) {
+            return Some(self.inactive_error());
+        }
+        // #10501: the status comes from every outcome. One class throughout, or every
+        // target calling the request invalid: the last answer as it is.
+        let first = &self.outcomes[0].note.class;
+        let one_class = self.outcomes.iter().all(|o| o.note.class == *first);
+        let all_invalid = self.outcomes.iter().all(|o| {
+            o.note
+                .status
+                .is_some_and(|s| (400..500).contains(&s) && s != 429 && s != 408)
+        });
+        if one_class || all_invalid {
+            return None;
+        }
+        Some(self.mixed_error())
+    }
+
+    fn name(&self, t: &Target) -> String {
+        format!(
+            "{}/{}",
+            self.shard.config().provider(t.provider).name,
+            t.model
+        )
+    }
+
+    fn attempted_targets(&self) -> usize {
+        let mut seen: Vec<&Target> = Vec::new();
+        for o in &self.outcomes {
+            if !seen.contains(&&o.target) {
+                seen.push(&o.target);
+            }
+        }
+        seen.len()
+    }
+
+    /// Adds the diagnostics body, the recovery hint and the `x-omniroute-combo-*` /
+    /// `x-omniroute-recovery-*` headers to a terminal answer.
+    fn diagnosed(
+        &self,
+        mut err: GatewayError,
+        terminal: &'static str,
+        action: &'static str,
+        next_step: &str,
+        retry_s: Option<u64>,
+    ) -> GatewayError {
+        let config = self.shard.config();
+        let excluded: Vec<serde_json::Value> = self
+            .excluded
+            .iter()
+            .map(|e| {
+                json!({"provider": config.provider(e.provider).name, "model": e.model,
+                       "reason": e.reason.as_str()})
+            })
+            .chain(self.exhausted.iter().map(|(t, _)| {
+                json!({"provider": config.provider(t.provider).name, "model": t.model,
+                       "reason": "request_exhaustion"})
+            }))
+            .collect();
+        let order: Vec<String> = self.outcomes.iter().map(|o| self.name(&o.target)).collect();
+        let recovery = match retry_s {
+            Some(s) => json!({"action": action, "next_step": next_step, "retry_after_seconds": s}),
+            None => json!({"action": action, "next_step": next_step}),
+        };
+        let excluded_header: String = self
+            .excluded
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}/{}:{}",
+                    config.provider(e.provider).name,
+                    e.model,
+                    e.reason.as_str()
+                )
+            })
+            .chain(
+                self.exhausted
+                    .iter()
+                    .map(|(t, _)| format!("{}:request_exhaustion", self.name(t))),
+            )
+            .collect::<Vec<_>>()
+            .join(",");
+        let attempted = self.attempted_targets();
+        err = err
+            .with_top_level(
+                "diagnostics",
+                json!({"poolSize": self.steps.len(), "attempted": attempted,
+                       "excluded": excluded, "attemptOrder": order,
+                       "terminalReason": terminal, "recovery": recovery.clone()}),
+            )
+            .with_top_level("recovery_hint", recovery)
+            .with_header("x-omniroute-combo-pool-size", self.steps.len().to_string())
+            .with_header("x-omniroute-combo-attempted", attempted.to_string())
+            .with_header(
+                "x-omniroute-combo-excluded",
+                truncate(&excluded_header, 900),
+            )
+            .with_header("x-omniroute-combo-terminal-reason", terminal)
+            .with_header("x-omniroute-recovery-action", action)
+            .with_header(
+                "x-omniroute-recovery-next-step",
+                truncate(&header_safe(next_step), 128),
+            );
+        if let Some(s) = retry_s {
+            err = err
+                .with_retry_after(s)
+                .with_header("x-omniroute-retry-after-seconds", s.to_string());
+        }
+        err
+    }
+
+    fn min_retry_ms(&self) -> Option<u64> {
+        self.excluded.iter().filter_map(|e| e.retry_after_ms).min()
+    }
+
+    fn cooling_error(&self) -> GatewayError {
+        let config = self.shard.config();
+        let now = self.shard.now();
+        let summary: Vec<String> = self
+            .excluded
+            .iter()
+            .map(|e| {
+                let p = &config.provider(e.provider).name;
+                match e.retry_after_ms {
+                    Some(ms) => format!("{p}/{}: {} ({}s)", e.model, e.reason.as_str(), secs(ms)),
+                    None => format!("{p}/{}: {}", e.model, e.reason.as_str()),
+                }
+            })
+            .collect();
+        let min = self.min_retry_ms();
+        let retry_s = min.map(secs);
+        let mut err = GatewayError::new(
+            ErrorKind::AllTargetsCoolingDown,
+            format!(
+                "Service temporarily unavailable: every target in this combo is cooling down \
+                 ({} of {} excluded): {}",
+                self.excluded.len(),
+                self.req.plan.candidates.len(),
+                summary.join(", ")
+            ),
+        );
+        if let (Some(ms), Some(s)) = (min, retry_s) {
+            err = err.with_extra("retry_after", json!(s)).with_extra(
+                "reset_at",
+                json!(crate::resilience::breaker::iso8601_utc(
+                    now.wall_ms.saturating_add(ms)
+                )),
+            );
+        }
+        let next = match retry_s {
+            Some(s) => format!("Wait {s}s for the first target to cool down, then retry"),
+            None => "Wait for a target to cool down, then retry".to_owned(),
+        };
+        self.diagnosed(err, "all_targets_cooling_down", "wait", &next, retry_s)
+    }
+
+    fn no_executable_error(&self) -> GatewayError {
+        let err = GatewayError::new(
+            ErrorKind::NoExecutableTargets,
+            "Combo has no executable targets",
+        );
+        self.diagnosed(
+            err,
+            "no_executable_targets",
+            "switch-combo",
+            "Every target's connections are unavailable; use another combo or reconnect them",
+            None,
+        )
+    }
+
+    fn skipped_error(&self) -> GatewayError {
+        let config = self.shard.config();
+        let mut groups: Vec<(&'static str, Vec<String>)> = Vec::new();
+        let mut add = |reason: &'static str, name: String| match groups
+            .iter_mut()
+            .find(|(r, _)| *r == reason)
+        {
+            Some((_, list)) if !list.contains(&name) => list.push(name),
+            Some(_) => {}
+            None => groups.push((reason, vec![name])),
+        };
+        for (t, _) in &self.exhausted {
+            add("request_exhaustion", self.name(t));
+        }
+        for e in &self.excluded {
+            add(
+                e.reason.as_str(),
+                format!("{}/{}", config.provider(e.provider).name, e.model),
+            );
+        }
+        let skipped: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|(r, ts)| json!({"reason": r, "targets": ts}))
+            .collect();
+        let min = self.min_retry_ms();
+        let (kind, message) = match min {
+            Some(ms) => (
+                ErrorKind::AllTargetsSkippedRateLimited,
+                format!(
+                    "Service temporarily unavailable: all targets were skipped by pre-dispatch \
+                     filters; retry after {}",
+                    crate::resilience::backoff::human_duration(ms)
+                ),
+            ),
+            None => (
+                ErrorKind::AllTargetsSkipped,
+                "Service temporarily unavailable: all targets were skipped by pre-dispatch \
+                 filters"
+                    .to_owned(),
+            ),
+        };
+        let mut err = GatewayError::new(kind, message).with_extra("skippedTargets", json!(skipped));
+        if let Some(ms) = min {
+            err = self.with_reset(err, ms);
+        }
+        self.diagnosed(
+            err,
+            "all_targets_skipped",
+            "retry",
+            "Every target was ruled out for this request; retry or use another combo",
+            min.map(secs),
+        )
+    }
+
+    fn with_reset(&self, err: GatewayError, ms: u64) -> GatewayError {
+        let now = self.shard.now();
+        err.with_extra("retry_after", json!(secs(ms))).with_extra(
+            "reset_at",
+            json!(crate::resilience::breaker::iso8601_utc(
+                now.wall_ms.saturating_add(ms)
+            )),
+        )
+    }
+
+    fn inactive_error(&self) -> GatewayError {
+        let min = self
+            .outcomes
+            .iter()
+            .filter_map(|o| o.note.hint_ms)
+            .chain(self.min_retry_ms())
+            .min();
+        let kind = if min.is_some() {
+            ErrorKind::AllAccountsInactiveRateLimited
+        } else {
+            ErrorKind::AllAccountsInactive
+        };
+        let mut err = GatewayError::new(
+            kind,
+            format!(
+                "Service temporarily unavailable: all upstream accounts are inactive \
+                 (no upstream answered: {})",
+                self.classes()
+            ),
+        );
+        if let Some(ms) = min {
+            err = self.with_reset(err, ms);
+        }
+        self.diagnosed(
+            err,
+            "all_accounts_inactive",
+            "retry",
+            "No upstream answered; retry later",
+            min.map(secs),
+        )
+    }
+
+    /// `class (provider/model status), …`, each distinct class once; connection ids are
+    /// never named.
+    fn classes(&self) -> String {
+        let mut seen: Vec<String> = Vec::new();
+        for o in &self.outcomes {
+            let line = match o.note.status {
+                Some(s) => format!("{} ({} {s})", o.note.class, self.name(&o.target)),
+                None => format!("{} ({})", o.note.class, self.name(&o.target)),
+            };
+            if !seen.iter().any(|l| l.starts_with(o.note.class)) {
+                seen.push(line);
+            }
+        }
+        seen.join(", ")
+    }
+
+    fn mixed_error(&self) -> GatewayError {
+        let min = self.outcomes.iter().filter_map(|o| o.note.hint_ms).min();
+        let mut err = GatewayError::new(
+            ErrorKind::AllTargetsFailed,
+            format!(
+                "All {} attempted combo targets failed: {}",
+                self.attempted_targets(),
+                self.classes()
+            ),
+        );
+        if let Some(ms) = min {
+            err = self.with_reset(err, ms);
+        }
+        self.diagnosed(
+            err,
+            "all_targets_failed",
+            "retry",
+            "Every target failed; retry later",
+            min.map(secs),
+        )
+    }
+
+    fn timeout_error(&self) -> GatewayError {
+        let tried: Vec<String> = self
+            .outcomes
+            .iter()
+            .take(TIMEOUT_LISTED)
+            .map(|o| match o.note.status {
+                Some(s) => format!("{} ({s})", o.target.model),
+                None => format!("{} ({})", o.target.model, o.note.class),
+            })
+            .collect();
+        let mut message = format!(
+            "Combo global timeout ({}ms) after {}/{} targets",
+            self.s.combo_timeout_ms,
+            self.attempted_targets(),
+            self.steps.len()
+        );
+        if !tried.is_empty() {
+            message.push_str(" | tried: ");
+            message.push_str(&tried.join(", "));
+        }
+        let err = GatewayError::new(ErrorKind::ComboTimeout, message);
+        self.diagnosed(
+            err,
+            "combo_timeout",
+            "retry",
+            "The combo ran out of time; retry, or raise combo_timeout_ms",
+            None,
+        )
+    }
+}
+
+enum StepEndOr {
+    Step(StepEnd),
+    End(Ended),
+}
+
+fn secs(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// Printable ASCII only (a header value).
+fn header_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_cut_on_char_boundaries_and_kept_printable() {
+        assert_eq!(truncate("abcdef", 3), "abc");
+        assert_eq!(truncate("aé", 2), "a");
+        assert_eq!(header_safe("wait\r\nnow"), "wait??now");
+        assert_eq!(secs(1), 1);
+        assert_eq!(secs(1001), 2);
+    }
+}

@@ -1,0 +1,677 @@
+//! How a combo runs (issue 10, items 1–7), through the real binary on two shards with
+//! scripted upstreams: the config cascade, retries and failover order, request-shape
+//! errors, timeouts, set retries, the combo cooldown wait, the terminal answers, nested
+//! combos. Each test asserts the status, the body, the headers and what the upstreams saw
+//! (how many attempts, and the gaps between them).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn body(model: &str) -> Vec<u8> {
+    format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#).into_bytes()
+}
+
+fn ask(addr: std::net::SocketAddr, model: &str) -> Response {
+    let mut c = Client::connect(addr);
+    c.set_timeout(secs(30));
+    c.request("POST", CHAT, &[], &body(model))
+}
+
+fn served_by(r: &Response) -> &str {
+    r.header("x-omniroute-selected-connection-id").unwrap_or("")
+}
+
+/// The gap between the `i`-th and `j`-th requests `mock` saw.
+fn gap(mock: &MockUpstream, i: usize, j: usize) -> Duration {
+    let reqs = mock.requests_to(CHAT);
+    reqs[j].at.duration_since(reqs[i].at)
+}
+
+/// Two providers, `p` (models a, b) and `q` (model x), one connection each (`cp`, `cq`),
+/// and the combo `duo` = p/a then q/x; `extra` is appended (combo config, resilience).
+fn two(p: &MockUpstream, q: &MockUpstream, combo_config: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+{pp}{qq}
+[[connections]]
+id = "cp"
+provider = "p"
+
+[[connections]]
+id = "cq"
+provider = "q"
+
+[[combos]]
+name = "duo"
+targets = ["p/a", "q/x"]
+
+[combos.config]
+{combo_config}
+
+{extra}
+"#,
+        pp = provider("p", &p.base_url(), &["a", "b"]),
+        qq = provider("q", &q.base_url(), &["x"]),
+    )
+}
+
+fn started(p: &MockUpstream, q: &MockUpstream, combo_config: &str, extra: &str) -> Gateway {
+    let gw = Gateway::start(&two(p, q, combo_config, extra));
+    assert_eq!(gw.shards(), 2);
+    gw
+}
+
+// ---------------------------------------------------------------------------------------
+// Retries and failover order
+
+#[test]
+fn a_429_with_retry_after_is_retried_on_the_primary_no_sooner_than_asked() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "2"),
+    );
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    let gw = started(
+        &p,
+        &q,
+        "failover_before_retry = false\nmax_retries = 2\nretry_delay_ms = 100",
+        "",
+    );
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cp");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    assert_eq!(p.hits(CHAT), 2);
+    assert_eq!(
+        q.hits(CHAT),
+        0,
+        "the primary is retried before any failover"
+    );
+    let g = gap(&p, 0, 1);
+    assert!(
+        g >= ms(2000),
+        "retried after {g:?}, sooner than Retry-After: 2"
+    );
+}
+
+#[test]
+fn a_500_then_200_primary_is_retried_once_and_serves() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(CHAT, Reply::error(500, "boom"));
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    // The provider override of p sets the order; the combo's own table the delay.
+    let gw = started(
+        &p,
+        &q,
+        "retry_delay_ms = 600",
+        "[combo_defaults]\nfailover_before_retry = true\nretry_delay_ms = 5000\n\n\
+         [combo_provider_overrides.p]\nfailover_before_retry = false\n",
+    );
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cp");
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 0));
+    // Not before retry_delay_ms, nor before the transient lock p/a's 500 took (the apikey
+    // base cooldown, 3 s); the combo's own retry_delay_ms (not 5 s) wins.
+    let g = gap(&p, 0, 1);
+    assert!(g >= ms(600), "retry_delay_ms is 600: {g:?}");
+    assert!(g < ms(5000), "the combo's own retry_delay_ms wins: {g:?}");
+}
+
+#[test]
+fn with_failover_before_retry_the_fallback_serves_first() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(CHAT, Reply::error(500, "boom"));
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    // The default: failover_before_retry = true.
+    let gw = started(&p, &q, "", "");
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cq");
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+}
+
+#[test]
+fn when_every_target_fails_once_each_is_retried_once_after_the_delay() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(CHAT, Reply::error(500, "boom"));
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on_always(CHAT, Reply::error(500, "boom"));
+    let gw = started(&p, &q, "retry_delay_ms = 400", "");
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cp");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("3"));
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
+    // p, q, then p again no sooner than retry_delay_ms after q.
+    let q_at = q.requests_to(CHAT)[0].at;
+    let p_again = p.requests_to(CHAT)[1].at;
+    assert!(p_again.duration_since(q_at) >= ms(400));
+}
+
+#[test]
+fn set_retries_rerun_the_whole_set_after_the_set_delay() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(CHAT, Reply::error(500, "boom"));
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on_always(CHAT, Reply::error(502, "bad gateway"));
+    let gw = started(
+        &p,
+        &q,
+        "max_retries = 0\nmax_set_retries = 1\nset_retry_delay_ms = 700",
+        "",
+    );
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
+    let q_at = q.requests_to(CHAT)[0].at;
+    let p_again = p.requests_to(CHAT)[1].at;
+    assert!(p_again.duration_since(q_at) >= ms(700));
+}
+
+// ---------------------------------------------------------------------------------------
+// Request-shape errors
+
+#[test]
+fn a_context_length_400_is_never_resent_and_the_fallback_serves() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(
+        CHAT,
+        Reply::error(400, "This model's maximum context length is 8192 tokens"),
+    );
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    // Retries first, and a second connection of p: neither re-sends the request to p/a.
+    let mut config = two(&p, &q, "failover_before_retry = false\nmax_retries = 3", "");
+    config.push_str("\n[[connections]]\nid = \"cp2\"\nprovider = \"p\"\n");
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cq");
+    assert_eq!(p.hits(CHAT), 1, "the invalid request is sent to p/a once");
+    assert_eq!(q.hits(CHAT), 1);
+}
+
+#[test]
+fn a_content_filter_400_is_returned_to_the_client_as_is() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    let filtered = serde_json::json!({"error": {
+        "message": "The response was filtered due to the prompt triggering our content management policy",
+        "type": "invalid_request_error", "code": "content_filter"}});
+    p.on_always(CHAT, Reply::json(400, filtered.clone()));
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    let gw = started(&p, &q, "", "");
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json(), filtered);
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        None,
+        "the upstream's own answer"
+    );
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 0));
+}
+
+#[test]
+fn three_targets_failing_with_the_identical_request_shape_error_stop_the_loop() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    let too_long = "This model's maximum context length is 8192 tokens";
+    p.on_always(CHAT, Reply::error(400, too_long));
+    q.on_always(CHAT, Reply::error(400, too_long));
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}\
+         [[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n\
+         [[connections]]\nid = \"cq\"\nprovider = \"q\"\n\n\
+         [[combos]]\nname = \"four\"\ntargets = [\"p/a\", \"p/b\", \"q/x\", \"q/y\"]\n",
+        provider("p", &p.base_url(), &["a", "b"]),
+        provider("q", &q.base_url(), &["x", "y"]),
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "four");
+    assert_eq!(
+        r.status,
+        400,
+        "every target called it invalid: {}",
+        r.text()
+    );
+    assert!(r.text().contains("maximum context length"), "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("3"));
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1), "q/y is never tried");
+}
+
+// ---------------------------------------------------------------------------------------
+// Timeouts
+
+#[test]
+fn a_target_that_sends_no_head_within_target_timeout_ms_fails_over() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::stall_before_head());
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    let gw = started(&p, &q, "target_timeout_ms = 1000\nmax_retries = 0", "");
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cq");
+    let q_at = q.requests_to(CHAT)[0].at;
+    let p_at = p.requests_to(CHAT)[0].at;
+    assert!(q_at.duration_since(p_at) >= ms(1000));
+    assert!(clock.elapsed() < secs(10));
+}
+
+#[test]
+fn combo_timeout_ms_ends_the_request_with_504_combo_timeout() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::stall_before_head());
+    q.on_always(CHAT, Reply::stall_before_head());
+    let gw = started(
+        &p,
+        &q,
+        "combo_timeout_ms = 1500\ntarget_timeout_ms = 1000",
+        "",
+    );
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    let took = clock.elapsed();
+    assert_eq!(r.status, 504, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "COMBO_TIMEOUT", "{body}");
+    assert_eq!(body["error"]["type"], "server_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Combo global timeout (1500ms) after 2/2 targets | tried: a ("),
+        "{message}"
+    );
+    assert_eq!(body["diagnostics"]["terminalReason"], "combo_timeout");
+    assert_eq!(
+        r.header("x-omniroute-combo-terminal-reason"),
+        Some("combo_timeout")
+    );
+    assert!(took >= ms(1500) && took < secs(6), "{took:?}");
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+}
+
+// ---------------------------------------------------------------------------------------
+// The combo cooldown wait (B §3.3)
+
+/// Combo target failures lock the model for at least 5 s (the upstream's hint when longer).
+const LOCKOUT: &str = "[resilience.model_lockout]\nenabled = true\nbase_cooldown_ms = 5000\n";
+
+#[test]
+fn when_both_targets_are_briefly_locked_the_request_waits_and_succeeds() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    let gw = started(
+        &p,
+        &q,
+        "max_retries = 0",
+        &format!("{LOCKOUT}[resilience.combo_cooldown_wait]\nmax_wait_ms = 8000\n"),
+    );
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    let took = clock.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cp");
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
+    let g = gap(&p, 0, 1);
+    assert!(g >= ms(4900), "waited for the lock: {g:?}");
+    assert!(took < ms(8000), "inside max_wait_ms: {took:?}");
+}
+
+#[test]
+fn a_lock_longer_than_max_wait_ms_is_not_waited_and_the_answer_says_cooling() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    q.on_always(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    let gw = started(
+        &p,
+        &q,
+        "max_retries = 0",
+        &format!("{LOCKOUT}[resilience.combo_cooldown_wait]\nmax_wait_ms = 2000\n"),
+    );
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(
+        r.status,
+        429,
+        "one class of failure: the last answer: {}",
+        r.text()
+    );
+    assert!(clock.elapsed() < ms(4000));
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    // The next request finds both locked and is told so, with the headers.
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "all_targets_cooling_down", "{body}");
+    assert_eq!(body["error"]["type"], "service_unavailable");
+    let excluded = body["diagnostics"]["excluded"].as_array().unwrap();
+    let listed: Vec<(String, String, String)> = excluded
+        .iter()
+        .map(|e| {
+            (
+                e["provider"].as_str().unwrap().to_owned(),
+                e["model"].as_str().unwrap().to_owned(),
+                e["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("p".into(), "a".into(), "model_lockout".into()),
+            ("q".into(), "x".into(), "model_lockout".into())
+        ]
+    );
+    assert_eq!(body["diagnostics"]["poolSize"], 2);
+    assert_eq!(body["diagnostics"]["attempted"], 0);
+    assert_eq!(
+        body["diagnostics"]["terminalReason"],
+        "all_targets_cooling_down"
+    );
+    assert_eq!(body["recovery_hint"]["action"], "wait");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=5).contains(&retry), "{retry}");
+    assert_eq!(body["recovery_hint"]["retry_after_seconds"], retry);
+    assert_eq!(r.header("x-omniroute-combo-pool-size"), Some("2"));
+    assert_eq!(r.header("x-omniroute-combo-attempted"), Some("0"));
+    assert_eq!(
+        r.header("x-omniroute-combo-excluded"),
+        Some("p/a:model_lockout,q/x:model_lockout")
+    );
+    assert_eq!(
+        r.header("x-omniroute-combo-terminal-reason"),
+        Some("all_targets_cooling_down")
+    );
+    assert_eq!(r.header("x-omniroute-recovery-action"), Some("wait"));
+    assert!(r.header("x-omniroute-recovery-next-step").is_some());
+    assert_eq!(
+        r.header("x-omniroute-retry-after-seconds"),
+        Some(retry.to_string().as_str())
+    );
+    assert_eq!(
+        (p.hits(CHAT), q.hits(CHAT)),
+        (1, 1),
+        "nothing was attempted"
+    );
+}
+
+#[test]
+fn a_single_provider_combo_whose_targets_all_cool_answers_all_targets_cooling_down() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::error(503, "overloaded"));
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}\
+         [[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n\
+         [[combos]]\nname = \"solo\"\ntargets = [\"p/a\", \"p/b\"]\n\n\
+         [combos.config]\nmax_retries = 0\n\n{LOCKOUT}\
+         [resilience.combo_cooldown_wait]\nenabled = false\n",
+        provider("p", &p.base_url(), &["a", "b"]),
+        provider("q", &q.base_url(), &["x"]),
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "solo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(p.hits(CHAT), 2);
+    let r = ask(gw.addr(), "solo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["code"],
+        "all_targets_cooling_down",
+        "{}",
+        r.text()
+    );
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(p.hits(CHAT), 2);
+}
+
+#[test]
+fn a_quota_exhausted_lock_is_never_waited_on() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    // A combo target's 403 locks its model as quota_exhausted (B §9.0).
+    let quota = "daily quota exhausted for this model";
+    p.on_always(CHAT, Reply::error(403, quota).header("retry-after", "1"));
+    q.on_always(CHAT, Reply::error(403, quota).header("retry-after", "1"));
+    let gw = started(&p, &q, "max_retries = 0", LOCKOUT);
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    assert_ne!(r.status, 200, "{}", r.text());
+    assert!(clock.elapsed() < ms(4000), "no wait: {:?}", clock.elapsed());
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    // Both are locked (so a wait was possible) and the next request is not held either.
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "all_targets_cooling_down");
+    assert!(clock.elapsed() < ms(4000));
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+}
+
+#[test]
+fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    p.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    q.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "1"),
+    );
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    let gw = started(&p, &q, "max_retries = 0", LOCKOUT);
+    let before = metric(gw.addr(), "tidegate_requests_abandoned_total");
+    let mut c = Client::connect(gw.addr());
+    c.start_request("POST", CHAT, &[], &body("duo"));
+    // Both targets answered; the request now waits for the locks. The client leaves.
+    p.wait_for_hits(CHAT, 1, secs(10));
+    q.wait_for_hits(CHAT, 1, secs(10));
+    drop(c);
+    eventually(secs(10), "the wait to be abandoned", || {
+        (metric(gw.addr(), "tidegate_requests_abandoned_total") > before).then_some(())
+    });
+    gw.wait_for_log("client hung up during a combo wait", secs(5));
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    // A new request waits out the same locks and is served by p's second script (a
+    // 429) then … the abandoned request would have re-dispatched by then: only this
+    // request's attempts reach the upstreams.
+    let r = ask(gw.addr(), "duo");
+    assert_ne!(r.status, 0);
+    let total = p.hits(CHAT) + q.hits(CHAT);
+    let this_request: usize = r
+        .header("x-tidegate-attempts")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(
+        total,
+        2 + this_request,
+        "the abandoned request sent nothing more upstream"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Terminal answers
+
+#[test]
+fn mixed_failure_classes_become_a_5xx_naming_each_class() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::error(500, "boom"));
+    q.on_always(
+        CHAT,
+        Reply::error(400, "This model's maximum context length is 8192 tokens"),
+    );
+    let gw = started(&p, &q, "max_retries = 0", "");
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 502, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "all_targets_failed", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("server_error (p/a 500)")
+            && message.contains("context_overflow (q/x 400)"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("cp") && !message.contains("cq"),
+        "{message}"
+    );
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+}
+
+#[test]
+fn the_attempt_cap_answers_max_attempts_exceeded() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::error(500, "boom"));
+    q.on_always(CHAT, Reply::error(500, "boom"));
+    // Connections that never cool take no transient lock: every retry reaches them.
+    let config = two(
+        &p,
+        &q,
+        "max_retries = 10\nretry_delay_ms = 0\nmax_set_retries = 10\nset_retry_delay_ms = 0",
+        "",
+    )
+    .replace(
+        "provider = \"p\"\n",
+        "provider = \"p\"\ndisable_cooling = true\n",
+    )
+    .replace(
+        "provider = \"q\"\n",
+        "provider = \"q\"\ndisable_cooling = true\n",
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "max_attempts_exceeded", "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "Maximum combo retry limit reached"
+    );
+    assert_eq!(p.hits(CHAT) + q.hits(CHAT), 64);
+}
+
+// ---------------------------------------------------------------------------------------
+// Nested combos
+
+#[test]
+fn a_nested_combo_is_flattened_in_place() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::error(500, "boom"));
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}\
+         [[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n\
+         [[connections]]\nid = \"cq\"\nprovider = \"q\"\n\n\
+         [[combos]]\nname = \"outer\"\ntargets = [{{ combo = \"inner\" }}, \"q/x\"]\n\
+         [combos.config]\nmax_retries = 0\n\n\
+         [[combos]]\nname = \"inner\"\ntargets = [\"p/a\", \"p/b\"]\n",
+        provider("p", &p.base_url(), &["a", "b"]),
+        provider("q", &q.base_url(), &["x"]),
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "outer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), "cq");
+    let models: Vec<String> = p
+        .requests_to(CHAT)
+        .iter()
+        .map(|r| r.json()["model"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(models, ["a", "b"], "inner's targets, in place, before q/x");
+}
+
+#[test]
+fn combo_cycles_and_deep_nesting_are_config_errors() {
+    let base = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                models = [\"a\"]\n\n[[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n";
+    let cycle = format!(
+        "{base}[[combos]]\nname = \"x\"\ntargets = [{{ combo = \"y\" }}]\n\n\
+         [[combos]]\nname = \"y\"\ntargets = [{{ combo = \"x\" }}, \"p/a\"]\n"
+    );
+    let (code, _out, err) = run_check(&cycle);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(
+            "combos[0].targets: combo references form a cycle or nest past 10: x -> y -> x"
+        ),
+        "{err}"
+    );
+    let deep = format!(
+        "{base}[[combos]]\nname = \"c1\"\ntargets = [{{ combo = \"c2\" }}]\n\n\
+         [[combos]]\nname = \"c2\"\ntargets = [{{ combo = \"c3\" }}]\n\n\
+         [[combos]]\nname = \"c3\"\ntargets = [{{ combo = \"c4\" }}]\n\n\
+         [[combos]]\nname = \"c4\"\ntargets = [\"p/a\"]\n"
+    );
+    let (code, _out, err) = run_check(&deep);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("combos[0].targets: combo \"c1\" nests 4 levels deep; max_combo_depth is 3"),
+        "{err}"
+    );
+    // Raised in [combo_defaults], the same nesting is accepted.
+    let (code, _out, err) = run_check(&format!("{deep}\n[combo_defaults]\nmax_combo_depth = 4\n"));
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn every_bad_cascade_key_is_one_problem_line() {
+    let text = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                models = [\"a\"]\n\n[[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n\
+                [[combos]]\nname = \"c\"\ntargets = [\"p/a\"]\n\
+                [combos.config]\nqueue_depth = 101\nhedge_delay_ms = 0\n\n\
+                [combo_defaults]\nmax_retries = 11\n\n\
+                [combo_provider_overrides.nope]\nconcurrency_per_model = 33\n";
+    let (code, _out, err) = run_check(text);
+    assert_ne!(code, 0);
+    for line in [
+        "combos[0].config.queue_depth: 101 is out of range (0..=100)",
+        "combos[0].config.hedge_delay_ms: 0 is out of range (1..=60000)",
+        "combo_defaults.max_retries: 11 is out of range (0..=10)",
+        "combo_provider_overrides.nope: unknown provider \"nope\"",
+        "combo_provider_overrides.nope.concurrency_per_model: 33 is out of range (1..=32)",
+    ] {
+        assert!(err.contains(line), "missing {line:?} in:\n{err}");
+    }
+}
