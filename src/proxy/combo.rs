@@ -15,7 +15,8 @@
 //! on a target is short and waitable, the pass is re-run after it. Every wait is raced
 //! against the client hanging up (nothing more is sent upstream then). `target_timeout_ms`
 //! bounds each attempt up to its response head, `combo_timeout_ms` the whole request
-//! (504 `COMBO_TIMEOUT`).
+//! (504 `COMBO_TIMEOUT`). With `hedging`, a first try that has no answer after
+//! `hedge_delay_ms` races the next target's (see [`Runner::hedged`]).
 
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ use serde_json::json;
 
 use super::After;
 use super::relay::{
-    AttemptEnd, Downstream, FailureNote, LastFailure, Request, Walk, answer_last, attempt,
+    AttemptEnd, Downstream, FailureNote, LastFailure, Opened, Request, Walk, answer_last, attempt,
+    deliver, open,
 };
 use super::respond::send_error;
 use super::select::{self, Excluded, Exclusion, Gate};
@@ -265,15 +267,52 @@ impl Runner<'_, '_> {
     /// Every step once, in order (hedged when the combo hedges).
     async fn first_tries(&mut self, down: &mut Downstream<'_>) -> Result<Option<Ended>, After> {
         let n = self.steps.len();
-        for i in 0..n {
-            if let Some(e) = self.try_step(i, down).await? {
-                return Ok(Some(e));
-            }
-            if i + 1 < n && !self.pause(self.s.fallback_delay_ms, down).await? {
+        let mut i = 0;
+        while i < n {
+            let hedge = if self.s.hedging && i + 1 < n {
+                self.hedged(i, i + 1, down).await?
+            } else {
+                HedgeEnd::NotHedged
+            };
+            let next = match hedge {
+                HedgeEnd::End(e) => return Ok(Some(e)),
+                HedgeEnd::NotHedged => {
+                    if let Some(e) = self.try_step(i, down).await? {
+                        return Ok(Some(e));
+                    }
+                    i + 1
+                }
+                HedgeEnd::First => {
+                    if let Some(e) = self.rest(i, down).await? {
+                        return Ok(Some(e));
+                    }
+                    i + 1
+                }
+                HedgeEnd::Both => {
+                    if let Some(e) = self.rest(i, down).await? {
+                        return Ok(Some(e));
+                    }
+                    if let Some(e) = self.rest(i + 1, down).await? {
+                        return Ok(Some(e));
+                    }
+                    i + 2
+                }
+            };
+            if next < n && !self.pause(self.s.fallback_delay_ms, down).await? {
                 return Ok(Some(Ended::Timeout));
             }
+            i = next;
         }
         Ok(None)
+    }
+
+    /// Step `i`'s candidates after its first (tried by a hedge).
+    async fn rest(&mut self, i: usize, down: &mut Downstream<'_>) -> Result<Option<Ended>, After> {
+        match self.step_from(i, 1, true, down).await {
+            StepEndOr::End(e) => Ok(Some(e)),
+            StepEndOr::Step(StepEnd::Over(after)) => Err(after),
+            StepEndOr::Step(StepEnd::Failed | StepEnd::Skipped) => Ok(None),
+        }
     }
 
     /// A same-target retry of step `i`, after its wait; not made when the upstream asked
@@ -347,31 +386,37 @@ impl Runner<'_, '_> {
     }
 
     async fn step_once(&mut self, i: usize, down: &mut Downstream<'_>) -> StepEndOr {
-        let candidates = self.steps[i].candidates.clone();
-        let mut failed = false;
         self.steps[i].retryable = false;
         self.steps[i].hint_ms = None;
+        self.step_from(i, 0, false, down).await
+    }
+
+    /// Step `i`'s candidates from `from` on; `failed`: an earlier candidate of this try
+    /// already failed.
+    async fn step_from(
+        &mut self,
+        i: usize,
+        from: usize,
+        mut failed: bool,
+        down: &mut Downstream<'_>,
+    ) -> StepEndOr {
+        let candidates: Vec<usize> = self.steps[i]
+            .candidates
+            .iter()
+            .skip(from)
+            .copied()
+            .collect();
         for k in candidates {
             let (target, connection) = &self.req.plan.candidates[k];
-            if self.walk.exhausted.rules_out(target.provider, *connection) {
-                self.exhausted.push((target.clone(), *connection));
-                continue;
+            if let Some(end) = self.before_attempt(k) {
+                match end {
+                    Before::Ruled => continue,
+                    Before::End(e) => return StepEndOr::End(e),
+                }
             }
-            if self.timed_out() {
-                return StepEndOr::End(Ended::Timeout);
-            }
-            if self.walk.attempts >= MAX_COMBO_ATTEMPTS {
-                return StepEndOr::End(Ended::AttemptCap);
-            }
-            let budget = match self.remaining_ms() {
-                Some(left) => left.min(self.s.target_timeout_ms),
-                None => self.s.target_timeout_ms,
-            };
-            self.walk.open_budget = Some(Duration::from_millis(budget));
+            self.walk.open_budget = Some(self.open_budget());
             self.walk.note = None;
-            let combo = ComboAttempt {
-                next_same_provider: self.next_provider(k) == Some(target.provider),
-            };
+            let combo = self.combo_attempt(k);
             let end = attempt(
                 self.shard,
                 self.req,
@@ -383,62 +428,206 @@ impl Runner<'_, '_> {
             )
             .await;
             self.walk.open_budget = None;
-            match end {
-                AttemptEnd::Done(after) => return StepEndOr::Step(StepEnd::Over(after)),
-                AttemptEnd::Skipped(e) => {
-                    if let Some(ms) = e.retry_after_ms {
-                        self.hint(ms);
-                    }
-                    self.excluded.push(e);
-                }
-                AttemptEnd::Stop(f) => {
-                    self.last = Some(f);
-                    return StepEndOr::End(Ended::Stop);
-                }
-                AttemptEnd::MoveOn(f) => {
-                    self.last = Some(f);
-                    failed = true;
-                    let Some(note) = self.walk.note.take() else {
-                        if self.timed_out() {
-                            return StepEndOr::End(Ended::Timeout);
-                        }
-                        continue;
-                    };
-                    if let Some(h) = note.hint_ms {
-                        self.hint(h);
-                        let step = &mut self.steps[i];
-                        step.hint_ms = Some(step.hint_ms.map_or(h, |o| o.max(h)));
-                    }
-                    let shape = note.request_shape.clone();
-                    self.outcomes.push(Outcome {
-                        target: target.clone(),
-                        note,
-                    });
-                    if self.timed_out() {
-                        return StepEndOr::End(Ended::Timeout);
-                    }
-                    if let Some(shape) = shape {
-                        // Never re-sent to this target, on any of its connections.
-                        self.steps[i].retryable = false;
-                        let count = match &self.shape_streak {
-                            Some((s, n)) if *s == shape => n + 1,
-                            _ => 1,
-                        };
-                        self.shape_streak = Some((shape, count));
-                        if count >= SHAPE_STREAK_STOP {
-                            return StepEndOr::End(Ended::ShapeStreak);
-                        }
-                        return StepEndOr::Step(StepEnd::Failed);
-                    }
-                    self.shape_streak = None;
-                    self.steps[i].retryable = true;
-                }
+            let note = self.walk.note.take();
+            match self.absorb(i, k, end, note) {
+                Absorbed::Next => {}
+                Absorbed::Failed => failed = true,
+                Absorbed::End(e) => return e,
             }
         }
         StepEndOr::Step(if failed {
             StepEnd::Failed
         } else {
             StepEnd::Skipped
+        })
+    }
+
+    /// Whether candidate `k` may be attempted now: `None` = yes.
+    fn before_attempt(&mut self, k: usize) -> Option<Before> {
+        let (target, connection) = &self.req.plan.candidates[k];
+        if self.walk.exhausted.rules_out(target.provider, *connection) {
+            self.exhausted.push((target.clone(), *connection));
+            return Some(Before::Ruled);
+        }
+        if self.timed_out() {
+            return Some(Before::End(Ended::Timeout));
+        }
+        if self.walk.attempts >= MAX_COMBO_ATTEMPTS {
+            return Some(Before::End(Ended::AttemptCap));
+        }
+        None
+    }
+
+    fn open_budget(&self) -> Duration {
+        let ms = match self.remaining_ms() {
+            Some(left) => left.min(self.s.target_timeout_ms),
+            None => self.s.target_timeout_ms,
+        };
+        Duration::from_millis(ms)
+    }
+
+    fn combo_attempt(&self, k: usize) -> ComboAttempt {
+        let (target, _) = &self.req.plan.candidates[k];
+        ComboAttempt {
+            next_same_provider: self.next_provider(k) == Some(target.provider),
+        }
+    }
+
+    /// Takes in how candidate `k` of step `i` ended.
+    fn absorb(
+        &mut self,
+        i: usize,
+        k: usize,
+        end: AttemptEnd,
+        note: Option<FailureNote>,
+    ) -> Absorbed {
+        let (target, _) = &self.req.plan.candidates[k];
+        match end {
+            AttemptEnd::Done(after) => Absorbed::End(StepEndOr::Step(StepEnd::Over(after))),
+            AttemptEnd::Skipped(e) => {
+                if let Some(ms) = e.retry_after_ms {
+                    self.hint(ms);
+                }
+                self.excluded.push(e);
+                Absorbed::Next
+            }
+            AttemptEnd::Stop(f) => {
+                self.last = Some(f);
+                Absorbed::End(StepEndOr::End(Ended::Stop))
+            }
+            AttemptEnd::MoveOn(f) => {
+                self.last = Some(f);
+                let Some(note) = note else {
+                    if self.timed_out() {
+                        return Absorbed::End(StepEndOr::End(Ended::Timeout));
+                    }
+                    return Absorbed::Failed;
+                };
+                if let Some(h) = note.hint_ms {
+                    self.hint(h);
+                    let step = &mut self.steps[i];
+                    step.hint_ms = Some(step.hint_ms.map_or(h, |o| o.max(h)));
+                }
+                let shape = note.request_shape.clone();
+                self.outcomes.push(Outcome {
+                    target: target.clone(),
+                    note,
+                });
+                if self.timed_out() {
+                    return Absorbed::End(StepEndOr::End(Ended::Timeout));
+                }
+                if let Some(shape) = shape {
+                    // Never re-sent to this target, on any of its connections.
+                    self.steps[i].retryable = false;
+                    let count = match &self.shape_streak {
+                        Some((s, n)) if *s == shape => n + 1,
+                        _ => 1,
+                    };
+                    self.shape_streak = Some((shape, count));
+                    if count >= SHAPE_STREAK_STOP {
+                        return Absorbed::End(StepEndOr::End(Ended::ShapeStreak));
+                    }
+                    return Absorbed::End(StepEndOr::Step(StepEnd::Failed));
+                }
+                self.shape_streak = None;
+                self.steps[i].retryable = true;
+                Absorbed::Failed
+            }
+        }
+    }
+
+    /// Hedging (B §3.1): step `i`'s first candidate alone for `hedge_delay_ms`; when it
+    /// has no answer by then, step `j`'s first candidate starts too and the first ready
+    /// answer wins. The other attempt is dropped: its admission guards go back, it is
+    /// recorded as a client abort (no breaker or cooldown penalty), and its upstream
+    /// connection is closed. `Ok(None)`: nothing served, continue with step `i`'s other
+    /// candidates (and, when it started, step `j`'s), from `next`.
+    async fn hedged(
+        &mut self,
+        i: usize,
+        j: usize,
+        down: &mut Downstream<'_>,
+    ) -> Result<HedgeEnd, After> {
+        let (ka, kb) = (self.steps[i].candidates[0], self.steps[j].candidates[0]);
+        for k in [ka, kb] {
+            if self.before_attempt(k).is_some() {
+                // Ruled out, out of time or attempts: the plain walk says so.
+                return Ok(HedgeEnd::NotHedged);
+            }
+        }
+        self.steps[i].retryable = false;
+        self.steps[i].hint_ms = None;
+        self.steps[j].retryable = false;
+        self.steps[j].hint_ms = None;
+        let (shard, req) = (self.shard, self.req);
+        let (ta, ca) = &req.plan.candidates[ka];
+        let (tb, cb) = &req.plan.candidates[kb];
+        let (combo_a, combo_b) = (self.combo_attempt(ka), self.combo_attempt(kb));
+        let delay = Duration::from_millis(self.s.hedge_delay_ms);
+        let mut wa = Walk {
+            open_budget: Some(self.open_budget()),
+            ..Walk::default()
+        };
+        let mut wb = Walk {
+            open_budget: Some(self.open_budget()),
+            ..Walk::default()
+        };
+        let race = async {
+            let mut a = std::pin::pin!(open(shard, req, ta, *ca, Some(combo_a), &mut wa, None));
+            monoio::select! {
+                r = &mut a => return Race::Alone(r),
+                () = monoio::time::sleep(delay) => {}
+            }
+            tracing::debug!("hedging: no answer after hedge_delay_ms, starting the next target");
+            let mut b = std::pin::pin!(open(shard, req, tb, *cb, Some(combo_b), &mut wb, None));
+            monoio::select! {
+                r = &mut a => {
+                    if matches!(r, Opened::Ready(_)) {
+                        return Race::A(r);
+                    }
+                    let rb = b.await;
+                    Race::Both(r, rb)
+                }
+                r = &mut b => {
+                    if matches!(r, Opened::Ready(_)) {
+                        return Race::B(r);
+                    }
+                    let ra = a.await;
+                    Race::Both(ra, r)
+                }
+            }
+        };
+        let Some(race) = unless_client_gone(down.client, down.pending, race).await else {
+            bump(&shard.metrics().abandoned_while_waiting);
+            return Err(After::Close);
+        };
+        self.walk.attempts += wa.attempts + wb.attempts;
+        self.walk.exhausted.merge(&wa.exhausted);
+        self.walk.exhausted.merge(&wb.exhausted);
+        let (a, b) = match race {
+            Race::Alone(a) => (Some(a), None),
+            Race::A(a) => (Some(a), None),
+            Race::B(b) => (None, Some(b)),
+            Race::Both(a, b) => (Some(a), Some(b)),
+        };
+        let started_b = b.is_some() || wb.attempts > 0;
+        for (step, k, opened, note) in [(i, ka, a, wa.note.take()), (j, kb, b, wb.note.take())] {
+            let Some(opened) = opened else { continue };
+            let end = match opened {
+                Opened::End(end) => end,
+                Opened::Ready(ready) => deliver(shard, req, ready, self.walk.attempts, down).await,
+            };
+            match self.absorb(step, k, end, note) {
+                Absorbed::Next | Absorbed::Failed => {}
+                Absorbed::End(StepEndOr::Step(StepEnd::Over(after))) => return Err(after),
+                Absorbed::End(StepEndOr::End(e)) => return Ok(HedgeEnd::End(e)),
+                Absorbed::End(StepEndOr::Step(StepEnd::Failed | StepEnd::Skipped)) => {}
+            }
+        }
+        Ok(if started_b {
+            HedgeEnd::Both
+        } else {
+            HedgeEnd::First
         })
     }
 
@@ -925,6 +1114,40 @@ impl Runner<'_, '_> {
 enum StepEndOr {
     Step(StepEnd),
     End(Ended),
+}
+
+/// Whether a candidate may be attempted.
+enum Before {
+    /// A rule-scoped failure ruled it out for this request.
+    Ruled,
+    End(Ended),
+}
+
+/// What one attempt's end means for the loop.
+enum Absorbed {
+    Next,
+    Failed,
+    End(StepEndOr),
+}
+
+/// How a hedged pair ended.
+enum HedgeEnd {
+    /// Not raced: try the step plainly.
+    NotHedged,
+    /// Only the first ran (it ended before the hedge delay): its other candidates next.
+    First,
+    /// Both ran, neither served: both steps' other candidates next.
+    Both,
+    End(Ended),
+}
+
+/// The hedge race's result.
+enum Race<'s> {
+    /// The first ended before the hedge delay.
+    Alone(Opened<'s>),
+    A(Opened<'s>),
+    B(Opened<'s>),
+    Both(Opened<'s>, Opened<'s>),
 }
 
 fn secs(ms: u64) -> u64 {

@@ -270,6 +270,20 @@ impl Exhausted {
         }
     }
 
+    /// Takes in what another walk ruled out (a hedged attempt's).
+    pub(super) fn merge(&mut self, other: &Exhausted) {
+        for p in &other.providers {
+            if !self.providers.contains(p) {
+                self.providers.push(*p);
+            }
+        }
+        for c in &other.connections {
+            if !self.connections.contains(c) {
+                self.connections.push(*c);
+            }
+        }
+    }
+
     pub(super) fn rules_out(&self, provider: ProviderId, connection: ConnectionId) -> bool {
         self.providers.contains(&provider) || self.connections.contains(&connection)
     }
@@ -279,7 +293,7 @@ impl Exhausted {
 /// it. An attempt dropped before its end (its future cancelled with the client) counts as
 /// a client abort: its probe permits go back when they drop, nothing counts against the
 /// upstream.
-struct Attempted<'s> {
+pub(super) struct Attempted<'s> {
     shard: &'s Shard,
     target: &'s Target,
     connection: ConnectionId,
@@ -344,12 +358,117 @@ pub(super) async fn attempt(
     walk: &mut Walk,
     down: &mut Downstream<'_>,
 ) -> AttemptEnd {
+    let opened = open(
+        shard,
+        req,
+        target,
+        connection,
+        combo,
+        walk,
+        Some((&mut *down.client, &mut *down.pending)),
+    )
+    .await;
+    match opened {
+        Opened::End(end) => end,
+        Opened::Ready(ready) => deliver(shard, req, ready, walk.attempts, down).await,
+    }
+}
+
+/// An attempt up to the answer it has for the client, nothing written yet.
+pub(super) enum Opened<'s> {
+    /// Skipped, failed (move on or stop), or the client left while it waited.
+    End(AttemptEnd),
+    Ready(Ready<'s>),
+}
+
+/// An answer ready for the client.
+pub(super) enum Ready<'s> {
+    /// An error answer the next candidate would not fix: relayed as it is (its outcome is
+    /// already recorded).
+    Relay(Box<Buffered>),
+    /// A 2xx with its first bytes; it holds its admission (slot, permits) until it ends.
+    Stream(Box<Streaming<'s>>),
+}
+
+pub(super) struct Streaming<'s> {
+    attempted: Attempted<'s>,
+    up: upstream::Up,
+    first: Option<Bytes>,
+    wd: Option<super::watchdog::Watchdog>,
+    _held: (
+        Option<gates::client::GatePermit<'s>>,
+        Option<queue::client::QueueSlot<'s>>,
+        Option<gates::client::GatePermit<'s>>,
+    ),
+}
+
+/// Writes a ready answer to the client; `attempts` so far are reported with it.
+pub(super) async fn deliver(
+    shard: &Shard,
+    req: &Request<'_>,
+    ready: Ready<'_>,
+    attempts: usize,
+    down: &mut Downstream<'_>,
+) -> AttemptEnd {
+    match ready {
+        Ready::Relay(buffered) => {
+            let after =
+                stream::relay_buffered(shard, &buffered, attempts, down.client, down.keep_alive)
+                    .await;
+            AttemptEnd::Done(after)
+        }
+        Ready::Stream(s) => {
+            let Streaming {
+                attempted,
+                up,
+                first,
+                wd,
+                _held,
+            } = *s;
+            let config = shard.config();
+            let provider = config.provider(attempted.target.provider);
+            let conn = config.connection(attempted.connection);
+            let (after, ended) = stream::commit(
+                shard,
+                req.head,
+                up,
+                first,
+                provider,
+                conn,
+                attempts,
+                down.client,
+                down.keep_alive,
+                req.budgets.idle,
+                req.endpoint,
+                wd,
+            )
+            .await;
+            attempted.end(ended).await;
+            drop(_held);
+            AttemptEnd::Done(after)
+        }
+    }
+}
+
+/// One attempt on `(target, connection)` up to the answer it has for the client. The
+/// admission wait is raced against `client` hanging up when it is given (a hedged attempt
+/// leaves that to its caller).
+pub(super) async fn open<'s>(
+    shard: &'s Shard,
+    req: &Request<'_>,
+    target: &'s Target,
+    connection: ConnectionId,
+    combo: Option<ComboAttempt>,
+    walk: &mut Walk,
+    client: Option<(&mut TcpStream, &mut BytesMut)>,
+) -> Opened<'s> {
+    use AttemptEnd as E;
     let config = shard.config();
     // Select: the local views, and a half-open breaker's probe permit from its owner.
     let permits = match select::admit(shard, target, connection, combo.is_some()).await {
         Admit::Yes(p) => p,
-        Admit::No(e) => return AttemptEnd::Skipped(e),
-        Admit::Failed(e) => return AttemptEnd::MoveOn(LastFailure::Gateway(e)),
+        Admit::No(e) => return Opened::End(E::Skipped(e)),
+        Admit::Failed(e) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
     };
     // Admit: a quota-share combo's attempt holds its connection's qsconn slot (fail open);
     // then a slot in the connection's request queue and its concurrency permits. All are
@@ -364,15 +483,18 @@ pub(super) async fn attempt(
         let gate = gates::client::acquire(shard, connection, &target.model).await?;
         Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
     };
-    let (_qs_slot, mut queue_slot, gate) =
-        match unless_client_gone(down.client, down.pending, admission).await {
-            Some(Ok(admitted)) => admitted,
-            Some(Err(e)) => return AttemptEnd::MoveOn(LastFailure::Gateway(e)),
-            None => {
-                bump(&shard.metrics().abandoned_while_waiting);
-                return AttemptEnd::Done(After::Close);
-            }
-        };
+    let admitted = match client {
+        Some((client, pending)) => unless_client_gone(client, pending, admission).await,
+        None => Some(admission.await),
+    };
+    let (qs_slot, mut queue_slot, gate) = match admitted {
+        Some(Ok(admitted)) => admitted,
+        Some(Err(e)) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
+        None => {
+            bump(&shard.metrics().abandoned_while_waiting);
+            return Opened::End(E::Done(After::Close));
+        }
+    };
     let attempted = Attempted {
         shard,
         target,
@@ -442,11 +564,11 @@ pub(super) async fn attempt(
             walk.note = Some(FailureNote::of_error(&e));
             let retry = e.kind.retry() != Retry::Decided(false);
             let failure = LastFailure::Gateway(e);
-            return if retry {
-                AttemptEnd::MoveOn(failure)
+            return Opened::End(if retry {
+                E::MoveOn(failure)
             } else {
-                AttemptEnd::Stop(failure)
-            };
+                E::Stop(failure)
+            });
         }
     };
     let status = up.head.status();
@@ -459,7 +581,7 @@ pub(super) async fn attempt(
                 Err(e) => {
                     attempted.end_with_error(&e).await;
                     walk.note = Some(FailureNote::of_error(&e));
-                    return AttemptEnd::MoveOn(LastFailure::Gateway(e));
+                    return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
                 }
             };
         up.finish(shard);
@@ -483,17 +605,9 @@ pub(super) async fn attempt(
         tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), move_on, "upstream error");
         attempted.end(Ended::Failed(Box::new(verdict))).await;
         if move_on {
-            return AttemptEnd::MoveOn(LastFailure::Upstream(Box::new(buffered)));
+            return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
         }
-        let after = stream::relay_buffered(
-            shard,
-            &buffered,
-            walk.attempts,
-            down.client,
-            down.keep_alive,
-        )
-        .await;
-        return AttemptEnd::Done(after);
+        return Opened::Ready(Ready::Relay(Box::new(buffered)));
     }
     if let Some(q) = queue_slot.as_mut() {
         q.learn_from(status, up.head.fields().into_iter());
@@ -509,32 +623,22 @@ pub(super) async fn attempt(
                 tracing::debug!(connection = %conn.name, "{e}");
                 attempted.end(Ended::StreamStall).await;
                 walk.note = Some(FailureNote::of_error(&e));
-                return AttemptEnd::MoveOn(LastFailure::Gateway(e));
+                return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
             }
             Err(e) => {
                 tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
                 attempted.end_with_error(&e).await;
                 walk.note = Some(FailureNote::of_error(&e));
-                return AttemptEnd::MoveOn(LastFailure::Gateway(e));
+                return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
             }
         };
-    let (after, ended) = stream::commit(
-        shard,
-        req.head,
+    Opened::Ready(Ready::Stream(Box::new(Streaming {
+        attempted,
         up,
         first,
-        provider,
-        conn,
-        walk.attempts,
-        down.client,
-        down.keep_alive,
-        req.budgets.idle,
-        req.endpoint,
         wd,
-    )
-    .await;
-    attempted.end(ended).await;
-    AttemptEnd::Done(after)
+        _held: (qs_slot, queue_slot, gate),
+    })))
 }
 
 /// How long an error answer asked to wait: its `Retry-After`, else the reset hint its
