@@ -23,17 +23,21 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::After;
+use bytes::Bytes;
+
 use super::relay::{
-    AttemptEnd, Downstream, FailureNote, LastFailure, Opened, Request, Walk, answer_last, attempt,
-    deliver, open,
+    AttemptEnd, Downstream, FailureNote, LastFailure, Opened, Plan, Request, Walk, answer_last,
+    attempt, deliver, open, order_available,
 };
 use super::respond::send_error;
 use super::select::{self, Excluded, Exclusion, Gate};
 use crate::config::{ComboSettings, ConnectionId};
 use crate::error::{ErrorKind, GatewayError};
+use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Shard;
 use crate::owners::health::protocol::ComboAttempt;
+use crate::providers::Endpoint;
 use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
 
@@ -105,13 +109,28 @@ struct Runner<'a, 'r> {
     shape_streak: Option<(String, u32)>,
 }
 
-/// Runs the combo `combo` of `req.plan`.
-pub(super) async fn run(
+/// Serves a request whose plan names a combo (`plan.combo`): a quota-share combo's
+/// candidates are ordered by its home first (the ticket counts the pick in flight until
+/// the request ends), then the combo runs by its settings.
+pub(super) async fn serve(
     shard: &Shard,
-    req: &Request<'_>,
+    head: &RequestHead,
+    endpoint: Endpoint,
+    body: Bytes,
+    mut plan: Plan,
     combo: usize,
-    down: &mut Downstream<'_>,
+    mut downstream: Downstream<'_>,
 ) -> After {
+    let _in_flight = match plan.quota_share {
+        Some(qs) => order_available(shard, qs, &mut plan.candidates).await,
+        None => None,
+    };
+    let req = Request::new(shard, head, endpoint, &body, &plan);
+    run(shard, &req, combo, &mut downstream).await
+}
+
+/// Runs the combo `combo` of `req.plan`.
+async fn run(shard: &Shard, req: &Request<'_>, combo: usize, down: &mut Downstream<'_>) -> After {
     let config = shard.config();
     let s = &config.combos[combo].settings;
     let mut steps: Vec<Step> = Vec::new();

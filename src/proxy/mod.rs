@@ -245,7 +245,13 @@ async fn inference(
                 keep_alive,
                 dialect: dialect(head),
             };
-            relay::run(shard, head, endpoint, body, plan, downstream).await
+            match plan.combo {
+                // A combo runs by its settings (retries, failover order, timeouts, waits).
+                Some(combo) => {
+                    combo::serve(shard, head, endpoint, body, plan, combo, downstream).await
+                }
+                None => relay::run(shard, head, endpoint, body, plan, downstream).await,
+            }
         }
         Err(err) => send_error(shard, client, &err, dialect(head), keep_alive).await,
     }

@@ -67,6 +67,24 @@ pub(super) struct Request<'r> {
     budgets: Budgets,
 }
 
+impl<'r> Request<'r> {
+    pub(super) fn new(
+        shard: &Shard,
+        head: &'r RequestHead,
+        endpoint: Endpoint,
+        body: &'r Bytes,
+        plan: &'r Plan,
+    ) -> Self {
+        Self {
+            head,
+            endpoint,
+            body,
+            plan,
+            budgets: Budgets::of(shard),
+        }
+    }
+}
+
 /// The last failure seen, answered when no candidate succeeds.
 pub(super) enum LastFailure {
     Gateway(GatewayError),
@@ -108,10 +126,6 @@ pub async fn run(
         plan: &plan,
         budgets: Budgets::of(shard),
     };
-    // A combo runs by its settings (retries, failover order, timeouts, waits).
-    if let Some(combo) = plan.combo {
-        return super::combo::run(shard, &request, combo, &mut downstream).await;
-    }
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
@@ -158,7 +172,7 @@ pub async fn run(
 /// open-breaker or tracker-cooled (`provider_cooldown`) candidate takes no deficit turn and
 /// no in-flight ticket; it stays at the end of the list, where its attempt is skipped and
 /// named in the terminal answer. With nothing available nobody is asked.
-async fn order_available<'s>(
+pub(super) async fn order_available<'s>(
     shard: &'s Shard,
     combo: usize,
     candidates: &mut Vec<(Target, ConnectionId)>,
