@@ -590,6 +590,72 @@ fn mixed_failure_classes_become_a_5xx_naming_each_class() {
 }
 
 #[test]
+fn targets_that_never_answer_give_all_accounts_inactive() {
+    // Two ports nothing listens on: every attempt fails to connect, no status comes back.
+    let dead = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        format!("http://{addr}/v1")
+    };
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}\
+         [[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n\
+         [[connections]]\nid = \"cq\"\nprovider = \"q\"\n\n\
+         [[combos]]\nname = \"duo\"\ntargets = [\"p/a\", \"q/x\"]\n",
+        provider("p", &dead(), &["a"]),
+        provider("q", &dead(), &["x"]),
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "ALL_ACCOUNTS_INACTIVE", "{body}");
+    assert_eq!(body["error"]["type"], "service_unavailable");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Service temporarily unavailable: all upstream accounts are inactive"),
+        "{body}"
+    );
+    assert_eq!(body["diagnostics"]["attempted"], 2, "{body}");
+    assert_eq!(
+        r.header("x-omniroute-combo-terminal-reason"),
+        Some("all_accounts_inactive")
+    );
+}
+
+#[test]
+fn a_combo_whose_connections_are_all_terminal_has_no_executable_targets() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    // An OAuth 403 nobody recognises bans the connection (A §3.6).
+    p.on_always(CHAT, Reply::error(403, "You are not allowed to do that"));
+    q.on_always(CHAT, Reply::error(403, "You are not allowed to do that"));
+    let config = two(&p, &q, "max_retries = 0", "").replace(
+        "format = \"openai\"\n",
+        "format = \"openai\"\nauth = \"oauth\"\n",
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "duo");
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = eventually(secs(5), "both connections terminal", || {
+        let r = ask(gw.addr(), "duo");
+        (r.status == 404).then_some(r)
+    });
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "no_executable_targets", "{body}");
+    assert_eq!(body["error"]["message"], "Combo has no executable targets");
+    assert_eq!(body["recovery_hint"]["action"], "switch-combo");
+    assert_eq!(
+        r.header("x-omniroute-recovery-action"),
+        Some("switch-combo")
+    );
+    assert_eq!(body["diagnostics"]["excluded"].as_array().unwrap().len(), 2);
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+}
+
+#[test]
 fn the_attempt_cap_answers_max_attempts_exceeded() {
     let (p, q) = (MockUpstream::start(), MockUpstream::start());
     p.on_always(CHAT, Reply::error(500, "boom"));
