@@ -2106,6 +2106,10 @@ mod tests {
             "config/examples/multi-key.toml",
             include_str!("../../config/examples/multi-key.toml"),
         ),
+        (
+            "config/examples/combo.toml",
+            include_str!("../../config/examples/combo.toml"),
+        ),
     ];
 
     #[test]
