@@ -266,7 +266,7 @@ fn hedging_a_primary_that_stalls_before_its_head_loses_to_the_fallback() {
     let (p, q) = (MockUpstream::start(), MockUpstream::start());
     p.on_always(CHAT, Reply::stall_before_head());
     q.on_always(CHAT, Reply::openai_chat("from q"));
-    let gw = started(&p, &q, "hedging = true\nhedge_delay_ms = 300", "");
+    let gw = started(&p, &q, "hedging = true\nhedge_delay_ms = 600", "");
     let clock = Stopwatch::start();
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -277,7 +277,9 @@ fn hedging_a_primary_that_stalls_before_its_head_loses_to_the_fallback() {
     let started_after = q.requests_to(CHAT)[0]
         .at
         .duration_since(p.requests_to(CHAT)[0].at);
-    assert!(started_after >= ms(300), "{started_after:?}");
+    // The hedge delay runs from the first attempt's start, a little before the mock has
+    // read its request: allow for that.
+    assert!(started_after >= ms(500), "{started_after:?}");
     // The stalled attempt is cancelled: the primary's upstream sees the hang-up.
     p.wait_until(secs(5), "the stalled attempt's connection to close", |m| {
         m.open_connections() == 0
@@ -571,7 +573,19 @@ fn mixed_failure_classes_become_a_5xx_naming_each_class() {
         CHAT,
         Reply::error(400, "This model's maximum context length is 8192 tokens"),
     );
-    let gw = started(&p, &q, "max_retries = 0", "");
+    // A set retry re-sends to p/a (its connection never cools here), never to q/x, which
+    // called the request invalid.
+    let config = two(
+        &p,
+        &q,
+        "max_retries = 0\nmax_set_retries = 1\nset_retry_delay_ms = 0",
+        "",
+    )
+    .replace(
+        "provider = \"p\"\n",
+        "provider = \"p\"\ndisable_cooling = true\n",
+    );
+    let gw = Gateway::start(&config);
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 502, "{}", r.text());
     let body = r.json();
@@ -586,7 +600,7 @@ fn mixed_failure_classes_become_a_5xx_naming_each_class() {
         !message.contains("cp") && !message.contains("cq"),
         "{message}"
     );
-    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
 }
 
 #[test]

@@ -61,6 +61,8 @@ struct Step {
     hint_ms: Option<u64>,
     /// Same-target retries made in the current pass.
     retries: u32,
+    /// It answered that the request itself is invalid: never sent to it again.
+    shape_failed: bool,
 }
 
 /// One failed attempt, for the terminal answer.
@@ -143,6 +145,7 @@ async fn run(shard: &Shard, req: &Request<'_>, combo: usize, down: &mut Downstre
                 retryable: false,
                 hint_ms: None,
                 retries: 0,
+                shape_failed: false,
             }),
         }
     }
@@ -426,6 +429,9 @@ impl Runner<'_, '_> {
             .copied()
             .collect();
         for k in candidates {
+            if self.steps[i].shape_failed {
+                break;
+            }
             let (target, connection) = &self.req.plan.candidates[k];
             if let Some(end) = self.before_attempt(k) {
                 match end {
@@ -536,8 +542,10 @@ impl Runner<'_, '_> {
                     return Absorbed::End(StepEndOr::End(Ended::Timeout));
                 }
                 if let Some(shape) = shape {
-                    // Never re-sent to this target, on any of its connections.
+                    // Never re-sent to this target, on any of its connections, in any
+                    // retry or pass.
                     self.steps[i].retryable = false;
+                    self.steps[i].shape_failed = true;
                     let count = match &self.shape_streak {
                         Some((s, n)) if *s == shape => n + 1,
                         _ => 1,
@@ -568,6 +576,9 @@ impl Runner<'_, '_> {
         down: &mut Downstream<'_>,
     ) -> Result<HedgeEnd, After> {
         let (ka, kb) = (self.steps[i].candidates[0], self.steps[j].candidates[0]);
+        if self.steps[i].shape_failed || self.steps[j].shape_failed {
+            return Ok(HedgeEnd::NotHedged);
+        }
         for k in [ka, kb] {
             if self.before_attempt(k).is_some() {
                 // Ruled out, out of time or attempts: the plain walk says so.
