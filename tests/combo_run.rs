@@ -562,6 +562,45 @@ fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
 }
 
+#[test]
+fn a_combo_behind_an_open_breaker_waits_for_the_probe_time_and_is_served() {
+    // A port nothing listens on yet: the first request's connect failure opens the
+    // provider breaker (threshold 1, reset 2 s). Then a mock takes the port.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        drop(l);
+        a
+    };
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n\
+         [[providers]]\nid = \"up\"\nformat = \"openai\"\nbase_url = \"http://{addr}/v1\"\n\
+         models = [\"m1\"]\n\n\
+         [[connections]]\nid = \"c1\"\nprovider = \"up\"\ndisable_cooling = true\n\n\
+         [[combos]]\nname = \"solo\"\ntargets = [\"up/m1\"]\n\
+         [combos.config]\nmax_retries = 0\n\n\
+         [resilience.provider_breaker.apikey]\nfailure_threshold = 1\nreset_timeout_ms = 2000\n"
+    );
+    let gw = Gateway::start(&config);
+    let r = ask(gw.addr(), "solo");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let mock = MockUpstream::start_at(addr);
+    mock.on_always(CHAT, Reply::openai_chat("after the probe time"));
+    // Nothing can be attempted now (the breaker is open): the combo waits for its probe
+    // time instead of answering all_targets_cooling_down, then is served by the probe.
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "solo");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("after the probe time"));
+    assert!(
+        clock.elapsed() >= ms(500),
+        "it waited: {:?}",
+        clock.elapsed()
+    );
+    assert!(clock.elapsed() < secs(10), "{:?}", clock.elapsed());
+    assert_eq!(mock.hits(CHAT), 1);
+}
+
 // ---------------------------------------------------------------------------------------
 // Terminal answers
 
