@@ -183,6 +183,15 @@ fn main() -> ExitCode {
     }
 }
 
+fn signal_name(signal: Option<i32>) -> &'static str {
+    match signal {
+        Some(signal_hook::consts::SIGTERM) => "SIGTERM",
+        Some(signal_hook::consts::SIGINT) => "SIGINT",
+        Some(signal_hook::consts::SIGHUP) => "SIGHUP",
+        _ => "unknown",
+    }
+}
+
 fn serve(path: PathBuf) -> ExitCode {
     init_logging();
     let (cfg, warnings) = match load(&path) {
@@ -230,7 +239,10 @@ fn serve(path: PathBuf) -> ExitCode {
     tidegate::notify::notify("READY=1");
     let signal = signals.forever().next();
     tidegate::notify::notify("STOPPING=1");
-    tracing::info!(signal = ?signal, "shutting down: no new connections, draining in-flight requests");
+    tracing::info!(
+        signal = %signal_name(signal),
+        "shutting down: no new connections, draining in-flight requests"
+    );
     fleet.stop();
     tracing::info!("stopped");
     ExitCode::SUCCESS

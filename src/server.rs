@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ use crate::shard::metrics::ShardMetrics;
 const URING_ENTRIES: u32 = 4096;
 /// How often a draining shard checks whether its in-flight requests are done.
 const DRAIN_POLL_MS: u64 = 10;
+/// How long cut requests get to write their last answer after the grace period.
+const CUT_FLUSH_MS: u64 = 1_000;
 
 /// Which I/O driver the shards run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +73,10 @@ pub struct Fleet {
     pub shards: usize,
     pub driver: Driver,
     stops: Vec<flume::Sender<()>>,
+    /// Set when shutdown begins, before the listeners close.
+    stopping: Arc<AtomicBool>,
+    /// A second handle on every shard's listening socket, to stop listening at once.
+    closers: Vec<std::net::TcpListener>,
     threads: Vec<JoinHandle<()>>,
     /// Held until the fleet is stopped: the address's claim (see `net::claim`).
     _claim: Claim,
@@ -173,6 +180,12 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         Vec::new()
     };
     let (ready_tx, ready_rx) = flume::unbounded::<Result<usize, String>>();
+    let closers = listeners
+        .iter()
+        .map(std::net::TcpListener::try_clone)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StartError(format!("cannot listen on {listen}: {e}")))?;
+    let stopping = Arc::new(AtomicBool::new(false));
     let mut stops = Vec::with_capacity(shards);
     let mut threads = Vec::with_capacity(shards);
     for (id, listener) in listeners.into_iter().enumerate() {
@@ -185,13 +198,18 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         };
         let shared = shared.clone();
         let ready = ready_tx.clone();
+        let stopping = stopping.clone();
         let handle = std::thread::Builder::new()
             .name(format!("tidegate-shard-{id}"))
             .spawn(move || {
                 if let Some(core) = core {
                     core_affinity::set_for_current(core);
                 }
-                if let Err(e) = run_shard(id, driver, listener, shared, mesh_end, stop_rx, &ready) {
+                let stop = Stop {
+                    flag: stopping,
+                    signal: stop_rx,
+                };
+                if let Err(e) = run_shard(id, driver, listener, shared, mesh_end, stop, &ready) {
                     let _ = ready.send(Err(format!("shard {id}: {e}")));
                 }
             })
@@ -205,6 +223,8 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         shards,
         driver,
         stops,
+        stopping,
+        closers,
         threads,
         _claim: claim,
     };
@@ -228,6 +248,16 @@ impl Fleet {
     /// Stops accepting on every shard, waits for in-flight requests (each shard gives
     /// them `shutdown_grace_ms`) and joins the threads.
     pub fn stop(self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Stop listening now, on every shard's socket: from here the kernel hands new
+        // connections to other listeners of the address (a successor started with
+        // `allow_shared_listen`) or refuses them; none waits in a draining shard's
+        // backlog. Pending accepts fail and the shards see `stopping`.
+        for l in &self.closers {
+            if let Err(e) = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Read) {
+                tracing::warn!("cannot close a listening socket: {e}");
+            }
+        }
         for s in &self.stops {
             let _ = s.send(());
         }
@@ -237,14 +267,20 @@ impl Fleet {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How a shard learns shutdown began: the flag (read when an accept fails) and the
+/// message that cancels its pending accept.
+struct Stop {
+    flag: Arc<AtomicBool>,
+    signal: flume::Receiver<()>,
+}
+
 fn run_shard(
     id: usize,
     driver: Driver,
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
     mesh: Option<MeshEnd<Msg>>,
-    stop: flume::Receiver<()>,
+    stop: Stop,
     ready: &flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
     let task = shard_main(id, listener, shared, mesh, stop, ready.clone());
@@ -285,7 +321,7 @@ async fn shard_main(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
     mesh: Option<MeshEnd<Msg>>,
-    stop: flume::Receiver<()>,
+    stop: Stop,
     ready: flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
     let grace = Duration::from_millis(shared.config.server.shutdown_grace_ms);
@@ -312,19 +348,20 @@ async fn shard_main(
     let cancel = canceller.handle();
     {
         let stopping = stopping.clone();
+        let signal = stop.signal;
         monoio::spawn(async move {
-            let _ = stop.recv_async().await;
+            let _ = signal.recv_async().await;
             stopping.set(true);
             let _ = canceller.cancel();
         });
     }
     while !stopping.get() {
         match listener.cancelable_accept(cancel.clone()).await {
-            Ok((stream, _)) if stopping.get() => drop(stream),
+            Ok((stream, _)) if stopping.get() || stop.flag.load(Ordering::SeqCst) => drop(stream),
             Ok((stream, _)) => {
                 monoio::spawn(downstream::serve(shard.clone(), stream));
             }
-            Err(_) if stopping.get() => break,
+            Err(_) if stopping.get() || stop.flag.load(Ordering::SeqCst) => break,
             Err(e) => {
                 // Out of file descriptors or a transient error: back off briefly.
                 tracing::warn!(shard = id, "accept failed: {e}");
@@ -346,6 +383,17 @@ async fn shard_main(
             break;
         }
         monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
+    }
+    if shard.in_flight() > 0 {
+        // Pending requests are answered 503 `shutting_down`, streams get their in-band
+        // error event; a client too slow to take even that is not waited for long.
+        shard.cut_in_flight();
+        let cut_at = shard.now().mono_ns;
+        while shard.in_flight() > 0
+            && shard.now().mono_ns.saturating_sub(cut_at) < CUT_FLUSH_MS * 1_000_000
+        {
+            monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
+        }
     }
     Ok(())
 }

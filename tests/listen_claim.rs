@@ -150,3 +150,57 @@ fn with_allow_shared_listen_on_both_the_new_instance_takes_over_while_the_old_dr
         assert_eq!(echo(new.addr()), 200);
     }
 }
+
+#[test]
+fn a_draining_instance_stops_listening_at_once_so_the_new_one_takes_every_connection() {
+    let port = free_port();
+    let mock = support::MockUpstream::start();
+    let gate = support::Gate::new();
+    let chat = "/v1/chat/completions";
+    mock.on(chat, support::Reply::openai_chat("held").wait_for(&gate));
+    let old_cfg = format!(
+        "{}{}{}",
+        config(port, true, 60000).replacen("[server]", "[server]\nshutdown_grace_ms = 20000", 1),
+        support::config::provider("up", &mock.base_url(), &["m1"]),
+        support::config::connection("c1", "up")
+    );
+    let mut old = Gateway::start(&old_cfg);
+    // A request held upstream keeps the old instance draining (made before the new one
+    // starts, so it lands on the old one).
+    let mut held = Client::connect(old.addr());
+    held.start_request(
+        "POST",
+        chat,
+        &[("authorization", &format!("Bearer {KEY}"))],
+        br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    mock.wait_for_hits(chat, 1, secs(10));
+    let new = Gateway::start(&config(port, true, 30000));
+    old.terminate();
+    old.wait_for_log("shutting down", secs(5));
+    // Every new connection made while the old instance drains reaches the new one, which
+    // is ready (a draining instance would answer 503 `draining`, or not at all).
+    let request = b"GET /readyz HTTP/1.1\r\nhost: gw\r\n\r\n";
+    for i in 0..40 {
+        let mut c = Client::connect(new.addr());
+        c.set_timeout(secs(5));
+        c.write_raw(request);
+        let r = c
+            .try_read_response()
+            .unwrap_or_else(|e| panic!("connection {i} during the drain got no answer: {e}"));
+        assert_eq!(
+            r.status,
+            200,
+            "connection {i} during the drain: {}",
+            r.text()
+        );
+    }
+    assert!(
+        old.wait_exit(support::ms(0)).is_none(),
+        "the old instance stopped draining early"
+    );
+    gate.open();
+    assert_eq!(held.read_response().status, 200);
+    let status = old.wait_exit(secs(20)).expect("the old instance exits");
+    assert!(status.success(), "{}", old.logs());
+}

@@ -235,7 +235,7 @@ fn sigterm_drains_an_in_flight_stream_and_exits_0() {
 }
 
 #[test]
-fn a_stalled_stream_is_cut_after_the_grace_period_and_the_process_exits_0() {
+fn a_stalled_stream_is_cut_after_the_grace_period_with_the_in_band_error_event_and_exit_0() {
     let mock = MockUpstream::start();
     mock.on(
         CHAT,
@@ -262,9 +262,17 @@ fn a_stalled_stream_is_cut_after_the_grace_period_and_the_process_exits_0() {
         "no log of the cut: {}",
         gw.logs()
     );
-    // The stream was cut: it ends without [DONE].
+    // The stream was cut: it ends without [DONE], with the in-band error event.
     let end = read_to_end(&mut c, &mut body, secs(5));
     let (_, done) = stream_text(&body);
+    let events = parse_sse(&body);
+    let last = events.last().map(|e| e.json()).unwrap_or_default();
+    assert_eq!(
+        last["error"]["code"],
+        "shutting_down",
+        "a stream cut at the end of the grace period must end with the in-band error event: {:?}",
+        String::from_utf8_lossy(&body)
+    );
     assert!(
         !done,
         "a stalled stream got [DONE]: {:?}",
@@ -410,4 +418,66 @@ fn a_connection_accepted_as_shutdown_begins_is_not_left_hanging() {
              for 2 s: {probes:?}"
         );
     }
+}
+
+fn get(c: &mut Client, path: &str) -> support::Response {
+    c.request("GET", path, &[("authorization", "Bearer test-key")], b"")
+}
+
+#[test]
+fn healthz_and_readyz_answer_503_draining_during_the_drain() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on(CHAT, Reply::openai_chat("late").wait_for(&gate));
+    let mut gw = Gateway::start(&config(10_000, Some(&mock)));
+
+    // Two keep-alive connections that see the drain begin.
+    let mut health = Client::connect(gw.addr());
+    let mut ready = Client::connect(gw.addr());
+    let r = get(&mut ready, "/readyz");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "ready");
+    let r = get(&mut health, "/healthz");
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let mut held = Client::connect(gw.addr());
+    held.start_request("POST", CHAT, &headers(), &chat_body("up/m1", "go", false));
+    mock.wait_for_hits(CHAT, 1, secs(10));
+    gw.terminate();
+    gw.wait_for_log("shutting down", secs(5));
+    assert_new_connections_refused(&gw, secs(5));
+
+    for (c, path) in [(&mut health, "/healthz"), (&mut ready, "/readyz")] {
+        let r = get(c, path);
+        assert_eq!(r.status, 503, "{path} during the drain: {}", r.text());
+        assert_eq!(r.json()["status"], "draining", "{path}");
+        assert_eq!(r.header("connection"), Some("close"), "{path}");
+    }
+    gate.open();
+    assert_eq!(held.read_response().status, 200);
+    assert_exits_cleanly(&mut gw, secs(10));
+}
+
+#[test]
+fn a_pending_request_at_the_end_of_the_grace_period_gets_503_shutting_down() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on(CHAT, Reply::openai_chat("too late").wait_for(&gate));
+    let mut gw = Gateway::start(&config(300, Some(&mock)));
+
+    let mut c = Client::connect(gw.addr());
+    c.start_request("POST", CHAT, &headers(), &chat_body("up/m1", "go", false));
+    mock.wait_for_hits(CHAT, 1, secs(10));
+    gw.terminate();
+    let r = c.read_response();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-error"), Some("shutting_down"));
+    assert_eq!(r.json()["error"]["code"], "shutting_down");
+    assert_exits_cleanly(&mut gw, secs(10));
+    assert!(
+        gw.logs().contains("signal=SIGTERM"),
+        "the log names the signal: {}",
+        gw.logs()
+    );
+    gate.open();
 }

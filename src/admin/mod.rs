@@ -10,6 +10,8 @@ use crate::shard::metrics;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
     Healthz,
+    /// Readiness for load balancers: 200 while serving, 503 while draining.
+    Readyz,
     Metrics,
 }
 
@@ -17,6 +19,7 @@ pub enum Route {
 pub fn route(path: &str) -> Option<(Method, Route)> {
     match path {
         "/healthz" => Some((Method::Get, Route::Healthz)),
+        "/readyz" => Some((Method::Get, Route::Readyz)),
         "/metrics" => Some((Method::Get, Route::Metrics)),
         _ => None,
     }
@@ -29,6 +32,13 @@ pub fn serve(
     route: Route,
 ) -> Result<(u16, &'static str, String), GatewayError> {
     match route {
+        // While the shard drains for shutdown both say `draining`, so a load balancer
+        // stops sending before the connections close.
+        Route::Healthz | Route::Readyz if shard.is_draining() => Ok((
+            503,
+            "application/json",
+            "{\"status\":\"draining\"}".to_owned(),
+        )),
         Route::Healthz => Ok((
             200,
             "application/json",
@@ -38,6 +48,7 @@ pub fn serve(
                 shard.shared().driver
             ),
         )),
+        Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
         Route::Metrics => {
             authorize_manage(shard, head)?;
             Ok((

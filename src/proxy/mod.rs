@@ -237,14 +237,22 @@ async fn inference(
     pending: &mut BytesMut,
     keep_alive: bool,
 ) -> After {
-    match plan(shard, head, endpoint, &body) {
-        Ok(plan) => {
-            let downstream = relay::Downstream {
-                client,
-                pending,
-                keep_alive,
-                dialect: dialect(head),
-            };
+    let plan = match plan(shard, head, endpoint, &body) {
+        Ok(plan) => plan,
+        Err(err) => return send_error(shard, client, &err, dialect(head), keep_alive).await,
+    };
+    // When the shutdown grace period ends before anything was written to the client, the
+    // request is answered 503 `shutting_down` (a stream under way ends in `stream::commit`).
+    let committed = std::cell::Cell::new(false);
+    {
+        let downstream = relay::Downstream {
+            client: &mut *client,
+            pending,
+            keep_alive,
+            dialect: dialect(head),
+            committed: &committed,
+        };
+        let mut work = std::pin::pin!(async move {
             match plan.combo {
                 // A combo runs by its settings (retries, failover order, timeouts, waits).
                 Some(combo) => {
@@ -252,9 +260,27 @@ async fn inference(
                 }
                 None => relay::run(shard, head, endpoint, body, plan, downstream).await,
             }
+        });
+        let mut cut = std::pin::pin!(shard.cut_signal());
+        let ended = std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(after) = work.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Some(after));
+            }
+            if !committed.get() && cut.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(None);
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+        if let Some(after) = ended {
+            return after;
         }
-        Err(err) => send_error(shard, client, &err, dialect(head), keep_alive).await,
     }
+    let err = GatewayError::new(
+        ErrorKind::ShuttingDown,
+        "the gateway is shutting down: the request did not finish within the grace period",
+    );
+    send_error(shard, client, &err, dialect(head), keep_alive).await
 }
 
 /// Authenticate → peek → resolve → select.

@@ -56,6 +56,9 @@ pub struct Downstream<'c> {
     pub keep_alive: bool,
     /// The error shape the client expects.
     pub dialect: Dialect,
+    /// Set before the first byte is written to the client: from then on the end of the
+    /// shutdown grace period is the stream relay's to handle (`stream::commit`).
+    pub committed: &'c std::cell::Cell<bool>,
 }
 
 /// What the attempts of one request share.
@@ -426,6 +429,7 @@ pub(super) async fn deliver(
 ) -> AttemptEnd {
     match ready {
         Ready::Relay(buffered) => {
+            down.committed.set(true);
             let after =
                 stream::relay_buffered(shard, &buffered, attempts, down.client, down.keep_alive)
                     .await;
@@ -442,6 +446,7 @@ pub(super) async fn deliver(
             let config = shard.config();
             let provider = config.provider(attempted.target.provider);
             let conn = config.connection(attempted.connection);
+            down.committed.set(true);
             let (after, ended) = stream::commit(
                 shard,
                 req.head,
@@ -739,6 +744,7 @@ pub(super) async fn answer_last(
     attempts: usize,
     down: &mut Downstream<'_>,
 ) -> After {
+    down.committed.set(true);
     let (client, keep_alive, dialect) = (&mut *down.client, down.keep_alive, down.dialect);
     match last {
         Some(LastFailure::Upstream(b)) => {

@@ -15,7 +15,7 @@ use super::upstream::{Up, UpHead};
 use super::watchdog::{self, Watchdog};
 use super::{After, respond};
 use crate::config::{Connection, Provider};
-use crate::error::GatewayError;
+use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{
     BodyKind, Framing, RequestHead, is_hop_by_hop, write_chunk, write_last_chunk,
     write_response_head,
@@ -210,8 +210,18 @@ pub async fn commit(
         };
         return (After::Close, result);
     }
+    // The end of the shutdown grace period cuts the stream like an upstream failure.
+    let mut cut = std::pin::pin!(shard.cut_signal());
     while !done {
-        let piece = match watchdog::next(shard, &mut up, idle, wd.as_mut()).await {
+        let next = monoio::select! {
+            biased;
+            () = &mut cut => Err(GatewayError::new(
+                ErrorKind::ShuttingDown,
+                "the gateway is shutting down: the stream did not finish within the grace period",
+            )),
+            next = watchdog::next(shard, &mut up, idle, wd.as_mut()) => next,
+        };
+        let piece = match next {
             Ok(Some(piece)) => piece,
             Ok(None) => {
                 done = true;
@@ -228,6 +238,10 @@ pub async fn commit(
                 let close_delimited = framing == Framing::Close;
                 let inband = event_stream && (chunked || close_delimited);
                 let after = break_stream(shard, conn, &e, chunked, inband, endpoint, client).await;
+                if e.kind == ErrorKind::ShuttingDown {
+                    // Not the upstream's doing: nothing counts against it.
+                    return (after, Ended::ClientAbort);
+                }
                 return (after, Ended::StreamStall);
             }
         };

@@ -123,6 +123,10 @@ pub struct Shard<A: App> {
     draining: Cell<bool>,
     /// Requests between a complete head and the end of their response.
     in_flight: Cell<usize>,
+    /// Set when the shutdown grace period is over: what is still in flight is cut.
+    cut: Cell<bool>,
+    /// Wakers of the requests waiting on [`Shard::cut_signal`] (a slot per waiting request).
+    cut_waiters: RefCell<Slots>,
     /// Reusable buffer for the JSON peek.
     scratch: RefCell<Vec<u8>>,
     /// Sequence for generated ids (mock replies).
@@ -190,6 +194,8 @@ impl<A: App> Shard<A> {
             metrics,
             draining: Cell::new(false),
             in_flight: Cell::new(0),
+            cut: Cell::new(false),
+            cut_waiters: RefCell::new(Slots::default()),
             scratch: RefCell::new(Vec::with_capacity(16 * 1024)),
             seq: Cell::new(0),
             shared,
@@ -289,6 +295,25 @@ impl<A: App> Shard<A> {
     /// Begins shutdown: requests in flight finish, no new ones are read.
     pub fn start_draining(&self) {
         self.draining.set(true);
+    }
+
+    /// The grace period is over: every request still in flight is told to end now (a
+    /// pending one with `shutting_down`, a stream with its in-band error event).
+    pub fn cut_in_flight(&self) {
+        self.cut.set(true);
+        self.cut_waiters.borrow_mut().wake_all();
+    }
+
+    pub fn is_cut(&self) -> bool {
+        self.cut.get()
+    }
+
+    /// Resolves once [`Shard::cut_in_flight`] is called (at once if it was).
+    pub fn cut_signal(&self) -> CutSignal<'_, A> {
+        CutSignal {
+            shard: self,
+            slot: None,
+        }
     }
 
     /// Requests between a complete head and the end of their response.
@@ -469,6 +494,86 @@ impl<A: App> Shard<A> {
             other @ (Msg::Fact(_) | Msg::Call { .. } | Msg::Cancel { .. }) => {
                 A::serve(self, from, other);
             }
+        }
+    }
+}
+
+/// Wakers in reusable slots: a waiting future keeps one slot for its whole wait, however
+/// often it is polled.
+#[derive(Default)]
+struct Slots {
+    wakers: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+impl Slots {
+    fn set(&mut self, slot: Option<usize>, waker: &Waker) -> usize {
+        if let Some(i) = slot
+            && let Some(w) = self.wakers.get_mut(i)
+        {
+            match w {
+                Some(old) if old.will_wake(waker) => {}
+                _ => *w = Some(waker.clone()),
+            }
+            return i;
+        }
+        match self.free.pop() {
+            Some(i) => {
+                if let Some(w) = self.wakers.get_mut(i) {
+                    *w = Some(waker.clone());
+                }
+                i
+            }
+            None => {
+                self.wakers.push(Some(waker.clone()));
+                self.wakers.len() - 1
+            }
+        }
+    }
+
+    fn release(&mut self, slot: usize) {
+        if let Some(w) = self.wakers.get_mut(slot) {
+            *w = None;
+            self.free.push(slot);
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for w in self.wakers.iter_mut() {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// A request's wait for the end of the shutdown grace period ([`Shard::cut_signal`]).
+pub struct CutSignal<'a, A: App> {
+    shard: &'a Shard<A>,
+    slot: Option<usize>,
+}
+
+impl<A: App> std::future::Future for CutSignal<'_, A> {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.shard.cut.get() {
+            return Poll::Ready(());
+        }
+        let slot = self
+            .shard
+            .cut_waiters
+            .borrow_mut()
+            .set(self.slot, cx.waker());
+        self.slot = Some(slot);
+        Poll::Pending
+    }
+}
+
+impl<A: App> Drop for CutSignal<'_, A> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.shard.cut_waiters.borrow_mut().release(slot);
         }
     }
 }
