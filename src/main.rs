@@ -78,7 +78,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway until SIGTERM or SIGINT.
+    /// Run the gateway until SIGTERM or SIGINT; SIGHUP reloads the configuration file.
     Serve {
         /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
         #[arg(long, value_name = "PATH")]
@@ -183,6 +183,54 @@ fn main() -> ExitCode {
     }
 }
 
+/// SIGHUP: re-reads and validates the file; any problem keeps the running configuration
+/// (each logged), otherwise every shard adopts it at its next quiet point.
+fn reload(path: &std::path::Path, fleet: &mut fleet::Fleet) {
+    tracing::info!(signal = "SIGHUP", "reloading {}", path.display());
+    let refuse = |problems: &[String]| {
+        for p in problems {
+            tracing::error!("reload: {p}");
+        }
+        tracing::error!(
+            "reload refused ({} problem(s)); keeping the running configuration",
+            problems.len()
+        );
+    };
+    let cfg = match config::load_file(path, &env_lookup) {
+        Ok(outcome) => {
+            for w in &outcome.warnings {
+                tracing::warn!("reload: {w}");
+            }
+            outcome.config
+        }
+        Err(err) => {
+            let problems: Vec<String> = err
+                .problems
+                .iter()
+                .map(|p| format!("{}: {}: {}", path.display(), p.key, p.message))
+                .collect();
+            refuse(&problems);
+            return;
+        }
+    };
+    if let Some(why) = config::exposure::open_gateway_refusal(&cfg) {
+        refuse(&[format!("{}: server.listen: {why}", path.display())]);
+        return;
+    }
+    match fleet.reload(cfg) {
+        Ok(done) => {
+            for k in &done.kept {
+                tracing::warn!("reload: {k}");
+            }
+            tracing::info!(
+                "configuration reloaded from {}; each shard applies it once its in-flight requests end",
+                path.display()
+            );
+        }
+        Err(problems) => refuse(&problems),
+    }
+}
+
 fn signal_name(signal: Option<i32>) -> &'static str {
     match signal {
         Some(signal_hook::consts::SIGTERM) => "SIGTERM",
@@ -216,6 +264,7 @@ fn serve(path: PathBuf) -> ExitCode {
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ]) {
         Ok(s) => s,
         Err(e) => {
@@ -223,7 +272,7 @@ fn serve(path: PathBuf) -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    let fleet = match fleet::start(Arc::new(cfg), choice) {
+    let mut fleet = match fleet::start(Arc::new(cfg), choice) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("tidegate: {e}");
@@ -237,7 +286,17 @@ fn serve(path: PathBuf) -> ExitCode {
         fleet.driver.as_str()
     );
     tidegate::notify::notify("READY=1");
-    let signal = signals.forever().next();
+    let mut signal = None;
+    for s in signals.forever() {
+        if s == signal_hook::consts::SIGHUP {
+            tidegate::notify::notify("RELOADING=1");
+            reload(&path, &mut fleet);
+            tidegate::notify::notify("READY=1");
+            continue;
+        }
+        signal = Some(s);
+        break;
+    }
     tidegate::notify::notify("STOPPING=1");
     tracing::info!(
         signal = %signal_name(signal),

@@ -73,6 +73,10 @@ pub struct Fleet {
     pub shards: usize,
     pub driver: Driver,
     stops: Vec<flume::Sender<()>>,
+    /// Each shard's inbox for a reloaded configuration.
+    reloads: Vec<flume::Sender<Arc<Shared>>>,
+    /// The configuration the shards run (or are about to adopt).
+    current: Arc<Shared>,
     /// Set when shutdown begins, before the listeners close.
     stopping: Arc<AtomicBool>,
     /// A second handle on every shard's listening socket, to stop listening at once.
@@ -187,10 +191,12 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         .map_err(|e| StartError(format!("cannot listen on {listen}: {e}")))?;
     let stopping = Arc::new(AtomicBool::new(false));
     let mut stops = Vec::with_capacity(shards);
+    let mut reloads = Vec::with_capacity(shards);
     let mut threads = Vec::with_capacity(shards);
     for (id, listener) in listeners.into_iter().enumerate() {
         let mesh_end = mesh_ends.get_mut(id).and_then(Option::take);
         let (stop_tx, stop_rx) = flume::bounded::<()>(1);
+        let (reload_tx, reload_rx) = flume::unbounded::<Arc<Shared>>();
         let core = if cores.is_empty() {
             None
         } else {
@@ -208,6 +214,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
                 let stop = Stop {
                     flag: stopping,
                     signal: stop_rx,
+                    reload: reload_rx,
                 };
                 if let Err(e) = run_shard(id, driver, listener, shared, mesh_end, stop, &ready) {
                     let _ = ready.send(Err(format!("shard {id}: {e}")));
@@ -215,6 +222,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
             })
             .map_err(|e| StartError(format!("cannot start shard thread: {e}")))?;
         stops.push(stop_tx);
+        reloads.push(reload_tx);
         threads.push(handle);
     }
     drop(ready_tx);
@@ -223,6 +231,8 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         shards,
         driver,
         stops,
+        reloads,
+        current: shared,
         stopping,
         closers,
         threads,
@@ -244,7 +254,98 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     Ok(fleet)
 }
 
+/// What a reload did: settings that cannot change live and were kept (one line each).
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    pub kept: Vec<String>,
+}
+
 impl Fleet {
+    /// Hands a validated configuration to every shard; each adopts it at its next quiet
+    /// point (no request in flight), so in-flight requests finish on the old one.
+    /// Settings that cannot change live (`listen`, `workers`, the set and order of
+    /// providers, connections and combos, which owner state is keyed by) keep their
+    /// running values: a change to `listen`/`workers` is reported and the rest applies; a
+    /// change to the layout refuses the whole reload (`Err`, one line per problem).
+    pub fn reload(&mut self, mut config: Config) -> Result<Reloaded, Vec<String>> {
+        let old = &self.current.config;
+        let layout = |c: &Config| {
+            (
+                c.providers
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .collect::<Vec<_>>(),
+                c.connections
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .collect::<Vec<_>>(),
+                c.combos.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            )
+        };
+        let (op, oc, ob) = layout(old);
+        let (np, nc, nb) = layout(&config);
+        let mut problems = Vec::new();
+        if op != np {
+            problems.push(format!("providers: the set or order of providers changed ({op:?} -> {np:?}); restart to apply"));
+        }
+        if oc != nc {
+            problems.push(format!("connections: the set or order of connections changed ({oc:?} -> {nc:?}); restart to apply"));
+        }
+        if ob != nb {
+            problems.push(format!(
+                "combos: the set or order of combos changed ({ob:?} -> {nb:?}); restart to apply"
+            ));
+        }
+        let tls = TlsConfigs::build(&config);
+        let tls = match tls {
+            Ok(t) => Some(t),
+            Err(e) => {
+                problems.push(e);
+                None
+            }
+        };
+        let Some(tls) = tls.filter(|_| problems.is_empty()) else {
+            return Err(problems);
+        };
+        let mut reloaded = Reloaded::default();
+        if config.server.listen != old.server.listen {
+            reloaded.kept.push(format!(
+                "server.listen changed to {} (kept {}; restart to apply)",
+                config.server.listen, old.server.listen
+            ));
+            config.server.listen = old.server.listen;
+        }
+        if config.server.workers != old.server.workers {
+            reloaded.kept.push(format!(
+                "server.workers changed to {} (kept {}; restart to apply)",
+                config.server.workers, old.server.workers
+            ));
+            config.server.workers = old.server.workers;
+        }
+        if config.server.allow_shared_listen != old.server.allow_shared_listen {
+            reloaded.kept.push(format!(
+                "server.allow_shared_listen changed to {} (kept {}; restart to apply)",
+                config.server.allow_shared_listen, old.server.allow_shared_listen
+            ));
+            config.server.allow_shared_listen = old.server.allow_shared_listen;
+        }
+        let shared = Arc::new(Shared {
+            mesh_stats: self.current.mesh_stats.clone(),
+            routes: RouteTable::new(&config),
+            tls,
+            keys: KeyIndex::new(&config),
+            metrics: self.current.metrics.clone(),
+            shards: self.current.shards,
+            driver: self.current.driver,
+            config: Arc::new(config),
+        });
+        for r in &self.reloads {
+            let _ = r.send(shared.clone());
+        }
+        self.current = shared;
+        Ok(reloaded)
+    }
+
     /// Stops accepting on every shard, waits for in-flight requests (each shard gives
     /// them `shutdown_grace_ms`) and joins the threads.
     pub fn stop(self) {
@@ -272,6 +373,8 @@ impl Fleet {
 struct Stop {
     flag: Arc<AtomicBool>,
     signal: flume::Receiver<()>,
+    /// Reloaded configurations, adopted at the shard's next quiet point.
+    reload: flume::Receiver<Arc<Shared>>,
 }
 
 fn run_shard(
@@ -324,7 +427,6 @@ async fn shard_main(
     stop: Stop,
     ready: flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
-    let grace = Duration::from_millis(shared.config.server.shutdown_grace_ms);
     let listener =
         monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
     let (sender, receiver) = match mesh {
@@ -338,6 +440,27 @@ async fn shard_main(
     // and its housekeeping (pool sweep, anti-entropy, sweeps).
     let shard = Shard::new(id, shared, sender);
     shard.start(receiver);
+    {
+        let shard = shard.clone();
+        let reload = stop.reload;
+        monoio::spawn(async move {
+            while let Ok(mut next) = reload.recv_async().await {
+                // A quiet point: no request in flight, so each request runs on one
+                // configuration from start to end. A newer reload replaces a waiting one.
+                loop {
+                    while let Ok(newer) = reload.try_recv() {
+                        next = newer;
+                    }
+                    if shard.in_flight() == 0 {
+                        break;
+                    }
+                    monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
+                }
+                shard.adopt(next);
+                tracing::debug!(shard = id, "reloaded configuration adopted");
+            }
+        });
+    }
     let _ = ready.send(Ok(id));
     drop(ready);
     // Stopping cancels the pending accept. A cancelled io_uring accept may still have
@@ -371,6 +494,7 @@ async fn shard_main(
     }
     drop(listener);
     shard.start_draining();
+    let grace = Duration::from_millis(shard.config().server.shutdown_grace_ms);
     let start = shard.now().mono_ns;
     while shard.in_flight() > 0 {
         let waited = Duration::from_nanos(shard.now().mono_ns.saturating_sub(start));

@@ -110,7 +110,7 @@ fn install_sh_root_lays_out_the_service_and_keeps_an_existing_config() {
 }
 
 #[test]
-fn the_binary_tells_systemd_when_it_is_ready_and_when_it_stops() {
+fn the_binary_tells_systemd_when_it_is_ready_reloading_and_stopping() {
     let dir = TempDir::new("notify");
     let path = dir.join("notify.sock");
     let socket = UnixDatagram::bind(&path).unwrap();
@@ -134,6 +134,12 @@ provider = "mock"
 "#;
     let mut gw = Gateway::start_with_env(cfg, &[("NOTIFY_SOCKET", path.to_str().unwrap())]);
     let mut buf = [0u8; 256];
+    let n = socket.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"READY=1");
+    // A reload (SIGHUP, the unit's ExecReload) is RELOADING=1 then READY=1.
+    gw.signal(libc::SIGHUP);
+    let n = socket.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"RELOADING=1");
     let n = socket.recv(&mut buf).unwrap();
     assert_eq!(&buf[..n], b"READY=1");
     gw.terminate();

@@ -112,9 +112,50 @@ pub struct Shared {
     pub mesh_stats: Option<Arc<MeshStats>>,
 }
 
+/// One configuration a shard has served with. A reload appends the next (`next` is set
+/// once, at a quiet point); the latest is current. Earlier ones stay until the shard ends,
+/// so a `&Config` handed out before a reload stays valid (reloads are rare and small).
+struct Generation {
+    shared: Arc<Shared>,
+    /// Pool key of each provider's API root (`None` for in-process providers).
+    pool_keys: Vec<Option<PoolKey>>,
+    next: std::cell::OnceCell<Box<Generation>>,
+}
+
+impl Generation {
+    fn new(shared: Arc<Shared>) -> Self {
+        let pool_keys = shared
+            .config
+            .providers
+            .iter()
+            .map(|p| {
+                p.base_url.as_ref().map(|b| PoolKey {
+                    scheme: b.scheme,
+                    host: Rc::from(b.host.as_str()),
+                    port: b.port,
+                    tls_id: p.id.0,
+                })
+            })
+            .collect();
+        Self {
+            shared,
+            pool_keys,
+            next: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn latest(&self) -> &Generation {
+        let mut g = self;
+        while let Some(next) = g.next.get() {
+            g = next;
+        }
+        g
+    }
+}
+
 pub struct Shard<A: App> {
     id: usize,
-    shared: Arc<Shared>,
+    generations: Generation,
     clock: MonoClock,
     pool: Pool,
     dns: DnsCache,
@@ -131,8 +172,6 @@ pub struct Shard<A: App> {
     scratch: RefCell<Vec<u8>>,
     /// Sequence for generated ids (mock replies).
     seq: Cell<u64>,
-    /// Pool key of each provider's API root (`None` for in-process providers).
-    pool_keys: Vec<Option<PoolKey>>,
     /// The application's owner tables and view replicas.
     state: A::State,
     /// Sends to other shards (`None` with one shard).
@@ -163,19 +202,6 @@ impl<A: App> Shard<A> {
         let cfg = &shared.config.server;
         let pool = Pool::new(cfg.pool_max_idle_per_host, cfg.pool_idle_timeout_ms);
         let metrics = shared.metrics.get(id).cloned().unwrap_or_default();
-        let pool_keys = shared
-            .config
-            .providers
-            .iter()
-            .map(|p| {
-                p.base_url.as_ref().map(|b| PoolKey {
-                    scheme: b.scheme,
-                    host: Rc::from(b.host.as_str()),
-                    port: b.port,
-                    tls_id: p.id.0,
-                })
-            })
-            .collect();
         let shard = Rc::new(Self {
             state: A::state(&shared.config),
             mesh,
@@ -186,7 +212,6 @@ impl<A: App> Shard<A> {
             calls: Calls::default(),
             housekeeping_ticks: Cell::new(0),
             me: RefCell::new(Weak::new()),
-            pool_keys,
             id,
             clock: MonoClock,
             pool,
@@ -198,7 +223,7 @@ impl<A: App> Shard<A> {
             cut_waiters: RefCell::new(Slots::default()),
             scratch: RefCell::new(Vec::with_capacity(16 * 1024)),
             seq: Cell::new(0),
-            shared,
+            generations: Generation::new(shared),
         });
         *shard.me.borrow_mut() = Rc::downgrade(&shard);
         shard
@@ -247,15 +272,25 @@ impl<A: App> Shard<A> {
     }
 
     pub fn shards(&self) -> usize {
-        self.shared.shards
+        self.shared().shards
+    }
+
+    /// Makes `shared` (a reloaded configuration) current. Call only at a quiet point (no
+    /// request in flight), so every request runs on one configuration from start to end.
+    pub fn adopt(&self, shared: Arc<Shared>) {
+        let _ = self
+            .generations
+            .latest()
+            .next
+            .set(Box::new(Generation::new(shared)));
     }
 
     pub fn shared(&self) -> &Shared {
-        &self.shared
+        &self.generations.latest().shared
     }
 
     pub fn config(&self) -> &Config {
-        &self.shared.config
+        &self.shared().config
     }
 
     pub fn now(&self) -> Now {
@@ -328,7 +363,9 @@ impl<A: App> Shard<A> {
     }
 
     pub fn pool_key(&self, provider: ProviderId) -> Option<PoolKey> {
-        self.pool_keys
+        self.generations
+            .latest()
+            .pool_keys
             .get(usize::from(provider.0))
             .cloned()
             .flatten()
@@ -336,7 +373,7 @@ impl<A: App> Shard<A> {
 
     /// The shard that owns `key`.
     pub fn owner<K: OwnerKey + ?Sized>(&self, key: &K) -> usize {
-        owner_of(key, self.shared.shards)
+        owner_of(key, self.shared().shards)
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -367,7 +404,7 @@ impl<A: App> Shard<A> {
 
     /// Sends a view to every other shard (the caller applies it here).
     pub fn broadcast(&self, view: &A::View) {
-        for to in 0..self.shared.shards {
+        for to in 0..self.shared().shards {
             if to != self.id {
                 self.send_view(to, view.clone());
             }
