@@ -114,16 +114,110 @@ fn load(path: &std::path::Path) -> Result<(Config, Vec<String>), ExitCode> {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// The log filter from `TIDEGATE_LOG` (default `info`). Every directive must be a level
+/// or `target=level`: a typo is an error, not a filter that silently matches nothing.
+fn log_filter() -> Result<tracing_subscriber::EnvFilter, String> {
+    let spec = std::env::var("TIDEGATE_LOG").unwrap_or_default();
+    let spec = if spec.trim().is_empty() {
+        "info".to_owned()
+    } else {
+        spec
+    };
+    for directive in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = directive.rsplit_once('=').map_or(directive, |(_, l)| l);
+        let known = ["error", "warn", "info", "debug", "trace", "off"];
+        if !known.contains(&level.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "TIDEGATE_LOG: {directive:?} is not a level (error, warn, info, debug, trace, off) \
+                 or target=level"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(&spec).map_err(|e| format!("TIDEGATE_LOG: {e}"))
+}
+
+fn init_logging(filter: tracing_subscriber::EnvFilter, format: config::LogFormat) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .with_target(false)
-        .init();
+        .with_ansi(ansi && format == config::LogFormat::Text)
+        .with_target(false);
+    match format {
+        config::LogFormat::Text => builder.init(),
+        config::LogFormat::Json => builder.event_format(json_log::JsonLines).init(),
+    }
+}
+
+/// `server.log_format = "json"`: one JSON object per line — `time` (RFC 3339, UTC),
+/// `level`, `target`, `message` and every field of the event.
+mod json_log {
+
+    use serde_json::{Map, Value};
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::fmt::format::Writer;
+    use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+    use tracing_subscriber::registry::LookupSpan;
+
+    pub struct JsonLines;
+
+    struct Fields<'a>(&'a mut Map<String, Value>);
+
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .insert(field.name().to_owned(), Value::String(format!("{value:?}")));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), Value::from(value));
+        }
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            self.0.insert(field.name().to_owned(), Value::from(value));
+        }
+        fn record_i64(&mut self, field: &Field, value: i64) {
+            self.0.insert(field.name().to_owned(), Value::from(value));
+        }
+        fn record_bool(&mut self, field: &Field, value: bool) {
+            self.0.insert(field.name().to_owned(), Value::from(value));
+        }
+    }
+
+    fn now_rfc3339() -> String {
+        let t = time::OffsetDateTime::now_utc();
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.microsecond()
+        )
+    }
+
+    impl<S, N> FormatEvent<S, N> for JsonLines
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
+        fn format_event(
+            &self,
+            _ctx: &FmtContext<'_, S, N>,
+            mut writer: Writer<'_>,
+            event: &Event<'_>,
+        ) -> std::fmt::Result {
+            let meta = event.metadata();
+            let mut map = Map::new();
+            map.insert("time".into(), Value::String(now_rfc3339()));
+            map.insert("level".into(), Value::from(meta.level().as_str()));
+            map.insert("target".into(), Value::from(meta.target()));
+            event.record(&mut Fields(&mut map));
+            writer.write_str(&Value::Object(map).to_string())?;
+            writer.write_char('\n')
+        }
+    }
 }
 
 /// Every environment variable the binary reads, for `--help`.
@@ -241,11 +335,18 @@ fn signal_name(signal: Option<i32>) -> &'static str {
 }
 
 fn serve(path: PathBuf) -> ExitCode {
-    init_logging();
+    let filter = match log_filter() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let (cfg, warnings) = match load(&path) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    init_logging(filter, cfg.server.log_format);
     for w in &warnings {
         tracing::warn!("{w}");
     }

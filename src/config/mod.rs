@@ -98,6 +98,8 @@ pub struct ServerConfig {
     pub allow_shared_listen: bool,
     /// Serve on a non-loopback address with no client keys (an open gateway).
     pub allow_open_gateway: bool,
+    /// How log lines are written (read at start; a reload keeps it).
+    pub log_format: LogFormat,
 }
 
 /// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;
@@ -121,6 +123,13 @@ pub enum Scope {
     Manage,
     /// `POST /api/v1/session-leases`.
     LeaseExclusive,
+}
+
+/// `server.log_format`: human-readable lines, or one JSON object per line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Debug)]

@@ -56,6 +56,7 @@ pub struct RawServer {
     pub mesh_ring_capacity: Option<u64>,
     pub allow_shared_listen: Option<bool>,
     pub allow_open_gateway: Option<bool>,
+    pub log_format: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -132,6 +132,7 @@ impl Default for ServerConfig {
             snapshot_interval_ms: DEFAULT_SNAPSHOT_INTERVAL_MS,
             allow_shared_listen: false,
             allow_open_gateway: false,
+            log_format: super::LogFormat::Text,
         }
     }
 }
@@ -388,6 +389,18 @@ impl Loader<'_> {
             mesh_ring_capacity: self.ring_capacity(raw.mesh_ring_capacity, d.mesh_ring_capacity),
             allow_shared_listen: raw.allow_shared_listen.unwrap_or(d.allow_shared_listen),
             allow_open_gateway: raw.allow_open_gateway.unwrap_or(d.allow_open_gateway),
+            log_format: match raw.log_format.as_deref() {
+                None => d.log_format,
+                Some("text") => super::LogFormat::Text,
+                Some("json") => super::LogFormat::Json,
+                Some(other) => {
+                    self.problem(
+                        "server.log_format",
+                        format!("{other:?} is not a log format (text or json)"),
+                    );
+                    d.log_format
+                }
+            },
         }
     }
 

@@ -760,7 +760,11 @@ impl Runner<'_, '_> {
             Ended::Exhausted => self.exhausted_error(),
         };
         match err {
-            Some(e) => send_error(shard, down.client, &e, down.dialect, down.keep_alive).await,
+            Some(e) => {
+                down.committed.set(true);
+                send_error(shard, down.client, &e, down.dialect, down.keep_alive, Some(down.log))
+                    .await
+            }
             None => {
                 let last = self.last.take();
                 answer_last(

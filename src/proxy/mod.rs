@@ -2,6 +2,7 @@
 //! route, authenticate, peek, resolve, select, forward, relay — each returning an owned
 //! decision. Errors become responses only in `respond`.
 
+pub mod access;
 pub mod classify;
 pub mod combo;
 pub mod forward;
@@ -81,7 +82,7 @@ impl Handler for Shard {
 
     async fn reject(&self, head: Option<&RequestHead>, client: &mut TcpStream, err: &GatewayError) {
         let dialect = head.map_or(Dialect::OpenAi, dialect);
-        send_error(self, client, err, dialect, false).await;
+        send_error(self, client, err, dialect, false, None).await;
     }
 }
 
@@ -160,9 +161,12 @@ pub async fn handle(
     // Whether the connection stays open is decided when the response head is written
     // (`keep_alive_now`), since shutdown may begin while the request is served.
     let keep_alive = head.keep_alive();
+    let log = access::AccessLog::new(shard, head);
     let result = match route(head) {
         Ok(Route::Inference(ep)) => {
-            return inference(shard, head, ep, body, client, pending, keep_alive).await;
+            let after = inference(shard, head, ep, body, client, pending, keep_alive, &log).await;
+            log.emit(shard, head);
+            return after;
         }
         Ok(Route::Models) => authorize(shard, head, Scope::Inference)
             .map(|_| models::list(shard.config(), &shard.shared().routes)),
@@ -180,13 +184,18 @@ pub async fn handle(
         Ok((status, content_type, body)) => {
             shard.metrics().response(status);
             let b = if head_only { &[][..] } else { body.as_bytes() };
-            respond::write_body(&mut out, status, content_type, b, keep_alive);
+            log.responding(shard, status);
+            respond::write_body(&mut out, status, content_type, b, keep_alive, &log.id);
         }
         Err(err) => {
             note_error(shard, &err);
-            respond::write_error(&mut out, &err, dialect(head), keep_alive, head_only);
+            log.failed(shard, &err);
+            let id = Some(log.id.as_str());
+            respond::write_error(&mut out, &err, dialect(head), keep_alive, head_only, id);
         }
     }
+    log.sent(out.len());
+    log.emit(shard, head);
     match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,
@@ -228,6 +237,7 @@ fn authorize(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn inference(
     shard: &Shard,
     head: &RequestHead,
@@ -236,10 +246,13 @@ async fn inference(
     client: &mut TcpStream,
     pending: &mut BytesMut,
     keep_alive: bool,
+    log: &access::AccessLog,
 ) -> After {
-    let plan = match plan(shard, head, endpoint, &body) {
+    let plan = match plan(shard, head, endpoint, &body, log) {
         Ok(plan) => plan,
-        Err(err) => return send_error(shard, client, &err, dialect(head), keep_alive).await,
+        Err(err) => {
+            return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
+        }
     };
     // When the shutdown grace period ends before anything was written to the client, the
     // request is answered 503 `shutting_down` (a stream under way ends in `stream::commit`).
@@ -251,6 +264,7 @@ async fn inference(
             keep_alive,
             dialect: dialect(head),
             committed: &committed,
+            log,
         };
         let mut work = std::pin::pin!(async move {
             match plan.combo {
@@ -280,7 +294,7 @@ async fn inference(
         ErrorKind::ShuttingDown,
         "the gateway is shutting down: the request did not finish within the grace period",
     );
-    send_error(shard, client, &err, dialect(head), keep_alive).await
+    send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await
 }
 
 /// Authenticate → peek → resolve → select.
@@ -289,14 +303,20 @@ fn plan(
     head: &RequestHead,
     endpoint: Endpoint,
     body: &[u8],
+    log: &access::AccessLog,
 ) -> Result<Plan, GatewayError> {
     let key = authorize(shard, head, Scope::Inference)?;
+    let config = shard.config();
+    if let Some(k) = key.and_then(|i| config.client_keys.get(i)) {
+        log.key(&k.id);
+    }
     let peek = {
         let mut scratch = shard.scratch().borrow_mut();
         peek::peek(body, &mut scratch).map_err(peek_error)?
     };
-    let config = shard.config();
     let resolved = resolve(config, &shard.shared().routes, &peek.model)?;
+    let combo = resolved.combo.and_then(|i| config.combos.get(i));
+    log.model(&peek.model, combo.map(|c| c.name.as_str()));
     let mut candidates = Vec::new();
     let mut any_enabled = false;
     let mut any_format = false;

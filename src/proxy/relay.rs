@@ -13,6 +13,7 @@ use monoio::net::TcpStream;
 use serde_json::json;
 
 use super::classify::{self, Failed};
+use super::access::AccessLog;
 use super::respond::send_error;
 use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
@@ -59,6 +60,8 @@ pub struct Downstream<'c> {
     /// Set before the first byte is written to the client: from then on the end of the
     /// shutdown grace period is the stream relay's to handle (`stream::commit`).
     pub committed: &'c std::cell::Cell<bool>,
+    /// The request's access-log record.
+    pub log: &'c AccessLog,
 }
 
 /// What the attempts of one request share.
@@ -430,9 +433,15 @@ pub(super) async fn deliver(
     match ready {
         Ready::Relay(buffered) => {
             down.committed.set(true);
-            let after =
-                stream::relay_buffered(shard, &buffered, attempts, down.client, down.keep_alive)
-                    .await;
+            let after = stream::relay_buffered(
+                shard,
+                &buffered,
+                attempts,
+                down.client,
+                down.keep_alive,
+                down.log,
+            )
+            .await;
             AttemptEnd::Done(after)
         }
         Ready::Stream(s) => {
@@ -447,6 +456,7 @@ pub(super) async fn deliver(
             let provider = config.provider(attempted.target.provider);
             let conn = config.connection(attempted.connection);
             down.committed.set(true);
+            down.log.upstream(&provider.name, &conn.name, attempts);
             let (after, ended) = stream::commit(
                 shard,
                 req.head,
@@ -460,6 +470,7 @@ pub(super) async fn deliver(
                 req.budgets.idle,
                 req.endpoint,
                 wd,
+                down.log,
             )
             .await;
             attempted.end(ended).await;
@@ -578,7 +589,9 @@ pub(super) async fn open<'s>(
     let mut up = match opened {
         Ok(up) => up,
         Err(e) => {
-            tracing::debug!(connection = %conn.name, "attempt failed: {e}");
+            // A failure that moves the request on to another candidate is an operator's
+            // business: INFO.
+            tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
             let retry = e.kind.retry() != Retry::Decided(false);
@@ -621,7 +634,11 @@ pub(super) async fn open<'s>(
             g.block_for(&target.model, ms);
         }
         let move_on = verdict.decision.should_fallback || verdict.status >= 500;
-        tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), move_on, "upstream error");
+        if move_on {
+            tracing::info!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error; trying the next candidate");
+        } else {
+            tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error relayed");
+        }
         attempted.end(Ended::Failed(Box::new(verdict))).await;
         if move_on {
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
@@ -639,13 +656,13 @@ pub(super) async fn open<'s>(
         match super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut()).await {
             Ok(first) => first,
             Err(e) if e.kind == ErrorKind::StreamContentStall => {
-                tracing::debug!(connection = %conn.name, "{e}");
+                tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
                 attempted.end(Ended::StreamStall).await;
                 walk.note = Some(FailureNote::of_error(&e));
                 return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
             }
             Err(e) => {
-                tracing::debug!(connection = %conn.name, "body failed before the first byte: {e}");
+                tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
                 attempted.end_with_error(&e).await;
                 walk.note = Some(FailureNote::of_error(&e));
                 return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
@@ -746,21 +763,23 @@ pub(super) async fn answer_last(
 ) -> After {
     down.committed.set(true);
     let (client, keep_alive, dialect) = (&mut *down.client, down.keep_alive, down.dialect);
+    let log = Some(down.log);
+    down.log.attempts(attempts);
     match last {
         Some(LastFailure::Upstream(b)) => {
-            stream::relay_buffered(shard, &b, attempts, client, keep_alive).await
+            stream::relay_buffered(shard, &b, attempts, client, keep_alive, down.log).await
         }
         Some(LastFailure::Gateway(e)) if attempts > 0 || excluded.is_empty() => {
-            send_error(shard, client, &e, dialect, keep_alive).await
+            send_error(shard, client, &e, dialect, keep_alive, log).await
         }
         _ if !excluded.is_empty() => {
             let err = exclusion_error(shard, plan, excluded);
-            send_error(shard, client, &err, dialect, keep_alive).await
+            send_error(shard, client, &err, dialect, keep_alive, log).await
         }
         _ => {
             let err =
                 GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed");
-            send_error(shard, client, &err, dialect, keep_alive).await
+            send_error(shard, client, &err, dialect, keep_alive, log).await
         }
     }
 }

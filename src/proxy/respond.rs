@@ -6,6 +6,7 @@ use bytes::BytesMut;
 use monoio::net::TcpStream;
 use serde_json::json;
 
+use super::access::{AccessLog, REQUEST_ID_HEADER};
 use crate::error::{Dialect, GatewayError};
 use crate::http1::{Framing, write_response_head};
 use crate::net::downstream::After;
@@ -50,6 +51,7 @@ pub fn write_error(
     dialect: Dialect,
     keep_alive: bool,
     head_only: bool,
+    request_id: Option<&str>,
 ) {
     let body = error_body(err, dialect);
     let code = err.kind.code();
@@ -66,6 +68,9 @@ pub fn write_error(
     }
     for (name, value) in &err.headers {
         headers.push((name, value.as_bytes()));
+    }
+    if let Some(id) = request_id {
+        headers.push((REQUEST_ID_HEADER, id.as_bytes()));
     }
     write_response_head(
         dst,
@@ -86,8 +91,12 @@ pub fn write_body(
     content_type: &str,
     body: &[u8],
     keep_alive: bool,
+    request_id: &str,
 ) {
-    let headers: [(&str, &[u8]); 1] = [("content-type", content_type.as_bytes())];
+    let headers: [(&str, &[u8]); 2] = [
+        ("content-type", content_type.as_bytes()),
+        (REQUEST_ID_HEADER, request_id.as_bytes()),
+    ];
     write_response_head(
         dst,
         status,
@@ -126,11 +135,25 @@ pub async fn send_error(
     err: &GatewayError,
     dialect: Dialect,
     keep_alive: bool,
+    log: Option<&AccessLog>,
 ) -> After {
     note_error(shard, err);
+    if let Some(log) = log {
+        log.failed(shard, err);
+    }
     let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
     let mut out = BytesMut::with_capacity(256);
-    write_error(&mut out, err, dialect, keep_alive, false);
+    write_error(
+        &mut out,
+        err,
+        dialect,
+        keep_alive,
+        false,
+        log.map(|l| l.id.as_str()),
+    );
+    if let Some(log) = log {
+        log.sent(out.len());
+    }
     match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use monoio::net::TcpStream;
 
+use super::access::{AccessLog, REQUEST_ID_HEADER};
 use super::upstream::{Up, UpHead};
 use super::watchdog::{self, Watchdog};
 use super::{After, respond};
@@ -30,10 +31,13 @@ use crate::shard::metrics::bump;
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
 
-/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`) and
-/// `content-length`, which the gateway writes from its own framing.
+/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`),
+/// `content-length`, which the gateway writes from its own framing, and `x-request-id`,
+/// which carries the gateway's own request id.
 fn relayed_never(name: &str) -> bool {
-    is_hop_by_hop(name) || name.eq_ignore_ascii_case("content-length")
+    is_hop_by_hop(name)
+        || name.eq_ignore_ascii_case("content-length")
+        || name.eq_ignore_ascii_case(REQUEST_ID_HEADER)
 }
 
 /// An upstream error answer read in full, kept to relay if nothing better comes.
@@ -102,8 +106,10 @@ pub async fn relay_buffered(
     attempts: usize,
     client: &mut TcpStream,
     keep_alive: bool,
+    log: &AccessLog,
 ) -> After {
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
+    log.upstream(&b.provider, &b.connection, attempts);
     let attempts_s = attempts.to_string();
     let retry_after = b.retry_after_s.map(|s| s.to_string());
     let mut headers: Vec<(&str, &[u8])> = b
@@ -121,6 +127,7 @@ pub async fn relay_buffered(
     ));
     headers.push(("x-tidegate-provider", b.provider.as_bytes()));
     headers.push(("x-tidegate-attempts", attempts_s.as_bytes()));
+    headers.push((REQUEST_ID_HEADER, log.id.as_bytes()));
     let mut out = BytesMut::with_capacity(512 + b.body.len());
     write_response_head(
         &mut out,
@@ -131,6 +138,8 @@ pub async fn relay_buffered(
     );
     out.extend_from_slice(&b.body);
     shard.metrics().response(b.status);
+    log.responding(shard, b.status);
+    log.sent(out.len());
     match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,
@@ -152,6 +161,7 @@ pub async fn commit(
     idle: Duration,
     endpoint: Endpoint,
     mut wd: Option<Watchdog>,
+    log: &AccessLog,
 ) -> (After, Ended) {
     let status = up.head.status();
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
@@ -168,10 +178,11 @@ pub async fn commit(
     let attempts_s = attempts.to_string();
     let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
     {
-        let ours: [(&str, &[u8]); 3] = [
+        let ours: [(&str, &[u8]); 4] = [
             ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
             ("x-tidegate-provider", provider.name.as_bytes()),
             ("x-tidegate-attempts", attempts_s.as_bytes()),
+            (REQUEST_ID_HEADER, log.id.as_bytes()),
         ];
         match &up.head {
             UpHead::Net(h) => {
@@ -191,6 +202,7 @@ pub async fn commit(
         }
     }
     shard.metrics().response(status);
+    log.responding(shard, status);
     // Everything that is already here goes out with the head, in one write.
     let mut done = match first {
         None => true,
@@ -202,6 +214,7 @@ pub async fn commit(
     if done && chunked {
         write_last_chunk(&mut out);
     }
+    log.sent(out.len());
     if write_all(client, out).await.is_err() {
         let result = if done {
             Ended::Success
@@ -246,6 +259,7 @@ pub async fn commit(
             }
         };
         let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES {
+            log.sent(piece.len());
             write_all(client, piece).await.map(|_| ())
         } else {
             let mut out = BytesMut::with_capacity(piece.len() + 64);
@@ -254,6 +268,7 @@ pub async fn commit(
             if done && chunked {
                 write_last_chunk(&mut out);
             }
+            log.sent(out.len());
             write_all(client, out).await.map(|_| ())
         };
         if res.is_err() {

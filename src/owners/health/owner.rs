@@ -253,6 +253,7 @@ impl Health {
                 if let Some(t) = self.connections.clear_on_success(o.connection, now)
                     && t.view_changed
                 {
+                    log_connection(config, &t, now);
                     cx.view(View::Connection {
                         connection: o.connection,
                         view: t.view,
@@ -285,6 +286,7 @@ impl Health {
                     now,
                 );
                 if let Some(t) = t.transition.filter(|t| t.view_changed) {
+                    log_connection(config, &t, now);
                     cx.view(View::Connection {
                         connection: o.connection,
                         view: t.view,
@@ -354,6 +356,7 @@ impl Health {
             self.combo_lockout(config, o, v, &decision, now);
         }
         if let Some(t) = marked.transition.filter(|t| t.view_changed) {
+            log_connection(config, &t, now);
             cx.view(View::Connection {
                 connection: o.connection,
                 view: t.view,
@@ -510,7 +513,38 @@ pub fn takes_part_in_egress_lock(config: &Config, connection: ConnectionId) -> b
 
 fn breaker_view(cx: &mut Cx<'_>, key: BreakerKey, t: Option<BreakerTransition>) {
     if let Some(t) = t {
+        log_breaker(cx.config, key, &t);
         cx.view(View::Breaker { key, view: t.view });
+    }
+}
+
+/// One line per breaker transition, on its owner (never per rejected request): WARN when
+/// it opens, INFO otherwise.
+fn log_breaker(config: &Config, key: BreakerKey, t: &BreakerTransition) {
+    let name = match key {
+        BreakerKey::Provider(p) => format!("provider {}", config.provider(p).name),
+        BreakerKey::Connection(c) => format!("connection {}", config.connection(c).name),
+    };
+    let (from, to) = (format!("{:?}", t.from), format!("{:?}", t.to));
+    if t.to == crate::resilience::breaker::BreakerState::Open {
+        tracing::warn!(breaker = %name, from = %from, to = %to, reason = %t.reason, "circuit breaker opened");
+    } else {
+        tracing::info!(breaker = %name, from = %from, to = %to, reason = %t.reason, "circuit breaker {}", to.to_lowercase());
+    }
+}
+
+/// One line per connection state change the routing sees: a cooldown starting or ending,
+/// a terminal state.
+fn log_connection(config: &Config, t: &crate::resilience::connection::Transition, now: Now) {
+    let name = &config.connection(t.connection).name;
+    let cause = format!("{:?}", t.cause);
+    if let Some(term) = &t.view.terminal {
+        tracing::warn!(connection = %name, cause = %cause, "connection terminal: {term:?}");
+    } else if let Some(c) = &t.view.cooldown {
+        let secs = c.until_ms.saturating_sub(now.wall_ms).div_ceil(1000);
+        tracing::warn!(connection = %name, cause = %cause, reason = ?c.reason, "connection cooling down for {secs} s");
+    } else {
+        tracing::info!(connection = %name, cause = %cause, "connection available again");
     }
 }
 

@@ -1,0 +1,129 @@
+//! The access log: one line per request, written when its response is done, with the
+//! request id (the client's `x-request-id`, or one made here) that the response carries.
+//! The fields are filled in as the phases decide them; unknown ones log as `-`.
+
+use std::cell::{Cell, RefCell};
+
+use crate::error::GatewayError;
+use crate::http1::RequestHead;
+use crate::owners::Shard;
+
+/// Request header read (and response header written) for the request id.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Longest client-sent request id kept; a longer or unprintable one is replaced.
+const MAX_REQUEST_ID: usize = 128;
+
+/// What one request did, for its access-log line.
+pub struct AccessLog {
+    pub id: String,
+    start_ns: u64,
+    /// Client key id (`None`: no key, or not identified).
+    key: RefCell<Option<String>>,
+    model: RefCell<Option<String>>,
+    combo: RefCell<Option<String>>,
+    provider: RefCell<Option<String>>,
+    connection: RefCell<Option<String>>,
+    attempts: Cell<usize>,
+    status: Cell<u16>,
+    bytes: Cell<u64>,
+    first_byte_ns: Cell<Option<u64>>,
+    error: Cell<Option<&'static str>>,
+}
+
+impl AccessLog {
+    pub fn new(shard: &Shard, head: &RequestHead) -> Self {
+        let now = shard.now();
+        let given = head
+            .header(REQUEST_ID_HEADER)
+            .filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID)
+            .filter(|v| v.iter().all(|b| b.is_ascii_graphic()))
+            .and_then(|v| std::str::from_utf8(v).ok());
+        let id = match given {
+            Some(id) => id.to_owned(),
+            None => format!("tg-{:x}-{:x}", now.wall_ms, shard.next_seq()),
+        };
+        Self {
+            id,
+            start_ns: now.mono_ns,
+            key: RefCell::new(None),
+            model: RefCell::new(None),
+            combo: RefCell::new(None),
+            provider: RefCell::new(None),
+            connection: RefCell::new(None),
+            attempts: Cell::new(0),
+            status: Cell::new(0),
+            bytes: Cell::new(0),
+            first_byte_ns: Cell::new(None),
+            error: Cell::new(None),
+        }
+    }
+
+    pub fn key(&self, id: &str) {
+        *self.key.borrow_mut() = Some(id.to_owned());
+    }
+
+    pub fn model(&self, model: &str, combo: Option<&str>) {
+        *self.model.borrow_mut() = Some(model.to_owned());
+        *self.combo.borrow_mut() = combo.map(str::to_owned);
+    }
+
+    /// The answer comes from `provider`/`connection` after `attempts` upstream attempts.
+    pub fn upstream(&self, provider: &str, connection: &str, attempts: usize) {
+        *self.provider.borrow_mut() = Some(provider.to_owned());
+        *self.connection.borrow_mut() = Some(connection.to_owned());
+        self.attempts.set(attempts);
+    }
+
+    pub fn attempts(&self, attempts: usize) {
+        self.attempts.set(attempts);
+    }
+
+    /// The response head is about to be written.
+    pub fn responding(&self, shard: &Shard, status: u16) {
+        self.status.set(status);
+        if self.first_byte_ns.get().is_none() {
+            self.first_byte_ns.set(Some(shard.now().mono_ns));
+        }
+    }
+
+    pub fn sent(&self, bytes: usize) {
+        self.bytes
+            .set(self.bytes.get().saturating_add(bytes as u64));
+    }
+
+    /// A gateway-made error answer.
+    pub fn failed(&self, shard: &Shard, err: &GatewayError) {
+        self.responding(shard, err.kind.status());
+        self.error.set(Some(err.kind.code()));
+    }
+
+    /// Writes the line (target `access`, level INFO).
+    pub fn emit(&self, shard: &Shard, head: &RequestHead) {
+        let now = shard.now().mono_ns;
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let opt = |c: &RefCell<Option<String>>| c.borrow().clone().unwrap_or_else(|| "-".into());
+        let ttfb = self.first_byte_ns.get().map_or_else(
+            || "-".to_owned(),
+            |t| format!("{:.1}", ms(t - self.start_ns.min(t))),
+        );
+        tracing::info!(
+            target: "access",
+            request_id = %self.id,
+            key = %opt(&self.key),
+            method = head.method_str(),
+            route = head.path(),
+            model = %opt(&self.model),
+            combo = %opt(&self.combo),
+            provider = %opt(&self.provider),
+            connection = %opt(&self.connection),
+            attempts = self.attempts.get(),
+            status = self.status.get(),
+            bytes = self.bytes.get(),
+            latency_ms = %format!("{:.1}", ms(now.saturating_sub(self.start_ns))),
+            ttfb_ms = %ttfb,
+            error = self.error.get().unwrap_or("-"),
+            "access"
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! Logs an operator can use: one access-log line per request with its request id (the
+//! client's `x-request-id`, or one made here, returned either way), `server.log_format =
+//! "json"`, breaker transitions logged once per transition, failovers at INFO, and an
+//! invalid `TIDEGATE_LOG` refused.
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+const BODY: &[u8] = br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#;
+
+fn keyed(base_url: &str, server_extra: &str) -> String {
+    one_upstream(base_url, 2, "", "").replace(
+        "workers = 2\n",
+        &format!("workers = 2\n{server_extra}\n[[client_keys]]\nid = \"team-a\"\nkey = \"k-a\"\n"),
+    )
+}
+
+fn access_lines(logs: &str) -> Vec<String> {
+    logs.lines()
+        .filter(|l| l.contains("access") && l.contains("request_id"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_request_gets_one_access_log_line_and_its_request_id_back() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        CHAT,
+        Reply::openai_chat("ok").header("x-request-id", "upstream-id"),
+    );
+    let gw = Gateway::start(&keyed(&mock.base_url(), ""));
+
+    let r = Client::connect(gw.addr()).request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer k-a"),
+            ("x-request-id", "client-id-1"),
+        ],
+        BODY,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header_all("x-request-id"), vec!["client-id-1"]);
+    let line = eventually(secs(5), "the access line", || {
+        access_lines(&gw.logs())
+            .into_iter()
+            .find(|l| l.contains("request_id=client-id-1"))
+    });
+    for field in [
+        "key=team-a",
+        "method=\"POST\"",
+        "route=\"/v1/chat/completions\"",
+        "model=up/m1",
+        "combo=-",
+        "provider=up",
+        "connection=c1",
+        "attempts=1",
+        "status=200",
+        "ttfb_ms=",
+        "latency_ms=",
+        "error=\"-\"",
+    ] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
+    assert!(!line.contains("bytes=0"), "{line}");
+
+    // Without one, an id is made and returned; a refused request is logged too.
+    let r =
+        Client::connect(gw.addr()).request("POST", CHAT, &[("authorization", "Bearer nope")], BODY);
+    assert_eq!(r.status, 401);
+    let id = r
+        .header("x-request-id")
+        .expect("a generated request id")
+        .to_owned();
+    let line = eventually(secs(5), "the refused request's line", || {
+        access_lines(&gw.logs())
+            .into_iter()
+            .find(|l| l.contains(&format!("request_id={id}")))
+    });
+    assert!(
+        line.contains("status=401") && line.contains("invalid_api_key"),
+        "{line}"
+    );
+    assert_eq!(access_lines(&gw.logs()).len(), 2, "{}", gw.logs());
+}
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = Gateway::start(&keyed(&mock.base_url(), "log_format = \"json\""));
+    let r = Client::connect(gw.addr()).request(
+        "POST",
+        CHAT,
+        &[("authorization", "Bearer k-a"), ("x-request-id", "json-1")],
+        BODY,
+    );
+    assert_eq!(r.status, 200);
+    let record = eventually(secs(5), "the JSON access line", || {
+        gw.logs()
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["request_id"] == "json-1")
+    });
+    assert_eq!(record["target"], "access");
+    assert_eq!(record["level"], "INFO");
+    assert_eq!(record["status"], 200);
+    assert_eq!(record["provider"], "up");
+    assert_eq!(record["key"], "team-a");
+    assert!(record["time"].as_str().unwrap().ends_with('Z'));
+    // Every log line is JSON (the ready line on stdout aside).
+    for line in gw
+        .logs()
+        .lines()
+        .filter(|l| !l.starts_with("tidegate listening"))
+    {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    }
+}
+
+#[test]
+fn an_invalid_tidegate_log_is_an_error() {
+    let cfg = one_upstream("http://127.0.0.1:9", 1, "", "");
+    let failure = match Gateway::try_start(&cfg, &[("TIDEGATE_LOG", "inof")]) {
+        Ok(gw) => panic!("started with TIDEGATE_LOG=inof:\n{}", gw.logs()),
+        Err(f) => f,
+    };
+    assert_eq!(
+        failure.status.and_then(|s| s.code()),
+        Some(2),
+        "{}",
+        failure.logs
+    );
+    assert!(failure.logs.contains("TIDEGATE_LOG"), "{}", failure.logs);
+    // A valid filter with a target starts.
+    let gw = Gateway::start_with_env(&cfg, &[("TIDEGATE_LOG", "warn,access=info")]);
+    drop(gw);
+}
+
+#[test]
+fn breaker_transitions_are_logged_once_and_failovers_at_info() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::error(503, "overloaded"));
+    let cfg = one_upstream(
+        &mock.base_url(),
+        2,
+        "disable_cooling = true",
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = 3\ndegradation_threshold = 2\nreset_timeout_ms = 60000",
+    )
+    .replace(
+        "[[connections]]\nid = \"c1\"\nprovider = \"up\"\n",
+        "[[connections]]\nid = \"c1\"\nprovider = \"up\"\ndisable_cooling = true\n[[connections]]\nid = \"c2\"\nprovider = \"up\"\n",
+    );
+    let cfg = cfg.replacen(
+        "disable_cooling = true\n[[connections]]",
+        "[[connections]]",
+        1,
+    );
+    let gw = Gateway::start(&cfg);
+    for _ in 0..12 {
+        Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    }
+    eventually(secs(5), "a breaker to open", || {
+        gw.logs().contains("circuit breaker opened").then_some(())
+    });
+    let logs = gw.logs();
+    // Two connections, each opens once; the rejected requests after that log nothing more.
+    let opened = logs.matches("circuit breaker opened").count();
+    assert!((1..=2).contains(&opened), "{opened} open lines:\n{logs}");
+    assert!(logs.contains("trying the next candidate"), "{logs}");
+    assert!(logs.contains(" INFO "), "{logs}");
+}
