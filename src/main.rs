@@ -80,21 +80,49 @@ struct Cli {
 enum Command {
     /// Run the gateway until SIGTERM or SIGINT; SIGHUP reloads the configuration file.
     Serve {
-        /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
+        /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml, or
+        /// /etc/tidegate/tidegate.toml under systemd (INVOCATION_ID or NOTIFY_SOCKET set)]
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
     /// Validate a configuration file: exit 0, or 2 with one line per problem.
     Check {
-        /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
+        /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml, or
+        /// /etc/tidegate/tidegate.toml under systemd (INVOCATION_ID or NOTIFY_SOCKET set)]
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
 }
 
+/// The configuration file when neither `--config` nor `TIDEGATE_CONFIG` names one, for a
+/// process systemd started (it sets `INVOCATION_ID`, and `NOTIFY_SOCKET` for `Type=notify`).
+const SERVICE_CONFIG: &str = "/etc/tidegate/tidegate.toml";
+/// ... and otherwise (relative to the working directory: a checkout).
+const LOCAL_CONFIG: &str = "config/tidegate.toml";
+
 fn config_path(flag: Option<PathBuf>) -> PathBuf {
     flag.or_else(|| std::env::var_os("TIDEGATE_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("config/tidegate.toml"))
+        .unwrap_or_else(|| {
+            let service = ["INVOCATION_ID", "NOTIFY_SOCKET"]
+                .iter()
+                .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+            PathBuf::from(if service {
+                SERVICE_CONFIG
+            } else {
+                LOCAL_CONFIG
+            })
+        })
+}
+
+/// One problem line: `<path>: <key>: <message>`, or `<path>: <message>` when the problem is
+/// the file itself (its key is the path).
+fn problem_line(path: &std::path::Path, key: &str, message: &str) -> String {
+    let shown = path.display().to_string();
+    if key == shown || key.is_empty() {
+        format!("{shown}: {message}")
+    } else {
+        format!("{shown}: {key}: {message}")
+    }
 }
 
 fn env_lookup(name: &str) -> Option<String> {
@@ -107,7 +135,7 @@ fn load(path: &std::path::Path) -> Result<(Config, Vec<String>), ExitCode> {
         Ok(outcome) => Ok((outcome.config, outcome.warnings)),
         Err(err) => {
             for p in &err.problems {
-                eprintln!("{}: {}: {}", path.display(), p.key, p.message);
+                eprintln!("{}", problem_line(path, &p.key, &p.message));
             }
             Err(ExitCode::from(EXIT_CONFIG))
         }
@@ -301,7 +329,7 @@ fn reload(path: &std::path::Path, fleet: &mut fleet::Fleet) {
             let problems: Vec<String> = err
                 .problems
                 .iter()
-                .map(|p| format!("{}: {}: {}", path.display(), p.key, p.message))
+                .map(|p| problem_line(path, &p.key, &p.message))
                 .collect();
             refuse(&problems);
             return;

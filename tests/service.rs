@@ -147,3 +147,50 @@ provider = "mock"
     assert_eq!(&buf[..n], b"STOPPING=1");
     assert!(gw.wait_exit(secs(20)).unwrap().success());
 }
+
+/// `tidegate check` with no `--config` and no `TIDEGATE_CONFIG`, in an empty directory.
+fn check_without_a_path(env: &[(&str, &str)]) -> RunOutput {
+    let dir = TempDir::new("default-config");
+    let mut cmd = Command::new(TIDEGATE_BIN);
+    cmd.arg("check")
+        .current_dir(dir.path())
+        .env_remove("TIDEGATE_CONFIG")
+        .env_remove("INVOCATION_ID")
+        .env_remove("NOTIFY_SOCKET");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run_bounded(cmd, secs(30))
+}
+
+#[test]
+fn the_default_config_path_is_etc_tidegate_under_systemd_and_printed_once() {
+    if Path::new("/etc/tidegate/tidegate.toml").exists() {
+        return; // a real install here: the path would be read, not reported missing
+    }
+    let local = check_without_a_path(&[]);
+    assert_eq!(local.code, 2, "{}", local.stderr);
+    assert_eq!(
+        local.stderr.matches("config/tidegate.toml").count(),
+        1,
+        "the relative default is printed once: {}",
+        local.stderr
+    );
+    for var in ["INVOCATION_ID", "NOTIFY_SOCKET"] {
+        let service = check_without_a_path(&[(var, "x")]);
+        assert_eq!(service.code, 2, "{}", service.stderr);
+        assert!(
+            service
+                .stderr
+                .starts_with("/etc/tidegate/tidegate.toml: cannot read"),
+            "with {var} set the default is /etc/tidegate/tidegate.toml: {}",
+            service.stderr
+        );
+        assert_eq!(
+            service.stderr.matches("tidegate.toml").count(),
+            1,
+            "{}",
+            service.stderr
+        );
+    }
+}
