@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::mesh::ring::{Mesh, MeshEnd};
 use crate::net::claim::{self, Claim};
 use crate::net::downstream;
+use crate::net::io::ClientStream;
 use crate::net::listener::bind_shards;
 use crate::net::tls::TlsConfigs;
 use crate::owners::{Msg, Shard};
@@ -254,6 +255,23 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
     Ok(fleet)
 }
 
+/// A connection to a TLS listener: the handshake (within `header_timeout_ms`), then the
+/// requests. A failed handshake closes the connection (logged at DEBUG: scanners and
+/// plain-HTTP clients are common).
+async fn serve_tls(
+    shard: Rc<Shard>,
+    tls: Arc<rustls::ServerConfig>,
+    stream: monoio::net::TcpStream,
+) {
+    let budget = Duration::from_millis(shard.config().server.header_timeout_ms);
+    let acceptor = monoio_rustls::TlsAcceptor::from(tls);
+    match monoio::time::timeout(budget, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => downstream::serve(shard, ClientStream::Tls(Box::new(tls))).await,
+        Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+        Err(_) => tracing::debug!("TLS handshake not complete within {budget:?}"),
+    }
+}
+
 /// What a reload did: settings that cannot change live and were kept (one line each).
 #[derive(Debug, Default)]
 pub struct Reloaded {
@@ -482,7 +500,18 @@ async fn shard_main(
         match listener.cancelable_accept(cancel.clone()).await {
             Ok((stream, _)) if stopping.get() || stop.flag.load(Ordering::SeqCst) => drop(stream),
             Ok((stream, _)) => {
-                monoio::spawn(downstream::serve(shard.clone(), stream));
+                let _ = stream.set_nodelay(true);
+                match shard.shared().tls.listener.clone() {
+                    None => {
+                        monoio::spawn(downstream::serve(
+                            shard.clone(),
+                            ClientStream::Plain(stream),
+                        ));
+                    }
+                    Some(tls) => {
+                        monoio::spawn(serve_tls(shard.clone(), tls, stream));
+                    }
+                }
             }
             Err(_) if stopping.get() || stop.flag.load(Ordering::SeqCst) => break,
             Err(e) => {

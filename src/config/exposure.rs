@@ -80,6 +80,13 @@ pub fn warnings(config: &Config, raw: &RawConfig, text: &str) -> Vec<String> {
              accounts ({consequence})"
         ));
     }
+    if exposed && config.server.tls.is_none() {
+        out.push(format!(
+            "server.listen: {listen} is reachable from other hosts without TLS: client keys and \
+             prompts cross the network in clear text; set server.tls_cert_file and \
+             server.tls_key_file, or terminate TLS in front"
+        ));
+    }
     if exposed {
         for (i, k) in raw.client_keys.iter().enumerate() {
             let Some(inline) = &k.key else { continue };

@@ -100,6 +100,9 @@ pub struct ServerConfig {
     pub allow_open_gateway: bool,
     /// How log lines are written (read at start; a reload keeps it).
     pub log_format: LogFormat,
+    /// The listener's certificate chain and key (PEM); both or neither. With them the
+    /// listener speaks TLS (ALPN `http/1.1`).
+    pub tls: Option<ListenerTls>,
 }
 
 /// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;
@@ -123,6 +126,13 @@ pub enum Scope {
     Manage,
     /// `POST /api/v1/session-leases`.
     LeaseExclusive,
+}
+
+/// `server.tls_cert_file` / `server.tls_key_file`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// `server.log_format`: human-readable lines, or one JSON object per line.

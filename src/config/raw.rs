@@ -57,6 +57,8 @@ pub struct RawServer {
     pub allow_shared_listen: Option<bool>,
     pub allow_open_gateway: Option<bool>,
     pub log_format: Option<String>,
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -133,6 +133,7 @@ impl Default for ServerConfig {
             allow_shared_listen: false,
             allow_open_gateway: false,
             log_format: super::LogFormat::Text,
+            tls: None,
         }
     }
 }
@@ -389,6 +390,7 @@ impl Loader<'_> {
             mesh_ring_capacity: self.ring_capacity(raw.mesh_ring_capacity, d.mesh_ring_capacity),
             allow_shared_listen: raw.allow_shared_listen.unwrap_or(d.allow_shared_listen),
             allow_open_gateway: raw.allow_open_gateway.unwrap_or(d.allow_open_gateway),
+            tls: self.listener_tls(raw),
             log_format: match raw.log_format.as_deref() {
                 None => d.log_format,
                 Some("text") => super::LogFormat::Text,
@@ -401,6 +403,40 @@ impl Loader<'_> {
                     d.log_format
                 }
             },
+        }
+    }
+
+    /// `server.tls_cert_file` and `server.tls_key_file`: both or neither, each a file.
+    fn listener_tls(&mut self, raw: &RawServer) -> Option<super::ListenerTls> {
+        let mut file = |key: &str, v: &Option<String>| {
+            let f = v.as_ref()?;
+            if !Path::new(f).is_file() {
+                self.problem(key, format!("{f:?} does not exist or is not a file"));
+            }
+            Some(PathBuf::from(f))
+        };
+        let cert = file("server.tls_cert_file", &raw.tls_cert_file);
+        let key = file("server.tls_key_file", &raw.tls_key_file);
+        match (cert, key) {
+            (Some(cert_file), Some(key_file)) => Some(super::ListenerTls {
+                cert_file,
+                key_file,
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                self.problem(
+                    "server.tls_key_file",
+                    "tls_cert_file is set: set its key too",
+                );
+                None
+            }
+            (None, Some(_)) => {
+                self.problem(
+                    "server.tls_cert_file",
+                    "tls_key_file is set: set its certificate too",
+                );
+                None
+            }
         }
     }
 

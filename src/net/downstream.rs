@@ -8,13 +8,13 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use monoio::net::TcpStream;
+use monoio::io::AsyncWriteRent;
 
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{
     self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
 };
-use crate::net::io::{READ_BUF_BYTES, read_more, write_all};
+use crate::net::io::{ClientStream, READ_BUF_BYTES, read_more, write_all};
 
 /// What happens to the client connection after a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub trait Handler {
         &self,
         head: &RequestHead,
         body: Bytes,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         pending: &mut BytesMut,
     ) -> impl std::future::Future<Output = After>;
     /// Answers bad input with its typed error; the connection closes after it.
@@ -62,15 +62,14 @@ pub trait Handler {
     fn reject(
         &self,
         head: Option<&RequestHead>,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         err: &GatewayError,
     ) -> impl std::future::Future<Output = ()>;
 }
 
 /// Serves one accepted client connection until it closes.
-pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: TcpStream) {
+pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     handler.connection_opened();
-    let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     loop {
         let head = match read_head(&*handler, &mut stream, &mut buf).await {
@@ -99,6 +98,12 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: TcpStream) {
             buf = BytesMut::with_capacity(READ_BUF_BYTES);
         }
     }
+    if matches!(stream, ClientStream::Tls(_)) {
+        // TLS ends with close_notify, so the client can tell a complete response from a
+        // cut one (bounded: a client that stopped reading does not hold the task).
+        let budget = Duration::from_millis(handler.limits().header_timeout_ms);
+        let _ = monoio::time::timeout(budget, stream.shutdown()).await;
+    }
     handler.connection_closed();
 }
 
@@ -112,7 +117,7 @@ pub const MAX_PENDING_WHILE_WAITING: usize = 64 * 1024;
 /// readiness poll. Bytes the client pipelines meanwhile are appended to `pending` (the
 /// connection's read buffer), where the keep-alive loop finds them.
 pub async fn unless_client_gone<F: std::future::Future>(
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     pending: &mut BytesMut,
     wait: F,
 ) -> Option<F::Output> {
@@ -124,7 +129,7 @@ pub async fn unless_client_gone<F: std::future::Future>(
         monoio::select! {
             biased;
             out = &mut wait => return Some(out),
-            ready = client.readable(false) => {
+            ready = client.readable() => {
                 if ready.is_err() {
                     return None;
                 }
@@ -173,7 +178,7 @@ fn head_error(e: HeadError) -> GatewayError {
 /// between requests (closed silently).
 async fn read_head<H: Handler>(
     handler: &H,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     buf: &mut BytesMut,
 ) -> Result<Option<RequestHead>, GatewayError> {
     let cfg = handler.limits();
@@ -223,7 +228,7 @@ async fn read_head<H: Handler>(
 /// Reads the whole request body. `Err(None)`: the connection failed (no response possible).
 async fn read_body(
     cfg: Limits,
-    stream: &mut TcpStream,
+    stream: &mut ClientStream,
     buf: &mut BytesMut,
     head: &RequestHead,
 ) -> Result<Bytes, Option<GatewayError>> {

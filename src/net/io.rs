@@ -8,7 +8,7 @@ use monoio::BufResult;
 use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
-use monoio_rustls::ClientTlsStream;
+use monoio_rustls::{ClientTlsStream, ServerTlsStream};
 
 /// Initial capacity of a connection's read buffer; it grows only when a message needs it.
 pub const READ_BUF_BYTES: usize = 4 * 1024;
@@ -33,6 +33,69 @@ pub async fn read_more<S: AsyncReadRent>(
 pub async fn write_all<S: AsyncWriteRent, T: IoBuf + 'static>(s: &mut S, buf: T) -> io::Result<T> {
     let (res, buf) = s.write_all(buf).await;
     res.map(|_| buf)
+}
+
+/// A client connection: plain TCP, or TLS over TCP when the listener has a certificate.
+pub enum ClientStream {
+    Plain(TcpStream),
+    Tls(Box<ServerTlsStream<TcpStream>>),
+}
+
+impl ClientStream {
+    /// Waits until the client sent something (or hung up). Over TLS this is not watched
+    /// (the TCP socket is inside the TLS stream): it never resolves.
+    pub async fn readable(&mut self) -> io::Result<()> {
+        match self {
+            ClientStream::Plain(s) => s.readable(false).await,
+            ClientStream::Tls(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl AsyncReadRent for ClientStream {
+    async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            ClientStream::Plain(s) => s.read(buf).await,
+            ClientStream::Tls(s) => s.read(buf).await,
+        }
+    }
+
+    async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            ClientStream::Plain(s) => s.readv(buf).await,
+            ClientStream::Tls(s) => s.readv(buf).await,
+        }
+    }
+}
+
+impl AsyncWriteRent for ClientStream {
+    async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            ClientStream::Plain(s) => s.write(buf).await,
+            ClientStream::Tls(s) => s.write(buf).await,
+        }
+    }
+
+    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        match self {
+            ClientStream::Plain(s) => s.writev(buf).await,
+            ClientStream::Tls(s) => s.writev(buf).await,
+        }
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        match self {
+            ClientStream::Plain(s) => s.flush().await,
+            ClientStream::Tls(s) => s.flush().await,
+        }
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            ClientStream::Plain(s) => s.shutdown().await,
+            ClientStream::Tls(s) => s.shutdown().await,
+        }
+    }
 }
 
 /// An upstream byte stream: plain TCP or TLS over TCP.

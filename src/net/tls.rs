@@ -1,6 +1,7 @@
-//! TLS client configuration for upstreams: rustls with the ring provider, the webpki
-//! roots, and per provider an optional extra CA bundle for private endpoints. Built once
-//! at start-up and shared read-only by every shard.
+//! TLS configuration: for upstreams, rustls clients with the ring provider, the webpki
+//! roots, and per provider an optional extra CA bundle for private endpoints; for the
+//! listener, the server certificate of `server.tls_cert_file`/`tls_key_file` (ALPN
+//! `http/1.1`). Built at start-up and on each reload, shared read-only by every shard.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -17,6 +18,8 @@ use crate::config::{Config, ProviderId};
 pub struct TlsConfigs {
     default: Arc<ClientConfig>,
     per_provider: Vec<Arc<ClientConfig>>,
+    /// The listener's server configuration (`None`: plain HTTP).
+    pub listener: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl TlsConfigs {
@@ -33,9 +36,14 @@ impl TlsConfigs {
                 None => per_provider.push(default.clone()),
             }
         }
+        let listener = match &config.server.tls {
+            Some(t) => Some(Arc::new(server_config(&t.cert_file, &t.key_file)?)),
+            None => None,
+        };
         Ok(Self {
             default,
             per_provider,
+            listener,
         })
     }
 
@@ -45,6 +53,52 @@ impl TlsConfigs {
             .unwrap_or(&self.default)
             .clone()
     }
+}
+
+/// The listener's TLS: the PEM chain and key (PKCS#8, PKCS#1 or SEC1), ALPN `http/1.1`.
+fn server_config(cert_file: &Path, key_file: &Path) -> Result<rustls::ServerConfig, String> {
+    let open = |key: &str, path: &Path| {
+        File::open(path)
+            .map(BufReader::new)
+            .map_err(|e| format!("{key}: cannot open {}: {e}", path.display()))
+    };
+    let mut certs = Vec::new();
+    for cert in rustls_pemfile::certs(&mut open("server.tls_cert_file", cert_file)?) {
+        certs.push(cert.map_err(|e| {
+            format!(
+                "server.tls_cert_file: bad PEM in {}: {e}",
+                cert_file.display()
+            )
+        })?);
+    }
+    if certs.is_empty() {
+        return Err(format!(
+            "server.tls_cert_file: no certificate found in {}",
+            cert_file.display()
+        ));
+    }
+    let key = rustls_pemfile::private_key(&mut open("server.tls_key_file", key_file)?)
+        .map_err(|e| {
+            format!(
+                "server.tls_key_file: bad PEM in {}: {e}",
+                key_file.display()
+            )
+        })?
+        .ok_or_else(|| {
+            format!(
+                "server.tls_key_file: no private key found in {}",
+                key_file.display()
+            )
+        })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("server.tls_key_file: the key does not fit the certificate: {e}"))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
 }
 
 fn client_config(extra_ca: Option<&Path>) -> Result<ClientConfig, String> {

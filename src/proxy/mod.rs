@@ -15,8 +15,8 @@ pub mod stream;
 pub mod upstream;
 pub mod watchdog;
 
+use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
-use monoio::net::TcpStream;
 
 use crate::admin;
 use crate::auth::Caller;
@@ -74,13 +74,18 @@ impl Handler for Shard {
         &self,
         head: &RequestHead,
         body: Bytes,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         pending: &mut BytesMut,
     ) -> After {
         handle(self, head, body, client, pending).await
     }
 
-    async fn reject(&self, head: Option<&RequestHead>, client: &mut TcpStream, err: &GatewayError) {
+    async fn reject(
+        &self,
+        head: Option<&RequestHead>,
+        client: &mut ClientStream,
+        err: &GatewayError,
+    ) {
         let dialect = head.map_or(Dialect::OpenAi, dialect);
         send_error(self, client, err, dialect, false, None).await;
     }
@@ -155,7 +160,7 @@ pub async fn handle(
     shard: &Shard,
     head: &RequestHead,
     body: Bytes,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     pending: &mut BytesMut,
 ) -> After {
     // Whether the connection stays open is decided when the response head is written
@@ -243,7 +248,7 @@ async fn inference(
     head: &RequestHead,
     endpoint: Endpoint,
     body: Bytes,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     pending: &mut BytesMut,
     keep_alive: bool,
     log: &access::AccessLog,

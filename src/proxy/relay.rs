@@ -8,8 +8,8 @@
 //! execution budget → classify an error answer (restatement, verdict, gate block, queue
 //! learning) → relay. Its outcome is recorded exactly once by the [`Attempted`] guard.
 
+use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
-use monoio::net::TcpStream;
 use serde_json::json;
 
 use super::classify::{self, Failed};
@@ -52,7 +52,7 @@ pub struct Plan {
 /// The client side of a request: its connection, the connection's read buffer (bytes the
 /// client pipelines while the request waits land there), and whether keep-alive holds.
 pub struct Downstream<'c> {
-    pub client: &'c mut TcpStream,
+    pub client: &'c mut ClientStream,
     pub pending: &'c mut BytesMut,
     pub keep_alive: bool,
     /// The error shape the client expects.
@@ -490,7 +490,7 @@ pub(super) async fn open<'s>(
     connection: ConnectionId,
     combo: Option<ComboAttempt>,
     walk: &mut Walk,
-    client: Option<(&mut TcpStream, &mut BytesMut)>,
+    client: Option<(&mut ClientStream, &mut BytesMut)>,
 ) -> Opened<'s> {
     use AttemptEnd as E;
     let config = shard.config();

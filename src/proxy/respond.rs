@@ -2,8 +2,8 @@
 //! the caller's dialect (OpenAI's shape, or Anthropic's on `/v1/messages`) and the
 //! `x-tidegate-error` header carrying the gateway's own code, and small JSON answers.
 
+use crate::net::io::ClientStream;
 use bytes::BytesMut;
-use monoio::net::TcpStream;
 use serde_json::json;
 
 use super::access::{AccessLog, REQUEST_ID_HEADER};
@@ -131,7 +131,7 @@ pub fn stream_error_event(err: &GatewayError, endpoint: Endpoint) -> String {
 /// Writes a gateway error as the whole response.
 pub async fn send_error(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     err: &GatewayError,
     dialect: Dialect,
     keep_alive: bool,

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
+use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
-use monoio::net::TcpStream;
 
 use super::access::{AccessLog, REQUEST_ID_HEADER};
 use super::upstream::{Up, UpHead};
@@ -104,7 +104,7 @@ pub async fn relay_buffered(
     shard: &Shard,
     b: &Buffered,
     attempts: usize,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     keep_alive: bool,
     log: &AccessLog,
 ) -> After {
@@ -156,7 +156,7 @@ pub async fn commit(
     provider: &Provider,
     conn: &Connection,
     attempts: usize,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     keep_alive: bool,
     idle: Duration,
     endpoint: Endpoint,
@@ -318,7 +318,7 @@ async fn break_stream(
     chunked: bool,
     inband: bool,
     endpoint: Endpoint,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
 ) -> After {
     bump(&shard.metrics().streams_broken);
     tracing::warn!(connection = %conn.name, "stream broken after the first byte: {err}");
