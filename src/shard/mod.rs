@@ -339,10 +339,6 @@ impl<A: App> Shard<A> {
         self.cut_waiters.borrow_mut().wake_all();
     }
 
-    pub fn is_cut(&self) -> bool {
-        self.cut.get()
-    }
-
     /// Resolves once [`Shard::cut_in_flight`] is called (at once if it was).
     pub fn cut_signal(&self) -> CutSignal<'_, A> {
         CutSignal {
