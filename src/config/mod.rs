@@ -103,6 +103,8 @@ pub struct ServerConfig {
     /// The listener's certificate chain and key (PEM); both or neither. With them the
     /// listener speaks TLS (ALPN `http/1.1`).
     pub tls: Option<ListenerTls>,
+    /// Browser origins allowed to call the API (`"*"`: any); empty = no CORS headers.
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;

@@ -59,6 +59,7 @@ pub struct RawServer {
     pub log_format: Option<String>,
     pub tls_cert_file: Option<String>,
     pub tls_key_file: Option<String>,
+    pub cors_allow_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -134,6 +134,7 @@ impl Default for ServerConfig {
             allow_open_gateway: false,
             log_format: super::LogFormat::Text,
             tls: None,
+            cors_allow_origins: Vec::new(),
         }
     }
 }
@@ -391,6 +392,7 @@ impl Loader<'_> {
             allow_shared_listen: raw.allow_shared_listen.unwrap_or(d.allow_shared_listen),
             allow_open_gateway: raw.allow_open_gateway.unwrap_or(d.allow_open_gateway),
             tls: self.listener_tls(raw),
+            cors_allow_origins: self.cors_origins(raw),
             log_format: match raw.log_format.as_deref() {
                 None => d.log_format,
                 Some("text") => super::LogFormat::Text,
@@ -404,6 +406,25 @@ impl Loader<'_> {
                 }
             },
         }
+    }
+
+    /// `server.cors_allow_origins`: `"*"` or origins (`scheme://host[:port]`, no path).
+    fn cors_origins(&mut self, raw: &RawServer) -> Vec<String> {
+        let list = raw.cors_allow_origins.clone().unwrap_or_default();
+        for (i, o) in list.iter().enumerate() {
+            let ok = o == "*"
+                || ((o.starts_with("http://") || o.starts_with("https://"))
+                    && !o
+                        .split_once("://")
+                        .is_some_and(|(_, rest)| rest.is_empty() || rest.contains('/')));
+            if !ok {
+                self.problem(
+                    format!("server.cors_allow_origins[{i}]"),
+                    format!("{o:?} is not an origin (\"*\" or scheme://host[:port], no path)"),
+                );
+            }
+        }
+        list
     }
 
     /// `server.tls_cert_file` and `server.tls_key_file`: both or neither, each a file.

@@ -14,9 +14,35 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Longest client-sent request id kept; a longer or unprintable one is replaced.
 const MAX_REQUEST_ID: usize = 128;
 
+/// Response fields a browser script may read.
+const CORS_EXPOSE: &str = "x-request-id, x-tidegate-error, x-tidegate-provider, \
+     x-tidegate-attempts, x-omniroute-selected-connection-id, retry-after";
+
+/// The `Access-Control-Allow-Origin` value for a request: its `Origin` when
+/// `server.cors_allow_origins` lists it, `*` when the list has `"*"`; else none.
+pub fn cors_origin(shard: &Shard, head: &RequestHead) -> Option<String> {
+    let allowed = &shard.config().server.cors_allow_origins;
+    if allowed.is_empty() {
+        return None;
+    }
+    let origin = head
+        .header("origin")
+        .and_then(|v| std::str::from_utf8(v).ok())?;
+    if allowed.iter().any(|a| a == "*") {
+        return Some("*".to_owned());
+    }
+    allowed
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(origin))
+        .then(|| origin.to_owned())
+}
+
 /// What one request did, for its access-log line.
 pub struct AccessLog {
     pub id: String,
+    /// `Access-Control-Allow-Origin` for this request's responses (`server.cors_allow_origins`
+    /// matched its `Origin`).
+    pub cors_origin: Option<String>,
     start_ns: u64,
     /// Client key id (`None`: no key, or not identified).
     key: RefCell<Option<String>>,
@@ -45,6 +71,7 @@ impl AccessLog {
         };
         Self {
             id,
+            cors_origin: cors_origin(shard, head),
             start_ns: now.mono_ns,
             key: RefCell::new(None),
             model: RefCell::new(None),
@@ -57,6 +84,18 @@ impl AccessLog {
             first_byte_ns: Cell::new(None),
             error: Cell::new(None),
         }
+    }
+
+    /// The fields every response to this request carries: the request id, and the CORS
+    /// fields when its origin is allowed.
+    pub fn response_headers(&self) -> Vec<(&'static str, &[u8])> {
+        let mut h: Vec<(&'static str, &[u8])> = vec![(REQUEST_ID_HEADER, self.id.as_bytes())];
+        if let Some(origin) = &self.cors_origin {
+            h.push(("access-control-allow-origin", origin.as_bytes()));
+            h.push(("access-control-expose-headers", CORS_EXPOSE.as_bytes()));
+            h.push(("vary", b"origin"));
+        }
+        h
     }
 
     pub fn key(&self, id: &str) {

@@ -167,6 +167,11 @@ pub async fn handle(
     // (`keep_alive_now`), since shutdown may begin while the request is served.
     let keep_alive = head.keep_alive();
     let log = access::AccessLog::new(shard, head);
+    if head.method() == Method::Options && !shard.config().server.cors_allow_origins.is_empty() {
+        let after = preflight(shard, head, client, keep_alive, &log).await;
+        log.emit(shard, head);
+        return after;
+    }
     let result = match route(head) {
         Ok(Route::Inference(ep)) => {
             let after = inference(shard, head, ep, body, client, pending, keep_alive, &log).await;
@@ -190,17 +195,71 @@ pub async fn handle(
             shard.metrics().response(status);
             let b = if head_only { &[][..] } else { body.as_bytes() };
             log.responding(shard, status);
-            respond::write_body(&mut out, status, content_type, b, keep_alive, &log.id);
+            let extra = log.response_headers();
+            respond::write_body(&mut out, status, content_type, b, keep_alive, &extra);
         }
         Err(err) => {
             note_error(shard, &err);
             log.failed(shard, &err);
-            let id = Some(log.id.as_str());
-            respond::write_error(&mut out, &err, dialect(head), keep_alive, head_only, id);
+            let extra = log.response_headers();
+            respond::write_error(&mut out, &err, dialect(head), keep_alive, head_only, &extra);
         }
     }
     log.sent(out.len());
     log.emit(shard, head);
+    match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+/// Request fields a browser may send when `server.cors_allow_origins` does not echo its own.
+const CORS_ALLOW_HEADERS: &str =
+    "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, x-request-id";
+
+/// A CORS preflight (`OPTIONS` with `Origin`): 204 with the allowed methods and fields when
+/// the origin is allowed, 403 otherwise.
+async fn preflight(
+    shard: &Shard,
+    head: &RequestHead,
+    client: &mut ClientStream,
+    keep_alive: bool,
+    log: &access::AccessLog,
+) -> After {
+    let keep_alive = keep_alive_now(shard, keep_alive);
+    let Some(origin) = &log.cors_origin else {
+        let err = GatewayError::new(
+            ErrorKind::Forbidden,
+            "this origin is not in server.cors_allow_origins",
+        );
+        return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
+    };
+    let requested = head
+        .header("access-control-request-headers")
+        .filter(|v| v.iter().all(|b| b.is_ascii_graphic() || *b == b' '))
+        .unwrap_or(CORS_ALLOW_HEADERS.as_bytes());
+    let headers: [(&str, &[u8]); 6] = [
+        ("access-control-allow-origin", origin.as_bytes()),
+        ("access-control-allow-methods", b"GET, POST, OPTIONS"),
+        ("access-control-allow-headers", requested),
+        ("access-control-max-age", b"600"),
+        (
+            "vary",
+            b"origin, access-control-request-method, access-control-request-headers",
+        ),
+        (access::REQUEST_ID_HEADER, log.id.as_bytes()),
+    ];
+    let mut out = BytesMut::with_capacity(512);
+    crate::http1::write_response_head(
+        &mut out,
+        204,
+        headers,
+        crate::http1::Framing::NoBody,
+        keep_alive,
+    );
+    shard.metrics().response(204);
+    log.responding(shard, 204);
+    log.sent(out.len());
     match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,

@@ -6,7 +6,7 @@ use crate::net::io::ClientStream;
 use bytes::BytesMut;
 use serde_json::json;
 
-use super::access::{AccessLog, REQUEST_ID_HEADER};
+use super::access::AccessLog;
 use crate::error::{Dialect, GatewayError};
 use crate::http1::{Framing, write_response_head};
 use crate::net::downstream::After;
@@ -51,7 +51,7 @@ pub fn write_error(
     dialect: Dialect,
     keep_alive: bool,
     head_only: bool,
-    request_id: Option<&str>,
+    extra: &[(&str, &[u8])],
 ) {
     let body = error_body(err, dialect);
     let code = err.kind.code();
@@ -69,9 +69,7 @@ pub fn write_error(
     for (name, value) in &err.headers {
         headers.push((name, value.as_bytes()));
     }
-    if let Some(id) = request_id {
-        headers.push((REQUEST_ID_HEADER, id.as_bytes()));
-    }
+    headers.extend_from_slice(extra);
     write_response_head(
         dst,
         err.kind.status(),
@@ -91,12 +89,10 @@ pub fn write_body(
     content_type: &str,
     body: &[u8],
     keep_alive: bool,
-    request_id: &str,
+    extra: &[(&str, &[u8])],
 ) {
-    let headers: [(&str, &[u8]); 2] = [
-        ("content-type", content_type.as_bytes()),
-        (REQUEST_ID_HEADER, request_id.as_bytes()),
-    ];
+    let mut headers: Vec<(&str, &[u8])> = vec![("content-type", content_type.as_bytes())];
+    headers.extend_from_slice(extra);
     write_response_head(
         dst,
         status,
@@ -143,14 +139,8 @@ pub async fn send_error(
     }
     let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
     let mut out = BytesMut::with_capacity(256);
-    write_error(
-        &mut out,
-        err,
-        dialect,
-        keep_alive,
-        false,
-        log.map(|l| l.id.as_str()),
-    );
+    let extra = log.map(AccessLog::response_headers).unwrap_or_default();
+    write_error(&mut out, err, dialect, keep_alive, false, &extra);
     if let Some(log) = log {
         log.sent(out.len());
     }

@@ -127,7 +127,7 @@ pub async fn relay_buffered(
     ));
     headers.push(("x-tidegate-provider", b.provider.as_bytes()));
     headers.push(("x-tidegate-attempts", attempts_s.as_bytes()));
-    headers.push((REQUEST_ID_HEADER, log.id.as_bytes()));
+    headers.extend(log.response_headers());
     let mut out = BytesMut::with_capacity(512 + b.body.len());
     write_response_head(
         &mut out,
@@ -178,12 +178,12 @@ pub async fn commit(
     let attempts_s = attempts.to_string();
     let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
     {
-        let ours: [(&str, &[u8]); 4] = [
+        let mut ours: Vec<(&str, &[u8])> = vec![
             ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
             ("x-tidegate-provider", provider.name.as_bytes()),
             ("x-tidegate-attempts", attempts_s.as_bytes()),
-            (REQUEST_ID_HEADER, log.id.as_bytes()),
         ];
+        ours.extend(log.response_headers());
         match &up.head {
             UpHead::Net(h) => {
                 let relayed = h.headers().filter(|(n, _)| !relayed_never(n));
