@@ -188,3 +188,49 @@ provider = "an"
         anthropic.base_url()
     )
 }
+
+#[test]
+fn the_openai_sdk_responses_stream_helper_reads_the_mock_responses_stream() {
+    let gw = Gateway::start(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[[client_keys]]
+id = "sdk"
+key = "sdk-key"
+
+[[providers]]
+id = "mock"
+format = "mock"
+models = ["echo"]
+
+[[connections]]
+id = "mock-a"
+provider = "mock"
+"#,
+    );
+    let origin = format!("http://{}", gw.addr());
+    let result = run_sdk_client(
+        &origin,
+        "sdk-key",
+        &["--responses", "--model", "mock/echo", "--expect-echo"],
+    );
+    let events: Vec<&str> = result["openai_responses_stream"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    let added = events
+        .iter()
+        .position(|e| *e == "response.output_item.added");
+    let first_delta = events
+        .iter()
+        .position(|e| *e == "response.output_text.delta");
+    assert!(
+        added.is_some() && added < first_delta,
+        "output_item.added before the text: {events:?}"
+    );
+}

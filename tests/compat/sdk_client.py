@@ -2,6 +2,7 @@
 """Drive a Tidegate gateway with the official OpenAI and Anthropic Python SDKs.
 
 Usage: sdk_client.py BASE_URL API_KEY [--model MODEL] [--only openai|anthropic] [--expect-echo]
+       sdk_client.py BASE_URL API_KEY --responses [--model MODEL] [--expect-echo]
        sdk_client.py BASE_URL API_KEY --errors --model MODEL --anthropic-model MODEL
                      [--cooling-model MODEL]
 
@@ -19,6 +20,9 @@ reason, and for streams a clean end (the SDK iterator finishes without error; fo
 message_start first and message_stop last). With --expect-echo the text must also contain the
 prompt (the mock provider's `echo` model). Prints one JSON line with the results and exits 0,
 or prints a JSON line with "ok": false, says what failed on stderr and exits 1.
+
+With --responses it runs the OpenAI SDK's `responses.stream()` helper (POST /v1/responses,
+stream): every event must parse, the text deltas must add up to the final response's text.
 
 With --errors it checks the gateway's own answers as the SDKs type them instead:
   1. OpenAI    models.retrieve(MODEL)             GET /v1/models/MODEL: the model object
@@ -98,6 +102,21 @@ def openai_chat_stream(client, model, expect_echo):
     check_text("openai stream", text, expect_echo)
     require(finish, "openai stream: no chunk carried a finish_reason")
     return {"content": text, "finish_reason": finish, "chunks": chunks}
+
+
+def openai_responses_stream(client, model, expect_echo):
+    pieces, kinds = [], []
+    with client.responses.stream(model=model, input=PROMPT) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                pieces.append(event.delta)
+        final = stream.get_final_response()
+    text = "".join(pieces)
+    check_text("openai responses stream", text, expect_echo)
+    require(final.output_text == text, f"final text {final.output_text!r} != deltas {text!r}")
+    require(kinds and kinds[-1] == "response.completed", f"last event {kinds[-1:]!r}")
+    return {"content": text, "events": kinds}
 
 
 def anthropic_message(client, model, expect_echo):
@@ -200,6 +219,7 @@ def main():
     parser.add_argument("--only", choices=["openai", "anthropic"])
     parser.add_argument("--expect-echo", action="store_true")
     parser.add_argument("--errors", action="store_true")
+    parser.add_argument("--responses", action="store_true")
     parser.add_argument("--anthropic-model")
     parser.add_argument("--cooling-model")
     args = parser.parse_args()
@@ -212,6 +232,11 @@ def main():
         return run_checks(args, error_checks(args, origin))
 
     checks = []
+    if args.responses:
+        oa = openai.OpenAI(
+            base_url=origin + "/v1", api_key=args.api_key, max_retries=0, timeout=TIMEOUT_S
+        )
+        return run_checks(args, [("openai_responses_stream", openai_responses_stream, oa)])
     if args.only in (None, "openai"):
         oa = openai.OpenAI(
             base_url=origin + "/v1", api_key=args.api_key, max_retries=0, timeout=TIMEOUT_S

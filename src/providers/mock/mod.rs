@@ -226,14 +226,57 @@ pub fn plan(
             if plan.stall_after_frames {
                 return plan;
             }
-            for (i, w) in words.iter().enumerate() {
+            // The item and its content part are announced before any text, as OpenAI does
+            // (the SDK's `responses.stream()` helper needs them), and closed after it.
+            let item_id = format!("msg_{id}");
+            let item = |status: &str, text: Option<&str>| {
+                let content = match text {
+                    Some(t) => json!([{"type": "output_text", "text": t, "annotations": []}]),
+                    None => json!([]),
+                };
+                json!({"type": "message", "id": item_id, "status": status,
+                    "role": "assistant", "content": content})
+            };
+            let mut seq = 0usize;
+            let mut next = || {
+                seq += 1;
+                seq
+            };
+            plan.frames.push(named(
+                "response.output_item.added",
+                json!({"type": "response.output_item.added", "sequence_number": next(),
+                "output_index": 0, "item": item("in_progress", None)}),
+            ));
+            plan.frames.push(named(
+                "response.content_part.added",
+                json!({"type": "response.content_part.added", "sequence_number": next(),
+                "item_id": item_id, "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []}}),
+            ));
+            for w in &words {
                 plan.frames.push(named(
                     "response.output_text.delta",
                     json!({"type": "response.output_text.delta",
-                    "sequence_number": i + 1, "item_id": format!("msg_{id}"), "output_index": 0,
+                    "sequence_number": next(), "item_id": item_id, "output_index": 0,
                     "content_index": 0, "delta": w}),
                 ));
             }
+            plan.frames.push(named(
+                "response.output_text.done",
+                json!({"type": "response.output_text.done", "sequence_number": next(),
+                "item_id": item_id, "output_index": 0, "content_index": 0, "text": text}),
+            ));
+            plan.frames.push(named(
+                "response.content_part.done",
+                json!({"type": "response.content_part.done", "sequence_number": next(),
+                "item_id": item_id, "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": text, "annotations": []}}),
+            ));
+            plan.frames.push(named(
+                "response.output_item.done",
+                json!({"type": "response.output_item.done", "sequence_number": next(),
+                "output_index": 0, "item": item("completed", Some(&text))}),
+            ));
             let done = response_object(
                 &id,
                 model,
@@ -246,7 +289,7 @@ pub fn plan(
             plan.frames.push(named(
                 "response.completed",
                 json!({"type": "response.completed",
-                "sequence_number": words.len() + 1, "response": done}),
+                "sequence_number": next(), "response": done}),
             ));
         }
     }
