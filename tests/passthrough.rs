@@ -347,3 +347,40 @@ fn upstream_4xx_answers_are_relayed_not_retried() {
     );
     assert_eq!(mock.hits("/v1/chat/completions"), 1);
 }
+
+#[test]
+fn count_tokens_is_forwarded_to_an_anthropic_provider() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        "/v1/messages/count_tokens",
+        Reply::json(200, serde_json::json!({"input_tokens": 42})),
+    );
+    let gw = Gateway::start_with_env(&config(&mock, "anthropic", ""), ENV);
+    let body = br#"{"model":"up/m1","messages":[{"role":"user","content":"count me"}]}"#;
+    let mut c = Client::connect(gw.addr());
+    let resp = c.request(
+        "POST",
+        "/v1/messages/count_tokens",
+        &[("x-api-key", "test-key")],
+        body,
+    );
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["input_tokens"], 42);
+    let seen = mock.requests_to("/v1/messages/count_tokens");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("x-api-key"), Some("sk-upstream-secret"));
+    assert_eq!(seen[0].header("anthropic-version"), Some("2023-06-01"));
+
+    // An OpenAI-format provider does not serve it: an Anthropic-shaped error.
+    let mock2 = MockUpstream::start();
+    let gw = Gateway::start_with_env(&config(&mock2, "openai", ""), ENV);
+    let resp = Client::connect(gw.addr()).request(
+        "POST",
+        "/v1/messages/count_tokens",
+        &[("x-api-key", "test-key")],
+        body,
+    );
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    assert_eq!(resp.json()["type"], "error");
+    assert_eq!(mock2.total_hits(), 0);
+}

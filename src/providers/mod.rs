@@ -12,6 +12,8 @@ pub enum Endpoint {
     Responses,
     Embeddings,
     Messages,
+    /// Anthropic's `POST /v1/messages/count_tokens`: forwarded to Anthropic-format providers.
+    CountTokens,
 }
 
 impl Endpoint {
@@ -22,6 +24,7 @@ impl Endpoint {
             Endpoint::Responses => "/responses",
             Endpoint::Embeddings => "/embeddings",
             Endpoint::Messages => "/messages",
+            Endpoint::CountTokens => "/messages/count_tokens",
         }
     }
 
@@ -31,13 +34,14 @@ impl Endpoint {
             "/v1/responses" => Some(Endpoint::Responses),
             "/v1/embeddings" => Some(Endpoint::Embeddings),
             "/v1/messages" => Some(Endpoint::Messages),
+            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
             _ => None,
         }
     }
 
     /// Can this endpoint stream?
     pub fn streams(self) -> bool {
-        !matches!(self, Endpoint::Embeddings)
+        !matches!(self, Endpoint::Embeddings | Endpoint::CountTokens)
     }
 }
 
@@ -48,7 +52,7 @@ pub fn serves(format: ProviderFormat, endpoint: Endpoint) -> bool {
             endpoint,
             Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings
         ),
-        ProviderFormat::Anthropic => matches!(endpoint, Endpoint::Messages),
+        ProviderFormat::Anthropic => matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens),
         ProviderFormat::Mock => true,
     }
 }

@@ -140,6 +140,7 @@ pub fn plan(
                 prompt_tokens,
                 completion_tokens,
             ),
+            Endpoint::CountTokens => json!({"input_tokens": prompt_tokens}),
             Endpoint::Embeddings => {
                 json!({"object": "list", "data": [{"object": "embedding", "index": 0,
                 "embedding": embedding(&text)}], "model": model,
@@ -155,7 +156,8 @@ pub fn plan(
     let sse = |v: Value| Bytes::from(format!("data: {v}\n\n"));
     let named = |event: &str, v: Value| Bytes::from(format!("event: {event}\ndata: {v}\n\n"));
     match endpoint {
-        Endpoint::ChatCompletions | Endpoint::Embeddings => {
+        // Streams only where `Endpoint::streams`: these two never get here.
+        Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::CountTokens => {
             let chunk = |delta: Value, finish: Value| {
                 json!({"id": format!("chatcmpl-{id}"),
                 "object": "chat.completion.chunk", "created": now_s, "model": model,
@@ -344,7 +346,7 @@ fn embedding(text: &str) -> Vec<f64> {
 /// responses or embeddings body.
 fn echo_text(endpoint: Endpoint, req: &Value) -> String {
     let text = match endpoint {
-        Endpoint::ChatCompletions | Endpoint::Messages => req
+        Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => req
             .get("messages")
             .and_then(Value::as_array)
             .and_then(|msgs| {
