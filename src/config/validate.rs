@@ -2342,7 +2342,8 @@ mod exposure_tests {
         assert!(warns(&v6, &[]).is_empty());
         let keyed = format!("[server]\nlisten = \"[::]:8787\"\n{MOCK}{KEY}");
         let w = warns(&keyed, &[]);
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].starts_with("client_keys[0].key: the shipped sample key"));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("without TLS"), "{w:?}");
+        assert!(w[1].starts_with("client_keys[0].key: the shipped sample key"));
     }
 }

@@ -139,6 +139,9 @@ impl AccessLog {
 
     /// Writes the line (target `access`, level INFO).
     pub fn emit(&self, shard: &Shard, head: &RequestHead) {
+        if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+            return;
+        }
         let now = shard.now().mono_ns;
         let ms = |ns: u64| ns as f64 / 1e6;
         let opt = |c: &RefCell<Option<String>>| c.borrow().clone().unwrap_or_else(|| "-".into());
