@@ -762,8 +762,15 @@ impl Runner<'_, '_> {
         match err {
             Some(e) => {
                 down.committed.set(true);
-                send_error(shard, down.client, &e, down.dialect, down.keep_alive, Some(down.log))
-                    .await
+                send_error(
+                    shard,
+                    down.client,
+                    &e,
+                    down.dialect,
+                    down.keep_alive,
+                    Some(down.log),
+                )
+                .await
             }
             None => {
                 let last = self.last.take();

@@ -12,8 +12,8 @@ use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
 use serde_json::json;
 
-use super::classify::{self, Failed};
 use super::access::AccessLog;
+use super::classify::{self, Failed};
 use super::respond::send_error;
 use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
@@ -652,22 +652,23 @@ pub(super) async fn open<'s>(
     // still move on. An event stream under the content-stall watchdog holds its lifecycle
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
     let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
-    let first =
-        match super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut()).await {
-            Ok(first) => first,
-            Err(e) if e.kind == ErrorKind::StreamContentStall => {
-                tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
-                attempted.end(Ended::StreamStall).await;
-                walk.note = Some(FailureNote::of_error(&e));
-                return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
-            }
-            Err(e) => {
-                tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
-                attempted.end_with_error(&e).await;
-                walk.note = Some(FailureNote::of_error(&e));
-                return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
-            }
-        };
+    let first = match super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut())
+        .await
+    {
+        Ok(first) => first,
+        Err(e) if e.kind == ErrorKind::StreamContentStall => {
+            tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
+            attempted.end(Ended::StreamStall).await;
+            walk.note = Some(FailureNote::of_error(&e));
+            return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
+        }
+        Err(e) => {
+            tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
+            attempted.end_with_error(&e).await;
+            walk.note = Some(FailureNote::of_error(&e));
+            return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
+        }
+    };
     Opened::Ready(Ready::Stream(Box::new(Streaming {
         attempted,
         up,
