@@ -64,6 +64,11 @@ pub enum ErrorKind {
     EndpointNotSupported,
     /// The target has no enabled connection.
     NoConnection,
+    /// `x-omniroute-connection` names no configured connection.
+    UnknownConnection,
+    /// `x-omniroute-connection` names a connection that cannot serve this request (another
+    /// provider's, disabled, or not allowed for the client key).
+    ConnectionNotUsable,
     /// TCP or TLS connect to the upstream failed.
     UpstreamConnect,
     /// The upstream ran out of one of its time budgets.
@@ -136,6 +141,8 @@ impl ErrorKind {
             ErrorKind::ModelNotFound => 404,
             ErrorKind::EndpointNotSupported => 400,
             ErrorKind::NoConnection => 503,
+            ErrorKind::UnknownConnection => 400,
+            ErrorKind::ConnectionNotUsable => 400,
             ErrorKind::UpstreamConnect => 502,
             ErrorKind::UpstreamTimeout(_) => 504,
             ErrorKind::UpstreamProtocol => 502,
@@ -182,6 +189,8 @@ impl ErrorKind {
             ErrorKind::ModelNotFound => "model_not_found",
             ErrorKind::EndpointNotSupported => "endpoint_not_supported",
             ErrorKind::NoConnection => "no_available_connection",
+            ErrorKind::UnknownConnection => "unknown_connection",
+            ErrorKind::ConnectionNotUsable => "connection_not_usable",
             ErrorKind::UpstreamConnect => "upstream_connect_failed",
             ErrorKind::UpstreamTimeout(_) => "upstream_timeout",
             ErrorKind::UpstreamProtocol => "bad_upstream_response",
@@ -283,6 +292,8 @@ impl ErrorKind {
             | ErrorKind::MethodNotAllowed
             | ErrorKind::ModelNotFound
             | ErrorKind::EndpointNotSupported
+            | ErrorKind::UnknownConnection
+            | ErrorKind::ConnectionNotUsable
             | ErrorKind::NoConnection
             | ErrorKind::ProviderCircuitOpen
             | ErrorKind::ModelCooldown

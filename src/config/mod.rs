@@ -43,7 +43,20 @@ pub struct Config {
     pub connections: Vec<Connection>,
     pub combos: Vec<Combo>,
     pub resilience: ResilienceSettings,
+    /// `[emergency_fallback]` when a target is set and `OMNIROUTE_EMERGENCY_FALLBACK` does
+    /// not switch it off (B §9.1).
+    pub emergency_fallback: Option<EmergencyFallback>,
 }
+
+/// Where a request whose provider says its budget is spent is re-run once (B §9.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmergencyFallback {
+    pub provider: ProviderId,
+    pub model: String,
+}
+
+/// The environment switch of the emergency fallback (on unless `false`/`0`/`off`/`no`).
+pub const EMERGENCY_FALLBACK_ENV: &str = "OMNIROUTE_EMERGENCY_FALLBACK";
 
 impl Config {
     pub fn provider(&self, id: ProviderId) -> &Provider {

@@ -34,6 +34,16 @@ pub struct RawConfig {
     pub combo_provider_overrides: BTreeMap<String, RawComboConfig>,
     #[serde(default)]
     pub resilience: RawResilience,
+    #[serde(default)]
+    pub emergency_fallback: RawEmergencyFallback,
+}
+
+/// `[emergency_fallback]`: where a request goes once when its provider says the budget is
+/// spent (spec B §9.1).
+#[derive(Debug, Default, Deserialize)]
+pub struct RawEmergencyFallback {
+    /// `"<provider>/<model>"`.
+    pub target: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -165,6 +175,7 @@ pub struct RawWeightedTarget {
 #[derive(Debug, Default, Deserialize)]
 pub struct RawResilience {
     pub half_open_probe_timeout_ms: Option<u64>,
+    pub session_affinity_ttl_ms: Option<u64>,
     #[serde(default)]
     pub request_queue: RawRequestQueue,
     #[serde(default)]

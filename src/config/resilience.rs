@@ -489,6 +489,9 @@ pub struct ResilienceSettings {
     pub provider_breaker: PerAuth<BreakerProfile>,
     /// A half-open probe that never settles returns its permit after this long.
     pub half_open_probe_timeout_ms: u64,
+    /// How long a session's pin to a connection lives after its last use (B §4,
+    /// `sessionAffinityTtlMs`); 0 = no session affinity.
+    pub session_affinity_ttl_ms: u64,
     pub token_refresh_breaker: TokenRefreshBreakerSettings,
     pub wait_for_cooldown: WaitForCooldownSettings,
     pub combo_cooldown_wait: ComboCooldownWaitSettings,
@@ -559,6 +562,7 @@ impl Default for ResilienceSettings {
                 },
             },
             half_open_probe_timeout_ms: DEFAULT_HALF_OPEN_PROBE_TIMEOUT_MS,
+            session_affinity_ttl_ms: 0,
             token_refresh_breaker: TokenRefreshBreakerSettings::default(),
             wait_for_cooldown: WaitForCooldownSettings::default(),
             combo_cooldown_wait: ComboCooldownWaitSettings::default(),
@@ -704,11 +708,12 @@ struct Legacy {
 /// `providerErrorRules`, the `local` category) and the derived `legacy` view.
 impl Serialize for ResilienceSettings {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut m = serializer.serialize_map(Some(18))?;
+        let mut m = serializer.serialize_map(Some(19))?;
         m.serialize_entry("requestQueue", &self.request_queue)?;
         m.serialize_entry("connectionCooldown", &self.connection_cooldown)?;
         m.serialize_entry("providerBreaker", &self.provider_breaker)?;
         m.serialize_entry("halfOpenProbeTimeoutMs", &self.half_open_probe_timeout_ms)?;
+        m.serialize_entry("sessionAffinityTtlMs", &self.session_affinity_ttl_ms)?;
         m.serialize_entry("tokenRefreshBreaker", &self.token_refresh_breaker)?;
         m.serialize_entry("waitForCooldown", &self.wait_for_cooldown)?;
         m.serialize_entry("comboCooldownWait", &self.combo_cooldown_wait)?;
@@ -896,6 +901,8 @@ pub(crate) fn num_fields() -> Vec<NumField> {
         num!("provider_breaker.local.max_backoff_multiplier", [], 1, 1_024, provider_breaker.local.max_backoff_multiplier),
         num!("provider_breaker.local.backoff_escalation_count", [], 0, 100, provider_breaker.local.backoff_escalation_count),
         num!("half_open_probe_timeout_ms", [], SECOND_MS, DAY_MS, half_open_probe_timeout_ms),
+        // sessionAffinityTtlMs (B §4)
+        num!("session_affinity_ttl_ms", [], 0, 7 * DAY_MS, session_affinity_ttl_ms),
         // tokenRefreshBreaker (A §5.3)
         num!("token_refresh_breaker.failure_threshold", [], 1, 100, token_refresh_breaker.failure_threshold),
         num!("token_refresh_breaker.cooldown_ms", [], MINUTE_MS, DAY_MS, token_refresh_breaker.cooldown_ms),

@@ -18,8 +18,8 @@ use super::raw::{RawClientKey, RawComboTarget, RawConfig, RawConnection, RawProv
 use super::resilience::{self, ResilienceSettings};
 use super::{
     AuthKind, BaseUrl, ClientKey, Combo, ComboStrategy, ComboTarget, Config, Connection,
-    ConnectionId, DailyResetClock, KeySecret, Provider, ProviderFormat, ProviderId,
-    RateLimitOverrides, Scheme, Scope, ServerConfig,
+    ConnectionId, DailyResetClock, EMERGENCY_FALLBACK_ENV, EmergencyFallback, KeySecret, Provider,
+    ProviderFormat, ProviderId, RateLimitOverrides, Scheme, Scope, ServerConfig,
 };
 
 /// The configuration is invalid; `Display` prints one line per problem.
@@ -237,6 +237,7 @@ impl Loader<'_> {
         let client_keys = self.client_keys(&raw.client_keys, &connection_ids);
         let resilience = self.resilience(raw, &provider_ids);
         let combos = self.combos(raw, &providers, &provider_ids, &resilience);
+        let emergency_fallback = self.emergency_fallback(raw, &providers, &provider_ids);
         for p in &providers {
             if !connections.iter().any(|c| c.provider == p.id) {
                 self.warn(
@@ -252,7 +253,36 @@ impl Loader<'_> {
             connections,
             combos,
             resilience,
+            emergency_fallback,
         }
+    }
+
+    // -- [emergency_fallback] ------------------------------------------------------------
+
+    /// The target when one is set, unless `OMNIROUTE_EMERGENCY_FALLBACK` switches it off.
+    fn emergency_fallback(
+        &mut self,
+        raw: &RawConfig,
+        providers: &[Provider],
+        provider_ids: &HashMap<&str, usize>,
+    ) -> Option<EmergencyFallback> {
+        let text = raw.emergency_fallback.target.as_deref()?;
+        let key = "emergency_fallback.target";
+        let target = self.target(key, text, providers, provider_ids)?;
+        let on = match super::env::read(self.env, EMERGENCY_FALLBACK_ENV) {
+            None => true,
+            Some(v) => match super::env::parse_bool(&v) {
+                Ok(on) => on,
+                Err(why) => {
+                    self.problem(EMERGENCY_FALLBACK_ENV, why);
+                    true
+                }
+            },
+        };
+        on.then_some(EmergencyFallback {
+            provider: target.provider,
+            model: target.model,
+        })
     }
 
     // -- [server] ------------------------------------------------------------------------

@@ -123,6 +123,20 @@ mod quota_share {
     mesh_safe!(enum Fact { Release { serial } });
 }
 
+mod affinity {
+    use crate::mesh_safe;
+    use crate::owners::affinity::protocol::{Fact, Reply, Request};
+    use crate::routing::affinity::Eligible;
+
+    mesh_safe!(copy: Reply, Eligible);
+    // The session is its key's SHA-256 digest (32 bytes), never the key.
+    mesh_safe!(enum Request { Choose { provider, session @ copy, eligible, ttl_ms } });
+    mesh_safe!(enum Fact {
+        Drop { provider, session @ copy, connection },
+        Used { connection, at_ms },
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use crate::owners::health::protocol::{LastError, MAX_VERDICT_TEXT_BYTES};

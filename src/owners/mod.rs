@@ -9,6 +9,7 @@
 //! and the dispatch from the pump to each mechanism. Adding a mechanism is a folder and one
 //! line in that list.
 
+pub mod affinity;
 pub mod gates;
 pub mod health;
 pub mod queue;
@@ -260,6 +261,7 @@ mechanisms! {
     Gates => gates::Gates,
     Queue => queue::Queue,
     QuotaShare => quota_share::QuotaShare,
+    Affinity => affinity::Affinity,
     #[cfg(test)]
     Counter => counter::Counter,
 }

@@ -10,7 +10,7 @@ use crate::providers::{Endpoint, auth_headers};
 
 /// Client fields never forwarded upstream besides the hop-by-hop ones
 /// (`http1::is_hop_by_hop`): the host and framing the gateway recomputes, `expect`, the
-/// client's own credentials, the gateway's session and lease headers, and
+/// client's own credentials, the gateway's session, connection-forcing and lease headers, and
 /// `accept-encoding` (so streams arrive as plain text the gateway can inspect).
 pub const STRIPPED_HEADERS: &[&str] = &[
     "host",
@@ -23,6 +23,7 @@ pub const STRIPPED_HEADERS: &[&str] = &[
     "x-session-id",
     "x-codex-session-id",
     "x-omniroute-session",
+    "x-omniroute-connection",
     "x-omniroute-lease-owner",
     "x-omniroute-lease-generation",
 ];

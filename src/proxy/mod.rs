@@ -3,6 +3,7 @@
 //! decision. Errors become responses only in `respond`.
 
 pub mod access;
+pub mod affinity;
 pub mod classify;
 pub mod combo;
 pub mod forward;
@@ -400,6 +401,23 @@ fn plan(
             }
         }
     }
+    // `x-omniroute-connection` forces one connection (B §4): unknown or unusable is a hard
+    // failure, and the session's pin is not consulted.
+    let forced = forced_connection(config, head)?;
+    if let Some(c) = forced {
+        candidates.retain(|(_, candidate)| *candidate == c);
+        if candidates.is_empty() {
+            return Err(GatewayError::new(
+                ErrorKind::ConnectionNotUsable,
+                format!(
+                    "x-omniroute-connection: connection {:?} cannot serve model {:?} here \
+                     (another provider's, disabled, or not allowed for this key)",
+                    config.connection(c).name,
+                    peek.model
+                ),
+            ));
+        }
+    }
     if candidates.is_empty() {
         let (kind, why) = if !any_format {
             (
@@ -428,12 +446,41 @@ fn plan(
     let quota_share = resolved
         .combo
         .filter(|i| config.combos[*i].strategy == ComboStrategy::QuotaShare);
+    let session = if forced.is_none() {
+        crate::owners::affinity::client::session_of(shard, head, body)
+    } else {
+        None
+    };
     Ok(Plan {
         peek,
         candidates,
         combo: resolved.combo,
         quota_share,
+        session,
     })
+}
+
+/// The connection `x-omniroute-connection` names, if the header is there.
+fn forced_connection(
+    config: &crate::config::Config,
+    head: &RequestHead,
+) -> Result<Option<crate::config::ConnectionId>, GatewayError> {
+    let Some(raw) = head.header("x-omniroute-connection") else {
+        return Ok(None);
+    };
+    let name = String::from_utf8_lossy(raw);
+    let name = name.trim();
+    match config.connections.iter().find(|c| c.name == name) {
+        Some(c) => Ok(Some(c.id)),
+        None => {
+            let shown: String = name.chars().take(64).collect();
+            Err(GatewayError::new(
+                ErrorKind::UnknownConnection,
+                format!("x-omniroute-connection: no connection is named {shown:?}"),
+            )
+            .with_extra("param", serde_json::json!("x-omniroute-connection")))
+        }
+    }
 }
 
 fn peek_error(e: peek::PeekError) -> GatewayError {

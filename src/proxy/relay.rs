@@ -26,6 +26,7 @@ use crate::flow::queue::{QueueError, ResponseFacts};
 use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Shard;
+use crate::owners::affinity::{self, client::Session};
 use crate::owners::health::client::{ProbePermits, report};
 use crate::owners::health::protocol::{ComboAttempt, Ended, Verdict};
 use crate::owners::{gates, queue, quota_share};
@@ -47,6 +48,8 @@ pub struct Plan {
     pub combo: Option<usize>,
     /// The quota-share combo the model names (its index), if it is one.
     pub quota_share: Option<usize>,
+    /// The request's session when session affinity is on (B §4).
+    pub session: Option<Session>,
 }
 
 /// The client side of a request: its connection, the connection's read buffer (bytes the
@@ -125,6 +128,13 @@ pub async fn run(
         Some(combo) => order_available(shard, combo, &mut plan.candidates).await,
         None => None,
     };
+    // Session affinity: each provider's pinned connection goes first (quota-share combos
+    // pick their connection themselves).
+    if let Some(session) = plan.session
+        && plan.quota_share.is_none()
+    {
+        super::affinity::prefer(shard, session, plan.combo.is_some(), &mut plan.candidates).await;
+    }
     let request = Request {
         head,
         endpoint,
@@ -154,7 +164,15 @@ pub async fn run(
         .await;
         match end {
             AttemptEnd::Done(after) => return after,
-            AttemptEnd::MoveOn(failure) => last = Some(failure),
+            AttemptEnd::MoveOn(failure) => {
+                // A failover after a 429 drops the session's pin to that connection (B §4).
+                if let (Some(session), LastFailure::Upstream(b)) = (plan.session, &failure)
+                    && b.status == 429
+                {
+                    affinity::client::drop_pin(shard, session, target.provider, *connection);
+                }
+                last = Some(failure);
+            }
             AttemptEnd::Skipped(e) => excluded.push(e),
             AttemptEnd::Stop(failure) => {
                 last = Some(failure);

@@ -1,4 +1,6 @@
 //! Turning a requested model into an ordered list of targets, and targets into
-//! candidate connections.
+//! candidate connections; session keys and the session pins of session affinity.
 
+pub mod affinity;
 pub mod resolve;
+pub mod session;

@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 42] = [
+pub const ERROR_KINDS: [ErrorKind; 44] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -26,6 +26,8 @@ pub const ERROR_KINDS: [ErrorKind; 42] = [
     ErrorKind::ModelNotFound,
     ErrorKind::EndpointNotSupported,
     ErrorKind::NoConnection,
+    ErrorKind::UnknownConnection,
+    ErrorKind::ConnectionNotUsable,
     ErrorKind::UpstreamConnect,
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::Connect),
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),

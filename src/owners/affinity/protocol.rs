@@ -1,0 +1,38 @@
+//! The session-affinity protocol: ask a session's owner which connection to use, tell it
+//! to drop a pin. Only the session key's digest travels, never the key.
+
+use crate::config::{ConnectionId, ProviderId};
+use crate::routing::affinity::Eligible;
+use crate::routing::session::SessionDigest;
+
+pub enum Request {
+    /// Which of `eligible` (in the plan's order) session `session` uses for `provider`;
+    /// pins live `ttl_ms` after their last use.
+    Choose {
+        provider: ProviderId,
+        session: SessionDigest,
+        eligible: Vec<Eligible>,
+        ttl_ms: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The connection to try first, if any is eligible.
+    Use(Option<ConnectionId>),
+}
+
+pub enum Fact {
+    /// Delete the session's pin for `provider` if it points to `connection`.
+    Drop {
+        provider: ProviderId,
+        session: SessionDigest,
+        connection: ConnectionId,
+    },
+    /// A session owner made a new pin to `connection` at `at_ms` (monotonic): a use for
+    /// every shard's least-recently-used pick.
+    Used {
+        connection: ConnectionId,
+        at_ms: u64,
+    },
+}
