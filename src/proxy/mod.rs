@@ -457,6 +457,7 @@ fn plan(
         combo: resolved.combo,
         quota_share,
         session,
+        key,
     })
 }
 

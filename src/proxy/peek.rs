@@ -25,7 +25,7 @@
 //!
 //! # Decisions
 //!
-//! - **Duplicate keys.** A top-level `model`, `stream` or `tools` key that appears more than
+//! - **Duplicate keys.** A top-level `model`, `stream`, `tools` or `background` key that appears more than
 //!   once is rejected as [`PeekError::InvalidJson`]. JSON parsers disagree on which duplicate
 //!   wins (first wins on simd-json's tape, last wins in serde_json, JavaScript and Python),
 //!   so routing on one copy while the upstream reads the other would let a client pick a
@@ -99,6 +99,11 @@ pub struct Peek {
     pub has_tools: bool,
     /// byte range of the model VALUE including its quotes
     pub model_span: Range<usize>,
+    /// How many tools the top-level `tools` lists (array items or object members).
+    pub tool_count: usize,
+    /// Byte range of the top-level `background` value when it is `true` (a Responses
+    /// request the gateway serves synchronously, spec guide "background degradation").
+    pub background_span: Option<Range<usize>>,
 }
 
 /// Reads `model`, `stream` and `tools` from `body`, which must be a JSON object.
@@ -125,6 +130,18 @@ pub fn peek(body: &[u8], scratch: &mut Vec<u8>) -> Result<Peek, PeekError> {
         // Thread-local already destroyed (thread exit) or busy: parse with fresh buffers.
         Ok(None) | Err(_) => peek_with(body, scratch, &mut ParserState::new()),
     }
+}
+
+/// Returns the body with its `background: true` turned into `background: null` (same
+/// length, so every other span stays valid): the upstream serves it synchronously.
+pub fn degrade_background(body: &[u8], span: Range<usize>) -> Bytes {
+    let mut out = body.to_vec();
+    if let Some(value) = out.get_mut(span)
+        && value == b"true"
+    {
+        value.copy_from_slice(b"null");
+    }
+    Bytes::from(out)
 }
 
 /// Returns the body with bytes `span` replaced by the JSON string encoding of `new_model`
@@ -171,6 +188,9 @@ struct Fields {
     model_member: usize,
     stream: bool,
     has_tools: bool,
+    tool_count: usize,
+    /// Ordinal of a top-level `background: true` member.
+    background_member: Option<usize>,
 }
 
 fn peek_with(
@@ -201,11 +221,18 @@ fn peek_with(
         .filter(is_string_token)
         .or_else(|| member_value_span(body, fields.model_member).filter(is_string_token))
         .ok_or_else(|| PeekError::InvalidJson("model value not found in body".to_owned()))?;
+    let background_span = fields.background_member.and_then(|ordinal| {
+        member_value_span_structural(body, structurals, ordinal)
+            .or_else(|| member_value_span(body, ordinal))
+            .filter(|span| body.get(span.clone()) == Some(b"true".as_slice()))
+    });
     Ok(Peek {
         model: fields.model,
         stream: fields.stream,
         has_tools: fields.has_tools,
         model_span,
+        tool_count: fields.tool_count,
+        background_span,
     })
 }
 
@@ -214,6 +241,8 @@ fn read_fields(tape: &Tape<'_>) -> Result<Fields, PeekError> {
     let mut model: Option<(usize, Option<&str>)> = None;
     let mut stream: Option<Option<bool>> = None;
     let mut tools: Option<bool> = None;
+    let mut tool_count = 0;
+    let mut background: Option<Option<usize>> = None;
     for (ordinal, (key, value)) in object.iter().enumerate() {
         match key {
             "model" => {
@@ -237,12 +266,18 @@ fn read_fields(tape: &Tape<'_>) -> Result<Fields, PeekError> {
                 if tools.is_some() {
                     return Err(duplicate("tools"));
                 }
-                let non_empty = match (value.as_array(), value.as_object()) {
-                    (Some(array), _) => !array.is_empty(),
-                    (None, Some(object)) => !object.is_empty(),
-                    (None, None) => false,
+                tool_count = match (value.as_array(), value.as_object()) {
+                    (Some(array), _) => array.len(),
+                    (None, Some(object)) => object.len(),
+                    (None, None) => 0,
                 };
-                tools = Some(non_empty);
+                tools = Some(tool_count > 0);
+            }
+            "background" => {
+                if background.is_some() {
+                    return Err(duplicate("background"));
+                }
+                background = Some((value.as_bool() == Some(true)).then_some(ordinal));
             }
             _ => {}
         }
@@ -259,6 +294,8 @@ fn read_fields(tape: &Tape<'_>) -> Result<Fields, PeekError> {
         model_member,
         stream,
         has_tools: tools.unwrap_or(false),
+        tool_count,
+        background_member: background.flatten(),
     })
 }
 
@@ -484,6 +521,27 @@ mod tests {
 }"#;
 
     const ANTHROPIC_BODY: &str = r#"{"max_tokens":1024,"messages":[{"role":"user","content":[{"type":"text","text":"Summarise: {\"model\": \"claude\"} ]]} and [[{"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]},{"role":"assistant","content":[{"type":"text","text":"Sure \\ here \"it\" is"}]}],"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"metadata":{"user_id":"abc","model":"nested-not-me"},"stream":false,"temperature":1}"#;
+
+    #[test]
+    fn tools_are_counted_and_a_true_background_is_found_and_degraded() {
+        let body = r#"{"background":true,"tools":[{"a":1},{"b":2},{"c":3}],"model":"m"}"#;
+        let found = ok(body);
+        assert_eq!(found.tool_count, 3);
+        let span = found.background_span.clone().unwrap_or_default();
+        assert_eq!(&body[span.clone()], "true");
+        let out = degrade_background(body.as_bytes(), span);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap_or_default(),
+            r#"{"background":null,"tools":[{"a":1},{"b":2},{"c":3}],"model":"m"}"#
+        );
+        assert_eq!(&body[found.model_span.clone()], r#""m""#);
+        assert_eq!(
+            ok(r#"{"background":false,"model":"m"}"#).background_span,
+            None
+        );
+        assert_eq!(ok(r#"{"model":"m"}"#).tool_count, 0);
+        assert!(peek_str(r#"{"background":true,"background":true,"model":"m"}"#).is_err());
+    }
 
     fn peek_str(body: &str) -> Result<Peek, PeekError> {
         peek(body.as_bytes(), &mut Vec::new())

@@ -34,6 +34,8 @@ use crate::providers::Endpoint;
 use crate::resilience::backoff::retry_after_header;
 use crate::resilience::breaker::{Failure, circuit_open_response};
 use crate::resilience::classify::parse_error_body;
+use crate::resilience::connection::Terminal;
+use crate::resilience::emergency::{emergency_body, is_budget_failure};
 use crate::resilience::restate::apply_status_restatement;
 use crate::resilience::{OwnedHeaders, RuleScope};
 use crate::routing::resolve::Target;
@@ -50,6 +52,8 @@ pub struct Plan {
     pub quota_share: Option<usize>,
     /// The request's session when session affinity is on (B §4).
     pub session: Option<Session>,
+    /// The client key used (its index), if any: what the emergency target may use.
+    pub key: Option<usize>,
 }
 
 /// The client side of a request: its connection, the connection's read buffer (bytes the
@@ -74,6 +78,8 @@ pub(super) struct Request<'r> {
     body: &'r Bytes,
     pub(super) plan: &'r Plan,
     budgets: Budgets,
+    /// Headers added to the client's response, whoever answers.
+    notes: Vec<(&'static str, String)>,
 }
 
 impl<'r> Request<'r> {
@@ -90,6 +96,7 @@ impl<'r> Request<'r> {
             body,
             plan,
             budgets: Budgets::of(shard),
+            notes: Vec::new(),
         }
     }
 }
@@ -135,13 +142,25 @@ pub async fn run(
     {
         super::affinity::prefer(shard, session, plan.combo.is_some(), &mut plan.candidates).await;
     }
+    // A Responses request with `background: true` is served synchronously (the guide's
+    // background degradation): the flag goes out as `null`, the client is told.
+    let mut notes = Vec::new();
+    let body = match (&plan.peek.background_span, endpoint) {
+        (Some(span), Endpoint::Responses) => {
+            notes.push(("x-tidegate-warning", "background-degraded".to_owned()));
+            peek::degrade_background(&body, span.clone())
+        }
+        _ => body,
+    };
     let request = Request {
         head,
         endpoint,
         body: &body,
         plan: &plan,
         budgets: Budgets::of(shard),
+        notes,
     };
+    let mut budget_spent: Option<Target> = None;
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
@@ -171,14 +190,32 @@ pub async fn run(
                 {
                     affinity::client::drop_pin(shard, session, target.provider, *connection);
                 }
+                note_budget(&mut budget_spent, target, &failure);
                 last = Some(failure);
             }
             AttemptEnd::Skipped(e) => excluded.push(e),
             AttemptEnd::Stop(failure) => {
+                note_budget(&mut budget_spent, target, &failure);
                 last = Some(failure);
                 break;
             }
         }
+    }
+    // Nothing answered because the connections are known to be out of credits: the same
+    // spent budget.
+    if budget_spent.is_none() && last.is_none() {
+        budget_spent = excluded
+            .iter()
+            .find(|e| e.reason == Exclusion::Terminal(Terminal::CreditsExhausted))
+            .map(|e| Target {
+                provider: e.provider,
+                model: e.model.clone(),
+            });
+    }
+    if let Some(from) = budget_spent
+        && let Some(after) = emergency(shard, &request, &from, &mut walk, &mut downstream).await
+    {
+        return after;
     }
     answer_last(
         shard,
@@ -189,6 +226,114 @@ pub async fn run(
         &mut downstream,
     )
     .await
+}
+
+/// Remembers the first target whose answer said its budget is spent (B §9.1).
+fn note_budget(spent: &mut Option<Target>, target: &Target, failure: &LastFailure) {
+    if spent.is_none()
+        && let LastFailure::Upstream(b) = failure
+        && is_budget_failure(b.status, &String::from_utf8_lossy(&b.body))
+    {
+        *spent = Some(target.clone());
+    }
+}
+
+/// Whether a spent budget on `target` sends the request to the emergency target: one is
+/// configured (and not switched off), it is another target, the request has no tools, and
+/// the endpoint has an output limit to cap.
+fn emergency_applies(shard: &Shard, req: &Request<'_>, target: &Target) -> bool {
+    shard
+        .config()
+        .emergency_fallback
+        .as_ref()
+        .is_some_and(|fb| {
+            (fb.provider, fb.model.as_str()) != (target.provider, target.model.as_str())
+                && !req.plan.peek.has_tools
+                && output_limit_field(req.endpoint).is_some()
+        })
+}
+
+fn output_limit_field(endpoint: Endpoint) -> Option<&'static str> {
+    match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Messages => Some("max_tokens"),
+        Endpoint::Responses => Some("max_output_tokens"),
+        Endpoint::Embeddings | Endpoint::CountTokens => None,
+    }
+}
+
+/// The emergency fallback (B §9.1): the request re-run once on the configured target, output
+/// capped at 4096 tokens, answered with `X-OmniRoute-Emergency-Fallback: from=…; to=…`.
+/// `None` when it does not apply or nothing on the target could serve (the original
+/// failure is answered then).
+async fn emergency(
+    shard: &Shard,
+    req: &Request<'_>,
+    from: &Target,
+    walk: &mut Walk,
+    down: &mut Downstream<'_>,
+) -> Option<After> {
+    if !emergency_applies(shard, req, from) {
+        return None;
+    }
+    let config = shard.config();
+    let fb = config.emergency_fallback.as_ref()?;
+    let provider = config.provider(fb.provider);
+    if !crate::providers::serves(provider.format, req.endpoint) {
+        return None;
+    }
+    let target = Target {
+        provider: fb.provider,
+        model: fb.model.clone(),
+    };
+    let key = req.plan.key.and_then(|i| config.client_keys.get(i));
+    let candidates: Vec<(Target, ConnectionId)> = shard
+        .shared()
+        .routes
+        .connections(fb.provider)
+        .iter()
+        .filter(|c| key.is_none_or(|k| k.may_use(**c)))
+        .map(|c| (target.clone(), *c))
+        .collect();
+    let limit = output_limit_field(req.endpoint)?;
+    let body = Bytes::from(emergency_body(req.body, &fb.model, limit)?);
+    let mut peek = req.plan.peek.clone();
+    peek.model = fb.model.clone();
+    let plan = Plan {
+        peek,
+        candidates,
+        combo: None,
+        quota_share: None,
+        session: None,
+        key: req.plan.key,
+    };
+    let mut notes = req.notes.clone();
+    notes.push((
+        "x-omniroute-emergency-fallback",
+        format!(
+            "from={}/{}; to={}/{}",
+            config.provider(from.provider).name,
+            from.model,
+            provider.name,
+            fb.model
+        ),
+    ));
+    tracing::info!(from = %config.provider(from.provider).name, to = %provider.name, "emergency fallback");
+    let request = Request {
+        head: req.head,
+        endpoint: req.endpoint,
+        body: &body,
+        plan: &plan,
+        budgets: Budgets::of(shard),
+        notes,
+    };
+    for (target, connection) in &plan.candidates {
+        match attempt(shard, &request, target, *connection, None, walk, down).await {
+            AttemptEnd::Done(after) => return Some(after),
+            AttemptEnd::MoveOn(_) | AttemptEnd::Skipped(_) => {}
+            AttemptEnd::Stop(_) => break,
+        }
+    }
+    None
 }
 
 /// Quota-share ordering over the candidates the local views let through now (spec B §3.1:
@@ -635,6 +780,11 @@ pub(super) async fn open<'s>(
                 }
             };
         up.finish(shard);
+        buffered.headers.extend(
+            req.notes
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.clone().into_bytes())),
+        );
         let verdict = classify_answer(shard, &attempted, &mut buffered);
         walk.note = Some(FailureNote::of_answer(
             &verdict,
@@ -661,11 +811,18 @@ pub(super) async fn open<'s>(
         if move_on {
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
         }
+        // A spent budget the emergency fallback may still serve: answered after the walk.
+        if emergency_applies(shard, req, target)
+            && is_budget_failure(buffered.status, &String::from_utf8_lossy(&buffered.body))
+        {
+            return Opened::End(E::Stop(LastFailure::Upstream(Box::new(buffered))));
+        }
         return Opened::Ready(Ready::Relay(Box::new(buffered)));
     }
     if let Some(q) = queue_slot.as_mut() {
         q.learn_from(status, up.head.fields().into_iter());
     }
+    up.extra.extend(req.notes.iter().cloned());
     // The first bytes are read before anything reaches the client, so a failure here can
     // still move on. An event stream under the content-stall watchdog holds its lifecycle
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).

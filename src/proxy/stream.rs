@@ -177,6 +177,7 @@ pub async fn commit(
     let event_stream = up.head.is_event_stream();
     let attempts_s = attempts.to_string();
     let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
+    let extra = std::mem::take(&mut up.extra);
     {
         let mut ours: Vec<(&str, &[u8])> = vec![
             ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
@@ -184,6 +185,7 @@ pub async fn commit(
             ("x-tidegate-attempts", attempts_s.as_bytes()),
         ];
         ours.extend(log.response_headers());
+        ours.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
         match &up.head {
             UpHead::Net(h) => {
                 let relayed = h.headers().filter(|(n, _)| !relayed_never(n));

@@ -89,6 +89,9 @@ enum UpBody {
 pub struct Up {
     pub head: UpHead,
     body: UpBody,
+    /// Headers the gateway adds to the client's response (warnings, the emergency
+    /// fallback's note).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 impl Up {
@@ -150,6 +153,7 @@ pub async fn open(
             Ok(Up {
                 head: UpHead::Mock(head),
                 body: UpBody::Mock(body),
+                extra: Vec::new(),
             })
         }
         ProviderFormat::Openai | ProviderFormat::Anthropic => {
@@ -203,6 +207,7 @@ async fn open_net(
                 return Ok(Up {
                     head: UpHead::Net(resp.head),
                     body: UpBody::Net(resp.body),
+                    extra: Vec::new(),
                 });
             }
             Err(e)

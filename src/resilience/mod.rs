@@ -11,6 +11,7 @@ pub mod breaker;
 pub mod classify;
 pub mod connection;
 pub mod egress;
+pub mod emergency;
 pub mod lockout;
 pub mod restate;
 pub mod rules;
