@@ -202,3 +202,100 @@ fn a_background_responses_request_is_served_synchronously_with_a_warning() {
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("x-tidegate-warning"), None);
 }
+
+/// `small` and `large` both serve `m1` (small first, file order); the model lockout's base
+/// cooldown — the tool limit's duration — is 5 s.
+fn two_sizes(small: &str, large: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[client_keys]]
+id = "t"
+key = "test-key"
+
+[[providers]]
+id = "small"
+format = "openai"
+base_url = "{small}"
+models = ["m1"]
+
+[[providers]]
+id = "large"
+format = "openai"
+base_url = "{large}"
+models = ["m1"]
+
+[[connections]]
+id = "s1"
+provider = "small"
+
+[[connections]]
+id = "l1"
+provider = "large"
+
+[resilience.model_lockout]
+base_cooldown_ms = 5000
+"#
+    )
+}
+
+fn with_tools(n: usize) -> serde_json::Value {
+    let tools: Vec<serde_json::Value> = (0..n)
+        .map(|i| serde_json::json!({"type": "function", "function": {"name": format!("f{i}")}}))
+        .collect();
+    serde_json::json!({"model": "m1", "tools": tools,
+                       "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[test]
+fn a_tool_limit_answer_steers_requests_with_that_many_tools_away_until_it_ends() {
+    let small = MockUpstream::start();
+    let large = MockUpstream::start();
+    small.on_always(
+        CHAT,
+        Reply::error(
+            400,
+            "Invalid 'tools': array too long. Expected an array with maximum length 3, but \
+             got an array with length 5 instead.",
+        ),
+    );
+    large.on_always(CHAT, Reply::openai_chat("large"));
+    let gw = Gateway::start(&two_sizes(&small.base_url(), &large.base_url()));
+
+    // The first request learns the limit (at most 3: four tools or more) and is served by
+    // the next target.
+    let resp = chat(&gw, with_tools(5));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.header("x-tidegate-provider"), Some("large"));
+    assert_eq!(small.hits(CHAT), 1);
+
+    // Every shard now sends requests with four or more tools to `large` first.
+    for n in [4, 5, 9, 4, 6, 5, 8, 4] {
+        let resp = chat(&gw, with_tools(n));
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.header("x-tidegate-attempts"), Some("1"), "{n} tools");
+        assert_eq!(resp.header("x-tidegate-provider"), Some("large"));
+    }
+    assert_eq!(small.hits(CHAT), 1);
+
+    // Fewer tools still go to `small` first.
+    small.on(CHAT, Reply::openai_chat("small"));
+    let resp = chat(&gw, with_tools(3));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.header("x-tidegate-provider"), Some("small"));
+    assert_eq!(small.hits(CHAT), 2);
+
+    // Once the lockout's duration has passed, `small` is tried first again.
+    eventually(
+        std::time::Duration::from_secs(20),
+        "the tool limit to end",
+        || {
+            let resp = chat(&gw, with_tools(5));
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            (small.hits(CHAT) > 2).then_some(())
+        },
+    );
+}

@@ -137,6 +137,17 @@ mod affinity {
     });
 }
 
+mod tool_limits {
+    use crate::mesh_safe;
+    use crate::owners::tool_limits::protocol::{Fact, Reply, Request};
+
+    // No calls: both are empty enums (no value exists to cross).
+    mesh_safe!(copy: Reply);
+    impl crate::mesh::safe::MeshSafe for Request {}
+    // The model is a configured model's name, never text from an upstream.
+    mesh_safe!(enum Fact { Learned { provider, model @ name, tools, until_ms } });
+}
+
 #[cfg(test)]
 mod tests {
     use crate::owners::health::protocol::{LastError, MAX_VERDICT_TEXT_BYTES};

@@ -14,6 +14,7 @@ pub mod gates;
 pub mod health;
 pub mod queue;
 pub mod quota_share;
+pub mod tool_limits;
 
 #[cfg(test)]
 mod counter;
@@ -262,6 +263,7 @@ mechanisms! {
     Queue => queue::Queue,
     QuotaShare => quota_share::QuotaShare,
     Affinity => affinity::Affinity,
+    ToolLimits => tool_limits::ToolLimitTable,
     #[cfg(test)]
     Counter => counter::Counter,
 }

@@ -29,7 +29,7 @@ use crate::owners::Shard;
 use crate::owners::affinity::{self, client::Session};
 use crate::owners::health::client::{ProbePermits, report};
 use crate::owners::health::protocol::{ComboAttempt, Ended, Verdict};
-use crate::owners::{gates, queue, quota_share};
+use crate::owners::{gates, queue, quota_share, tool_limits};
 use crate::providers::Endpoint;
 use crate::resilience::backoff::retry_after_header;
 use crate::resilience::breaker::{Failure, circuit_open_response};
@@ -37,6 +37,7 @@ use crate::resilience::classify::parse_error_body;
 use crate::resilience::connection::Terminal;
 use crate::resilience::emergency::{emergency_body, is_budget_failure};
 use crate::resilience::restate::apply_status_restatement;
+use crate::resilience::tool_limit::learned_threshold;
 use crate::resilience::{OwnedHeaders, RuleScope};
 use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
@@ -141,6 +142,17 @@ pub async fn run(
         && plan.quota_share.is_none()
     {
         super::affinity::prefer(shard, session, plan.combo.is_some(), &mut plan.candidates).await;
+    }
+    // Targets a learned tool limit rules out for this many tools go last.
+    if plan.peek.tool_count > 0 {
+        let tools = plan.peek.tool_count;
+        let (fit, steered): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.candidates)
+            .into_iter()
+            .partition(|(t, _)| {
+                !tool_limits::client::steers_away(shard, t.provider, &t.model, tools)
+            });
+        plan.candidates = fit;
+        plan.candidates.extend(steered);
     }
     // A Responses request with `background: true` is served synchronously (the guide's
     // background degradation): the flag goes out as `null`, the client is told.
@@ -801,7 +813,19 @@ pub(super) async fn open<'s>(
         {
             g.block_for(&target.model, ms);
         }
-        let move_on = verdict.decision.should_fallback || verdict.status >= 500;
+        // An answer saying the request has too many tools: every shard learns the limit
+        // for the lockout's duration, and another target is tried.
+        let tool_limit = learned_threshold(
+            verdict.status,
+            &String::from_utf8_lossy(&buffered.body),
+            req.plan.peek.tool_count,
+        );
+        if let Some(tools) = tool_limit {
+            let for_ms = config.resilience.model_lockout.base_cooldown_ms;
+            tool_limits::client::learn(shard, target.provider, &target.model, tools, for_ms);
+        }
+        let move_on =
+            verdict.decision.should_fallback || verdict.status >= 500 || tool_limit.is_some();
         if move_on {
             tracing::info!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error; trying the next candidate");
         } else {

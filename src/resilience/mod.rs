@@ -15,6 +15,7 @@ pub mod emergency;
 pub mod lockout;
 pub mod restate;
 pub mod rules;
+pub mod tool_limit;
 pub mod tracker;
 
 pub use crate::config::resilience::{ErrorReason, RuleScope};
