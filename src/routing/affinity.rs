@@ -148,14 +148,12 @@ impl PinTable {
     }
 
     /// The pin of `session` for `provider`, if any (expired ones included).
+    #[cfg(test)]
     pub fn pin(&self, provider: ProviderId, session: SessionDigest) -> Option<Pin> {
         self.pins.get(&(provider, session)).copied()
     }
 
-    pub fn len(&self) -> usize {
-        self.pins.len()
-    }
-
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pins.is_empty()
     }
