@@ -168,7 +168,10 @@ fn an_emergency_target_that_names_an_unknown_provider_is_a_config_error() {
         + "[emergency_fallback]\ntarget = \"nvidia/openai/gpt-oss-120b\"\n";
     let (code, _out, err) = run_check(&text);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("emergency_fallback.target"), "{err}");
+    assert!(
+        err.contains("emergency_fallback.target") && err.contains("unknown provider \"nvidia\""),
+        "{err}"
+    );
 }
 
 #[test]

@@ -143,17 +143,6 @@ fn a_session_keeps_its_connection_across_both_shards_and_moves_when_it_cools() {
 }
 
 #[test]
-fn without_a_ttl_sessions_are_not_pinned() {
-    let mock = MockUpstream::start();
-    mock.on_always(CHAT, Reply::openai_chat("ok"));
-    let gw = start(&mock.base_url(), "");
-    for s in ["s0", "s1", "s2"] {
-        let resp = ask(&gw, "m1", &[("x-session-id", s)]);
-        assert_eq!(served_by(&resp), "c1", "session {s}");
-    }
-}
-
-#[test]
 fn x_omniroute_connection_forces_a_connection_and_an_unknown_one_fails_hard() {
     let mock = MockUpstream::start();
     mock.on_always(CHAT, Reply::openai_chat("ok"));
