@@ -26,6 +26,15 @@ pub async fn prefer(
         }
     }
     for provider in providers {
+        // One connection: nothing to choose, the owner is not asked.
+        let mut connections = candidates
+            .iter()
+            .filter(|(t, _)| t.provider == provider)
+            .map(|(_, c)| *c);
+        let first = connections.next();
+        if connections.all(|c| Some(c) == first) {
+            continue;
+        }
         let eligible = eligible(shard, provider, combo, candidates);
         if let Some(pinned) = choose(shard, session, provider, eligible).await {
             to_front(candidates, provider, pinned);
