@@ -202,12 +202,12 @@ pub async fn run(
                 {
                     affinity::client::drop_pin(shard, session, target.provider, *connection);
                 }
-                note_budget(&mut budget_spent, target, &failure);
+                note_budget(shard, &mut budget_spent, target, &failure);
                 last = Some(failure);
             }
             AttemptEnd::Skipped(e) => excluded.push(e),
             AttemptEnd::Stop(failure) => {
-                note_budget(&mut budget_spent, target, &failure);
+                note_budget(shard, &mut budget_spent, target, &failure);
                 last = Some(failure);
                 break;
             }
@@ -241,8 +241,9 @@ pub async fn run(
 }
 
 /// Remembers the first target whose answer said its budget is spent (B §9.1).
-fn note_budget(spent: &mut Option<Target>, target: &Target, failure: &LastFailure) {
+fn note_budget(shard: &Shard, spent: &mut Option<Target>, target: &Target, failure: &LastFailure) {
     if spent.is_none()
+        && shard.config().emergency_fallback.is_some()
         && let LastFailure::Upstream(b) = failure
         && is_budget_failure(b.status, &String::from_utf8_lossy(&b.body))
     {
