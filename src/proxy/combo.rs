@@ -127,7 +127,8 @@ pub(super) async fn serve(
         Some(qs) => order_available(shard, qs, &mut plan.candidates).await,
         None => None,
     };
-    let req = Request::new(shard, head, endpoint, &body, &plan);
+    let (body, notes) = super::relay::prepare(shard, endpoint, &mut plan, body).await;
+    let req = Request::new(shard, head, endpoint, &body, &plan, notes);
     run(shard, &req, combo, &mut downstream).await
 }
 

@@ -90,6 +90,7 @@ impl<'r> Request<'r> {
         endpoint: Endpoint,
         body: &'r Bytes,
         plan: &'r Plan,
+        notes: Vec<(&'static str, String)>,
     ) -> Self {
         Self {
             head,
@@ -97,7 +98,7 @@ impl<'r> Request<'r> {
             body,
             plan,
             budgets: Budgets::of(shard),
-            notes: Vec::new(),
+            notes,
         }
     }
 }
@@ -136,34 +137,7 @@ pub async fn run(
         Some(combo) => order_available(shard, combo, &mut plan.candidates).await,
         None => None,
     };
-    // Session affinity: each provider's pinned connection goes first (quota-share combos
-    // pick their connection themselves).
-    if let Some(session) = plan.session
-        && plan.quota_share.is_none()
-    {
-        super::affinity::prefer(shard, session, plan.combo.is_some(), &mut plan.candidates).await;
-    }
-    // Targets a learned tool limit rules out for this many tools go last.
-    if plan.peek.tool_count > 0 {
-        let tools = plan.peek.tool_count;
-        let (fit, steered): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.candidates)
-            .into_iter()
-            .partition(|(t, _)| {
-                !tool_limits::client::steers_away(shard, t.provider, &t.model, tools)
-            });
-        plan.candidates = fit;
-        plan.candidates.extend(steered);
-    }
-    // A Responses request with `background: true` is served synchronously (the guide's
-    // background degradation): the flag goes out as `null`, the client is told.
-    let mut notes = Vec::new();
-    let body = match (&plan.peek.background_span, endpoint) {
-        (Some(span), Endpoint::Responses) => {
-            notes.push(("x-tidegate-warning", "background-degraded".to_owned()));
-            peek::degrade_background(&body, span.clone())
-        }
-        _ => body,
-    };
+    let (body, notes) = prepare(shard, endpoint, &mut plan, body).await;
     let request = Request {
         head,
         endpoint,
@@ -196,12 +170,6 @@ pub async fn run(
         match end {
             AttemptEnd::Done(after) => return after,
             AttemptEnd::MoveOn(failure) => {
-                // A failover after a 429 drops the session's pin to that connection (B §4).
-                if let (Some(session), LastFailure::Upstream(b)) = (plan.session, &failure)
-                    && b.status == 429
-                {
-                    affinity::client::drop_pin(shard, session, target.provider, *connection);
-                }
                 note_budget(shard, &mut budget_spent, target, &failure);
                 last = Some(failure);
             }
@@ -238,6 +206,43 @@ pub async fn run(
         &mut downstream,
     )
     .await
+}
+
+/// Before the first attempt (direct requests and combos alike): session affinity puts each
+/// provider's pinned connection first (quota-share combos pick their connection
+/// themselves); targets a learned tool limit rules out for this many tools go last; a
+/// Responses request with `background: true` is served synchronously (the flag goes out as
+/// `null`, the client is told). Returns the body to send and the notes for the response.
+pub(super) async fn prepare(
+    shard: &Shard,
+    endpoint: Endpoint,
+    plan: &mut Plan,
+    body: Bytes,
+) -> (Bytes, Vec<(&'static str, String)>) {
+    if let Some(session) = plan.session
+        && plan.quota_share.is_none()
+    {
+        super::affinity::prefer(shard, session, plan.combo.is_some(), &mut plan.candidates).await;
+    }
+    if plan.peek.tool_count > 0 {
+        let tools = plan.peek.tool_count;
+        let (fit, steered): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.candidates)
+            .into_iter()
+            .partition(|(t, _)| {
+                !tool_limits::client::steers_away(shard, t.provider, &t.model, tools)
+            });
+        plan.candidates = fit;
+        plan.candidates.extend(steered);
+    }
+    let mut notes = Vec::new();
+    let body = match (&plan.peek.background_span, endpoint) {
+        (Some(span), Endpoint::Responses) => {
+            notes.push(("x-tidegate-warning", "background-degraded".to_owned()));
+            peek::degrade_background(&body, span.clone())
+        }
+        _ => body,
+    };
+    (body, notes)
 }
 
 /// Remembers the first target whose answer said its budget is spent (B §9.1).
@@ -827,6 +832,13 @@ pub(super) async fn open<'s>(
         }
         let move_on =
             verdict.decision.should_fallback || verdict.status >= 500 || tool_limit.is_some();
+        // A failover after a 429 drops the session's pin to this connection (B §4).
+        if move_on
+            && verdict.status == 429
+            && let Some(session) = req.plan.session
+        {
+            affinity::client::drop_pin(shard, session, target.provider, connection);
+        }
         if move_on {
             tracing::info!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error; trying the next candidate");
         } else {
