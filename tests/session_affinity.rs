@@ -55,6 +55,10 @@ id = "o1"
 provider = "other"
 api_key_env = "TG_AFFINITY_K1"
 
+[[combos]]
+name = "team"
+targets = ["up/m1"]
+
 [resilience]
 {resilience}
 "#
@@ -173,4 +177,19 @@ fn x_omniroute_connection_forces_a_connection_and_an_unknown_one_fails_hard() {
     assert_eq!(resp.status, 400, "{}", resp.text());
     assert_eq!(resp.json()["error"]["code"], "connection_not_usable");
     assert_eq!(mock.requests_to(CHAT).len(), 1);
+}
+
+#[test]
+fn a_combo_target_keeps_the_session_on_its_pinned_connection() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "session_affinity_ttl_ms = 600000");
+    assert_eq!(
+        served_by(&ask(&gw, "team", &[("x-session-id", "t0")])),
+        "c1"
+    );
+    for i in 0..8 {
+        let resp = ask(&gw, "team", &[("x-session-id", "t1")]);
+        assert_eq!(served_by(&resp), "c2", "request {i}");
+    }
 }
