@@ -62,6 +62,9 @@ pub enum ErrorKind {
     ModelNotFound,
     /// The provider's wire format does not serve this endpoint.
     EndpointNotSupported,
+    /// The request names a field the chosen provider's format cannot express
+    /// (`providers::translate`).
+    UntranslatableRequest,
     /// The target has no enabled connection.
     NoConnection,
     /// TCP or TLS connect to the upstream failed.
@@ -135,6 +138,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::ModelNotFound => 404,
             ErrorKind::EndpointNotSupported => 400,
+            ErrorKind::UntranslatableRequest => 400,
             ErrorKind::NoConnection => 503,
             ErrorKind::UpstreamConnect => 502,
             ErrorKind::UpstreamTimeout(_) => 504,
@@ -181,6 +185,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::ModelNotFound => "model_not_found",
             ErrorKind::EndpointNotSupported => "endpoint_not_supported",
+            ErrorKind::UntranslatableRequest => "untranslatable_request",
             ErrorKind::NoConnection => "no_available_connection",
             ErrorKind::UpstreamConnect => "upstream_connect_failed",
             ErrorKind::UpstreamTimeout(_) => "upstream_timeout",
@@ -283,6 +288,7 @@ impl ErrorKind {
             | ErrorKind::MethodNotAllowed
             | ErrorKind::ModelNotFound
             | ErrorKind::EndpointNotSupported
+            | ErrorKind::UntranslatableRequest
             | ErrorKind::NoConnection
             | ErrorKind::ProviderCircuitOpen
             | ErrorKind::ModelCooldown

@@ -12,6 +12,7 @@ pub mod relay;
 pub mod respond;
 pub mod select;
 pub mod stream;
+pub mod translate;
 pub mod upstream;
 pub mod watchdog;
 
@@ -27,7 +28,7 @@ pub use crate::net::downstream::After;
 use crate::net::downstream::{Handler, Limits};
 use crate::net::io::write_all;
 use crate::owners::Shard;
-use crate::providers::{Endpoint, serves};
+use crate::providers::{Endpoint, reachable};
 use crate::routing::resolve::resolve;
 use crate::shard::InFlight;
 use crate::shard::metrics::{bump, drop_one};
@@ -386,7 +387,7 @@ fn plan(
     let mut any_format = false;
     for t in resolved.targets {
         let provider = config.provider(t.provider);
-        if !serves(provider.format, endpoint) {
+        if !reachable(provider.format, endpoint) {
             continue;
         }
         any_format = true;

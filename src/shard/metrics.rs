@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 42] = [
+pub const ERROR_KINDS: [ErrorKind; 43] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -25,6 +25,7 @@ pub const ERROR_KINDS: [ErrorKind; 42] = [
     ErrorKind::MethodNotAllowed,
     ErrorKind::ModelNotFound,
     ErrorKind::EndpointNotSupported,
+    ErrorKind::UntranslatableRequest,
     ErrorKind::NoConnection,
     ErrorKind::UpstreamConnect,
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::Connect),
