@@ -86,3 +86,6 @@ impl std::fmt::Display for Refused {
         write!(f, "{}: {}", self.field, self.why)
     }
 }
+
+#[cfg(test)]
+mod tests;
