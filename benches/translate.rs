@@ -15,7 +15,9 @@ const TURN: &str = "Please look at {\"key\": [1, 2, 3]} and explain why it\u{201
 /// A chat request of about 4 KiB: system prompt, alternating turns, a tool call and its
 /// result, one tool definition.
 fn chat_request() -> Vec<u8> {
-    let mut messages = vec![json!({"role": "system", "content": "You are a careful assistant. Answer in Markdown."})];
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a careful assistant. Answer in Markdown."}),
+    ];
     let mut i = 0;
     loop {
         messages.push(json!({"role": "user", "content": format!("Turn {i}: {TURN}")}));
@@ -27,7 +29,9 @@ fn chat_request() -> Vec<u8> {
         }
     }
     messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "search_docs", "arguments": "{\"query\":\"parse\",\"limit\":3}"}}]}));
-    messages.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "parse() is in src/parse.rs"}));
+    messages.push(
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "parse() is in src/parse.rs"}),
+    );
     let body = json!({
         "model": "gpt-4o", "messages": messages, "max_tokens": 1024, "temperature": 0.7, "stream": true,
         "stream_options": {"include_usage": true},
@@ -39,7 +43,9 @@ fn chat_request() -> Vec<u8> {
 
 fn bench(c: &mut Criterion) {
     let chat = chat_request();
-    let messages = chat_to_messages(&chat, "claude").map(|t| t.body).unwrap_or_default();
+    let messages = chat_to_messages(&chat, "claude")
+        .map(|t| t.body)
+        .unwrap_or_default();
     let mut g = c.benchmark_group("translate_request");
     g.throughput(Throughput::Bytes(chat.len() as u64));
     g.bench_function(format!("chat_to_messages_{}B", chat.len()), |b| {

@@ -50,11 +50,11 @@ pub fn usage_to_openai(usage: &Value) -> Value {
     let read = u(usage.get("cache_read_input_tokens"));
     let created = u(usage.get("cache_creation_input_tokens"));
     let output = u(usage.get("output_tokens"));
-    let prompt = input + read + created;
+    let prompt = input.saturating_add(read).saturating_add(created);
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": output,
-        "total_tokens": prompt + output,
+        "total_tokens": prompt.saturating_add(output),
         "prompt_tokens_details": {"cached_tokens": read, "cache_creation_tokens": created},
     })
 }
@@ -66,7 +66,7 @@ pub fn usage_to_anthropic(usage: &Value) -> Value {
     let created = u(details.and_then(|d| d.get("cache_creation_tokens")));
     let prompt = u(usage.get("prompt_tokens"));
     json!({
-        "input_tokens": prompt.saturating_sub(read + created),
+        "input_tokens": prompt.saturating_sub(read.saturating_add(created)),
         "output_tokens": u(usage.get("completion_tokens")),
         "cache_read_input_tokens": read,
         "cache_creation_input_tokens": created,

@@ -392,13 +392,16 @@ impl ToChat {
 
     fn end(&mut self, out: &mut Vec<u8>) {
         if self.include_usage {
-            let prompt = self.input + self.cache_read + self.cache_creation;
+            let prompt = self
+                .input
+                .saturating_add(self.cache_read)
+                .saturating_add(self.cache_creation);
             self.head(out);
             let _ = write!(
                 out,
                 "\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{},\"total_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":{},\"cache_creation_tokens\":{}}}}}}}\n\n",
                 self.output,
-                prompt + self.output,
+                prompt.saturating_add(self.output),
                 self.cache_read,
                 self.cache_creation
             );
@@ -564,7 +567,7 @@ impl ToMessages {
             }
             self.input = self
                 .input
-                .saturating_sub(self.cache_read + self.cache_creation);
+                .saturating_sub(self.cache_read.saturating_add(self.cache_creation));
         }
         for choice in c.choices.iter().flatten() {
             if choice.index.unwrap_or(0) != 0 {
