@@ -58,12 +58,6 @@ pub fn serves(format: ProviderFormat, endpoint: Endpoint) -> bool {
     }
 }
 
-/// Does a provider of this format serve the endpoint, as is or through
-/// [`translate::Translation`]?
-pub fn reachable(format: ProviderFormat, endpoint: Endpoint) -> bool {
-    serves(format, endpoint) || translate::Translation::between(endpoint, format).is_some()
-}
-
 /// The Anthropic API version sent when the client did not name one.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Beta flag Anthropic requires for OAuth (subscription) bearer tokens.
