@@ -504,3 +504,69 @@ fn a_combo_whose_targets_alternate_formats_fails_over_between_them() {
     assert_eq!(to_oa.len(), 2);
     assert_eq!(to_oa[1].json()["messages"][0]["content"], "hi");
 }
+
+#[test]
+fn a_translated_stream_that_stalls_ends_with_an_in_band_error_in_the_clients_shape() {
+    let anthropic = MockUpstream::start();
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    anthropic.on_always(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(json!({"type": "message_start", "message": {"id": "msg_w", "type": "message",
+                "role": "assistant", "model": "claude-x", "content": [], "usage": {"input_tokens": 1}}})),
+            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})),
+            Chunk::stall(),
+        ]),
+    );
+    let gw = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[[providers]]
+id = "an"
+format = "anthropic"
+base_url = "{}"
+models = ["claude-x"]
+
+[[connections]]
+id = "an-1"
+provider = "an"
+
+[resilience.stream_watchdog]
+stall_timeout_ms = 400
+"#,
+        anthropic.base_url()
+    ));
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        br#"{"model":"an/claude-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
+    let raw = c.read_until_close(std::time::Duration::from_secs(10));
+    // De-chunk; the zero-size last chunk must not come.
+    let (mut body, mut rest, mut terminated) = (Vec::new(), &raw[..], false);
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap(), 16).unwrap();
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            terminated = true;
+            break;
+        }
+        body.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+    assert!(!terminated, "a stalled stream must not end cleanly");
+    let events = parse_sse(&body);
+    assert_eq!(events[0].json()["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(events[1].json()["choices"][0]["delta"]["content"], "Hel");
+    let last = events.last().unwrap().json();
+    assert_eq!(last["error"]["code"], "stream_content_stall", "{last}");
+    assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+}
