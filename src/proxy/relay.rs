@@ -480,6 +480,7 @@ pub(super) async fn deliver(
                     down.client,
                     down.keep_alive,
                     wd,
+                    down.log,
                 )
                 .await;
                 attempted.end(ended).await;

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use monoio::net::TcpStream;
 
+use super::access::AccessLog;
 use super::stream::{Buffered, break_stream, put_piece, relayed_never};
 use super::upstream::Up;
 use super::watchdog::{self, Watchdog};
@@ -16,7 +16,7 @@ use super::{After, respond};
 use crate::config::{Connection, Provider};
 use crate::error::{Dialect, ErrorKind, GatewayError};
 use crate::http1::{Framing, RequestHead, write_last_chunk, write_response_head};
-use crate::net::io::write_all;
+use crate::net::io::{ClientStream, write_all};
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
 use crate::providers::translate::stream::StreamTranslator;
@@ -95,14 +95,15 @@ pub async fn commit(
     mut up: Up,
     first: Option<Bytes>,
     tr: Translated<'_>,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     keep_alive: bool,
     mut wd: Option<Watchdog>,
+    log: &AccessLog,
 ) -> (After, Ended) {
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let created = shard.now().wall_ms / 1000;
     if !up.head.is_event_stream() {
-        return commit_whole(shard, up, first, &tr, client, keep_alive, created).await;
+        return commit_whole(shard, up, first, &tr, client, keep_alive, created, log).await;
     }
     let status = up.head.status();
     let t = tr.translation;
@@ -130,9 +131,16 @@ pub async fn commit(
             ("x-tidegate-attempts", attempts_s.as_bytes()),
             (TRANSLATED_HEADER, t.label().as_bytes()),
         ];
-        write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
+        let extra = log.response_headers();
+        write_response_head(
+            &mut out,
+            status,
+            relayed.chain(ours).chain(extra),
+            framing,
+            keep_alive,
+        );
     }
-    shard.metrics().response(status);
+    log.responding(shard, status);
     let mut translator = StreamTranslator::new(t, tr.include_usage, created);
     let mut piece_out: Vec<u8> = Vec::with_capacity(1024);
     let mut ended = first.is_none();
@@ -207,14 +215,16 @@ pub async fn commit(
 }
 
 /// A complete answer: read whole, translated, written with its length.
+#[allow(clippy::too_many_arguments)]
 async fn commit_whole(
     shard: &Shard,
     mut up: Up,
     first: Option<Bytes>,
     tr: &Translated<'_>,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     keep_alive: bool,
     created: u64,
+    log: &AccessLog,
 ) -> (After, Ended) {
     let t = tr.translation;
     let status = up.head.status();
@@ -239,12 +249,14 @@ async fn commit_whole(
                     ErrorKind::UpstreamProtocol,
                     "the upstream answer is too large to translate",
                 );
-                let after = respond::send_error(shard, client, &e, dialect(t), keep_alive).await;
+                let after =
+                    respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
                 return (after, Ended::StreamStall);
             }
             Ok(None) => break,
             Err(e) => {
-                let after = respond::send_error(shard, client, &e, dialect(t), keep_alive).await;
+                let after =
+                    respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
                 return (after, Ended::StreamStall);
             }
         }
@@ -261,7 +273,7 @@ async fn commit_whole(
                 tr.provider.name
             ),
         );
-        let after = respond::send_error(shard, client, &e, dialect(t), keep_alive).await;
+        let after = respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
         return (after, Ended::StreamStall);
     };
     up.finish(shard);
@@ -282,13 +294,13 @@ async fn commit_whole(
         write_response_head(
             &mut out,
             status,
-            relayed.chain(ours),
+            relayed.chain(ours).chain(log.response_headers()),
             Framing::Length(translated.len() as u64),
             keep_alive,
         );
     }
     out.extend_from_slice(&translated);
-    shard.metrics().response(status);
+    log.responding(shard, status);
     let after = match write_all(client, out).await {
         Ok(_) if keep_alive => After::KeepAlive,
         _ => After::Close,
