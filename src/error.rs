@@ -62,6 +62,9 @@ pub enum ErrorKind {
     ModelNotFound,
     /// The provider's wire format does not serve this endpoint.
     EndpointNotSupported,
+    /// The request names a field the chosen provider's format cannot express
+    /// (`providers::translate`).
+    UntranslatableRequest,
     /// The target has no enabled connection.
     NoConnection,
     /// `x-omniroute-connection` names no configured connection.
@@ -140,6 +143,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::ModelNotFound => 404,
             ErrorKind::EndpointNotSupported => 400,
+            ErrorKind::UntranslatableRequest => 400,
             ErrorKind::NoConnection => 503,
             ErrorKind::UnknownConnection => 400,
             ErrorKind::ConnectionNotUsable => 400,
@@ -188,6 +192,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::ModelNotFound => "model_not_found",
             ErrorKind::EndpointNotSupported => "endpoint_not_supported",
+            ErrorKind::UntranslatableRequest => "untranslatable_request",
             ErrorKind::NoConnection => "no_available_connection",
             ErrorKind::UnknownConnection => "unknown_connection",
             ErrorKind::ConnectionNotUsable => "connection_not_usable",
@@ -294,6 +299,7 @@ impl ErrorKind {
             | ErrorKind::EndpointNotSupported
             | ErrorKind::UnknownConnection
             | ErrorKind::ConnectionNotUsable
+            | ErrorKind::UntranslatableRequest
             | ErrorKind::NoConnection
             | ErrorKind::ProviderCircuitOpen
             | ErrorKind::ModelCooldown

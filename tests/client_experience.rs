@@ -210,11 +210,17 @@ fn messages_errors_made_by_the_gateway_are_in_anthropics_shape() {
         r#"{"model":"nowhere","messages":[]}"#,
     );
     assert_anthropic(&r, 404, "not_found_error", "model_not_found");
-    // An OpenAI-format provider does not serve the Messages API.
-    let r = messages(&gw, &[ANTHROPIC_KEY], r#"{"model":"up/m1","messages":[]}"#);
-    assert_anthropic(&r, 400, "invalid_request_error", "endpoint_not_supported");
+    // An OpenAI-format provider serves the Messages API through translation; a field it
+    // cannot express is refused, naming it.
+    let r = messages(
+        &gw,
+        &[ANTHROPIC_KEY],
+        r#"{"model":"up/m1","max_tokens":8,"top_k":5,"messages":[]}"#,
+    );
+    assert_anthropic(&r, 400, "invalid_request_error", "untranslatable_request");
+    assert_eq!(r.json()["error"]["param"], "top_k", "{}", r.text());
     let r = messages(&gw, &[ANTHROPIC_KEY], r#"{"model":"off/m2","messages":[]}"#);
-    assert_eq!(r.status, 400, "{}", r.text());
+    assert_anthropic(&r, 503, "api_error", "no_available_connection");
 
     let r = Client::connect(gw.addr()).request("GET", "/v1/messages", &[ANTHROPIC_KEY], b"");
     assert_anthropic(&r, 405, "invalid_request_error", "method_not_allowed");

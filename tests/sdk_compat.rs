@@ -151,6 +151,165 @@ fn sdks_type_the_gateways_own_errors() {
     assert_eq!(openai.requests().len(), 0);
 }
 
+#[test]
+fn the_openai_sdk_is_served_by_an_anthropic_format_upstream() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let usage = serde_json::json!({"input_tokens": 12, "output_tokens": 6});
+    let message = |content: serde_json::Value, stop: &str| {
+        Reply::json(
+            200,
+            serde_json::json!({"id": "msg_x", "type": "message", "role": "assistant",
+                "model": "claude-x", "content": content, "stop_reason": stop,
+                "stop_sequence": null, "usage": usage}),
+        )
+    };
+    // In the order sdk_translate.py makes its calls.
+    anthropic.on(
+        "/v1/messages",
+        message(
+            serde_json::json!([{"type": "text", "text": "A red dot."}]),
+            "end_turn",
+        ),
+    );
+    anthropic.on("/v1/messages", Reply::anthropic_stream(&["one ", "two"]));
+    anthropic.on(
+        "/v1/messages",
+        message(
+            serde_json::json!([{"type": "tool_use", "id": "toolu_w", "name": "get_weather",
+                "input": {"city": "Paris"}}]),
+            "tool_use",
+        ),
+    );
+    anthropic.on(
+        "/v1/messages",
+        message(
+            serde_json::json!([{"type": "text", "text": "Sunny."}]),
+            "end_turn",
+        ),
+    );
+    let gw = Gateway::start(&two_providers(&openai, &anthropic));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["openai", "an/claude-x"],
+    );
+    assert_eq!(r["chat"]["content"], "A red dot.", "{r}");
+    assert_eq!(r["stream"]["content"], "one two", "{r}");
+    assert_eq!(r["tool_call"]["id"], "toolu_w", "{r}");
+    assert_eq!(r["tool_result"]["content"], "Sunny.", "{r}");
+    let sent = anthropic.requests_to("/v1/messages");
+    assert_eq!(sent.len(), 4);
+    let first = sent[0].json();
+    assert_eq!(first["system"], "Be brief.");
+    assert_eq!(first["messages"][0]["content"][1]["type"], "image");
+    assert_eq!(
+        first["messages"][0]["content"][1]["source"]["media_type"],
+        "image/png"
+    );
+    assert_eq!(sent[1].json()["stream"], true);
+    // The tool result went back with the tool call's id.
+    let last = sent[3].json();
+    assert_eq!(last["messages"][1]["content"][0]["id"], "toolu_w");
+    assert_eq!(last["messages"][2]["content"][0]["type"], "tool_result");
+    assert_eq!(last["messages"][2]["content"][0]["tool_use_id"], "toolu_w");
+    assert_eq!(openai.total_hits(), 0);
+}
+
+#[test]
+fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let completion = |message: serde_json::Value, finish: &str| {
+        Reply::json(
+            200,
+            serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
+                "model": "gpt-x", "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+        )
+    };
+    openai.on(
+        "/v1/chat/completions",
+        completion(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_w", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}),
+            "tool_calls",
+        ),
+    );
+    openai.on(
+        "/v1/chat/completions",
+        completion(
+            serde_json::json!({"role": "assistant", "content": "Sunny."}),
+            "stop",
+        ),
+    );
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        Chunk::json(
+            serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+            "created": 1, "model": "gpt-x",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    };
+    openai.on(
+        "/v1/chat/completions",
+        Reply::sse(vec![
+            chunk(
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            ),
+            chunk(
+                serde_json::json!({"reasoning_content": "Let me think. "}),
+                None,
+            ),
+            chunk(serde_json::json!({"reasoning_content": "Done."}), None),
+            chunk(serde_json::json!({"content": "The answer "}), None),
+            chunk(serde_json::json!({"content": "is 4."}), None),
+            chunk(serde_json::json!({}), Some("stop")),
+            Chunk::json(
+                serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+                "created": 1, "model": "gpt-x", "choices": [],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}),
+            ),
+            Chunk::done(),
+        ]),
+    );
+    let gw = Gateway::start(&two_providers(&openai, &anthropic));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["anthropic", "oa/gpt-x"],
+    );
+    assert_eq!(r["tool_use"]["id"], "call_w", "{r}");
+    assert_eq!(r["tool_result"]["content"], "Sunny.", "{r}");
+    assert_eq!(r["stream"]["thinking"], "Let me think. Done.", "{r}");
+    assert_eq!(r["stream"]["content"], "The answer is 4.", "{r}");
+    assert_eq!(r["stream"]["output_tokens"], 8, "{r}");
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), 3);
+    let first = sent[0].json();
+    assert_eq!(
+        first["messages"][0],
+        serde_json::json!({"role": "system", "content": [
+            {"type": "text", "text": "You are terse."}, {"type": "text", "text": "Use tools."}]})
+    );
+    assert_eq!(first["tools"][0]["function"]["name"], "get_weather");
+    let second = sent[1].json();
+    assert_eq!(second["messages"][2]["tool_calls"][0]["id"], "call_w");
+    assert_eq!(
+        second["messages"][3],
+        serde_json::json!({"role": "tool", "tool_call_id": "call_w", "content": "sunny, 21C"})
+    );
+    let third = sent[2].json();
+    assert_eq!(third["stream"], true);
+    assert_eq!(third["reasoning_effort"], "medium");
+    assert_eq!(anthropic.total_hits(), 0);
+}
+
 /// One OpenAI-format provider `oa` (model `gpt-x`) and one Anthropic-format provider `an`
 /// (model `claude-x`), one connection each, client key `sdk-key`.
 fn two_providers(openai: &MockUpstream, anthropic: &MockUpstream) -> String {

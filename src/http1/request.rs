@@ -87,7 +87,7 @@ impl RequestHead {
         self.expect_continue
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, fuzzing))]
     pub fn raw(&self) -> &Bytes {
         &self.raw
     }

@@ -25,7 +25,7 @@ impl ResponseHead {
     }
 
     /// The reason phrase as sent (empty when absent, or when it holds non-ASCII bytes).
-    #[cfg(test)]
+    #[cfg(any(test, fuzzing))]
     pub fn reason(&self) -> &str {
         self.reason.get_str(&self.raw)
     }
@@ -64,7 +64,7 @@ impl ResponseHead {
         self.keep_alive
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, fuzzing))]
     pub fn raw(&self) -> &Bytes {
         &self.raw
     }

@@ -2,6 +2,7 @@
 //! go upstream, and how a connection's credentials are presented.
 
 pub mod mock;
+pub mod translate;
 
 use crate::config::{AuthKind, Connection, Provider, ProviderFormat};
 
@@ -45,7 +46,7 @@ impl Endpoint {
     }
 }
 
-/// Does a provider of this format serve the endpoint? (No format translation yet.)
+/// Does a provider of this format serve the endpoint as is (no translation)?
 pub fn serves(format: ProviderFormat, endpoint: Endpoint) -> bool {
     match format {
         ProviderFormat::Openai => matches!(

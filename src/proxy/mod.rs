@@ -13,6 +13,7 @@ pub mod relay;
 pub mod respond;
 pub mod select;
 pub mod stream;
+pub mod translate;
 pub mod upstream;
 pub mod watchdog;
 
@@ -28,6 +29,7 @@ pub use crate::net::downstream::After;
 use crate::net::downstream::{Handler, Limits};
 use crate::net::io::write_all;
 use crate::owners::Shard;
+use crate::providers::translate::Translation;
 use crate::providers::{Endpoint, serves};
 use crate::routing::resolve::resolve;
 use crate::shard::InFlight;
@@ -387,7 +389,10 @@ fn plan(
     let mut any_format = false;
     for t in resolved.targets {
         let provider = config.provider(t.provider);
-        if !serves(provider.format, endpoint) {
+        // A provider of the other format is reached through translation.
+        let reachable = serves(provider.format, endpoint)
+            || Translation::between(endpoint, provider.format).is_some();
+        if !reachable {
             continue;
         }
         any_format = true;

@@ -31,6 +31,7 @@ use crate::owners::health::client::{ProbePermits, report};
 use crate::owners::health::protocol::{ComboAttempt, Ended, Verdict};
 use crate::owners::{gates, queue, quota_share, tool_limits};
 use crate::providers::Endpoint;
+use crate::providers::translate::Translation;
 use crate::resilience::backoff::retry_after_header;
 use crate::resilience::breaker::{Failure, circuit_open_response};
 use crate::resilience::classify::parse_error_body;
@@ -593,6 +594,9 @@ pub(super) enum Ready<'s> {
 
 pub(super) struct Streaming<'s> {
     attempted: Attempted<'s>,
+    /// The provider is of the other format: the answer is translated (and whether the
+    /// OpenAI client asked for the usage chunk).
+    translation: Option<(Translation, bool)>,
     up: upstream::Up,
     first: Option<Bytes>,
     wd: Option<super::watchdog::Watchdog>,
@@ -628,6 +632,7 @@ pub(super) async fn deliver(
         Ready::Stream(s) => {
             let Streaming {
                 attempted,
+                translation,
                 up,
                 first,
                 wd,
@@ -638,6 +643,31 @@ pub(super) async fn deliver(
             let conn = config.connection(attempted.connection);
             down.committed.set(true);
             down.log.upstream(&provider.name, &conn.name, attempts);
+            if let Some((t, include_usage)) = translation {
+                let tr = super::translate::Translated {
+                    translation: t,
+                    include_usage,
+                    provider,
+                    conn,
+                    attempts,
+                    idle: req.budgets.idle,
+                };
+                let (after, ended) = super::translate::commit(
+                    shard,
+                    req.head,
+                    up,
+                    first,
+                    tr,
+                    down.client,
+                    down.keep_alive,
+                    wd,
+                    down.log,
+                )
+                .await;
+                attempted.end(ended).await;
+                drop(_held);
+                return AttemptEnd::Done(after);
+            }
             let (after, ended) = stream::commit(
                 shard,
                 req.head,
@@ -675,6 +705,16 @@ pub(super) async fn open<'s>(
 ) -> Opened<'s> {
     use AttemptEnd as E;
     let config = shard.config();
+    // A provider of the other format gets the request translated (before anything is
+    // admitted: a field its format cannot express rules the candidate out).
+    let translation = Translation::between(req.endpoint, config.provider(target.provider).format);
+    let translated = match translation {
+        Some(t) => match super::translate::request_body(t, req.body, &target.model) {
+            Ok(tr) => Some(tr),
+            Err(e) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
+        },
+        None => None,
+    };
     // Select: the local views, and a half-open breaker's probe permit from its owner.
     let permits = match select::admit(shard, target, connection, combo.is_some()).await {
         Admit::Yes(p) => p,
@@ -722,17 +762,20 @@ pub(super) async fn open<'s>(
     walk.attempts += 1;
     // Forward, within the execution budget when the connection has a request queue (spec
     // B §1.3: separate from the time spent queued).
-    let body = if target.model == req.plan.peek.model {
-        req.body.clone()
-    } else {
-        peek::rewrite_model(req.body, req.plan.peek.model_span.clone(), &target.model)
+    let (body, include_usage) = match translated {
+        Some(tr) => tr,
+        None if target.model == req.plan.peek.model => (req.body.clone(), false),
+        None => (
+            peek::rewrite_model(req.body, req.plan.peek.model_span.clone(), &target.model),
+            false,
+        ),
     };
     let open = upstream::open(
         shard,
         req.head,
         provider,
         conn,
-        req.endpoint,
+        translation.map_or(req.endpoint, Translation::upstream_endpoint),
         &target.model,
         req.plan.peek.stream,
         body,
@@ -812,6 +855,10 @@ pub(super) async fn open<'s>(
                 .message
                 .unwrap_or_default(),
         ));
+        // Classified on the upstream's own body; the client gets it in its own format.
+        if let Some(t) = translation {
+            super::translate::reshape_error(&mut buffered, t);
+        }
         walk.exhausted
             .note(verdict.decision.rule_scope, target.provider, connection);
         if let Some(g) = &gate
@@ -883,6 +930,7 @@ pub(super) async fn open<'s>(
     };
     Opened::Ready(Ready::Stream(Box::new(Streaming {
         attempted,
+        translation: translation.map(|t| (t, include_usage)),
         up,
         first,
         wd,

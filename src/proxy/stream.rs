@@ -34,7 +34,7 @@ const DIRECT_WRITE_BYTES: usize = 16 * 1024;
 /// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`),
 /// `content-length`, which the gateway writes from its own framing, and `x-request-id`,
 /// which carries the gateway's own request id.
-fn relayed_never(name: &str) -> bool {
+pub(super) fn relayed_never(name: &str) -> bool {
     is_hop_by_hop(name)
         || name.eq_ignore_ascii_case("content-length")
         || name.eq_ignore_ascii_case(REQUEST_ID_HEADER)
@@ -313,7 +313,7 @@ fn gather(
 /// Ends a stream whose upstream failed (or stalled) after the first byte: an in-band error
 /// event in the endpoint's shape for event streams, then the connection is closed without
 /// the chunked terminator — never a clean end, never a `[DONE]`.
-async fn break_stream(
+pub(super) async fn break_stream(
     shard: &Shard,
     conn: &Connection,
     err: &GatewayError,
@@ -336,7 +336,7 @@ async fn break_stream(
     After::Close
 }
 
-fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
+pub(super) fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
     if chunked {
         write_chunk(out, piece);
     } else {

@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 44] = [
+pub const ERROR_KINDS: [ErrorKind; 45] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -25,6 +25,7 @@ pub const ERROR_KINDS: [ErrorKind; 44] = [
     ErrorKind::MethodNotAllowed,
     ErrorKind::ModelNotFound,
     ErrorKind::EndpointNotSupported,
+    ErrorKind::UntranslatableRequest,
     ErrorKind::NoConnection,
     ErrorKind::UnknownConnection,
     ErrorKind::ConnectionNotUsable,

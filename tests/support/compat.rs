@@ -28,11 +28,22 @@ pub fn python() -> PathBuf {
 /// script arguments (`--only openai`, `--expect-echo`, `--model M`). Panics with the script's
 /// output if it fails; returns its JSON result line.
 pub fn run_sdk_client(origin: &str, api_key: &str, extra_args: &[&str]) -> serde_json::Value {
+    run_sdk_script(SDK_CLIENT, origin, api_key, extra_args)
+}
+
+/// The cross-format SDK script (`openai` or `anthropic` mode, then the model).
+pub const SDK_TRANSLATE: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/compat/sdk_translate.py");
+
+/// Runs an SDK script as [`run_sdk_client`] does.
+pub fn run_sdk_script(
+    script: &str,
+    origin: &str,
+    api_key: &str,
+    extra_args: &[&str],
+) -> serde_json::Value {
     let mut cmd = Command::new(python());
-    cmd.arg(SDK_CLIENT)
-        .arg(origin)
-        .arg(api_key)
-        .args(extra_args);
+    cmd.arg(script).arg(origin).arg(api_key).args(extra_args);
     let RunOutput {
         code,
         stdout,
@@ -41,13 +52,13 @@ pub fn run_sdk_client(origin: &str, api_key: &str, extra_args: &[&str]) -> serde
     } = run_bounded(cmd, SDK_TIMEOUT);
     assert_eq!(
         code, 0,
-        "sdk_client.py against {origin} failed (exit {code})\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+        "{script} against {origin} failed (exit {code})\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
     );
     let line = stdout
         .lines()
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| panic!("sdk_client.py printed no JSON line:\n{stdout}\n{stderr}"));
+        .unwrap_or_else(|| panic!("{script} printed no JSON line:\n{stdout}\n{stderr}"));
     serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("sdk_client.py result is not JSON ({e}): {line}"))
+        .unwrap_or_else(|e| panic!("{script} result is not JSON ({e}): {line}"))
 }

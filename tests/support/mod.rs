@@ -28,7 +28,7 @@ mod wire;
 #[allow(unused_imports)]
 pub use client::{Client, Piece, Response, SseEvent, json_post, parse_sse, send_raw};
 #[allow(unused_imports)]
-pub use compat::{python, run_sdk_client};
+pub use compat::{SDK_TRANSLATE, python, run_sdk_client, run_sdk_script};
 #[allow(unused_imports)]
 pub use config::{connection, one_upstream, provider};
 #[allow(unused_imports)]

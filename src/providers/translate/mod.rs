@@ -1,0 +1,91 @@
+//! OpenAI Chat Completions ⇄ Anthropic Messages, as sans-IO converters: bodies in, bodies
+//! out, no socket or clock of their own. They run only when the client's endpoint and the
+//! chosen provider's format differ; same-format traffic never reaches this module.
+//!
+//! - [`request`]: a client request body into the provider's format (a field that cannot be
+//!   expressed there is refused, naming it — never dropped silently).
+//! - [`response`]: a complete (non-stream) answer back into the client's format.
+//! - [`stream`]: a stateful event-by-event stream translator fed arbitrary byte pieces.
+//! - [`error`]: an upstream error body re-shaped into the client's error format.
+//!
+//! `docs/translation.md` is the field map.
+
+pub mod error;
+pub mod request;
+pub mod response;
+pub mod stream;
+
+use crate::config::ProviderFormat;
+use crate::providers::Endpoint;
+
+/// Which way a request crosses formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Translation {
+    /// An OpenAI Chat Completions client served by an Anthropic Messages provider.
+    ChatToMessages,
+    /// An Anthropic Messages client served by an OpenAI Chat Completions provider.
+    MessagesToChat,
+}
+
+impl Translation {
+    /// The translation a request on `endpoint` needs to reach a provider of `format`, if
+    /// any (and if one exists: `None` also when the provider serves the endpoint as is).
+    pub fn between(endpoint: Endpoint, format: ProviderFormat) -> Option<Translation> {
+        match (endpoint, format) {
+            (Endpoint::ChatCompletions, ProviderFormat::Anthropic) => {
+                Some(Translation::ChatToMessages)
+            }
+            (Endpoint::Messages, ProviderFormat::Openai) => Some(Translation::MessagesToChat),
+            _ => None,
+        }
+    }
+
+    /// The provider's endpoint the translated request goes to.
+    pub fn upstream_endpoint(self) -> Endpoint {
+        match self {
+            Translation::ChatToMessages => Endpoint::Messages,
+            Translation::MessagesToChat => Endpoint::ChatCompletions,
+        }
+    }
+
+    /// The client's endpoint.
+    pub fn client_endpoint(self) -> Endpoint {
+        match self {
+            Translation::ChatToMessages => Endpoint::ChatCompletions,
+            Translation::MessagesToChat => Endpoint::Messages,
+        }
+    }
+
+    /// The value of the `x-tidegate-translated` response header.
+    pub fn label(self) -> &'static str {
+        match self {
+            Translation::ChatToMessages => "openai-chat->anthropic-messages",
+            Translation::MessagesToChat => "anthropic-messages->openai-chat",
+        }
+    }
+}
+
+/// A request the target format cannot express: the JSON path of the field and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub field: String,
+    pub why: String,
+}
+
+impl Refused {
+    pub fn new(field: impl Into<String>, why: impl Into<String>) -> Refused {
+        Refused {
+            field: field.into(),
+            why: why.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.why)
+    }
+}
+
+#[cfg(test)]
+mod tests;

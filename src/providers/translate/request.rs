@@ -1,0 +1,925 @@
+//! Request bodies: Chat Completions → Messages and Messages → Chat Completions. Every
+//! top-level field and every content part is either mapped, accepted because it holds the
+//! default the target assumes anyway, dropped by a rule `docs/translation.md` states, or
+//! refused with a [`Refused`] naming its JSON path.
+
+use serde_json::{Map, Value, json};
+
+use super::Refused;
+
+type Obj = Map<String, Value>;
+
+/// `max_tokens` sent to an Anthropic provider when the OpenAI request names none
+/// (Anthropic requires it).
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// Thinking budgets for OpenAI's `reasoning_effort` levels.
+pub const EFFORT_BUDGETS: [(&str, u64); 3] = [("low", 1024), ("medium", 4096), ("high", 16384)];
+
+/// The `reasoning_effort` for an Anthropic thinking budget: the level whose budget is the
+/// nearest at or above it (`high` past the largest).
+pub fn effort_of_budget(budget: u64) -> &'static str {
+    match budget {
+        0..=1024 => "low",
+        1025..=4096 => "medium",
+        _ => "high",
+    }
+}
+
+/// A translated request body and what the response side needs to know about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Translated {
+    pub body: Vec<u8>,
+    /// The client asked for the usage chunk (`stream_options.include_usage`); only
+    /// meaningful for an OpenAI client.
+    pub include_usage: bool,
+}
+
+fn parse_object(body: &[u8]) -> Result<Obj, Refused> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(Refused::new("body", "must be a JSON object")),
+        Err(e) => Err(Refused::new("body", format!("is not valid JSON: {e}"))),
+    }
+}
+
+fn to_bytes(v: &Obj) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn no_counterpart(field: &str, target: &str) -> Refused {
+    Refused::new(field, format!("has no counterpart in {target}"))
+}
+
+const ANTHROPIC: &str = "the Anthropic Messages API";
+const OPENAI: &str = "the OpenAI Chat Completions API";
+
+fn want_u64(v: &Value, field: &str) -> Result<u64, Refused> {
+    v.as_u64()
+        .ok_or_else(|| Refused::new(field, "must be a non-negative integer"))
+}
+
+fn want_str<'v>(v: &'v Value, field: &str) -> Result<&'v str, Refused> {
+    v.as_str()
+        .ok_or_else(|| Refused::new(field, "must be a string"))
+}
+
+fn want_array<'v>(v: &'v Value, field: &str) -> Result<&'v Vec<Value>, Refused> {
+    v.as_array()
+        .ok_or_else(|| Refused::new(field, "must be an array"))
+}
+
+fn want_object<'v>(v: &'v Value, field: &str) -> Result<&'v Obj, Refused> {
+    v.as_object()
+        .ok_or_else(|| Refused::new(field, "must be an object"))
+}
+
+/// Refuses a field unless it holds the value the target assumes (or is null).
+fn default_only(v: &Value, field: &str, ok: &[Value], target: &str) -> Result<(), Refused> {
+    if v.is_null() || ok.contains(v) {
+        Ok(())
+    } else {
+        Err(Refused::new(
+            field,
+            format!("has no counterpart in {target} (only its default is accepted)"),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Chat Completions → Messages
+// ---------------------------------------------------------------------------------------
+
+/// An OpenAI Chat Completions request as an Anthropic Messages request for `model`.
+pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
+    let req = parse_object(body)?;
+    let (out, include_usage) = chat_to_messages_obj(&req, model)?;
+    Ok(Translated {
+        body: to_bytes(&out),
+        include_usage,
+    })
+}
+
+/// The object form of [`chat_to_messages`].
+pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refused> {
+    let mut out = Obj::new();
+    out.insert("model".into(), json!(model));
+    let mut max_tokens: Option<u64> = None;
+    let mut effort: Option<&str> = None;
+    let mut parallel: Option<bool> = None;
+    let mut tool_choice: Option<&Value> = None;
+    let mut include_usage = false;
+    let mut messages: Option<&Value> = None;
+    let mut metadata = Obj::new();
+    for (k, v) in req {
+        let k = k.as_str();
+        if v.is_null() {
+            continue;
+        }
+        match k {
+            "model" => {}
+            "messages" => messages = Some(v),
+            "max_tokens" | "max_completion_tokens" => max_tokens = Some(want_u64(v, k)?),
+            "temperature" => {
+                let t = v
+                    .as_f64()
+                    .ok_or_else(|| Refused::new(k, "must be a number"))?;
+                if !(0.0..=1.0).contains(&t) {
+                    return Err(Refused::new(
+                        k,
+                        "must be between 0 and 1 for an Anthropic provider",
+                    ));
+                }
+                out.insert("temperature".into(), v.clone());
+            }
+            "top_p" => {
+                v.as_f64()
+                    .ok_or_else(|| Refused::new(k, "must be a number"))?;
+                out.insert("top_p".into(), v.clone());
+            }
+            "stop" => {
+                let list = match v {
+                    Value::String(s) => vec![json!(s)],
+                    Value::Array(a) => {
+                        for (i, s) in a.iter().enumerate() {
+                            want_str(s, &format!("stop[{i}]"))?;
+                        }
+                        a.clone()
+                    }
+                    _ => return Err(Refused::new(k, "must be a string or an array of strings")),
+                };
+                out.insert("stop_sequences".into(), Value::Array(list));
+            }
+            "stream" => {
+                let b = v
+                    .as_bool()
+                    .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
+                out.insert("stream".into(), json!(b));
+            }
+            "stream_options" => {
+                for (ok, ov) in want_object(v, k)? {
+                    match ok.as_str() {
+                        "include_usage" => include_usage = ov.as_bool().unwrap_or(false),
+                        other => {
+                            return Err(no_counterpart(
+                                &format!("stream_options.{other}"),
+                                ANTHROPIC,
+                            ));
+                        }
+                    }
+                }
+            }
+            "user" => {
+                metadata.insert("user_id".into(), json!(want_str(v, k)?));
+            }
+            "tools" => {
+                out.insert("tools".into(), tools_to_anthropic(v)?);
+            }
+            "tool_choice" => tool_choice = Some(v),
+            "parallel_tool_calls" => {
+                parallel = Some(
+                    v.as_bool()
+                        .ok_or_else(|| Refused::new(k, "must be a boolean"))?,
+                )
+            }
+            "reasoning_effort" => effort = Some(want_str(v, k)?),
+            "response_format" => {
+                let t = v.get("type").and_then(Value::as_str);
+                if t != Some("text") {
+                    return Err(Refused::new(
+                        "response_format",
+                        "JSON output modes cannot be honoured by an Anthropic provider",
+                    ));
+                }
+            }
+            "n" => default_only(v, k, &[json!(1)], ANTHROPIC)?,
+            "presence_penalty" | "frequency_penalty" => {
+                default_only(v, k, &[json!(0), json!(0.0)], ANTHROPIC)?
+            }
+            "logprobs" | "store" => default_only(v, k, &[json!(false)], ANTHROPIC)?,
+            other => return Err(no_counterpart(other, ANTHROPIC)),
+        }
+    }
+    let Some(messages) = messages else {
+        return Err(Refused::new("messages", "is required"));
+    };
+    let (system, turns) = chat_messages_to_anthropic(messages)?;
+    if let Some(s) = system {
+        out.insert("system".into(), s);
+    }
+    out.insert("messages".into(), Value::Array(turns));
+    let mut max_tokens = max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if let Some(e) = effort {
+        match EFFORT_BUDGETS.iter().find(|(n, _)| *n == e) {
+            Some((_, budget)) => {
+                // Anthropic requires max_tokens above the thinking budget: the budget is
+                // added on top of what the client allowed for the answer.
+                if max_tokens <= *budget {
+                    max_tokens += budget;
+                }
+                out.insert(
+                    "thinking".into(),
+                    json!({"type": "enabled", "budget_tokens": budget}),
+                );
+            }
+            None if e == "none" || e == "minimal" => {}
+            None => {
+                return Err(Refused::new(
+                    "reasoning_effort",
+                    "must be none, minimal, low, medium or high",
+                ));
+            }
+        }
+    }
+    out.insert("max_tokens".into(), json!(max_tokens));
+    if let Some(tc) = tool_choice_to_anthropic(tool_choice, parallel)? {
+        out.insert("tool_choice".into(), tc);
+    }
+    if !metadata.is_empty() {
+        out.insert("metadata".into(), Value::Object(metadata));
+    }
+    Ok((out, include_usage))
+}
+
+fn tools_to_anthropic(v: &Value) -> Result<Value, Refused> {
+    let mut out = Vec::new();
+    for (i, t) in want_array(v, "tools")?.iter().enumerate() {
+        let at = |f: &str| format!("tools[{i}].{f}");
+        let t = want_object(t, &format!("tools[{i}]"))?;
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            _ => {
+                return Err(Refused::new(
+                    at("type"),
+                    "only function tools can be offered to an Anthropic provider",
+                ));
+            }
+        }
+        let f = want_object(t.get("function").unwrap_or(&Value::Null), &at("function"))?;
+        let mut tool = Obj::new();
+        for (k, v) in f {
+            match k.as_str() {
+                "name" => {
+                    tool.insert("name".into(), json!(want_str(v, &at("function.name"))?));
+                }
+                "description" if !v.is_null() => {
+                    tool.insert("description".into(), v.clone());
+                }
+                "parameters" if !v.is_null() => {
+                    tool.insert("input_schema".into(), v.clone());
+                }
+                "strict" => default_only(v, &at("function.strict"), &[json!(false)], ANTHROPIC)?,
+                "description" | "parameters" => {}
+                other => return Err(no_counterpart(&at(&format!("function.{other}")), ANTHROPIC)),
+            }
+        }
+        if !tool.contains_key("name") {
+            return Err(Refused::new(at("function.name"), "is required"));
+        }
+        tool.entry("input_schema")
+            .or_insert_with(|| json!({"type": "object", "properties": {}}));
+        if let Some(cc) = t.get("cache_control") {
+            tool.insert("cache_control".into(), cc.clone());
+        }
+        out.push(Value::Object(tool));
+    }
+    Ok(Value::Array(out))
+}
+
+fn tool_choice_to_anthropic(
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<Option<Value>, Refused> {
+    let mut tc = match choice {
+        None => None,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Some(json!({"type": "auto"})),
+            "none" => Some(json!({"type": "none"})),
+            "required" => Some(json!({"type": "any"})),
+            _ => {
+                return Err(Refused::new(
+                    "tool_choice",
+                    "must be auto, none, required or a function",
+                ));
+            }
+        },
+        Some(v) => {
+            let name = v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str);
+            match (v.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(n)) => Some(json!({"type": "tool", "name": n})),
+                _ => {
+                    return Err(Refused::new(
+                        "tool_choice",
+                        "must be auto, none, required or a function",
+                    ));
+                }
+            }
+        }
+    };
+    if parallel == Some(false) {
+        let t = tc.get_or_insert_with(|| json!({"type": "auto"}));
+        if t["type"] != "none"
+            && let Some(o) = t.as_object_mut()
+        {
+            o.insert("disable_parallel_tool_use".into(), json!(true));
+        }
+    }
+    Ok(tc)
+}
+
+/// `data:<media type>;base64,<data>` → (media type, data).
+fn data_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("data:")?;
+    let (meta, data) = rest.split_once(',')?;
+    let media = meta.strip_suffix(";base64")?;
+    Some((media, data))
+}
+
+/// An OpenAI user content part as an Anthropic content block.
+fn part_to_block(part: &Value, at: &str) -> Result<Value, Refused> {
+    let p = want_object(part, at)?;
+    let mut block = match p.get("type").and_then(Value::as_str) {
+        Some("text") => {
+            json!({"type": "text", "text": want_str(p.get("text").unwrap_or(&Value::Null), &format!("{at}.text"))?})
+        }
+        Some("image_url") => {
+            let iu = p.get("image_url").unwrap_or(&Value::Null);
+            let url = match iu {
+                Value::String(s) => s.as_str(),
+                _ => want_str(
+                    iu.get("url").unwrap_or(&Value::Null),
+                    &format!("{at}.image_url.url"),
+                )?,
+            };
+            if url.starts_with("data:") {
+                let Some((media, data)) = data_url(url) else {
+                    return Err(Refused::new(
+                        format!("{at}.image_url.url"),
+                        "a data URL must be base64 (data:<type>;base64,…)",
+                    ));
+                };
+                json!({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+            } else {
+                json!({"type": "image", "source": {"type": "url", "url": url}})
+            }
+        }
+        _ => {
+            return Err(Refused::new(
+                format!("{at}.type"),
+                "only text and image_url parts can be sent to an Anthropic provider",
+            ));
+        }
+    };
+    if let (Some(cc), Some(b)) = (p.get("cache_control"), block.as_object_mut()) {
+        b.insert("cache_control".into(), cc.clone());
+    }
+    Ok(block)
+}
+
+/// Text-only content (system prompts, tool results) as Anthropic blocks, or a string.
+fn text_content(v: &Value, at: &str) -> Result<Value, Refused> {
+    match v {
+        Value::String(_) => Ok(v.clone()),
+        Value::Array(parts) => {
+            let mut blocks = Vec::with_capacity(parts.len());
+            for (j, p) in parts.iter().enumerate() {
+                let at = format!("{at}[{j}]");
+                if p.get("type").and_then(Value::as_str) != Some("text") {
+                    return Err(Refused::new(
+                        format!("{at}.type"),
+                        "only text parts are accepted here",
+                    ));
+                }
+                blocks.push(part_to_block(p, &at)?);
+            }
+            Ok(Value::Array(blocks))
+        }
+        _ => Err(Refused::new(at, "must be a string or an array of parts")),
+    }
+}
+
+/// OpenAI `messages` → Anthropic (`system`, `messages`).
+fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), Refused> {
+    let msgs = want_array(v, "messages")?;
+    let mut system: Vec<Value> = Vec::new();
+    let mut system_string: Option<String> = None;
+    let mut system_count = 0usize;
+    let mut turns: Vec<Value> = Vec::new();
+    // Whether the last turn is a user turn built from tool results (more results, and a
+    // following user message, join it: Anthropic wants them in one user turn).
+    let mut last_is_results = false;
+    for (i, m) in msgs.iter().enumerate() {
+        let at = |f: &str| format!("messages[{i}].{f}");
+        let m = want_object(m, &format!("messages[{i}]"))?;
+        let role = want_str(m.get("role").unwrap_or(&Value::Null), &at("role"))?;
+        for k in m.keys() {
+            let known = matches!(k.as_str(), "role" | "content")
+                || (role == "assistant"
+                    && matches!(k.as_str(), "tool_calls" | "reasoning_content" | "refusal"))
+                || (role == "tool" && k == "tool_call_id");
+            if !known && !m[k].is_null() {
+                return Err(no_counterpart(&at(k), ANTHROPIC));
+            }
+        }
+        let content = m.get("content").unwrap_or(&Value::Null);
+        match role {
+            "system" | "developer" => {
+                if !turns.is_empty() {
+                    return Err(Refused::new(
+                        at("role"),
+                        "an Anthropic provider takes system prompts only before the first turn",
+                    ));
+                }
+                system_count += 1;
+                match text_content(content, &at("content"))? {
+                    Value::String(s) => {
+                        system_string = Some(s.clone());
+                        system.push(json!({"type": "text", "text": s}));
+                    }
+                    Value::Array(blocks) => {
+                        system_string = None;
+                        system.extend(blocks);
+                    }
+                    _ => {}
+                }
+            }
+            "user" => {
+                let c = match content {
+                    Value::String(_) => content.clone(),
+                    Value::Array(parts) => {
+                        let mut blocks = Vec::with_capacity(parts.len());
+                        for (j, p) in parts.iter().enumerate() {
+                            blocks.push(part_to_block(p, &format!("messages[{i}].content[{j}]"))?);
+                        }
+                        Value::Array(blocks)
+                    }
+                    _ => return Err(Refused::new(at("content"), "must be a string or an array")),
+                };
+                if last_is_results
+                    && let Some(Value::Array(blocks)) =
+                        turns.last_mut().and_then(|t| t.get_mut("content"))
+                {
+                    match c {
+                        Value::String(s) => blocks.push(json!({"type": "text", "text": s})),
+                        Value::Array(more) => blocks.extend(more),
+                        _ => {}
+                    }
+                } else {
+                    turns.push(json!({"role": "user", "content": c}));
+                }
+                last_is_results = false;
+            }
+            "assistant" => {
+                let mut blocks: Vec<Value> = Vec::new();
+                let mut as_string: Option<&str> = None;
+                match content {
+                    Value::Null => {}
+                    Value::String(s) => as_string = Some(s),
+                    Value::Array(parts) => {
+                        for (j, p) in parts.iter().enumerate() {
+                            let pat = format!("messages[{i}].content[{j}]");
+                            if p.get("type").and_then(Value::as_str) != Some("text") {
+                                return Err(Refused::new(
+                                    format!("{pat}.type"),
+                                    "an assistant turn carries only text parts",
+                                ));
+                            }
+                            blocks.push(part_to_block(p, &pat)?);
+                        }
+                    }
+                    _ => {
+                        return Err(Refused::new(
+                            at("content"),
+                            "must be a string, an array or null",
+                        ));
+                    }
+                }
+                if let Some(r) = m.get("refusal").filter(|r| !r.is_null()) {
+                    let r = want_str(r, &at("refusal"))?;
+                    blocks.push(json!({"type": "text", "text": r}));
+                }
+                let calls = match m.get("tool_calls") {
+                    None | Some(Value::Null) => &[][..],
+                    Some(v) => want_array(v, &at("tool_calls"))?.as_slice(),
+                };
+                for (j, c) in calls.iter().enumerate() {
+                    blocks.push(tool_call_to_tool_use(
+                        c,
+                        &format!("messages[{i}].tool_calls[{j}]"),
+                    )?);
+                }
+                let c = match as_string {
+                    Some(s) if blocks.is_empty() => json!(s),
+                    Some(s) => {
+                        if !s.is_empty() {
+                            blocks.insert(0, json!({"type": "text", "text": s}));
+                        }
+                        Value::Array(blocks)
+                    }
+                    None => Value::Array(blocks),
+                };
+                turns.push(json!({"role": "assistant", "content": c}));
+                last_is_results = false;
+            }
+            "tool" => {
+                let id = want_str(
+                    m.get("tool_call_id").unwrap_or(&Value::Null),
+                    &at("tool_call_id"),
+                )?;
+                let c = match content {
+                    Value::Null => json!(""),
+                    _ => text_content(content, &at("content"))?,
+                };
+                let block = json!({"type": "tool_result", "tool_use_id": id, "content": c});
+                match turns.last_mut().and_then(|t| t.get_mut("content")) {
+                    Some(Value::Array(blocks)) if last_is_results => blocks.push(block),
+                    _ => turns.push(json!({"role": "user", "content": [block]})),
+                }
+                last_is_results = true;
+            }
+            _ => {
+                return Err(Refused::new(
+                    at("role"),
+                    "must be system, developer, user, assistant or tool",
+                ));
+            }
+        }
+    }
+    let system = match (system_count, system_string) {
+        (0, _) => None,
+        (1, Some(s)) => Some(json!(s)),
+        _ => Some(Value::Array(system)),
+    };
+    Ok((system, turns))
+}
+
+fn tool_call_to_tool_use(c: &Value, at: &str) -> Result<Value, Refused> {
+    let c = want_object(c, at)?;
+    let id = want_str(c.get("id").unwrap_or(&Value::Null), &format!("{at}.id"))?;
+    let f = want_object(
+        c.get("function").unwrap_or(&Value::Null),
+        &format!("{at}.function"),
+    )?;
+    let name = want_str(
+        f.get("name").unwrap_or(&Value::Null),
+        &format!("{at}.function.name"),
+    )?;
+    let args = match f.get("arguments") {
+        None | Some(Value::Null) => "",
+        Some(a) => want_str(a, &format!("{at}.function.arguments"))?,
+    };
+    let input: Value = if args.trim().is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_str::<Value>(args) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return Err(Refused::new(
+                    format!("{at}.function.arguments"),
+                    "must be a JSON object for an Anthropic provider",
+                ));
+            }
+        }
+    };
+    Ok(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+}
+
+// ---------------------------------------------------------------------------------------
+// Messages → Chat Completions
+// ---------------------------------------------------------------------------------------
+
+/// An Anthropic Messages request as an OpenAI Chat Completions request for `model`.
+pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
+    let req = parse_object(body)?;
+    let out = messages_to_chat_obj(&req, model)?;
+    Ok(Translated {
+        body: to_bytes(&out),
+        include_usage: false,
+    })
+}
+
+/// The object form of [`messages_to_chat`].
+pub fn messages_to_chat_obj(req: &Obj, model: &str) -> Result<Obj, Refused> {
+    let mut out = Obj::new();
+    out.insert("model".into(), json!(model));
+    let mut system: Option<&Value> = None;
+    let mut messages: Option<&Value> = None;
+    let mut tool_choice: Option<&Value> = None;
+    for (k, v) in req {
+        let k = k.as_str();
+        if v.is_null() {
+            continue;
+        }
+        match k {
+            "model" => {}
+            "system" => system = Some(v),
+            "messages" => messages = Some(v),
+            "max_tokens" => {
+                out.insert("max_tokens".into(), json!(want_u64(v, k)?));
+            }
+            "temperature" | "top_p" => {
+                v.as_f64()
+                    .ok_or_else(|| Refused::new(k, "must be a number"))?;
+                out.insert(k.into(), v.clone());
+            }
+            "stop_sequences" => {
+                for (i, s) in want_array(v, k)?.iter().enumerate() {
+                    want_str(s, &format!("stop_sequences[{i}]"))?;
+                }
+                out.insert("stop".into(), v.clone());
+            }
+            "stream" => {
+                let b = v
+                    .as_bool()
+                    .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
+                out.insert("stream".into(), json!(b));
+                if b {
+                    // The usage chunk feeds the translated message_delta's usage.
+                    out.insert("stream_options".into(), json!({"include_usage": true}));
+                }
+            }
+            "metadata" => {
+                for (mk, mv) in want_object(v, k)? {
+                    match mk.as_str() {
+                        "user_id" if !mv.is_null() => {
+                            out.insert("user".into(), json!(want_str(mv, "metadata.user_id")?));
+                        }
+                        "user_id" => {}
+                        other => return Err(no_counterpart(&format!("metadata.{other}"), OPENAI)),
+                    }
+                }
+            }
+            "tools" => {
+                out.insert("tools".into(), tools_to_openai(v)?);
+            }
+            "tool_choice" => tool_choice = Some(v),
+            "thinking" => {
+                let t = want_object(v, k)?;
+                match t.get("type").and_then(Value::as_str) {
+                    Some("enabled") => {
+                        let budget = want_u64(
+                            t.get("budget_tokens").unwrap_or(&Value::Null),
+                            "thinking.budget_tokens",
+                        )?;
+                        out.insert("reasoning_effort".into(), json!(effort_of_budget(budget)));
+                    }
+                    Some("disabled") => {}
+                    _ => return Err(Refused::new("thinking.type", "must be enabled or disabled")),
+                }
+            }
+            other => return Err(no_counterpart(other, OPENAI)),
+        }
+    }
+    let mut turns: Vec<Value> = Vec::new();
+    if let Some(s) = system {
+        turns.push(json!({"role": "system", "content": system_to_openai(s)?}));
+    }
+    let Some(messages) = messages else {
+        return Err(Refused::new("messages", "is required"));
+    };
+    for (i, m) in want_array(messages, "messages")?.iter().enumerate() {
+        anthropic_turn_to_openai(m, i, &mut turns)?;
+    }
+    out.insert("messages".into(), Value::Array(turns));
+    if let Some(tc) = tool_choice {
+        let tc = want_object(tc, "tool_choice")?;
+        let choice = match tc.get("type").and_then(Value::as_str) {
+            Some("auto") => json!("auto"),
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => {
+                let n = want_str(tc.get("name").unwrap_or(&Value::Null), "tool_choice.name")?;
+                json!({"type": "function", "function": {"name": n}})
+            }
+            _ => {
+                return Err(Refused::new(
+                    "tool_choice.type",
+                    "must be auto, any, tool or none",
+                ));
+            }
+        };
+        out.insert("tool_choice".into(), choice);
+        if tc.get("disable_parallel_tool_use") == Some(&json!(true)) {
+            out.insert("parallel_tool_calls".into(), json!(false));
+        }
+    }
+    Ok(out)
+}
+
+/// Anthropic `system` (a string or text blocks) → the OpenAI system message content.
+fn system_to_openai(v: &Value) -> Result<Value, Refused> {
+    match v {
+        Value::String(_) => Ok(v.clone()),
+        Value::Array(blocks) => text_blocks_to_parts(blocks, "system"),
+        _ => Err(Refused::new(
+            "system",
+            "must be a string or an array of text blocks",
+        )),
+    }
+}
+
+fn text_blocks_to_parts(blocks: &[Value], at: &str) -> Result<Value, Refused> {
+    let mut parts = Vec::with_capacity(blocks.len());
+    for (j, b) in blocks.iter().enumerate() {
+        let bat = format!("{at}[{j}]");
+        if b.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(Refused::new(
+                format!("{bat}.type"),
+                "only text blocks can be carried here to an OpenAI provider",
+            ));
+        }
+        let text = want_str(
+            b.get("text").unwrap_or(&Value::Null),
+            &format!("{bat}.text"),
+        )?;
+        parts.push(json!({"type": "text", "text": text}));
+    }
+    Ok(Value::Array(parts))
+}
+
+fn block_to_part(b: &Value, at: &str) -> Result<Value, Refused> {
+    match b.get("type").and_then(Value::as_str) {
+        Some("text") => {
+            let text = want_str(b.get("text").unwrap_or(&Value::Null), &format!("{at}.text"))?;
+            Ok(json!({"type": "text", "text": text}))
+        }
+        Some("image") => {
+            let src = want_object(
+                b.get("source").unwrap_or(&Value::Null),
+                &format!("{at}.source"),
+            )?;
+            let url = match src.get("type").and_then(Value::as_str) {
+                Some("base64") => {
+                    let media = want_str(
+                        src.get("media_type").unwrap_or(&Value::Null),
+                        &format!("{at}.source.media_type"),
+                    )?;
+                    let data = want_str(
+                        src.get("data").unwrap_or(&Value::Null),
+                        &format!("{at}.source.data"),
+                    )?;
+                    format!("data:{media};base64,{data}")
+                }
+                Some("url") => want_str(
+                    src.get("url").unwrap_or(&Value::Null),
+                    &format!("{at}.source.url"),
+                )?
+                .to_owned(),
+                _ => {
+                    return Err(Refused::new(
+                        format!("{at}.source.type"),
+                        "only base64 and url images can be sent to an OpenAI provider",
+                    ));
+                }
+            };
+            Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+        }
+        _ => Err(Refused::new(
+            format!("{at}.type"),
+            "only text, image, tool_use, tool_result and thinking blocks can be sent to an OpenAI provider",
+        )),
+    }
+}
+
+fn anthropic_turn_to_openai(m: &Value, i: usize, turns: &mut Vec<Value>) -> Result<(), Refused> {
+    let at = |f: &str| format!("messages[{i}].{f}");
+    let m = want_object(m, &format!("messages[{i}]"))?;
+    for k in m.keys() {
+        if !matches!(k.as_str(), "role" | "content") {
+            return Err(no_counterpart(&at(k), OPENAI));
+        }
+    }
+    let role = want_str(m.get("role").unwrap_or(&Value::Null), &at("role"))?;
+    let content = m.get("content").unwrap_or(&Value::Null);
+    match (role, content) {
+        ("user" | "assistant", Value::String(_)) => {
+            turns.push(json!({"role": role, "content": content}));
+        }
+        ("user", Value::Array(blocks)) => {
+            let mut parts = Vec::new();
+            for (j, b) in blocks.iter().enumerate() {
+                let bat = format!("messages[{i}].content[{j}]");
+                if b.get("type").and_then(Value::as_str) == Some("tool_result") {
+                    turns.push(tool_result_to_openai(b, &bat)?);
+                } else {
+                    parts.push(block_to_part(b, &bat)?);
+                }
+            }
+            if !parts.is_empty() {
+                turns.push(json!({"role": "user", "content": parts}));
+            }
+        }
+        ("assistant", Value::Array(blocks)) => {
+            let mut parts = Vec::new();
+            let mut calls = Vec::new();
+            for (j, b) in blocks.iter().enumerate() {
+                let bat = format!("messages[{i}].content[{j}]");
+                match b.get("type").and_then(Value::as_str) {
+                    Some("text") => parts.push(block_to_part(b, &bat)?),
+                    Some("tool_use") => {
+                        let id =
+                            want_str(b.get("id").unwrap_or(&Value::Null), &format!("{bat}.id"))?;
+                        let name = want_str(
+                            b.get("name").unwrap_or(&Value::Null),
+                            &format!("{bat}.name"),
+                        )?;
+                        let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                        calls.push(json!({"id": id, "type": "function",
+                            "function": {"name": name, "arguments": input.to_string()}}));
+                    }
+                    // Earlier turns' reasoning is not sent back (see docs/translation.md).
+                    Some("thinking" | "redacted_thinking") => {}
+                    _ => {
+                        return Err(Refused::new(
+                            format!("{bat}.type"),
+                            "an assistant turn to an OpenAI provider carries text, tool_use and thinking blocks only",
+                        ));
+                    }
+                }
+            }
+            let mut turn = Obj::new();
+            turn.insert("role".into(), json!("assistant"));
+            turn.insert(
+                "content".into(),
+                if parts.is_empty() {
+                    Value::Null
+                } else {
+                    Value::Array(parts)
+                },
+            );
+            if !calls.is_empty() {
+                turn.insert("tool_calls".into(), Value::Array(calls));
+            }
+            turns.push(Value::Object(turn));
+        }
+        ("user" | "assistant", _) => {
+            return Err(Refused::new(
+                at("content"),
+                "must be a string or an array of blocks",
+            ));
+        }
+        _ => return Err(Refused::new(at("role"), "must be user or assistant")),
+    }
+    Ok(())
+}
+
+fn tool_result_to_openai(b: &Value, at: &str) -> Result<Value, Refused> {
+    let b = want_object(b, at)?;
+    let id = want_str(
+        b.get("tool_use_id").unwrap_or(&Value::Null),
+        &format!("{at}.tool_use_id"),
+    )?;
+    let content = match b.get("content") {
+        None | Some(Value::Null) => json!(""),
+        Some(v @ Value::String(_)) => v.clone(),
+        Some(Value::Array(blocks)) => text_blocks_to_parts(blocks, &format!("{at}.content"))?,
+        Some(_) => {
+            return Err(Refused::new(
+                format!("{at}.content"),
+                "must be a string or an array of blocks",
+            ));
+        }
+    };
+    Ok(json!({"role": "tool", "tool_call_id": id, "content": content}))
+}
+
+fn tools_to_openai(v: &Value) -> Result<Value, Refused> {
+    let mut out = Vec::new();
+    for (i, t) in want_array(v, "tools")?.iter().enumerate() {
+        let t = want_object(t, &format!("tools[{i}]"))?;
+        let mut f = Obj::new();
+        for (k, v) in t {
+            match k.as_str() {
+                "type" if v.is_null() || v == "custom" => {}
+                "type" => {
+                    return Err(Refused::new(
+                        format!("tools[{i}].type"),
+                        "Anthropic server tools cannot run on an OpenAI provider",
+                    ));
+                }
+                "name" => {
+                    f.insert(
+                        "name".into(),
+                        json!(want_str(v, &format!("tools[{i}].name"))?),
+                    );
+                }
+                "description" if !v.is_null() => {
+                    f.insert("description".into(), v.clone());
+                }
+                "input_schema" => {
+                    f.insert("parameters".into(), v.clone());
+                }
+                "description" | "cache_control" => {}
+                other => return Err(no_counterpart(&format!("tools[{i}].{other}"), OPENAI)),
+            }
+        }
+        if !f.contains_key("name") {
+            return Err(Refused::new(format!("tools[{i}].name"), "is required"));
+        }
+        out.push(json!({"type": "function", "function": f}));
+    }
+    Ok(Value::Array(out))
+}

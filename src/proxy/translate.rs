@@ -1,0 +1,309 @@
+//! Relay of an answer from a provider of the other format (`providers::translate`): a
+//! complete answer is read whole (bounded) and written translated with its own length; an
+//! event stream goes through a [`StreamTranslator`] piece by piece, chunked. The stall
+//! watchdog scans the upstream's own events; a failure after the first byte ends the stream
+//! with an in-band error in the client's shape, as for untranslated streams.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use super::access::AccessLog;
+use super::stream::{Buffered, break_stream, put_piece, relayed_never};
+use super::upstream::Up;
+use super::watchdog::{self, Watchdog};
+use super::{After, respond};
+use crate::config::{Connection, Provider};
+use crate::error::{Dialect, ErrorKind, GatewayError};
+use crate::http1::{Framing, RequestHead, write_last_chunk, write_response_head};
+use crate::net::io::{ClientStream, write_all};
+use crate::owners::Shard;
+use crate::owners::health::protocol::Ended;
+use crate::providers::translate::stream::StreamTranslator;
+use crate::providers::translate::{Refused, Translation, error, request, response};
+use crate::shard::metrics::bump;
+
+/// Longest complete (non-stream) answer read for translation.
+const MAX_TRANSLATED_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The header naming the translation an answer went through.
+pub const TRANSLATED_HEADER: &str = "x-tidegate-translated";
+
+/// A request body translated for the provider, and whether an OpenAI client asked for the
+/// usage chunk.
+pub fn request_body(
+    t: Translation,
+    body: &[u8],
+    model: &str,
+) -> Result<(Bytes, bool), GatewayError> {
+    let done = match t {
+        Translation::ChatToMessages => request::chat_to_messages(body, model),
+        Translation::MessagesToChat => request::messages_to_chat(body, model),
+    };
+    match done {
+        Ok(tr) => Ok((Bytes::from(tr.body), tr.include_usage)),
+        Err(r) => Err(refused(t, r)),
+    }
+}
+
+fn refused(t: Translation, r: Refused) -> GatewayError {
+    let target = match t {
+        Translation::ChatToMessages => "an Anthropic-format provider",
+        Translation::MessagesToChat => "an OpenAI-format provider",
+    };
+    GatewayError::new(
+        ErrorKind::UntranslatableRequest,
+        format!("{} (the request was to be translated for {target})", r),
+    )
+    .with_extra("param", serde_json::json!(r.field))
+}
+
+/// Re-shapes a buffered upstream error answer into the client's error format; the status
+/// is kept.
+pub fn reshape_error(b: &mut Buffered, t: Translation) {
+    b.body = Bytes::from(error::reshape(&b.body, b.status, t));
+    b.headers
+        .retain(|(n, _)| !n.eq_ignore_ascii_case("content-type"));
+    b.headers
+        .push(("content-type".to_owned(), b"application/json".to_vec()));
+    b.headers
+        .push((TRANSLATED_HEADER.to_owned(), t.label().as_bytes().to_vec()));
+}
+
+/// What [`commit`] needs besides the upstream answer.
+pub struct Translated<'a> {
+    pub translation: Translation,
+    pub include_usage: bool,
+    pub provider: &'a Provider,
+    pub conn: &'a Connection,
+    pub attempts: usize,
+    pub idle: Duration,
+}
+
+fn dialect(t: Translation) -> Dialect {
+    match t {
+        Translation::ChatToMessages => Dialect::OpenAi,
+        Translation::MessagesToChat => Dialect::Anthropic,
+    }
+}
+
+/// Relays a 2xx answer from a provider of the other format, translated.
+#[allow(clippy::too_many_arguments)]
+pub async fn commit(
+    shard: &Shard,
+    client_head: &RequestHead,
+    mut up: Up,
+    first: Option<Bytes>,
+    tr: Translated<'_>,
+    client: &mut ClientStream,
+    keep_alive: bool,
+    mut wd: Option<Watchdog>,
+    log: &AccessLog,
+) -> (After, Ended) {
+    let keep_alive = respond::keep_alive_now(shard, keep_alive);
+    let created = shard.now().wall_ms / 1000;
+    if !up.head.is_event_stream() {
+        return commit_whole(shard, up, first, &tr, client, keep_alive, created, log).await;
+    }
+    let status = up.head.status();
+    let t = tr.translation;
+    let http11 = client_head.minor_version() == 1;
+    let (framing, keep_alive) = if http11 {
+        (Framing::Chunked, keep_alive)
+    } else {
+        (Framing::Close, false)
+    };
+    let chunked = framing == Framing::Chunked;
+    let attempts_s = tr.attempts.to_string();
+    let mut out = BytesMut::with_capacity(1024);
+    {
+        let fields = up.head.fields();
+        let relayed = fields
+            .into_iter()
+            .filter(|(n, _)| !relayed_never(n) && !n.eq_ignore_ascii_case("content-type"));
+        let ours: [(&str, &[u8]); 5] = [
+            ("content-type", b"text/event-stream"),
+            (
+                "x-omniroute-selected-connection-id",
+                tr.conn.name.as_bytes(),
+            ),
+            ("x-tidegate-provider", tr.provider.name.as_bytes()),
+            ("x-tidegate-attempts", attempts_s.as_bytes()),
+            (TRANSLATED_HEADER, t.label().as_bytes()),
+        ];
+        let extra = log.response_headers();
+        write_response_head(
+            &mut out,
+            status,
+            relayed.chain(ours).chain(extra),
+            framing,
+            keep_alive,
+        );
+    }
+    log.responding(shard, status);
+    let mut translator = StreamTranslator::new(t, tr.include_usage, created);
+    let mut piece_out: Vec<u8> = Vec::with_capacity(1024);
+    let mut ended = first.is_none();
+    if let Some(piece) = first {
+        translator.feed(&piece, &mut piece_out);
+    }
+    loop {
+        if ended {
+            translator.finish(&mut piece_out);
+        }
+        if !piece_out.is_empty() {
+            put_piece(&mut out, &piece_out, chunked);
+            piece_out.clear();
+        }
+        if ended && chunked && !translator.broken() {
+            write_last_chunk(&mut out);
+        }
+        if !out.is_empty() && write_all(client, std::mem::take(&mut out)).await.is_err() {
+            return (After::Close, Ended::ClientAbort);
+        }
+        if ended || translator.ended() {
+            break;
+        }
+        match watchdog::next(shard, &mut up, tr.idle, wd.as_mut()).await {
+            Ok(Some(piece)) => translator.feed(&piece, &mut piece_out),
+            Ok(None) => ended = true,
+            Err(e) => {
+                let after = break_stream(
+                    shard,
+                    tr.conn,
+                    &e,
+                    chunked,
+                    true,
+                    t.client_endpoint(),
+                    client,
+                )
+                .await;
+                return (after, Ended::StreamStall);
+            }
+        }
+    }
+    if !ended {
+        // The client's stream is complete (its last event was translated); the upstream's
+        // remainder is not read: the connection is not reused.
+        let mut tail = BytesMut::with_capacity(8);
+        if chunked {
+            write_last_chunk(&mut tail);
+            if write_all(client, tail).await.is_err() {
+                return (After::Close, Ended::Success);
+            }
+        }
+        let after = if keep_alive {
+            After::KeepAlive
+        } else {
+            After::Close
+        };
+        return (after, Ended::Success);
+    }
+    if translator.broken() {
+        // The upstream ended early: the in-band error went out, the body stays visibly
+        // incomplete (no chunked terminator).
+        bump(&shard.metrics().streams_broken);
+        return (After::Close, Ended::StreamStall);
+    }
+    up.finish(shard);
+    let after = if keep_alive {
+        After::KeepAlive
+    } else {
+        After::Close
+    };
+    (after, Ended::Success)
+}
+
+/// A complete answer: read whole, translated, written with its length.
+#[allow(clippy::too_many_arguments)]
+async fn commit_whole(
+    shard: &Shard,
+    mut up: Up,
+    first: Option<Bytes>,
+    tr: &Translated<'_>,
+    client: &mut ClientStream,
+    keep_alive: bool,
+    created: u64,
+    log: &AccessLog,
+) -> (After, Ended) {
+    let t = tr.translation;
+    let status = up.head.status();
+    let relayed: Vec<(String, Vec<u8>)> = up
+        .head
+        .fields()
+        .into_iter()
+        .filter(|(n, _)| !relayed_never(n) && !n.eq_ignore_ascii_case("content-type"))
+        .map(|(n, v)| (n.to_owned(), v.to_vec()))
+        .collect();
+    let mut body = BytesMut::new();
+    if let Some(f) = first {
+        body.extend_from_slice(&f);
+    }
+    loop {
+        match up.next(tr.idle).await {
+            Ok(Some(p)) if body.len() + p.len() <= MAX_TRANSLATED_BODY_BYTES => {
+                body.extend_from_slice(&p)
+            }
+            Ok(Some(_)) => {
+                let e = GatewayError::new(
+                    ErrorKind::UpstreamProtocol,
+                    "the upstream answer is too large to translate",
+                );
+                let after =
+                    respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
+                return (after, Ended::StreamStall);
+            }
+            Ok(None) => break,
+            Err(e) => {
+                let after =
+                    respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
+                return (after, Ended::StreamStall);
+            }
+        }
+    }
+    let translated = match t {
+        Translation::ChatToMessages => response::message_to_completion(&body, created),
+        Translation::MessagesToChat => response::completion_to_message(&body),
+    };
+    let Ok(translated) = translated else {
+        let e = GatewayError::new(
+            ErrorKind::UpstreamProtocol,
+            format!(
+                "the answer of provider {} is not a JSON object and cannot be translated",
+                tr.provider.name
+            ),
+        );
+        let after = respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
+        return (after, Ended::StreamStall);
+    };
+    up.finish(shard);
+    let attempts_s = tr.attempts.to_string();
+    let mut out = BytesMut::with_capacity(512 + translated.len());
+    {
+        let relayed = relayed.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+        let ours: [(&str, &[u8]); 5] = [
+            ("content-type", b"application/json"),
+            (
+                "x-omniroute-selected-connection-id",
+                tr.conn.name.as_bytes(),
+            ),
+            ("x-tidegate-provider", tr.provider.name.as_bytes()),
+            ("x-tidegate-attempts", attempts_s.as_bytes()),
+            (TRANSLATED_HEADER, t.label().as_bytes()),
+        ];
+        write_response_head(
+            &mut out,
+            status,
+            relayed.chain(ours).chain(log.response_headers()),
+            Framing::Length(translated.len() as u64),
+            keep_alive,
+        );
+    }
+    out.extend_from_slice(&translated);
+    log.responding(shard, status);
+    let after = match write_all(client, out).await {
+        Ok(_) if keep_alive => After::KeepAlive,
+        _ => After::Close,
+    };
+    (after, Ended::Success)
+}

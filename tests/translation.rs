@@ -1,0 +1,572 @@
+//! Format translation through the binary: an OpenAI Chat Completions client served by an
+//! Anthropic-format upstream and an Anthropic Messages client served by an OpenAI-format
+//! upstream — requests, complete answers, streams, upstream errors, refused fields, and a
+//! combo whose targets alternate formats failing over between them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+/// One OpenAI-format provider `oa` (model `gpt-x`) and one Anthropic-format provider `an`
+/// (model `claude-x`), client key `k`, and two combos alternating formats.
+fn config(openai: &MockUpstream, anthropic: &MockUpstream) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[client_keys]]
+id = "k"
+key = "k"
+
+[[providers]]
+id = "oa"
+format = "openai"
+base_url = "{}"
+models = ["gpt-x"]
+
+[[providers]]
+id = "an"
+format = "anthropic"
+base_url = "{}"
+models = ["claude-x"]
+
+[[connections]]
+id = "oa-1"
+provider = "oa"
+api_key_env = "TG_OA"
+
+[[connections]]
+id = "an-1"
+provider = "an"
+api_key_env = "TG_AN"
+
+[[combos]]
+name = "an-then-oa"
+targets = ["an/claude-x", "oa/gpt-x"]
+
+[[combos]]
+name = "oa-then-an"
+targets = ["oa/gpt-x", "an/claude-x"]
+"#,
+        openai.base_url(),
+        anthropic.base_url()
+    )
+}
+
+fn start(openai: &MockUpstream, anthropic: &MockUpstream) -> Gateway {
+    Gateway::start_with_env(
+        &config(openai, anthropic),
+        &[("TG_OA", "oa-secret"), ("TG_AN", "an-secret")],
+    )
+}
+
+fn post(gw: &Gateway, path: &str, body: &serde_json::Value) -> Response {
+    json_post(gw.addr(), path, "k", body)
+}
+
+#[test]
+fn an_openai_chat_request_is_served_by_an_anthropic_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            200,
+            json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x-2025",
+                "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "tide"}}
+                ],
+                "stop_reason": "tool_use", "stop_sequence": null,
+                "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 4,
+                          "cache_creation_input_tokens": 2}
+            }),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({
+            "model": "an/claude-x",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+                ]},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "nothing found"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "lookup", "description": "Look up",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}],
+            "tool_choice": "required",
+            "stop": "END",
+            "temperature": 0.5,
+            "user": "u-1"
+        }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-translated"),
+        Some("openai-chat->anthropic-messages")
+    );
+    let body = r.json();
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["id"], "msg_1");
+    assert_eq!(body["model"], "claude-x-2025", "the model that served");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], "Let me look.");
+    assert_eq!(choice["message"]["tool_calls"][0]["id"], "toolu_1");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["arguments"],
+        "{\"q\":\"tide\"}"
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], 16);
+    assert_eq!(body["usage"]["completion_tokens"], 5);
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+    // What reached the Anthropic upstream.
+    let sent = anthropic.requests_to("/v1/messages");
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].header("x-api-key"), Some("an-secret"));
+    assert!(sent[0].has_header("anthropic-version"));
+    let up = sent[0].json();
+    assert_eq!(up["model"], "claude-x");
+    assert_eq!(up["system"], "Be brief.");
+    assert_eq!(up["max_tokens"], 4096, "the documented default");
+    assert_eq!(up["stop_sequences"], json!(["END"]));
+    assert_eq!(up["metadata"]["user_id"], "u-1");
+    assert_eq!(up["tool_choice"], json!({"type": "any"}));
+    assert_eq!(
+        up["tools"][0]["input_schema"]["properties"]["q"]["type"],
+        "string"
+    );
+    assert_eq!(
+        up["messages"][0]["content"][1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}})
+    );
+    assert_eq!(up["messages"][1]["content"][0]["type"], "tool_use");
+    assert_eq!(up["messages"][1]["content"][0]["id"], "call_0");
+    assert_eq!(up["messages"][1]["content"][0]["input"], json!({"q": "x"}));
+    assert_eq!(
+        up["messages"][2]["content"][0],
+        json!({"type": "tool_result", "tool_use_id": "call_0", "content": "nothing found"})
+    );
+    assert_eq!(openai.total_hits(), 0);
+}
+
+#[test]
+fn an_anthropic_messages_request_is_served_by_an_openai_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on(
+        "/v1/chat/completions",
+        Reply::json(
+            200,
+            json!({
+                "id": "chatcmpl-9", "object": "chat.completion", "created": 1, "model": "gpt-x-0601",
+                "choices": [{"index": 0, "finish_reason": "length", "message": {
+                    "role": "assistant", "content": "Partial", "reasoning_content": "thinking...",
+                    "tool_calls": [{"id": "call_7", "type": "function",
+                        "function": {"name": "lookup", "arguments": "{\"q\":1}"}}]}}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27,
+                          "prompt_tokens_details": {"cached_tokens": 5}}
+            }),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({
+            "model": "oa/gpt-x",
+            "max_tokens": 300,
+            "system": [{"type": "text", "text": "Rule one.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_a", "name": "lookup", "input": {"q": 2}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_a", "content": "ok"},
+                    {"type": "text", "text": "go on"}]}
+            ],
+            "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "lookup", "disable_parallel_tool_use": true},
+            "stop_sequences": ["STOP"],
+            "thinking": {"type": "enabled", "budget_tokens": 4096},
+            "metadata": {"user_id": "u-2"}
+        }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = r.json();
+    assert_eq!(m["type"], "message");
+    assert_eq!(m["id"], "chatcmpl-9");
+    assert_eq!(m["model"], "gpt-x-0601");
+    assert_eq!(m["stop_reason"], "max_tokens");
+    assert_eq!(m["content"][0]["type"], "thinking");
+    assert_eq!(m["content"][1], json!({"type": "text", "text": "Partial"}));
+    assert_eq!(
+        m["content"][2],
+        json!({"type": "tool_use", "id": "call_7", "name": "lookup", "input": {"q": 1}})
+    );
+    assert_eq!(m["usage"]["input_tokens"], 15);
+    assert_eq!(m["usage"]["cache_read_input_tokens"], 5);
+    assert_eq!(m["usage"]["output_tokens"], 7);
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].header("authorization"), Some("Bearer oa-secret"));
+    let up = sent[0].json();
+    assert_eq!(up["model"], "gpt-x");
+    assert_eq!(up["max_tokens"], 300);
+    assert_eq!(
+        up["messages"][0],
+        json!({"role": "system", "content": [{"type": "text", "text": "Rule one."}]})
+    );
+    assert_eq!(up["messages"][2]["tool_calls"][0]["id"], "toolu_a");
+    assert_eq!(
+        up["messages"][3],
+        json!({"role": "tool", "tool_call_id": "toolu_a", "content": "ok"})
+    );
+    assert_eq!(up["messages"][4]["content"][0]["text"], "go on");
+    assert_eq!(up["tool_choice"]["function"]["name"], "lookup");
+    assert_eq!(up["parallel_tool_calls"], false);
+    assert_eq!(up["stop"], json!(["STOP"]));
+    assert_eq!(up["reasoning_effort"], "medium");
+    assert_eq!(up["user"], "u-2");
+    assert_eq!(anthropic.total_hits(), 0);
+}
+
+#[test]
+fn an_anthropic_stream_reaches_an_openai_client_as_chunks_with_usage_and_done() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    anthropic.on(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(json!({"type": "message_start", "message": {"id": "msg_s", "type": "message",
+                "role": "assistant", "model": "claude-x", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 9, "output_tokens": 1}}})),
+            event(json!({"type": "ping"})),
+            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})),
+            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}})),
+            event(json!({"type": "content_block_stop", "index": 0})),
+            event(json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_9", "name": "f", "input": {}}})),
+            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}})),
+            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "1}"}})),
+            event(json!({"type": "content_block_stop", "index": 1})),
+            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 12}})),
+            event(json!({"type": "message_stop"})),
+        ]),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an/claude-x", "stream": true, "stream_options": {"include_usage": true},
+                "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = r.sse_events();
+    assert_eq!(events.last().unwrap().data, "[DONE]", "{}", r.text());
+    let chunks: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .map(|e| e.json())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hello");
+    let args: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(args, "{\"a\":1}");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["delta"]["tool_calls"][0]["id"] == "toolu_9")
+    );
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "tool_calls")
+    );
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["prompt_tokens"], 9);
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    assert!(chunks.iter().all(|c| c["id"] == "msg_s"));
+}
+
+#[test]
+fn an_openai_stream_reaches_an_anthropic_client_as_message_events() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        Chunk::json(
+            json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-x", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    };
+    openai.on(
+        "/v1/chat/completions",
+        Reply::sse(vec![
+            chunk(json!({"role": "assistant", "content": ""}), None),
+            chunk(json!({"reasoning_content": "hmm"}), None),
+            chunk(json!({"content": "Hi "}), None),
+            chunk(json!({"content": "there"}), None),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                "function": {"name": "f", "arguments": ""}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"x\":2}"}}]}),
+                None,
+            ),
+            chunk(json!({}), Some("tool_calls")),
+            Chunk::json(
+                json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+                "model": "gpt-x", "choices": [],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}}),
+            ),
+            Chunk::done(),
+        ]),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "stream": true, "max_tokens": 50,
+                "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let up = openai.requests_to("/v1/chat/completions")[0].json();
+    assert_eq!(up["stream"], true);
+    assert_eq!(up["stream_options"]["include_usage"], true);
+    let events = r.sse_events();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e.event.as_deref().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{}",
+        r.text()
+    );
+    let data: Vec<serde_json::Value> = events.iter().map(|e| e.json()).collect();
+    assert_eq!(data[0]["message"]["id"], "chatcmpl-s");
+    assert_eq!(data[1]["content_block"]["type"], "thinking");
+    assert_eq!(data[2]["delta"]["thinking"], "hmm");
+    assert_eq!(data[5]["delta"]["text"], "Hi ");
+    assert_eq!(data[8]["content_block"]["id"], "call_1");
+    assert_eq!(data[9]["delta"]["partial_json"], "{\"x\":2}");
+    assert_eq!(data[11]["delta"]["stop_reason"], "tool_use");
+    assert_eq!(data[11]["usage"]["output_tokens"], 4);
+    assert_eq!(data[11]["usage"]["input_tokens"], 11);
+}
+
+#[test]
+fn upstream_errors_come_back_in_the_clients_shape_with_their_status() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad image"}}),
+        ),
+    );
+    openai.on(
+        "/v1/chat/completions",
+        Reply::json(
+            404,
+            json!({"error": {"message": "no such model", "type": "invalid_request_error", "code": "model_not_found"}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an/claude-x", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], "bad image", "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["type"], "error", "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "not_found_error");
+    assert_eq!(r.json()["error"]["message"], "no such model");
+}
+
+#[test]
+fn a_field_the_target_cannot_express_is_refused_naming_it() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an/claude-x", "seed": 7, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(r.json()["error"]["param"], "seed");
+    assert_eq!(r.header("x-tidegate-error"), Some("untranslatable_request"));
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["param"], "messages[0].content[0].type");
+    assert_eq!(openai.total_hits() + anthropic.total_hits(), 0);
+}
+
+#[test]
+fn a_combo_whose_targets_alternate_formats_fails_over_between_them() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    // The Anthropic target fails first; the OpenAI one answers (an OpenAI client: the
+    // first attempt is translated, the second passes through).
+    anthropic.on("/v1/messages", Reply::error(503, "overloaded"));
+    openai.on("/v1/chat/completions", Reply::openai_chat("from openai"));
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an-then-oa", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from openai");
+    // Then (a fresh gateway: the failed connection above is cooling) the OpenAI target
+    // fails first and the Anthropic one answers (an Anthropic client: the first attempt is
+    // translated, the second passes through).
+    drop(gw);
+    openai.on("/v1/chat/completions", Reply::error(503, "busy"));
+    anthropic.on("/v1/messages", Reply::anthropic_message("from anthropic"));
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa-then-an", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    assert_eq!(r.json()["content"][0]["text"], "from anthropic");
+    // Each upstream got one request in its own format.
+    let to_an = anthropic.requests_to("/v1/messages");
+    assert_eq!(to_an.len(), 2);
+    assert_eq!(to_an[0].json()["max_tokens"], 4096, "translated from chat");
+    let to_oa = openai.requests_to("/v1/chat/completions");
+    assert_eq!(to_oa.len(), 2);
+    assert_eq!(to_oa[1].json()["messages"][0]["content"], "hi");
+}
+
+#[test]
+fn a_translated_stream_that_stalls_ends_with_an_in_band_error_in_the_clients_shape() {
+    let anthropic = MockUpstream::start();
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    anthropic.on_always(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(json!({"type": "message_start", "message": {"id": "msg_w", "type": "message",
+                "role": "assistant", "model": "claude-x", "content": [], "usage": {"input_tokens": 1}}})),
+            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})),
+            Chunk::stall(),
+        ]),
+    );
+    let gw = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+
+[[providers]]
+id = "an"
+format = "anthropic"
+base_url = "{}"
+models = ["claude-x"]
+
+[[connections]]
+id = "an-1"
+provider = "an"
+
+[resilience.stream_watchdog]
+stall_timeout_ms = 400
+"#,
+        anthropic.base_url()
+    ));
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        br#"{"model":"an/claude-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
+    let raw = c.read_until_close(std::time::Duration::from_secs(10));
+    // De-chunk; the zero-size last chunk must not come.
+    let (mut body, mut rest, mut terminated) = (Vec::new(), &raw[..], false);
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap(), 16).unwrap();
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            terminated = true;
+            break;
+        }
+        body.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+    assert!(!terminated, "a stalled stream must not end cleanly");
+    let events = parse_sse(&body);
+    assert_eq!(events[0].json()["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(events[1].json()["choices"][0]["delta"]["content"], "Hel");
+    let last = events.last().unwrap().json();
+    assert_eq!(last["error"]["code"], "stream_content_stall", "{last}");
+    assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+}
