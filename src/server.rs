@@ -177,6 +177,13 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
             .collect(),
         shards,
         driver: driver.as_str(),
+        runtime: Arc::new(crate::shard::settings::SettingsCell::new(
+            crate::config::runtime::RuntimeSettings::from_config(&config),
+        )),
+        started_wall_ms: {
+            use crate::clock::Clock as _;
+            crate::clock::MonoClock.now().wall_ms
+        },
         config,
     });
     let cores = if config_pin(&shared) {
@@ -355,8 +362,17 @@ impl Fleet {
             metrics: self.current.metrics.clone(),
             shards: self.current.shards,
             driver: self.current.driver,
+            runtime: self.current.runtime.clone(),
+            started_wall_ms: self.current.started_wall_ms,
             config: Arc::new(config),
         });
+        // A reload replaces the settings PATCHed through the management API: the file
+        // is what the operator just edited and asked for (docs/operations.md).
+        shared
+            .runtime
+            .reset(crate::config::runtime::RuntimeSettings::from_config(
+                &shared.config,
+            ));
         for r in &self.reloads {
             let _ = r.send(shared.clone());
         }

@@ -13,6 +13,7 @@ pub mod kinds;
 pub mod problem;
 pub mod raw;
 pub mod resilience;
+pub mod runtime;
 pub mod validate;
 
 use std::net::SocketAddr;

@@ -93,6 +93,10 @@ mod tests {
             shards,
             driver: "test",
             mesh_stats: None,
+            runtime: Arc::new(crate::shard::settings::SettingsCell::new(
+                crate::config::runtime::RuntimeSettings::from_config(&config),
+            )),
+            started_wall_ms: 0,
             config: Arc::new(config),
         })
     }

@@ -164,6 +164,10 @@ pub trait Mechanism: Sized {
     fn housekeeping(&mut self, cx: &mut Cx<'_>) {
         let _ = cx;
     }
+    /// The runtime settings changed (`cx.config` holds the new ones): re-tune the table.
+    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
+        let _ = cx;
+    }
     /// Adds this table's occupancy to the shard's flow gauges.
     fn gauges(&self, gauges: &mut FlowGauges) {
         let _ = gauges;
@@ -254,6 +258,10 @@ macro_rules! mechanisms {
         fn housekeeping_all(owners: &Owners, cx: &mut Cx<'_>) {
             $($(#[$attr])* owners.$module.borrow_mut().housekeeping(cx);)*
         }
+
+        fn settings_changed_all(owners: &Owners, cx: &mut Cx<'_>) {
+            $($(#[$attr])* owners.$module.borrow_mut().settings_changed(cx);)*
+        }
     };
 }
 
@@ -314,15 +322,22 @@ impl App for Tidegate {
         });
         health::owner::sweep_replicas(shard);
     }
+
+    fn settings_changed(shard: &Shard) {
+        run_owners(shard, shard.id(), |cx| {
+            settings_changed_all(&shard.state().owners, cx);
+        });
+    }
 }
 
 /// Runs owner handlers with a context over this shard's views and clock, then sends what
 /// they produced (after every borrow is released).
 fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
+    let config = shard.config();
     let out = {
         let views = shard.state().views.borrow();
         let mut cx = Cx {
-            config: shard.config(),
+            config: &config,
             views: &views,
             now: shard.now(),
             shards: shard.shards(),

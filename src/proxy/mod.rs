@@ -69,6 +69,8 @@ impl Handler for Shard {
     }
 
     fn request_started(&self) -> Self::InFlight<'_> {
+        // Runtime settings changed by the management API apply from this request on.
+        self.refresh();
         bump(&self.metrics().requests);
         InFlight::enter(self)
     }
@@ -182,10 +184,10 @@ pub async fn handle(
             return after;
         }
         Ok(Route::Models) => authorize(shard, head, Scope::Inference)
-            .map(|_| models::list(shard.config(), &shard.shared().routes)),
+            .map(|_| models::list(&shard.config(), &shard.shared().routes)),
         Ok(Route::Model) => authorize(shard, head, Scope::Inference).and_then(|_| {
             let id = head.path().get(MODELS_PATH.len() + 1..).unwrap_or_default();
-            models::retrieve(shard.config(), &shard.shared().routes, id)
+            models::retrieve(&shard.config(), &shard.shared().routes, id)
         }),
         Ok(Route::Admin(r)) => admin::serve(shard, head, r),
         Err(e) => Err(e),

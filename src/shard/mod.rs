@@ -14,6 +14,7 @@
 
 pub mod call;
 pub mod metrics;
+pub mod settings;
 pub mod waiters;
 
 use std::cell::{Cell, RefCell};
@@ -63,6 +64,9 @@ pub trait App: Sized + 'static {
     fn late_reply(shard: &Shard<Self>, from: usize, id: CallId, reply: Self::Reply);
     /// Periodic upkeep (anti-entropy, sweeps), every [`HOUSEKEEPING_MS`].
     fn housekeeping(shard: &Shard<Self>);
+    /// The shard's configuration changed (runtime settings or a reload; `shard.config()`
+    /// already returns the new one): re-tune what was built from the old one.
+    fn settings_changed(shard: &Shard<Self>);
 }
 
 /// The envelope every cross-shard (and self-) message travels in.
@@ -110,13 +114,25 @@ pub struct Shared {
     pub driver: &'static str,
     /// The mesh's drop counters (`None` with one shard).
     pub mesh_stats: Option<Arc<MeshStats>>,
+    /// The runtime settings every shard adopts (`PATCH /api/resilience`,
+    /// `PATCH /api/providers/{id}`). One cell for the process: a reload hands it on and
+    /// restarts it from the reloaded file.
+    pub runtime: Arc<settings::SettingsCell>,
+    /// When the process started (wall-clock ms), for uptime.
+    pub started_wall_ms: u64,
 }
 
 /// One configuration a shard has served with. A reload appends the next (`next` is set
-/// once, at a quiet point); the latest is current. Earlier ones stay until the shard ends,
-/// so a `&Config` handed out before a reload stays valid (reloads are rare and small).
+/// once, at a quiet point), and so does adopting new runtime settings (before the next
+/// request or owner message); the latest is current. Earlier ones stay until the shard
+/// ends, so a `&Config` handed out before a change stays valid (reloads and settings
+/// changes are operator actions: rare and small).
 struct Generation {
     shared: Arc<Shared>,
+    /// `shared.config` with the runtime settings of generation `settings` in place.
+    config: Config,
+    /// The [`Shared::runtime`] generation `config` was built with.
+    settings: u64,
     /// Pool key of each provider's API root (`None` for in-process providers).
     pool_keys: Vec<Option<PoolKey>>,
     next: std::cell::OnceCell<Box<Generation>>,
@@ -137,8 +153,12 @@ impl Generation {
                 })
             })
             .collect();
+        let (settings, runtime) = shared.runtime.current();
+        let config = runtime.apply_to(&shared.config);
         Self {
             shared,
+            config,
+            settings,
             pool_keys,
             next: std::cell::OnceCell::new(),
         }
@@ -202,8 +222,9 @@ impl<A: App> Shard<A> {
         let cfg = &shared.config.server;
         let pool = Pool::new(cfg.pool_max_idle_per_host, cfg.pool_idle_timeout_ms);
         let metrics = shared.metrics.get(id).cloned().unwrap_or_default();
+        let runtime = shared.runtime.current().1;
         let shard = Rc::new(Self {
-            state: A::state(&shared.config),
+            state: A::state(&runtime.apply_to(&shared.config)),
             mesh,
             outbox: RefCell::new(Outbox::default()),
             outbox_retrying: Cell::new(false),
@@ -283,14 +304,32 @@ impl<A: App> Shard<A> {
             .latest()
             .next
             .set(Box::new(Generation::new(shared)));
+        A::settings_changed(self);
+    }
+
+    /// Adopts the newest runtime settings if they changed since this shard's current
+    /// generation was built (one atomic load otherwise): appends a generation with them in
+    /// place and lets the application re-tune its owner tables. Called before each request
+    /// and each owner message; never inside an owner handler.
+    pub fn refresh(&self) {
+        let latest = self.generations.latest();
+        if latest.shared.runtime.generation() == latest.settings {
+            return;
+        }
+        let _ = latest
+            .next
+            .set(Box::new(Generation::new(latest.shared.clone())));
+        A::settings_changed(self);
     }
 
     pub fn shared(&self) -> &Shared {
         &self.generations.latest().shared
     }
 
+    /// The configuration in force: the file's (as last reloaded) with the runtime
+    /// settings in place.
     pub fn config(&self) -> &Config {
-        &self.shared().config
+        &self.generations.latest().config
     }
 
     pub fn now(&self) -> Now {
@@ -517,6 +556,7 @@ impl<A: App> Shard<A> {
     /// Handles one message from shard `from`: a view is applied, a reply completes its
     /// waiter (or goes to the late hook), everything else goes to the owner tables.
     fn handle(&self, from: usize, msg: Msg<A>) {
+        self.refresh();
         match msg {
             Msg::View(view) => A::apply_view(self, &view),
             Msg::Reply { id, reply } => {

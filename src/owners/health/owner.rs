@@ -142,6 +142,10 @@ impl Mechanism for Health {
         }
     }
 
+    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
+        self.retune(cx);
+    }
+
     fn housekeeping(&mut self, cx: &mut Cx<'_>) {
         // Anti-entropy: keys not in their default state are re-sent to every shard, so a
         // dropped broadcast converges here rather than at the key's next transition.
@@ -172,6 +176,18 @@ impl Mechanism for Health {
 }
 
 impl Health {
+    /// New runtime settings: every breaker takes its category's new tuning (a changed
+    /// 429-hint switch resets them all, and the resets are broadcast), the tracker its new
+    /// windows.
+    fn retune(&mut self, cx: &mut Cx<'_>) {
+        let settings = BreakerSettings::from_resilience(&cx.config.resilience);
+        for (key, t) in self.breakers.apply_settings(cx.now, settings) {
+            breaker_view(cx, key, Some(t));
+        }
+        self.tracker
+            .apply_settings(cx.config.resilience.provider_cooldown.clone());
+    }
+
     /// What the provider's owner applies: the provider breaker (successes, network
     /// failures, and the end of its half-open probe, settled as the connection breaker's
     /// is: a counted failure reopens it, another upstream answer closes it, no verdict
