@@ -30,14 +30,37 @@ impl MeshSafe for LastError {}
 mod health {
     use crate::mesh_safe;
     use crate::owners::health::protocol::{
-        ComboAttempt, Ended, Fact, Outcome, ProviderReport, Reply, Request, TrackerView, Verdict,
-        View,
+        AdminRequest, BreakerEntry, ComboAttempt, ConnectionEntry, Ended, Fact, LockEntry,
+        Outcome, OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict, View,
     };
     use crate::resilience::FallbackDecision;
     use crate::resilience::lockout::{KeyModel, LockKey, LockUpdate};
     use crate::resilience::tracker::TrackerKey;
 
-    mesh_safe!(copy: Reply, ProviderReport, TrackerKey, TrackerView, ComboAttempt);
+    use crate::resilience::connection::ClearOutcome;
+
+    mesh_safe!(copy: ProviderReport, TrackerKey, TrackerView, ComboAttempt);
+    // The management API's answers: ids, numbers, closed enums and names.
+    mesh_safe!(copy: BreakerEntry, ConnectionEntry, ClearOutcome);
+    mesh_safe!(enum Reply {
+        Probe { key, ticket, retry_after_ms },
+        Applied,
+        Reset { breakers, lockouts },
+        Cleared { outcome, lockouts },
+        Removed { any },
+        Status(status),
+    });
+    mesh_safe!(struct OwnerStatus { breakers, connections, lockouts });
+    mesh_safe!(struct LockEntry {
+        provider @ name, model @ name, connection, reason @ copy, remaining_ms, failure_count,
+    });
+    mesh_safe!(enum AdminRequest {
+        Reset,
+        ClearConnection(connection),
+        ClearLocks { provider @ name, model @ name },
+        ClearAllLocks,
+        Status,
+    });
     mesh_safe!(enum View {
         Breaker { key, view },
         Connection { connection, view },
@@ -59,6 +82,7 @@ mod health {
             Probe(key),
             Outcome(outcome),
             ProviderResult(report),
+            Admin(request),
         }
     );
     mesh_safe!(struct Outcome { provider, connection, model @ name, ended, probe, combo });

@@ -10,7 +10,7 @@ use crate::shard::call::CallError;
 
 use super::Health;
 use super::protocol::{
-    ComboAttempt, Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request,
+    AdminRequest, ComboAttempt, Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request,
 };
 use crate::owners::Shard;
 
@@ -40,8 +40,29 @@ pub async fn ask_probe(
             retry_after_ms,
             ..
         } => Ok((ticket, retry_after_ms)),
-        Reply::Applied => Err(CallError::Mismatched),
+        _ => Err(CallError::Mismatched),
     }
+}
+
+/// How long the management API waits for one owner's answer.
+pub const ADMIN_REPLY_TIMEOUT_MS: u64 = 2_000;
+
+/// Asks one shard's health owner a management request.
+pub async fn admin(shard: &Shard, owner: usize, request: AdminRequest) -> Result<Reply, CallError> {
+    let bound = Duration::from_millis(ADMIN_REPLY_TIMEOUT_MS);
+    shard
+        .call::<Health>(owner, Request::Admin(request), bound)
+        .await
+}
+
+/// Asks every shard's health owner the same management request; the answers in shard
+/// order. The first failed call fails the whole (no partial answer is shown as complete).
+pub async fn admin_all(shard: &Shard, request: &AdminRequest) -> Result<Vec<Reply>, CallError> {
+    let mut out = Vec::with_capacity(shard.shards());
+    for owner in 0..shard.shards() {
+        out.push(admin(shard, owner, request.clone()).await?);
+    }
+    Ok(out)
 }
 
 /// The half-open probe permits an attempt holds. Each is settled exactly once: by the

@@ -13,7 +13,7 @@ use crate::resilience::breaker::{
 };
 use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
-    ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect, MarkOptions, Routability,
+    ClearOutcome, ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect, MarkOptions, Routability,
 };
 use crate::resilience::egress::{FailingConnection, SiblingView, egress_siblings};
 use crate::resilience::lockout::{FailureRecord, LockoutTable, SWEEP_INTERVAL_MS, lockout_applies};
@@ -23,7 +23,8 @@ use crate::shard::HOUSEKEEPING_MS;
 use crate::shard::call::CallId;
 
 use super::protocol::{
-    Ended, Fact, Outcome, ProviderEnded, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+    AdminRequest, BreakerEntry, ConnectionEntry, Ended, Fact, LockEntry, Outcome, OwnerStatus,
+    ProviderEnded, ProviderReport, Reply, Request, TrackerView, Verdict, View,
 };
 use crate::owners::{Cx, Mechanism, Shard};
 
@@ -127,6 +128,12 @@ impl Mechanism for Health {
                 self.provider_result(cx, &r);
                 cx.reply(id, Reply::Applied);
             }
+            Request::Admin(a) => {
+                let reply = self.admin(cx, a);
+                // Views first, then the answer (as for outcomes).
+                self.lockout_views(cx);
+                cx.reply(id, reply);
+            }
         }
     }
 
@@ -176,6 +183,102 @@ impl Mechanism for Health {
 }
 
 impl Health {
+    /// The management API's requests (A §1.11, §4.8, §5.2): applied here, every change
+    /// broadcast as a view like any other transition.
+    fn admin(&mut self, cx: &mut Cx<'_>, request: AdminRequest) -> Reply {
+        let now = cx.now;
+        match request {
+            AdminRequest::Reset => {
+                let reset = self.breakers.reset_all(now);
+                let breakers = u32::try_from(reset.len()).unwrap_or(u32::MAX);
+                for (key, t) in reset {
+                    breaker_view(cx, key, Some(t));
+                }
+                let lockouts = u32::try_from(self.lockouts.clear_all()).unwrap_or(u32::MAX);
+                Reply::Reset {
+                    breakers,
+                    lockouts,
+                }
+            }
+            AdminRequest::ClearConnection(connection) => {
+                let (outcome, t) = self.connections.clear_transient(connection, now);
+                if let Some(t) = t {
+                    cx.view(View::Connection {
+                        connection,
+                        view: t.view,
+                    });
+                }
+                let lockouts = if outcome == ClearOutcome::SkippedTerminal {
+                    0
+                } else {
+                    self.lockouts.clear_connection(connection)
+                };
+                Reply::Cleared {
+                    outcome,
+                    lockouts: u32::try_from(lockouts).unwrap_or(u32::MAX),
+                }
+            }
+            AdminRequest::ClearLocks { provider, model } => Reply::Removed {
+                any: self.lockouts.clear_listed(&provider, &model),
+            },
+            AdminRequest::ClearAllLocks => Reply::Removed {
+                any: self.lockouts.clear_all() > 0,
+            },
+            AdminRequest::Status => Reply::Status(Box::new(self.status(now))),
+        }
+    }
+
+    /// What this owner holds: its breakers, its non-clean connection records and its
+    /// live model lockouts.
+    fn status(&self, now: Now) -> OwnerStatus {
+        let breakers = self
+            .breakers
+            .iter()
+            .map(|(key, b)| {
+                let s = b.status(now);
+                BreakerEntry {
+                    key,
+                    state: s.state,
+                    failure_count: s.failure_count,
+                    last_failure_wall_ms: s.last_failure_wall_ms,
+                    retry_after_ms: s.retry_after_ms,
+                }
+            })
+            .collect();
+        let connections = self
+            .connections
+            .export()
+            .into_iter()
+            .map(|(connection, st)| ConnectionEntry {
+                connection,
+                test_status: st.test_status,
+                backoff_level: st.backoff_level,
+                rate_limited_until_ms: st.rate_limited_until_ms(),
+                error_type: st.error.as_ref().and_then(|e| e.error_type),
+                error_code: st.error.as_ref().and_then(|e| e.code),
+                error_at_ms: st.error.as_ref().map(|e| e.at_ms),
+            })
+            .collect();
+        let lockouts = self
+            .lockouts
+            .list(now, |_| String::new())
+            .into_iter()
+            .map(|l| LockEntry {
+                provider: l.provider,
+                model: l.model,
+                connection: l.connection,
+                reason: l.reason,
+                remaining_ms: l.remaining_ms,
+                failure_count: l.failure_count,
+            })
+            .collect();
+        OwnerStatus {
+            breakers,
+            connections,
+            lockouts,
+        }
+    }
+
     /// New runtime settings: every breaker takes its category's new tuning (a changed
     /// 429-hint switch resets them all, and the resets are broadcast), the tracker its new
     /// windows.

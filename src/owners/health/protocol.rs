@@ -7,8 +7,10 @@
 //! backoff level, breaker counts, terminal states, lockouts, egress cooling).
 
 use crate::config::{ConnectionId, ProviderId};
-use crate::resilience::breaker::{BreakerKey, BreakerView, Failure, ProbeTicket};
-use crate::resilience::connection::{ConnectionView, ProviderErrorType, sanitize};
+use crate::resilience::breaker::{BreakerKey, BreakerState, BreakerView, Failure, ProbeTicket};
+use crate::resilience::connection::{
+    ClearOutcome, ConnectionView, ProviderErrorType, TestStatus, sanitize,
+};
 use crate::resilience::lockout::LockUpdate;
 use crate::resilience::tracker::TrackerKey;
 use crate::resilience::{FallbackDecision, Reason, RuleScope};
@@ -178,9 +180,71 @@ pub enum Request {
     /// A failure the provider's owner applies (a network failure, a settled half-open
     /// probe, a combo failure for the tracker): answered once applied, as `Outcome`.
     ProviderResult(ProviderReport),
+    /// The management API (asked of every shard, or of one connection's owner).
+    Admin(AdminRequest),
 }
 
+/// What the management API asks of a health owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminRequest {
+    /// `POST /api/resilience/reset` (A §1.11): every breaker this shard owns back to
+    /// closed (they stay registered), every model lockout and failure state cleared.
+    /// Connection cooldowns, terminal states and the tracker are left alone.
+    Reset,
+    /// `POST /api/resilience/cooldowns` (A §5.2) for one connection this shard owns.
+    ClearConnection(ConnectionId),
+    /// `DELETE /api/resilience/model-cooldowns {provider, model}` (A §4.8).
+    ClearLocks { provider: String, model: String },
+    /// `DELETE /api/resilience/model-cooldowns {all: true}`.
+    ClearAllLocks,
+    /// What this owner holds, for the health and listing endpoints.
+    Status,
+}
+
+/// One breaker as the health endpoint shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerEntry {
+    pub key: BreakerKey,
+    pub state: BreakerState,
+    pub failure_count: u32,
+    pub last_failure_wall_ms: Option<u64>,
+    pub retry_after_ms: u64,
+}
+
+/// One connection record as the cooldown listing shows it (never its `lastError` text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionEntry {
+    pub connection: ConnectionId,
+    pub test_status: TestStatus,
+    pub backoff_level: u32,
+    /// `rateLimitedUntil` (wall ms), expired or not.
+    pub rate_limited_until_ms: Option<u64>,
+    pub error_type: Option<ProviderErrorType>,
+    pub error_code: Option<u16>,
+    pub error_at_ms: Option<u64>,
+}
+
+/// One live model lockout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockEntry {
+    pub provider: String,
+    /// The lock key's model part.
+    pub model: String,
+    pub connection: Option<ConnectionId>,
+    pub reason: &'static str,
+    pub remaining_ms: u64,
+    pub failure_count: u32,
+}
+
+/// What one health owner holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerStatus {
+    pub breakers: Vec<BreakerEntry>,
+    pub connections: Vec<ConnectionEntry>,
+    pub lockouts: Vec<LockEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
     /// The probe is ours (`ticket`), or not for `retry_after_ms` (0: the breaker is closed).
     Probe {
@@ -190,6 +254,13 @@ pub enum Reply {
     },
     /// The outcome was applied.
     Applied,
+    /// `AdminRequest::Reset`: breakers reset and lock entries removed here.
+    Reset { breakers: u32, lockouts: u32 },
+    /// `AdminRequest::ClearConnection`.
+    Cleared { outcome: ClearOutcome, lockouts: u32 },
+    /// `AdminRequest::ClearLocks` / `ClearAllLocks`: whether anything was removed.
+    Removed { any: bool },
+    Status(Box<OwnerStatus>),
 }
 
 /// Owner → every shard: "routable, or not until T, and why".
