@@ -1,11 +1,22 @@
-//! The management surface: liveness and the Prometheus exposition. (The resilience
-//! management API of `ARCHITECTURE.md` §5 joins here as its mechanisms land.)
+//! The management surface (`ARCHITECTURE.md` §5): liveness, the Prometheus exposition and
+//! the management API with OmniRoute's paths and camelCase JSON. Every call that reads or
+//! changes owner state is an owner call (`owners::health::client::admin`), to the one owner
+//! of a connection or to every shard; settings changes replace the shared runtime settings
+//! every shard adopts before its next request (`shard::settings`).
 
-use crate::auth::Caller;
+mod api;
+pub mod patch;
+pub mod scrape;
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+
+use crate::auth::{Caller, presented_key};
+use crate::config::{Config, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 use crate::owners::Shard;
-use crate::shard::metrics;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -13,24 +24,42 @@ pub enum Route {
     /// Readiness for load balancers: 200 while serving, 503 while draining.
     Readyz,
     Metrics,
+    MonitoringHealth,
+    ResilienceReset,
+    Resilience,
+    Cooldowns,
+    ModelCooldowns,
 }
 
-/// The admin route of a path, with the method it takes.
-pub fn route(path: &str) -> Option<(Method, Route)> {
-    match path {
-        "/healthz" => Some((Method::Get, Route::Healthz)),
-        "/readyz" => Some((Method::Get, Route::Readyz)),
-        "/metrics" => Some((Method::Get, Route::Metrics)),
-        _ => None,
-    }
+/// The admin route of a path and the methods it takes.
+pub fn route(path: &str) -> Option<(&'static [Method], Route)> {
+    use Method::{Delete, Get, Patch, Post};
+    Some(match path {
+        "/healthz" => (&[Get], Route::Healthz),
+        "/readyz" => (&[Get], Route::Readyz),
+        "/metrics" => (&[Get], Route::Metrics),
+        "/api/monitoring/health" => (&[Get], Route::MonitoringHealth),
+        "/api/resilience/reset" => (&[Post], Route::ResilienceReset),
+        "/api/resilience" => (&[Get, Patch], Route::Resilience),
+        "/api/resilience/cooldowns" => (&[Get, Post], Route::Cooldowns),
+        "/api/resilience/model-cooldowns" => (&[Get, Delete], Route::ModelCooldowns),
+        _ => return None,
+    })
 }
 
-/// Answers an admin route: (status, content type, body).
-pub fn serve(
+/// A management answer: (status, content type, body).
+pub type Answer = (u16, &'static str, String);
+
+/// Answers an admin route. `peer` is the client's address (`None` if unknown: treated as
+/// not loopback).
+pub async fn serve(
     shard: &Shard,
     head: &RequestHead,
     route: Route,
-) -> Result<(u16, &'static str, String), GatewayError> {
+    body: &Bytes,
+    peer: Option<IpAddr>,
+) -> Result<Answer, GatewayError> {
+    let config = shard.config();
     match route {
         // While the shard drains for shutdown both say `draining`, so a load balancer
         // stops sending before the connections close.
@@ -50,42 +79,151 @@ pub fn serve(
         )),
         Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
         Route::Metrics => {
-            authorize_manage(shard, head)?;
+            authorize(&config, shard, head, peer, Access::Metrics)?;
             Ok((
                 200,
-                "text/plain; version=0.0.4",
-                metrics::render(
-                    &shard.shared().metrics,
-                    shard.shared().mesh_stats.as_deref(),
-                ),
+                "text/plain; version=0.0.4; charset=utf-8",
+                scrape::render(shard),
             ))
+        }
+        other => {
+            authorize(&config, shard, head, peer, Access::Manage)?;
+            api::serve(shard, head, other, body).await
         }
     }
 }
 
-/// The admin token, or a client key with scope `manage` (open when no keys and no token
-/// are configured).
-pub fn authorize_manage(shard: &Shard, head: &RequestHead) -> Result<(), GatewayError> {
-    let open = shard.config().server.admin_token.is_none();
-    match shard.shared().keys.identify(head) {
-        Caller::Admin => Ok(()),
-        Caller::Open if open => Ok(()),
+/// What a caller asks to reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// `/api/*`.
+    Manage,
+    /// `/metrics`.
+    Metrics,
+}
+
+fn is_loopback(peer: Option<IpAddr>) -> bool {
+    match peer {
+        Some(IpAddr::V4(a)) => a.is_loopback(),
+        Some(IpAddr::V6(a)) => {
+            a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        None => false,
+    }
+}
+
+/// Whether management credentials exist: the admin token or a key with scope `manage`.
+fn credentials_configured(config: &Config) -> bool {
+    config.server.admin_token.is_some()
+        || config.client_keys.iter().any(|k| k.has_scope(Scope::Manage))
+}
+
+/// The management API's access rule: the admin token, or a client key with scope
+/// `manage`. With neither configured, loopback callers are answered without a credential
+/// and every other caller is refused. `/metrics` also answers loopback callers without a
+/// credential, and everyone when `server.metrics_public` is set.
+pub fn decide(
+    config: &Config,
+    caller: Caller,
+    presented: bool,
+    peer: Option<IpAddr>,
+    access: Access,
+) -> Result<(), GatewayError> {
+    if access == Access::Metrics && config.server.metrics_public {
+        return Ok(());
+    }
+    let loopback = is_loopback(peer);
+    match caller {
+        Caller::Admin => return Ok(()),
         Caller::Key(i)
-            if shard
-                .config()
+            if config
                 .client_keys
                 .get(i)
-                .is_some_and(|k| k.has_scope(crate::config::Scope::Manage)) =>
+                .is_some_and(|k| k.has_scope(Scope::Manage)) =>
         {
-            Ok(())
+            return Ok(());
         }
-        Caller::Key(_) => Err(GatewayError::new(
+        Caller::Key(_) => {
+            return Err(GatewayError::new(
+                ErrorKind::Forbidden,
+                "this key lacks the manage scope",
+            ));
+        }
+        Caller::Open | Caller::Denied => {}
+    }
+    if !presented && loopback && (access == Access::Metrics || !credentials_configured(config)) {
+        return Ok(());
+    }
+    if !credentials_configured(config) {
+        return Err(GatewayError::new(
             ErrorKind::Forbidden,
-            "this key lacks the manage scope",
-        )),
-        Caller::Open | Caller::Denied => Err(GatewayError::new(
-            ErrorKind::Unauthorized,
-            "management endpoints need the admin token or a key with scope manage",
-        )),
+            "the management API answers only loopback callers until server.admin_token_env \
+             or a client key with scope manage is configured",
+        ));
+    }
+    let why = if presented {
+        "invalid admin token or key"
+    } else {
+        "the management API needs the admin token or a key with scope manage \
+         (Authorization: Bearer <token>)"
+    };
+    Err(GatewayError::new(ErrorKind::Unauthorized, why))
+}
+
+fn authorize(
+    config: &Config,
+    shard: &Shard,
+    head: &RequestHead,
+    peer: Option<IpAddr>,
+    access: Access,
+) -> Result<(), GatewayError> {
+    let caller = shard.shared().keys.identify(head);
+    decide(config, caller, presented_key(head).is_some(), peer, access)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn config(text: &str) -> Config {
+        crate::config::load_str(text, &|v| (v == "TG_ADMIN").then(|| "tok".to_owned()))
+            .map(|o| o.config)
+            .unwrap_or_else(|e| panic!("config: {e}"))
+    }
+
+    const OTHER: Option<IpAddr> = Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)));
+    const LOCAL: Option<IpAddr> = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+
+    #[test]
+    fn with_no_credentials_configured_only_loopback_is_answered() {
+        let c = config("");
+        assert!(decide(&c, Caller::Open, false, LOCAL, Access::Manage).is_ok());
+        let v6 = Some(IpAddr::V6(Ipv6Addr::LOCALHOST));
+        assert!(decide(&c, Caller::Open, false, v6, Access::Manage).is_ok());
+        let mapped = Some(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped()));
+        assert!(decide(&c, Caller::Open, false, mapped, Access::Manage).is_ok());
+        let e = decide(&c, Caller::Open, false, OTHER, Access::Manage).err();
+        assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Forbidden));
+        let e = decide(&c, Caller::Open, false, None, Access::Manage).err();
+        assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Forbidden));
+    }
+
+    #[test]
+    fn once_a_token_is_configured_every_manage_caller_needs_one() {
+        let c = config("[server]\nadmin_token_env = \"TG_ADMIN\"\n");
+        let e = decide(&c, Caller::Open, false, LOCAL, Access::Manage).err();
+        assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Unauthorized));
+        let e = decide(&c, Caller::Open, true, OTHER, Access::Manage).err();
+        assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Unauthorized));
+        assert!(decide(&c, Caller::Admin, true, OTHER, Access::Manage).is_ok());
+        // Metrics: loopback without a token, others with it, everyone when public.
+        assert!(decide(&c, Caller::Open, false, LOCAL, Access::Metrics).is_ok());
+        let e = decide(&c, Caller::Open, false, OTHER, Access::Metrics).err();
+        assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Unauthorized));
+        assert!(decide(&c, Caller::Admin, true, OTHER, Access::Metrics).is_ok());
+        let public = config("[server]\nadmin_token_env = \"TG_ADMIN\"\nmetrics_public = true\n");
+        assert!(decide(&public, Caller::Open, false, OTHER, Access::Metrics).is_ok());
+        assert!(decide(&public, Caller::Open, false, OTHER, Access::Manage).is_err());
     }
 }

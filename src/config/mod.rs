@@ -119,6 +119,8 @@ pub struct ServerConfig {
     pub tls: Option<ListenerTls>,
     /// Browser origins allowed to call the API (`"*"`: any); empty = no CORS headers.
     pub cors_allow_origins: Vec<String>,
+    /// `/metrics` answers every caller without a credential.
+    pub metrics_public: bool,
 }
 
 /// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;

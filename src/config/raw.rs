@@ -70,6 +70,7 @@ pub struct RawServer {
     pub tls_cert_file: Option<String>,
     pub tls_key_file: Option<String>,
     pub cors_allow_origins: Option<Vec<String>>,
+    pub metrics_public: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

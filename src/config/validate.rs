@@ -135,6 +135,7 @@ impl Default for ServerConfig {
             log_format: super::LogFormat::Text,
             tls: None,
             cors_allow_origins: Vec::new(),
+            metrics_public: false,
         }
     }
 }
@@ -421,6 +422,7 @@ impl Loader<'_> {
             mesh_ring_capacity: self.ring_capacity(raw.mesh_ring_capacity, d.mesh_ring_capacity),
             allow_shared_listen: raw.allow_shared_listen.unwrap_or(d.allow_shared_listen),
             allow_open_gateway: raw.allow_open_gateway.unwrap_or(d.allow_open_gateway),
+            metrics_public: raw.metrics_public.unwrap_or(d.metrics_public),
             tls: self.listener_tls(raw),
             cors_allow_origins: self.cors_origins(raw),
             log_format: match raw.log_format.as_deref() {

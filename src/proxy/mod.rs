@@ -151,8 +151,17 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
     {
         return want(Method::Get, Route::Model);
     }
-    if let Some((m, r)) = admin::route(path) {
-        return want(m, Route::Admin(r));
+    if let Some((methods, r)) = admin::route(path) {
+        let takes = |m: Method| m == method || (m == Method::Get && method == Method::Head);
+        if methods.iter().any(|m| takes(*m)) {
+            return Ok(Route::Admin(r));
+        }
+        let allow: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
+        return Err(GatewayError::new(
+            ErrorKind::MethodNotAllowed,
+            format!("{path} does not take {}", head.method_str()),
+        )
+        .with_header("allow", allow.join(", ")));
     }
     Err(GatewayError::new(
         ErrorKind::RouteNotFound,
@@ -189,7 +198,10 @@ pub async fn handle(
             let id = head.path().get(MODELS_PATH.len() + 1..).unwrap_or_default();
             models::retrieve(&shard.config(), &shard.shared().routes, id)
         }),
-        Ok(Route::Admin(r)) => admin::serve(shard, head, r),
+        Ok(Route::Admin(r)) => {
+            let peer = client.peer_addr().ok().map(|a| a.ip());
+            admin::serve(shard, head, r, &body, peer).await
+        }
         Err(e) => Err(e),
     };
     let keep_alive = keep_alive_now(shard, keep_alive);

@@ -1167,6 +1167,15 @@ impl LockoutViews {
             .is_some()
     }
 
+    /// How many locks are live at `now` (the `/metrics` gauge).
+    pub fn live(&self, now: Now) -> usize {
+        let now_ms = now.mono_ms();
+        self.entries
+            .values()
+            .filter(|(_, l)| l.is_some_and(|l| l.until_ms > now_ms))
+            .count()
+    }
+
     /// Whether any lock was ever seen for `connection` (so a success on it may have
     /// failure counts to decay).
     pub fn ever_locked(&self, connection: ConnectionId) -> bool {

@@ -168,6 +168,7 @@ impl ShardMetrics {
 pub fn render(
     shards: &[std::sync::Arc<ShardMetrics>],
     mesh: Option<&crate::mesh::ring::MeshStats>,
+    _config: &crate::config::Config,
 ) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
