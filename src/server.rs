@@ -24,7 +24,6 @@ use crate::net::tls::TlsConfigs;
 use crate::owners::{Msg, Shard};
 use crate::routing::resolve::RouteTable;
 use crate::shard::Shared;
-use crate::shard::metrics::ShardMetrics;
 
 /// Entries of each io_uring submission queue.
 const URING_ENTRIES: u32 = 4096;
@@ -173,7 +172,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         tls,
         keys,
         metrics: (0..shards)
-            .map(|_| Arc::new(ShardMetrics::default()))
+            .map(|_| Arc::new(crate::proxy::observe::shard_metrics(&config)))
             .collect(),
         shards,
         driver: driver.as_str(),

@@ -13,7 +13,7 @@ use crate::shard::metrics;
 pub fn render(shard: &Shard) -> String {
     let shared = shard.shared();
     let config = shard.config();
-    let mut out = metrics::render(&shared.metrics, shared.mesh_stats.as_deref(), &config);
+    let mut out = metrics::render(&shared.metrics, shared.mesh_stats.as_deref());
     let now = shard.now();
     let views = shard.state().views.borrow();
 

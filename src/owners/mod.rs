@@ -87,6 +87,8 @@ pub struct Cx<'a> {
     /// The shard the message came from.
     pub from: usize,
     out: Out<Tidegate>,
+    /// Breaker transitions by the index of the state entered (for `/metrics`).
+    breaker_transitions: [u64; 4],
 }
 
 impl Cx<'_> {
@@ -118,6 +120,14 @@ impl Cx<'_> {
             .push((Dest::SelfAt(at_ns), shard::Msg::Fact(fact.into())));
     }
 
+    /// Counts a breaker transition into the state of index `to` (see
+    /// `health::owner::BREAKER_STATES`).
+    pub fn count_breaker_transition(&mut self, to: usize) {
+        if let Some(n) = self.breaker_transitions.get_mut(to) {
+            *n += 1;
+        }
+    }
+
     /// A context for driving an owner table directly (owner tests, benches).
     #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn detached<'a>(config: &'a Config, views: &'a Views, now: Now, shards: usize) -> Cx<'a> {
@@ -128,6 +138,7 @@ impl Cx<'_> {
             shards,
             from: 0,
             out: Vec::new(),
+            breaker_transitions: [0; 4],
         }
     }
 
@@ -334,7 +345,7 @@ impl App for Tidegate {
 /// they produced (after every borrow is released).
 fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
     let config = shard.config();
-    let out = {
+    let (out, transitions) = {
         let views = shard.state().views.borrow();
         let mut cx = Cx {
             config: &config,
@@ -343,10 +354,16 @@ fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
             shards: shard.shards(),
             from,
             out: Vec::new(),
+            breaker_transitions: [0; 4],
         };
         handle(&mut cx);
-        cx.out
+        (cx.out, cx.breaker_transitions)
     };
+    for (i, n) in transitions.into_iter().enumerate() {
+        if n > 0 {
+            shard.metrics().families.breaker_transitions.add(i, n);
+        }
+    }
     shard.dispatch(out);
 }
 

@@ -8,6 +8,7 @@ pub mod classify;
 pub mod combo;
 pub mod forward;
 pub mod models;
+pub mod observe;
 pub mod peek;
 pub mod relay;
 pub mod respond;
@@ -82,7 +83,14 @@ impl Handler for Shard {
         client: &mut ClientStream,
         pending: &mut BytesMut,
     ) -> After {
-        handle(self, head, body, client, pending).await
+        let route = observe::route_index(head.path());
+        let started = self.now().mono_ns;
+        let after = handle(self, head, body, client, pending).await;
+        let f = &self.metrics().families;
+        f.requests.add(route, 1);
+        f.request_duration
+            .observe_ns(route, self.now().mono_ns.saturating_sub(started));
+        after
     }
 
     async fn reject(

@@ -18,7 +18,7 @@ use super::respond::send_error;
 use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
-use super::{After, peek};
+use super::{After, observe, peek};
 use crate::config::{ConnectionId, ProviderId};
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry};
 use crate::flow::admission::{gate_block_ms, queue_of};
@@ -172,6 +172,9 @@ pub async fn run(
             AttemptEnd::Done(after) => return after,
             AttemptEnd::MoveOn(failure) => {
                 note_budget(shard, &mut budget_spent, target, &failure);
+                if let LastFailure::Gateway(e) = &failure {
+                    observe::fallback(shard.metrics(), None, e.kind);
+                }
                 last = Some(failure);
             }
             AttemptEnd::Skipped(e) => excluded.push(e),
@@ -770,6 +773,7 @@ pub(super) async fn open<'s>(
             false,
         ),
     };
+    let sent_ns = shard.now().mono_ns;
     let open = upstream::open(
         shard,
         req.head,
@@ -815,6 +819,8 @@ pub(super) async fn open<'s>(
         Err(e) => {
             // A failure that moves the request on to another candidate is an operator's
             // business: INFO.
+            let m = shard.metrics();
+            observe::attempt(m, config, target.provider, connection, &target.model, None, None);
             tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
@@ -828,6 +834,15 @@ pub(super) async fn open<'s>(
         }
     };
     let status = up.head.status();
+    observe::attempt(
+        shard.metrics(),
+        config,
+        target.provider,
+        connection,
+        &target.model,
+        Some(status),
+        Some(shard.now().mono_ns.saturating_sub(sent_ns)),
+    );
     if status >= 400 {
         // An error answer: read it whole (bounded), restate, classify, record, and either
         // move on or relay it.
@@ -891,8 +906,10 @@ pub(super) async fn open<'s>(
         } else {
             tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error relayed");
         }
+        let reason = verdict.decision.reason;
         attempted.end(Ended::Failed(Box::new(verdict))).await;
         if move_on {
+            observe::fallback(shard.metrics(), Some(reason), ErrorKind::Internal);
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
         }
         // A spent budget the emergency fallback may still serve: answered after the walk.
@@ -914,7 +931,11 @@ pub(super) async fn open<'s>(
     let first = match super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut())
         .await
     {
-        Ok(first) => first,
+        Ok(first) => {
+            let ns = shard.now().mono_ns.saturating_sub(sent_ns);
+            observe::first_byte(shard.metrics(), target.provider, ns);
+            first
+        }
         Err(e) if e.kind == ErrorKind::StreamContentStall => {
             tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
             attempted.end(Ended::StreamStall).await;

@@ -76,6 +76,11 @@ impl std::ops::Deref for PerKind {
     }
 }
 
+/// The position of `kind` in [`ERROR_KINDS`] (`Internal`'s when absent).
+pub fn kind_position(kind: ErrorKind) -> usize {
+    kind_index(kind)
+}
+
 fn kind_index(kind: ErrorKind) -> usize {
     ERROR_KINDS
         .iter()
@@ -94,8 +99,172 @@ pub struct FlowGauges {
     pub queue_requests: usize,
 }
 
+/// Upper bounds (seconds) of every latency histogram's buckets; `+Inf` is implied.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// One labelled counter family of one shard: a value per label set, the label sets
+/// rendered once at start-up (`{provider="up",class="2xx"}`) from closed sets and
+/// configured ids. Adding at an index outside the family is ignored.
+#[derive(Debug, Default)]
+pub struct Counters {
+    labels: Vec<String>,
+    values: Vec<AtomicU64>,
+}
+
+impl Counters {
+    pub fn new(labels: Vec<String>) -> Self {
+        let values = labels.iter().map(|_| AtomicU64::new(0)).collect();
+        Self { labels, values }
+    }
+
+    pub fn add(&self, i: usize, n: u64) {
+        if let Some(v) = self.values.get(i) {
+            v.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One latency histogram.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe_ns(&self, ns: u64) {
+        let secs = ns as f64 / 1e9;
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b)
+            && let Some(b) = self.buckets.get(i)
+        {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(ns / 1_000, Ordering::Relaxed);
+    }
+}
+
+/// A labelled histogram family of one shard (see [`Counters`]).
+#[derive(Debug, Default)]
+pub struct Histograms {
+    labels: Vec<String>,
+    values: Vec<Histogram>,
+}
+
+impl Histograms {
+    pub fn new(labels: Vec<String>) -> Self {
+        let values = labels.iter().map(|_| Histogram::default()).collect();
+        Self { labels, values }
+    }
+
+    pub fn observe_ns(&self, i: usize, ns: u64) {
+        if let Some(h) = self.values.get(i) {
+            h.observe_ns(ns);
+        }
+    }
+}
+
+/// The labelled families of one shard (their label sets are the same on every shard).
+#[derive(Debug, Default)]
+pub struct Families {
+    /// `tidegate_http_requests_total{route,class}`.
+    pub requests: Counters,
+    /// `tidegate_request_duration_seconds{route}`: head read → response written.
+    pub request_duration: Histograms,
+    /// `tidegate_upstream_attempts_by_connection_total{provider,connection,class}`.
+    pub attempts: Counters,
+    /// `tidegate_upstream_attempts_by_model_total{provider,model}`.
+    pub attempts_by_model: Counters,
+    /// `tidegate_upstream_head_seconds{provider}`: request sent → response head.
+    pub upstream_head: Histograms,
+    /// `tidegate_upstream_ttfb_seconds{provider}`: request sent → first body byte.
+    pub upstream_ttfb: Histograms,
+    /// `tidegate_fallbacks_total{cause,reason}`: moves to the next candidate.
+    pub fallbacks: Counters,
+    /// `tidegate_breaker_transitions_total{to}`: counted on the breaker's owner.
+    pub breaker_transitions: Counters,
+}
+
+/// What each family is called and says, in render order.
+const FAMILIES: [(&str, &str); 8] = [
+    ("tidegate_http_requests_total", "Responses sent, by route and status class."),
+    ("tidegate_request_duration_seconds", "Time from a complete request head to the end of its response."),
+    ("tidegate_upstream_attempts_by_connection_total", "Upstream attempts by connection and the class of the upstream's answer (error: no answer)."),
+    ("tidegate_upstream_attempts_by_model_total", "Upstream attempts by provider and upstream model (models not in the provider's list count as other)."),
+    ("tidegate_upstream_head_seconds", "Upstream: request sent to response head."),
+    ("tidegate_upstream_ttfb_seconds", "Upstream: request sent to the first body byte."),
+    ("tidegate_fallbacks_total", "Moves to the next candidate, by cause (an upstream answer or a gateway-made error) and reason."),
+    ("tidegate_breaker_transitions_total", "Circuit breaker transitions, by the state entered (counted on the breaker's owner)."),
+];
+
+fn render_counters(out: &mut String, name: &str, help: &str, shards: &[&Counters]) {
+    let _ = writeln!(out, "# HELP {name} {help}
+# TYPE {name} counter");
+    let Some(first) = shards.first() else {
+        return;
+    };
+    for (i, labels) in first.labels.iter().enumerate() {
+        let v: u64 = shards
+            .iter()
+            .filter_map(|c| c.values.get(i))
+            .map(|v| v.load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(out, "{name}{labels} {v}");
+    }
+}
+
+fn render_histograms(out: &mut String, name: &str, help: &str, shards: &[&Histograms]) {
+    let _ = writeln!(out, "# HELP {name} {help}
+# TYPE {name} histogram");
+    let Some(first) = shards.first() else {
+        return;
+    };
+    for (i, labels) in first.labels.iter().enumerate() {
+        let hs: Vec<&Histogram> = shards.iter().filter_map(|h| h.values.get(i)).collect();
+        let inner = labels.trim_start_matches('{').trim_end_matches('}');
+        let sep = if inner.is_empty() { "" } else { "," };
+        let mut cumulative = 0u64;
+        for (b, le) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += hs
+                .iter()
+                .map(|h| h.buckets[b].load(Ordering::Relaxed))
+                .sum::<u64>();
+            let _ = writeln!(out, "{name}_bucket{{{inner}{sep}le=\"{le}\"}} {cumulative}");
+        }
+        let count: u64 = hs.iter().map(|h| h.count.load(Ordering::Relaxed)).sum();
+        let sum_us: u64 = hs.iter().map(|h| h.sum_us.load(Ordering::Relaxed)).sum();
+        let _ = writeln!(out, "{name}_bucket{{{inner}{sep}le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{labels} {}", sum_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{labels} {count}");
+    }
+}
+
+/// Renders the labelled families of every shard, summed (counters) and merged
+/// (histograms).
+fn render_families(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
+    let f: Vec<&Families> = shards.iter().map(|s| &s.families).collect();
+    let c = |pick: fn(&Families) -> &Counters| -> Vec<&Counters> { f.iter().map(|x| pick(x)).collect() };
+    let h = |pick: fn(&Families) -> &Histograms| -> Vec<&Histograms> {
+        f.iter().map(|x| pick(x)).collect()
+    };
+    let [requests, duration, attempts, by_model, head, ttfb, fallbacks, transitions] = FAMILIES;
+    render_counters(out, requests.0, requests.1, &c(|x| &x.requests));
+    render_histograms(out, duration.0, duration.1, &h(|x| &x.request_duration));
+    render_counters(out, attempts.0, attempts.1, &c(|x| &x.attempts));
+    render_counters(out, by_model.0, by_model.1, &c(|x| &x.attempts_by_model));
+    render_histograms(out, head.0, head.1, &h(|x| &x.upstream_head));
+    render_histograms(out, ttfb.0, ttfb.1, &h(|x| &x.upstream_ttfb));
+    render_counters(out, fallbacks.0, fallbacks.1, &c(|x| &x.fallbacks));
+    render_counters(out, transitions.0, transitions.1, &c(|x| &x.breaker_transitions));
+}
+
 #[derive(Debug, Default)]
 pub struct ShardMetrics {
+    /// The labelled families (built from the configuration at start-up).
+    pub families: Families,
     pub connections_accepted: AtomicU64,
     pub connections_open: AtomicU64,
     pub requests: AtomicU64,
@@ -119,6 +288,14 @@ pub struct ShardMetrics {
 }
 
 impl ShardMetrics {
+    /// Counters at zero with these labelled families.
+    pub fn with_families(families: Families) -> Self {
+        Self {
+            families,
+            ..Self::default()
+        }
+    }
+
     /// Publishes the owner tables' flow-control occupancy (after each owner message).
     pub fn publish_flow(&self, g: &FlowGauges) {
         let set = |c: &AtomicU64, v: usize| c.store(v as u64, Ordering::Relaxed);
@@ -168,7 +345,6 @@ impl ShardMetrics {
 pub fn render(
     shards: &[std::sync::Arc<ShardMetrics>],
     mesh: Option<&crate::mesh::ring::MeshStats>,
-    _config: &crate::config::Config,
 ) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
@@ -310,11 +486,20 @@ pub fn render(
             }
             _ => "",
         };
-        let _ = writeln!(
-            out,
-            "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}",
-            kind.code()
-        );
+        // No empty label: `phase` only where there is one.
+        let _ = if phase.is_empty() {
+            writeln!(
+                out,
+                "tidegate_gateway_errors_total{{code=\"{}\"}} {v}",
+                kind.code()
+            )
+        } else {
+            writeln!(
+                out,
+                "tidegate_gateway_errors_total{{code=\"{}\",phase=\"{phase}\"}} {v}",
+                kind.code()
+            )
+        };
     }
     let _ = writeln!(
         out,
@@ -340,5 +525,6 @@ pub fn render(
             reason.as_str()
         );
     }
+    render_families(&mut out, shards);
     out
 }

@@ -9,7 +9,7 @@ use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
 use crate::mesh::placement::owner_of;
 use crate::resilience::breaker::{
-    Admission, BreakerKey, BreakerSettings, BreakerTable, Failure, Transition as BreakerTransition,
+    Admission, BreakerKey, BreakerState, BreakerSettings, BreakerTable, Failure, Transition as BreakerTransition,
 };
 use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
@@ -630,9 +630,23 @@ pub fn takes_part_in_egress_lock(config: &Config, connection: ConnectionId) -> b
     c.egress.is_some() || config.provider(c.provider).quirks.egress_lock_by_default
 }
 
+/// Breaker states a transition enters, in the index order of
+/// `tidegate_breaker_transitions_total{to}`.
+pub const BREAKER_STATES: [BreakerState; 4] = [
+    BreakerState::Closed,
+    BreakerState::Degraded,
+    BreakerState::HalfOpen,
+    BreakerState::Open,
+];
+
 fn breaker_view(cx: &mut Cx<'_>, key: BreakerKey, t: Option<BreakerTransition>) {
     if let Some(t) = t {
         log_breaker(cx.config, key, &t);
+        if t.from != t.to
+            && let Some(i) = BREAKER_STATES.iter().position(|s| *s == t.to)
+        {
+            cx.count_breaker_transition(i);
+        }
         cx.view(View::Breaker { key, view: t.view });
     }
 }

@@ -1,0 +1,203 @@
+//! What the request path records for `/metrics` beyond the plain counters: the label sets
+//! of the labelled families (built once from the configuration: closed sets and
+//! configured ids only) and the index of each observation in them.
+
+use crate::config::{Config, ConnectionId, ProviderId};
+use crate::error::ErrorKind;
+use crate::providers::Endpoint;
+use crate::resilience::Reason;
+use crate::shard::metrics::{ERROR_KINDS, Families, ShardMetrics, kind_position};
+use crate::owners::health::owner::BREAKER_STATES;
+
+/// Route labels, in index order.
+const ROUTES: [&str; 7] = [
+    "chat_completions",
+    "responses",
+    "embeddings",
+    "messages",
+    "models",
+    "management",
+    "other",
+];
+
+/// Upstream answer classes, in index order (`error`: no answer).
+const CLASSES: [&str; 5] = ["2xx", "3xx", "4xx", "5xx", "error"];
+
+/// Every fallback reason of an upstream answer, in index order.
+const REASONS: [Reason; 12] = [
+    Reason::AuthError,
+    Reason::QuotaExhausted,
+    Reason::RateLimitExceeded,
+    Reason::ModelCapacity,
+    Reason::ServerError,
+    Reason::Unknown,
+    Reason::ServiceNotRunning,
+    Reason::NotFound,
+    Reason::ExecutorContractViolation,
+    Reason::InvalidPreviousResponseBinding,
+    Reason::ProviderModelUnsupported,
+    Reason::NetworkError,
+];
+
+
+fn reason_index(r: Reason) -> usize {
+    match r {
+        Reason::AuthError => 0,
+        Reason::QuotaExhausted => 1,
+        Reason::RateLimitExceeded => 2,
+        Reason::ModelCapacity => 3,
+        Reason::ServerError => 4,
+        Reason::Unknown => 5,
+        Reason::ServiceNotRunning => 6,
+        Reason::NotFound => 7,
+        Reason::ExecutorContractViolation => 8,
+        Reason::InvalidPreviousResponseBinding => 9,
+        Reason::ProviderModelUnsupported => 10,
+        Reason::NetworkError => 11,
+    }
+}
+
+/// The labelled families of one shard for `config`.
+pub fn shard_metrics(config: &Config) -> ShardMetrics {
+    let routes: Vec<String> = ROUTES.iter().map(|r| format!("{{route=\"{r}\"}}")).collect();
+    let mut attempts = Vec::new();
+    for c in &config.connections {
+        let p = &config.provider(c.provider).name;
+        for class in CLASSES {
+            attempts.push(format!(
+                "{{provider=\"{p}\",connection=\"{}\",class=\"{class}\"}}",
+                c.name
+            ));
+        }
+    }
+    let mut by_model = Vec::new();
+    for p in &config.providers {
+        for m in p.models.iter().map(String::as_str).chain(["other"]) {
+            by_model.push(format!("{{provider=\"{}\",model=\"{}\"}}", p.name, escape(m)));
+        }
+    }
+    let providers: Vec<String> = config
+        .providers
+        .iter()
+        .map(|p| format!("{{provider=\"{}\"}}", p.name))
+        .collect();
+    let mut fallbacks: Vec<String> = REASONS
+        .iter()
+        .map(|r| format!("{{cause=\"upstream\",reason=\"{}\"}}", r.as_str()))
+        .collect();
+    fallbacks.extend(
+        ERROR_KINDS
+            .iter()
+            .map(|k| format!("{{cause=\"gateway\",reason=\"{}\"}}", k.code())),
+    );
+    let transitions = BREAKER_STATES
+        .iter()
+        .map(|s| format!("{{to=\"{}\"}}", s.as_str()))
+        .collect();
+    ShardMetrics::with_families(Families {
+            requests: crate::shard::metrics::Counters::new(routes.clone()),
+            request_duration: crate::shard::metrics::Histograms::new(routes),
+            attempts: crate::shard::metrics::Counters::new(attempts),
+            attempts_by_model: crate::shard::metrics::Counters::new(by_model),
+            upstream_head: crate::shard::metrics::Histograms::new(providers.clone()),
+            upstream_ttfb: crate::shard::metrics::Histograms::new(providers),
+            fallbacks: crate::shard::metrics::Counters::new(fallbacks),
+            breaker_transitions: crate::shard::metrics::Counters::new(transitions),
+    })
+}
+
+/// A label value in the exposition's quoting.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The route label index of a request path.
+pub fn route_index(path: &str) -> usize {
+    match Endpoint::from_path(path) {
+        Some(Endpoint::ChatCompletions) => 0,
+        Some(Endpoint::Responses) => 1,
+        Some(Endpoint::Embeddings) => 2,
+        Some(Endpoint::Messages) => 3,
+        None if path.starts_with("/v1/models") => 4,
+        None if path.starts_with("/api/") || path == "/metrics" || path == "/healthz" => 5,
+        None => 6,
+    }
+}
+
+fn class_index(status: Option<u16>) -> usize {
+    match status {
+        Some(200..=299) => 0,
+        Some(300..=399) => 1,
+        Some(400..=499) => 2,
+        Some(500..=599) => 3,
+        _ => 4,
+    }
+}
+
+/// An upstream attempt on `connection` ended with an answer head of `status` (`None`: no
+/// answer) after `head_ns`.
+pub fn attempt(
+    m: &ShardMetrics,
+    config: &Config,
+    provider: ProviderId,
+    connection: ConnectionId,
+    model: &str,
+    status: Option<u16>,
+    head_ns: Option<u64>,
+) {
+    let f = &m.families;
+    f.attempts.add(
+        connection.0 as usize * CLASSES.len() + class_index(status),
+        1,
+    );
+    let mut base = 0;
+    for p in &config.providers {
+        if p.id == provider {
+            let i = p.models.iter().position(|x| x == model).unwrap_or(p.models.len());
+            f.attempts_by_model.add(base + i, 1);
+            break;
+        }
+        base += p.models.len() + 1;
+    }
+    if let Some(ns) = head_ns {
+        f.upstream_head.observe_ns(usize::from(provider.0), ns);
+    }
+}
+
+/// The first body byte of an attempt arrived `ns` after its request was sent.
+pub fn first_byte(m: &ShardMetrics, provider: ProviderId, ns: u64) {
+    m.families
+        .upstream_ttfb
+        .observe_ns(usize::from(provider.0), ns);
+}
+
+/// A move to the next candidate after an upstream answer (`Some(reason)`) or a
+/// gateway-made error.
+pub fn fallback(m: &ShardMetrics, upstream: Option<Reason>, gateway: ErrorKind) {
+    let i = match upstream {
+        Some(r) => reason_index(r),
+        None => REASONS.len() + kind_position(gateway),
+    };
+    m.families.fallbacks.add(i, 1);
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_own_index() {
+        for (i, r) in REASONS.iter().enumerate() {
+            assert_eq!(reason_index(*r), i);
+        }
+    }
+
+    #[test]
+    fn routes_are_labelled_from_the_path() {
+        assert_eq!(ROUTES[route_index("/v1/chat/completions")], "chat_completions");
+        assert_eq!(ROUTES[route_index("/v1/models/x")], "models");
+        assert_eq!(ROUTES[route_index("/api/resilience")], "management");
+        assert_eq!(ROUTES[route_index("/nope")], "other");
+    }
+}
