@@ -1,0 +1,166 @@
+//! `/metrics` parses with a maintained Prometheus text-format parser (Python's
+//! `prometheus_client.parser`, pinned in tests/compat/requirements.txt) on two shards, and
+//! its histograms, labelled counters and breaker gauges move under load.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+use support::compat::python;
+use support::*;
+
+const PARSER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/compat/parse_metrics.py");
+
+/// `/metrics` from loopback, parsed by prometheus_client: family → {type, samples}.
+fn scrape(gw: &Gateway) -> Value {
+    let r = Client::connect(gw.addr()).request("GET", "/metrics", &[], b"");
+    assert_eq!(r.status, 200);
+    let mut child = Command::new(python())
+        .arg(PARSER)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&r.body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "prometheus_client refused the exposition: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        r.text()
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The value of the sample `name` whose labels include `labels`. (The parser names a
+/// counter's family without its `_total` suffix.)
+fn sample(m: &Value, family: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let family = if m.get(family).is_some() {
+        family
+    } else {
+        family.trim_end_matches("_total")
+    };
+    let samples = m[family]["samples"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no family {family}"));
+    samples
+        .iter()
+        .find(|s| {
+            s[0] == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s[1][*k].as_str() == Some(*v))
+        })
+        .unwrap_or_else(|| panic!("no sample {name}{labels:?} in {family}"))[2]
+        .as_f64()
+        .unwrap()
+}
+
+#[test]
+fn metrics_parse_and_histograms_and_counters_move_under_load() {
+    let mock = MockUpstream::start();
+    for _ in 0..2 {
+        mock.on("/v1/chat/completions", Reply::error(503, "overloaded"));
+    }
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    let breaker = "[resilience.provider_breaker.apikey]\nfailure_threshold = 2\ndegradation_threshold = 1\nreset_timeout_ms = 1000\n";
+    let gw = Gateway::start(&one_upstream(&mock.base_url(), 2, "disable_cooling = true", breaker));
+    assert_eq!(gw.shards(), 2);
+
+    let before = scrape(&gw);
+    for family in [
+        "tidegate_request_duration_seconds",
+        "tidegate_upstream_head_seconds",
+        "tidegate_upstream_ttfb_seconds",
+    ] {
+        assert_eq!(before[family]["type"], "histogram", "{family}");
+    }
+    assert_eq!(before["tidegate_build_info"]["type"], "gauge");
+    assert_eq!(before["process_start_time_seconds"]["type"], "gauge");
+    assert!(sample(&before, "process_resident_memory_bytes", "process_resident_memory_bytes", &[]) > 0.0);
+    assert_eq!(
+        sample(&before, "tidegate_upstream_head_seconds", "tidegate_upstream_head_seconds_count", &[("provider", "up")]),
+        0.0
+    );
+    // No label is ever empty.
+    for (name, family) in before.as_object().unwrap() {
+        for s in family["samples"].as_array().unwrap() {
+            for (k, v) in s[1].as_object().unwrap() {
+                assert!(!v.as_str().unwrap().is_empty(), "{name}: empty label {k}");
+            }
+        }
+    }
+
+    // Two failures open the connection's breaker; then the reset timeout passes and traffic
+    // flows again. Requests on new connections land on both shards.
+    for _ in 0..2 {
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert_eq!(r.status, 503);
+    }
+    let open = eventually(std::time::Duration::from_secs(3), "the breaker to open", || {
+        let m = scrape(&gw);
+        (sample(&m, "tidegate_breaker_transitions_total", "tidegate_breaker_transitions_total", &[("to", "OPEN")]) >= 1.0)
+            .then_some(m)
+    });
+    assert_eq!(
+        sample(&open, "tidegate_upstream_attempts_by_connection_total", "tidegate_upstream_attempts_by_connection_total", &[("connection", "c1"), ("class", "5xx")]),
+        2.0
+    );
+    let served = eventually(std::time::Duration::from_secs(5), "traffic to flow again", || {
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        (r.status == 200).then_some(())
+    });
+    let _ = served;
+    for _ in 0..10 {
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert_eq!(r.status, 200);
+    }
+    let after = scrape(&gw);
+    let count = |m: &Value, f: &str| sample(m, f, &format!("{f}_count"), &[("provider", "up")]);
+    assert!(count(&after, "tidegate_upstream_head_seconds") >= 13.0);
+    assert!(count(&after, "tidegate_upstream_ttfb_seconds") >= 11.0);
+    let inf = sample(&after, "tidegate_upstream_head_seconds", "tidegate_upstream_head_seconds_bucket", &[("provider", "up"), ("le", "+Inf")]);
+    assert_eq!(inf, count(&after, "tidegate_upstream_head_seconds"));
+    let routed = sample(&after, "tidegate_request_duration_seconds", "tidegate_request_duration_seconds_count", &[("route", "chat_completions")]);
+    assert!(routed >= 13.0, "{routed}");
+    assert!(sample(&after, "tidegate_request_duration_seconds", "tidegate_request_duration_seconds_sum", &[("route", "chat_completions")]) > 0.0);
+    assert!(
+        sample(&after, "tidegate_http_requests_total", "tidegate_http_requests_total", &[("route", "chat_completions")]) >= 13.0
+    );
+    assert!(
+        sample(&after, "tidegate_upstream_attempts_by_model_total", "tidegate_upstream_attempts_by_model_total", &[("provider", "up"), ("model", "m1")]) >= 13.0
+    );
+    assert!(
+        sample(&after, "tidegate_breaker_transitions_total", "tidegate_breaker_transitions_total", &[("to", "CLOSED")]) >= 1.0,
+        "the probe's success closed it"
+    );
+    assert_eq!(
+        sample(&after, "tidegate_breaker_state", "tidegate_breaker_state", &[("provider", "up"), ("state", "OPEN")]),
+        0.0
+    );
+}
