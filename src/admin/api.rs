@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::patch::{self, PatchError};
-use super::{Answer, Route};
+use super::routes::{Answer, Route};
 use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId};
 use crate::error::{ErrorKind, GatewayError};
