@@ -321,3 +321,91 @@ fn model_cooldowns_are_listed_and_their_delete_validates_its_body() {
     );
     assert_eq!(r.json(), json!({"ok": true, "removed": false}));
 }
+
+#[test]
+fn a_patched_connection_cap_applies_to_the_next_request_on_either_shard() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("held").wait_for(&gate),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("quick"));
+    let gw = start(&mock, true);
+
+    // Error answers: nothing of them is applied.
+    let r = admin(&gw, "PATCH", "/api/providers/nope", br#"{"max_concurrent":1}"#);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["message"], "no connection \"nope\"");
+    let r = admin(&gw, "PATCH", "/api/providers/c1", b"{bad");
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], "Invalid JSON body");
+    let r = admin(&gw, "PATCH", "/api/providers/c1", br#"{"max_concurrent":0}"#);
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error"]["details"][0]["message"],
+        "connections[0].max_concurrent: 0 is out of range (1..=100000)"
+    );
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"rateLimitOverrides":{"maxWaitMs":999999}}"#,
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error"]["details"][0]["message"],
+        "connections[0].rate_limit_overrides.max_wait_ms: 999999 is out of range (1..=120000)"
+    );
+    let r = admin(&gw, "PATCH", "/api/providers/c1", br#"{"weight":3}"#);
+    assert_eq!(r.status, 400);
+    let r = call(&gw, "PATCH", "/api/providers/c1", Some(INFER_KEY), br#"{"max_concurrent":1}"#);
+    assert_eq!(r.status, 403);
+    let r = admin(&gw, "GET", "/api/providers/c1", b"");
+    assert_eq!(r.status, 405);
+
+    // One request at a time on c1, and a short wait for the permit.
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"max_concurrent":1,"rateLimitOverrides":{"maxWaitMs":50,"modelConcurrency":{"m1":1}}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["ok"], true);
+    assert_eq!(body["maxConcurrent"], 1);
+    assert_eq!(body["rateLimitOverrides"]["maxWaitMs"], 50);
+    assert_eq!(body["rateLimitOverrides"]["modelConcurrency"]["m1"], 1);
+
+    let addr = gw.addr();
+    let held = std::thread::spawn(move || {
+        Client::connect(addr).request(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {INFER_KEY}"))],
+            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+    });
+    mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(5));
+    // Every other request, on either shard, finds the one permit taken.
+    for _ in 0..6 {
+        let r = ask(&gw);
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("semaphore_timeout"));
+    }
+    assert_eq!(mock.hits("/v1/chat/completions"), 1);
+    gate.open();
+    assert_eq!(held.join().unwrap().status, 200);
+
+    // Unset again: no cap.
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"max_concurrent":null,"rateLimitOverrides":{"maxWaitMs":null,"modelConcurrency":null}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["maxConcurrent"], Value::Null);
+    assert_eq!(ask(&gw).status, 200);
+}

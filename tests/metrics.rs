@@ -163,4 +163,23 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
         sample(&after, "tidegate_breaker_state", "tidegate_breaker_state", &[("provider", "up"), ("state", "OPEN")]),
         0.0
     );
+
+    // Every metric the shipped Grafana dashboard queries exists.
+    let text = Client::connect(gw.addr()).request("GET", "/metrics", &[], b"").text();
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/grafana-dashboard.json"
+    ))
+    .unwrap();
+    let mut names = 0;
+    for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("tidegate_") || word.starts_with("process_") {
+            names += 1;
+            assert!(
+                text.lines().any(|l| l.starts_with(word)),
+                "the dashboard queries {word}, which /metrics does not have"
+            );
+        }
+    }
+    assert!(names > 10);
 }

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::patch::{self, PatchError};
-use super::routes::{Answer, Route};
+use super::connection;
+use super::routes::{Answer, CONNECTION_PREFIX, Route};
 use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId};
 use crate::error::{ErrorKind, GatewayError};
@@ -41,6 +42,7 @@ pub async fn serve(
         (Route::Cooldowns, _) => list_cooldowns(shard, head.query()).await?,
         (Route::ModelCooldowns, Method::Delete) => clear_model_cooldowns(shard, body).await?,
         (Route::ModelCooldowns, _) => list_model_cooldowns(shard).await?,
+        (Route::Connection, _) => patch_connection(shard, head.path(), body)?,
         (Route::Healthz | Route::Metrics, _) => {
             return Err(GatewayError::new(ErrorKind::Internal, "not a management route"));
         }
@@ -287,6 +289,48 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
     }
 }
 
+/// `PATCH /api/providers/{connectionId}`: the connection's concurrency and rate-limit
+/// settings, applied to every shard before its next request.
+fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, GatewayError> {
+    let id = path.strip_prefix(CONNECTION_PREFIX).unwrap_or_default();
+    let config = shard.config();
+    let Some(conn) = config.connections.iter().find(|c| c.name == id) else {
+        return Err(GatewayError::new(
+            ErrorKind::RouteNotFound,
+            format!("no connection {id:?}"),
+        ));
+    };
+    let obj = json_object(body)?;
+    let updated = shard.shared().runtime.update(|current| {
+        let now = current
+            .connections
+            .get(&conn.name)
+            .cloned()
+            .unwrap_or_else(|| crate::config::runtime::ConnectionSettings {
+                max_concurrent: conn.max_concurrent,
+                rate_limit_overrides: conn.rate_limit_overrides.clone(),
+            });
+        let settings = connection::apply(conn, &now, &obj)?;
+        let mut next = current.clone();
+        next.connections.insert(conn.name.clone(), settings);
+        Ok(next)
+    });
+    match updated {
+        Ok(next) => {
+            tracing::info!(connection = %conn.name, "management: connection settings changed");
+            shard.refresh();
+            let provider = &config.provider(conn.provider).name;
+            let s = next.connections.get(&conn.name).cloned().unwrap_or_default();
+            let mut v = connection::to_json(conn, provider, &s);
+            if let Value::Object(m) = &mut v {
+                m.insert("ok".into(), Value::Bool(true));
+            }
+            Ok(v)
+        }
+        Err(details) => Err(invalid(details)),
+    }
+}
+
 fn status_of(test: TestStatus, remaining_ms: u64, locked: bool) -> &'static str {
     if test.is_terminal() {
         "terminal"
@@ -430,7 +474,7 @@ async fn clear_cooldowns(shard: &Shard, body: &[u8]) -> Result<Value, GatewayErr
                 .as_deref()
                 .is_none_or(|p| config.provider(c.provider).name == p)
         })
-        .filter(|c| all || ids.iter().any(|i| *i == c.name))
+        .filter(|c| all || ids.contains(&c.name))
         .map(|c| c.id)
         .collect();
     let (mut cleared, mut unchanged, mut skipped, mut lockouts) = (0u64, 0u64, 0u64, 0u64);

@@ -5,6 +5,7 @@
 //! every shard adopts before its next request (`shard::settings`).
 
 mod api;
+mod connection;
 pub mod patch;
 mod routes;
 pub mod scrape;

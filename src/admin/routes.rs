@@ -13,7 +13,12 @@ pub enum Route {
     Resilience,
     Cooldowns,
     ModelCooldowns,
+    /// `PATCH /api/providers/{connectionId}`.
+    Connection,
 }
+
+/// The prefix of `PATCH /api/providers/{connectionId}`.
+pub const CONNECTION_PREFIX: &str = "/api/providers/";
 
 /// The admin route of a path and the methods it takes.
 pub fn route(path: &str) -> Option<(&'static [Method], Route)> {
@@ -27,6 +32,12 @@ pub fn route(path: &str) -> Option<(&'static [Method], Route)> {
         "/api/resilience" => (&[Get, Patch], Route::Resilience),
         "/api/resilience/cooldowns" => (&[Get, Post], Route::Cooldowns),
         "/api/resilience/model-cooldowns" => (&[Get, Delete], Route::ModelCooldowns),
+        p if p
+            .strip_prefix(CONNECTION_PREFIX)
+            .is_some_and(|id| !id.is_empty() && !id.contains('/')) =>
+        {
+            (&[Patch], Route::Connection)
+        }
         _ => return None,
     })
 }

@@ -239,7 +239,7 @@ pub struct DailyResetClock {
     pub hour: u8,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RateLimitOverrides {
     pub max_concurrent: Option<u32>,
     /// Exact upstream model id → concurrent cap.

@@ -5,6 +5,9 @@
 //! so a change is seen on the next request whichever shard serves it. The snapshot keeps
 //! this value as it is (it is plain data: ids, numbers, the settings).
 
+use std::collections::BTreeMap;
+
+use super::RateLimitOverrides;
 use super::resilience::ResilienceSettings;
 
 /// The settings the management API may change at run time.
@@ -12,6 +15,18 @@ use super::resilience::ResilienceSettings;
 pub struct RuntimeSettings {
     /// Every resilience setting (the `[resilience]` section after PATCHes).
     pub resilience: ResilienceSettings,
+    /// Per-connection settings set by `PATCH /api/providers/{connectionId}`, by the
+    /// connection's configured id (ids survive a reordered file; indexes do not). Each
+    /// entry replaces the file's values for that connection whole.
+    pub connections: BTreeMap<String, ConnectionSettings>,
+}
+
+/// A connection's concurrency and rate-limit settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    /// `max_concurrent`: the account gate's capacity (`None`: no account gate).
+    pub max_concurrent: Option<u32>,
+    pub rate_limit_overrides: RateLimitOverrides,
 }
 
 impl RuntimeSettings {
@@ -19,6 +34,7 @@ impl RuntimeSettings {
     pub fn from_config(config: &super::Config) -> Self {
         Self {
             resilience: config.resilience.clone(),
+            connections: BTreeMap::new(),
         }
     }
 
@@ -26,6 +42,12 @@ impl RuntimeSettings {
     pub fn apply_to(&self, base: &super::Config) -> super::Config {
         let mut c = base.clone();
         c.resilience = self.resilience.clone();
+        for conn in &mut c.connections {
+            if let Some(o) = self.connections.get(&conn.name) {
+                conn.max_concurrent = o.max_concurrent;
+                conn.rate_limit_overrides = o.rate_limit_overrides.clone();
+            }
+        }
         c
     }
 }

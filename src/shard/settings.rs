@@ -63,6 +63,7 @@ mod tests {
     fn an_update_bumps_the_generation_and_a_refused_one_does_not() {
         let cell = SettingsCell::new(RuntimeSettings {
             resilience: ResilienceSettings::default(),
+            connections: Default::default(),
         });
         assert_eq!(cell.generation(), 0);
         let r: Result<_, ()> = cell.update(|s| {
