@@ -26,7 +26,11 @@ const INFER_KEY: &str = "sk-infer";
 /// One provider `up` at the mock with connection `c1` (cooling on unless `no_cooling`),
 /// two shards, an admin token, a manage key and an inference key.
 fn config(mock: &MockUpstream, no_cooling: bool) -> String {
-    let cooling = if no_cooling { "disable_cooling = true" } else { "" };
+    let cooling = if no_cooling {
+        "disable_cooling = true"
+    } else {
+        ""
+    };
     format!(
         r#"
 [server]
@@ -116,8 +120,16 @@ fn management_calls_need_the_admin_token_or_a_manage_key_once_one_is_configured(
         assert_eq!(r.status, 403, "{method} {path}");
         assert_eq!(r.json()["error"]["type"], "permission_error");
         // The admin token and a manage key: answered.
-        assert_eq!(call(&gw, method, path, Some(ADMIN), b"{}").status, 200, "{method} {path}");
-        assert_eq!(call(&gw, method, path, Some(MANAGE_KEY), b"{}").status, 200, "{method} {path}");
+        assert_eq!(
+            call(&gw, method, path, Some(ADMIN), b"{}").status,
+            200,
+            "{method} {path}"
+        );
+        assert_eq!(
+            call(&gw, method, path, Some(MANAGE_KEY), b"{}").status,
+            200,
+            "{method} {path}"
+        );
     }
     // A method a route does not take: 405 with Allow.
     let r = admin(&gw, "PUT", "/api/resilience", b"{}");
@@ -136,7 +148,10 @@ fn with_no_credential_configured_loopback_callers_are_answered() {
     let gw = Gateway::start(&text);
     let r = call(&gw, "GET", "/api/resilience", None, b"");
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.json()["providerBreaker"]["apikey"]["failureThreshold"], 12);
+    assert_eq!(
+        r.json()["providerBreaker"]["apikey"]["failureThreshold"],
+        12
+    );
 }
 
 #[test]
@@ -148,7 +163,10 @@ fn a_patch_that_lowers_the_breaker_threshold_is_obeyed_on_both_shards() {
     // Error answers first: nothing of them is applied.
     let r = admin(&gw, "PATCH", "/api/resilience", b"{not json");
     assert_eq!(r.status, 400);
-    assert_eq!(r.json()["error"]["details"][0]["message"], "Invalid JSON body");
+    assert_eq!(
+        r.json()["error"]["details"][0]["message"],
+        "Invalid JSON body"
+    );
     let r = admin(&gw, "PATCH", "/api/resilience", b"{}");
     assert_eq!(r.status, 400);
     assert_eq!(
@@ -176,10 +194,18 @@ fn a_patch_that_lowers_the_breaker_threshold_is_obeyed_on_both_shards() {
         br#"{"providerBreaker":{"apikey":{"failureThreshold":3,"degradationThreshold":3}}}"#,
     );
     assert_eq!(r.status, 400, "{}", r.text());
-    let r = admin(&gw, "PATCH", "/api/resilience", br#"{"requestQueue":{"noSuchKey":1}}"#);
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/resilience",
+        br#"{"requestQueue":{"noSuchKey":1}}"#,
+    );
     assert_eq!(r.status, 400);
     let r = admin(&gw, "GET", "/api/resilience", b"");
-    assert_eq!(r.json()["providerBreaker"]["apikey"]["failureThreshold"], 12);
+    assert_eq!(
+        r.json()["providerBreaker"]["apikey"]["failureThreshold"],
+        12
+    );
 
     // Threshold 12 → 2.
     let r = admin(
@@ -196,7 +222,10 @@ fn a_patch_that_lowers_the_breaker_threshold_is_obeyed_on_both_shards() {
     for _ in 0..6 {
         let r = admin(&gw, "GET", "/api/resilience", b"");
         assert_eq!(r.json()["providerBreaker"]["apikey"]["failureThreshold"], 2);
-        assert_eq!(r.json()["providerBreaker"]["apikey"]["degradationThreshold"], 1);
+        assert_eq!(
+            r.json()["providerBreaker"]["apikey"]["degradationThreshold"],
+            1
+        );
     }
     // Two failures open the breaker (the default would take twelve), wherever they land.
     for _ in 0..2 {
@@ -269,19 +298,42 @@ fn a_cooldown_clear_makes_a_cooling_connection_serve_at_once() {
         r.json()["error"]["details"][0]["message"],
         "Provide connectionIds or set all to true"
     );
-    let r = admin(&gw, "POST", "/api/resilience/cooldowns", br#"{"all":true,"extra":1}"#);
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/resilience/cooldowns",
+        br#"{"all":true,"extra":1}"#,
+    );
     assert_eq!(r.status, 400);
-    let r = admin(&gw, "POST", "/api/resilience/cooldowns", br#"{"all":"yes"}"#);
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/resilience/cooldowns",
+        br#"{"all":"yes"}"#,
+    );
     assert_eq!(r.status, 400);
     // Unknown ids are ignored (A §5.2): nothing cleared.
-    let r = admin(&gw, "POST", "/api/resilience/cooldowns", br#"{"connectionIds":["nope"]}"#);
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/resilience/cooldowns",
+        br#"{"connectionIds":["nope"]}"#,
+    );
     assert_eq!(r.status, 200);
     let r = r.json();
-    assert_eq!((r["cleared"].as_u64(), r["unchanged"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(
+        (r["cleared"].as_u64(), r["unchanged"].as_u64()),
+        (Some(0), Some(0))
+    );
     assert_ne!(ask(&gw).status, 200, "still cooling");
 
     // The clear: the next request, on any shard, is served.
-    let r = admin(&gw, "POST", "/api/resilience/cooldowns", br#"{"connectionIds":["c1"]}"#);
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/resilience/cooldowns",
+        br#"{"connectionIds":["c1"]}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let r: Value = r.json();
     assert_eq!(r["ok"], true);
@@ -292,7 +344,12 @@ fn a_cooldown_clear_makes_a_cooling_connection_serve_at_once() {
         let r = ask(&gw);
         assert_eq!(r.status, 200, "served at once: {}", r.text());
     }
-    let r = admin(&gw, "POST", "/api/resilience/cooldowns", br#"{"all":true,"provider":"up"}"#);
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/resilience/cooldowns",
+        br#"{"all":true,"provider":"up"}"#,
+    );
     assert_eq!(r.json()["unchanged"], 1);
 }
 
@@ -303,15 +360,33 @@ fn model_cooldowns_are_listed_and_their_delete_validates_its_body() {
     let r = admin(&gw, "GET", "/api/resilience/model-cooldowns", b"");
     assert_eq!(r.status, 200);
     assert_eq!(r.json(), json!({"items": []}));
-    let r = admin(&gw, "DELETE", "/api/resilience/model-cooldowns", br#"{"provider":"up"}"#);
+    let r = admin(
+        &gw,
+        "DELETE",
+        "/api/resilience/model-cooldowns",
+        br#"{"provider":"up"}"#,
+    );
     assert_eq!(r.status, 400);
-    assert_eq!(r.json()["error"]["message"], "provider and model are required");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "provider and model are required"
+    );
     // Invalid JSON counts as {} (A §4.8).
     let r = admin(&gw, "DELETE", "/api/resilience/model-cooldowns", b"{x");
     assert_eq!(r.status, 400);
-    let r = admin(&gw, "DELETE", "/api/resilience/model-cooldowns", br#"{"all":1}"#);
+    let r = admin(
+        &gw,
+        "DELETE",
+        "/api/resilience/model-cooldowns",
+        br#"{"all":1}"#,
+    );
     assert_eq!(r.status, 400);
-    let r = admin(&gw, "DELETE", "/api/resilience/model-cooldowns", br#"{"all":true}"#);
+    let r = admin(
+        &gw,
+        "DELETE",
+        "/api/resilience/model-cooldowns",
+        br#"{"all":true}"#,
+    );
     assert_eq!(r.json(), json!({"ok": true, "clearedAll": true}));
     let r = admin(
         &gw,
@@ -334,13 +409,23 @@ fn a_patched_connection_cap_applies_to_the_next_request_on_either_shard() {
     let gw = start(&mock, true);
 
     // Error answers: nothing of them is applied.
-    let r = admin(&gw, "PATCH", "/api/providers/nope", br#"{"max_concurrent":1}"#);
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/nope",
+        br#"{"max_concurrent":1}"#,
+    );
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["message"], "no connection \"nope\"");
     let r = admin(&gw, "PATCH", "/api/providers/c1", b"{bad");
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["message"], "Invalid JSON body");
-    let r = admin(&gw, "PATCH", "/api/providers/c1", br#"{"max_concurrent":0}"#);
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"max_concurrent":0}"#,
+    );
     assert_eq!(r.status, 400);
     assert_eq!(
         r.json()["error"]["details"][0]["message"],
@@ -359,7 +444,13 @@ fn a_patched_connection_cap_applies_to_the_next_request_on_either_shard() {
     );
     let r = admin(&gw, "PATCH", "/api/providers/c1", br#"{"weight":3}"#);
     assert_eq!(r.status, 400);
-    let r = call(&gw, "PATCH", "/api/providers/c1", Some(INFER_KEY), br#"{"max_concurrent":1}"#);
+    let r = call(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        Some(INFER_KEY),
+        br#"{"max_concurrent":1}"#,
+    );
     assert_eq!(r.status, 403);
     let r = admin(&gw, "GET", "/api/providers/c1", b"");
     assert_eq!(r.status, 405);

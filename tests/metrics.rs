@@ -55,12 +55,7 @@ fn sample(m: &Value, family: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .unwrap_or_else(|| panic!("no family {family}"));
     samples
         .iter()
-        .find(|s| {
-            s[0] == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s[1][*k].as_str() == Some(*v))
-        })
+        .find(|s| s[0] == name && labels.iter().all(|(k, v)| s[1][*k].as_str() == Some(*v)))
         .unwrap_or_else(|| panic!("no sample {name}{labels:?} in {family}"))[2]
         .as_f64()
         .unwrap()
@@ -74,7 +69,12 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
     }
     mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
     let breaker = "[resilience.provider_breaker.apikey]\nfailure_threshold = 2\ndegradation_threshold = 1\nreset_timeout_ms = 1000\n";
-    let gw = Gateway::start(&one_upstream(&mock.base_url(), 2, "disable_cooling = true", breaker));
+    let gw = Gateway::start(&one_upstream(
+        &mock.base_url(),
+        2,
+        "disable_cooling = true",
+        breaker,
+    ));
     assert_eq!(gw.shards(), 2);
 
     let before = scrape(&gw);
@@ -87,9 +87,21 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
     }
     assert_eq!(before["tidegate_build_info"]["type"], "gauge");
     assert_eq!(before["process_start_time_seconds"]["type"], "gauge");
-    assert!(sample(&before, "process_resident_memory_bytes", "process_resident_memory_bytes", &[]) > 0.0);
+    assert!(
+        sample(
+            &before,
+            "process_resident_memory_bytes",
+            "process_resident_memory_bytes",
+            &[]
+        ) > 0.0
+    );
     assert_eq!(
-        sample(&before, "tidegate_upstream_head_seconds", "tidegate_upstream_head_seconds_count", &[("provider", "up")]),
+        sample(
+            &before,
+            "tidegate_upstream_head_seconds",
+            "tidegate_upstream_head_seconds_count",
+            &[("provider", "up")]
+        ),
         0.0
     );
     // No label is ever empty.
@@ -112,25 +124,42 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
         );
         assert_eq!(r.status, 503);
     }
-    let open = eventually(std::time::Duration::from_secs(3), "the breaker to open", || {
-        let m = scrape(&gw);
-        (sample(&m, "tidegate_breaker_transitions_total", "tidegate_breaker_transitions_total", &[("to", "OPEN")]) >= 1.0)
-            .then_some(m)
-    });
+    let open = eventually(
+        std::time::Duration::from_secs(3),
+        "the breaker to open",
+        || {
+            let m = scrape(&gw);
+            (sample(
+                &m,
+                "tidegate_breaker_transitions_total",
+                "tidegate_breaker_transitions_total",
+                &[("to", "OPEN")],
+            ) >= 1.0)
+                .then_some(m)
+        },
+    );
     assert_eq!(
-        sample(&open, "tidegate_upstream_attempts_by_connection_total", "tidegate_upstream_attempts_by_connection_total", &[("connection", "c1"), ("class", "5xx")]),
+        sample(
+            &open,
+            "tidegate_upstream_attempts_by_connection_total",
+            "tidegate_upstream_attempts_by_connection_total",
+            &[("connection", "c1"), ("class", "5xx")]
+        ),
         2.0
     );
-    let served = eventually(std::time::Duration::from_secs(5), "traffic to flow again", || {
-        let r = Client::connect(gw.addr()).request(
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
-        );
-        (r.status == 200).then_some(())
-    });
-    let _ = served;
+    eventually(
+        std::time::Duration::from_secs(5),
+        "traffic to flow again",
+        || {
+            let r = Client::connect(gw.addr()).request(
+                "POST",
+                "/v1/chat/completions",
+                &[],
+                br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+            );
+            (r.status == 200).then_some(())
+        },
+    );
     for _ in 0..10 {
         let r = Client::connect(gw.addr()).request(
             "POST",
@@ -144,28 +173,67 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
     let count = |m: &Value, f: &str| sample(m, f, &format!("{f}_count"), &[("provider", "up")]);
     assert!(count(&after, "tidegate_upstream_head_seconds") >= 13.0);
     assert!(count(&after, "tidegate_upstream_ttfb_seconds") >= 11.0);
-    let inf = sample(&after, "tidegate_upstream_head_seconds", "tidegate_upstream_head_seconds_bucket", &[("provider", "up"), ("le", "+Inf")]);
+    let inf = sample(
+        &after,
+        "tidegate_upstream_head_seconds",
+        "tidegate_upstream_head_seconds_bucket",
+        &[("provider", "up"), ("le", "+Inf")],
+    );
     assert_eq!(inf, count(&after, "tidegate_upstream_head_seconds"));
-    let routed = sample(&after, "tidegate_request_duration_seconds", "tidegate_request_duration_seconds_count", &[("route", "chat_completions")]);
+    let routed = sample(
+        &after,
+        "tidegate_request_duration_seconds",
+        "tidegate_request_duration_seconds_count",
+        &[("route", "chat_completions")],
+    );
     assert!(routed >= 13.0, "{routed}");
-    assert!(sample(&after, "tidegate_request_duration_seconds", "tidegate_request_duration_seconds_sum", &[("route", "chat_completions")]) > 0.0);
     assert!(
-        sample(&after, "tidegate_http_requests_total", "tidegate_http_requests_total", &[("route", "chat_completions")]) >= 13.0
+        sample(
+            &after,
+            "tidegate_request_duration_seconds",
+            "tidegate_request_duration_seconds_sum",
+            &[("route", "chat_completions")]
+        ) > 0.0
     );
     assert!(
-        sample(&after, "tidegate_upstream_attempts_by_model_total", "tidegate_upstream_attempts_by_model_total", &[("provider", "up"), ("model", "m1")]) >= 13.0
+        sample(
+            &after,
+            "tidegate_http_requests_total",
+            "tidegate_http_requests_total",
+            &[("route", "chat_completions")]
+        ) >= 13.0
     );
     assert!(
-        sample(&after, "tidegate_breaker_transitions_total", "tidegate_breaker_transitions_total", &[("to", "CLOSED")]) >= 1.0,
+        sample(
+            &after,
+            "tidegate_upstream_attempts_by_model_total",
+            "tidegate_upstream_attempts_by_model_total",
+            &[("provider", "up"), ("model", "m1")]
+        ) >= 13.0
+    );
+    assert!(
+        sample(
+            &after,
+            "tidegate_breaker_transitions_total",
+            "tidegate_breaker_transitions_total",
+            &[("to", "CLOSED")]
+        ) >= 1.0,
         "the probe's success closed it"
     );
     assert_eq!(
-        sample(&after, "tidegate_breaker_state", "tidegate_breaker_state", &[("provider", "up"), ("state", "OPEN")]),
+        sample(
+            &after,
+            "tidegate_breaker_state",
+            "tidegate_breaker_state",
+            &[("provider", "up"), ("state", "OPEN")]
+        ),
         0.0
     );
 
     // Every metric the shipped Grafana dashboard queries exists.
-    let text = Client::connect(gw.addr()).request("GET", "/metrics", &[], b"").text();
+    let text = Client::connect(gw.addr())
+        .request("GET", "/metrics", &[], b"")
+        .text();
     let dashboard = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/docs/grafana-dashboard.json"

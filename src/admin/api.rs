@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::patch::{self, PatchError};
 use super::connection;
+use super::patch::{self, PatchError};
 use super::routes::{Answer, CONNECTION_PREFIX, Route};
 use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId};
@@ -44,7 +44,10 @@ pub async fn serve(
         (Route::ModelCooldowns, _) => list_model_cooldowns(shard).await?,
         (Route::Connection, _) => patch_connection(shard, head.path(), body)?,
         (Route::Healthz | Route::Metrics, _) => {
-            return Err(GatewayError::new(ErrorKind::Internal, "not a management route"));
+            return Err(GatewayError::new(
+                ErrorKind::Internal,
+                "not a management route",
+            ));
         }
     };
     Ok((200, "application/json", value.to_string()))
@@ -79,7 +82,10 @@ fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, GatewayErr
             "body".into(),
             "expected a JSON object".into(),
         )])),
-        Err(_) => Err(GatewayError::new(ErrorKind::InvalidJson, "Invalid JSON body")),
+        Err(_) => Err(GatewayError::new(
+            ErrorKind::InvalidJson,
+            "Invalid JSON body",
+        )),
     }
 }
 
@@ -172,7 +178,9 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
     let mut by_provider: BTreeMap<String, (usize, usize, u64)> = BTreeMap::new();
     for c in &config.connections {
         let provider = &config.provider(c.provider).name;
-        let e = by_provider.entry(provider.clone()).or_insert((0, 0, u64::MAX));
+        let e = by_provider
+            .entry(provider.clone())
+            .or_insert((0, 0, u64::MAX));
         e.1 += 1;
         if let Some(until) = status
             .connections
@@ -281,10 +289,7 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
             shard.refresh();
             Ok(settings_json(&shard.config(), Some(true)))
         }
-        Err(PatchError::Json(_)) => Err(invalid(vec![(
-            "body".into(),
-            "Invalid JSON body".into(),
-        )])),
+        Err(PatchError::Json(_)) => Err(invalid(vec![("body".into(), "Invalid JSON body".into())])),
         Err(PatchError::Invalid(details)) => Err(invalid(details)),
     }
 }
@@ -320,7 +325,11 @@ fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, Gat
             tracing::info!(connection = %conn.name, "management: connection settings changed");
             shard.refresh();
             let provider = &config.provider(conn.provider).name;
-            let s = next.connections.get(&conn.name).cloned().unwrap_or_default();
+            let s = next
+                .connections
+                .get(&conn.name)
+                .cloned()
+                .unwrap_or_default();
             let mut v = connection::to_json(conn, provider, &s);
             if let Value::Object(m) = &mut v {
                 m.insert("ok".into(), Value::Bool(true));
@@ -431,7 +440,10 @@ async fn clear_cooldowns(shard: &Shard, body: &[u8]) -> Result<Value, GatewayErr
             Some(s.trim().to_owned())
         }
         Some(_) => {
-            details.push(("provider".into(), "expected a string of 1..=128 characters".into()));
+            details.push((
+                "provider".into(),
+                "expected a string of 1..=128 characters".into(),
+            ));
             None
         }
     };
@@ -498,7 +510,13 @@ async fn clear_cooldowns(shard: &Shard, body: &[u8]) -> Result<Value, GatewayErr
             _ => return Err(unavailable(CallError::Mismatched)),
         }
     }
-    tracing::info!(cleared, unchanged, skipped, lockouts, "management: cooldowns cleared");
+    tracing::info!(
+        cleared,
+        unchanged,
+        skipped,
+        lockouts,
+        "management: cooldowns cleared"
+    );
     Ok(json!({
         "ok": true,
         "cleared": cleared,

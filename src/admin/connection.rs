@@ -11,9 +11,9 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::config::Connection;
 use crate::config::problem::{HOUR_MS, out_of_range};
 use crate::config::runtime::ConnectionSettings;
-use crate::config::Connection;
 
 /// Checks a body against `current`; the new settings, or `(field, message)` problems.
 pub fn apply(
@@ -31,7 +31,14 @@ pub fn apply(
     for (k, v) in body {
         match k.as_str() {
             "max_concurrent" | "maxConcurrent" => {
-                if let Some(n) = bounded(&mut problems, k, format!("connections[{i}].max_concurrent"), v, 1, 100_000) {
+                if let Some(n) = bounded(
+                    &mut problems,
+                    k,
+                    format!("connections[{i}].max_concurrent"),
+                    v,
+                    1,
+                    100_000,
+                ) {
                     next.max_concurrent = narrow(n);
                 }
             }
@@ -46,27 +53,62 @@ pub fn apply(
                     let field = format!("{k}.{ok}");
                     match ok.as_str() {
                         "maxConcurrent" => {
-                            if let Some(n) = bounded(&mut problems, &field, format!("{base}.max_concurrent"), ov, 1, 100_000) {
+                            if let Some(n) = bounded(
+                                &mut problems,
+                                &field,
+                                format!("{base}.max_concurrent"),
+                                ov,
+                                1,
+                                100_000,
+                            ) {
                                 r.max_concurrent = narrow(n);
                             }
                         }
                         "maxWaitMs" => {
-                            if let Some(n) = bounded(&mut problems, &field, format!("{base}.max_wait_ms"), ov, 1, 120_000) {
+                            if let Some(n) = bounded(
+                                &mut problems,
+                                &field,
+                                format!("{base}.max_wait_ms"),
+                                ov,
+                                1,
+                                120_000,
+                            ) {
                                 r.max_wait_ms = n;
                             }
                         }
                         "executionMaxWaitMs" => {
-                            if let Some(n) = bounded(&mut problems, &field, format!("{base}.execution_max_wait_ms"), ov, 1, 600_000) {
+                            if let Some(n) = bounded(
+                                &mut problems,
+                                &field,
+                                format!("{base}.execution_max_wait_ms"),
+                                ov,
+                                1,
+                                600_000,
+                            ) {
                                 r.execution_max_wait_ms = n;
                             }
                         }
                         "requestsPerMinute" => {
-                            if let Some(n) = bounded(&mut problems, &field, format!("{base}.requests_per_minute"), ov, 1, 1_000_000) {
+                            if let Some(n) = bounded(
+                                &mut problems,
+                                &field,
+                                format!("{base}.requests_per_minute"),
+                                ov,
+                                1,
+                                1_000_000,
+                            ) {
                                 r.requests_per_minute = narrow(n);
                             }
                         }
                         "minTimeBetweenRequestsMs" => {
-                            if let Some(n) = bounded(&mut problems, &field, format!("{base}.min_time_between_requests_ms"), ov, 0, HOUR_MS) {
+                            if let Some(n) = bounded(
+                                &mut problems,
+                                &field,
+                                format!("{base}.min_time_between_requests_ms"),
+                                ov,
+                                0,
+                                HOUR_MS,
+                            ) {
                                 r.min_time_between_requests_ms = n;
                             }
                         }
@@ -78,20 +120,33 @@ pub fn apply(
                                     let key = format!("{base}.model_concurrency.{model}");
                                     let f = format!("{field}.{model}");
                                     if model.is_empty() || model.chars().count() > 128 {
-                                        problems.push((f, format!("{key}: model id must be 1..=128 characters")));
+                                        problems.push((
+                                            f,
+                                            format!("{key}: model id must be 1..=128 characters"),
+                                        ));
                                         continue;
                                     }
                                     match cap.as_u64() {
                                         Some(c) if (1..=10_000).contains(&c) => {
-                                            list.push((model.clone(), u32::try_from(c).unwrap_or(10_000)));
+                                            list.push((
+                                                model.clone(),
+                                                u32::try_from(c).unwrap_or(10_000),
+                                            ));
                                         }
-                                        Some(c) => problems.push((f, format!("{key}: {}", out_of_range(c, 1, 10_000)))),
-                                        None => problems.push((f, format!("{key}: expected a whole number, got {cap}"))),
+                                        Some(c) => problems.push((
+                                            f,
+                                            format!("{key}: {}", out_of_range(c, 1, 10_000)),
+                                        )),
+                                        None => problems.push((
+                                            f,
+                                            format!("{key}: expected a whole number, got {cap}"),
+                                        )),
                                     }
                                 }
                                 r.model_concurrency = list;
                             }
-                            _ => problems.push((field, "expected an object of model → cap, or null".into())),
+                            _ => problems
+                                .push((field, "expected an object of model → cap, or null".into())),
                         },
                         _ => problems.push((field, format!("unknown setting {base}.{ok}"))),
                     }
@@ -100,7 +155,11 @@ pub fn apply(
             _ => problems.push((k.clone(), format!("unknown setting connections[{i}].{k}"))),
         }
     }
-    if problems.is_empty() { Ok(next) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(next)
+    } else {
+        Err(problems)
+    }
 }
 
 /// `v` as a whole number in `min..=max`, or `null` (unset): `Some(value)`, or `None`

@@ -22,7 +22,6 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::http1::RequestHead;
 use crate::owners::Shard;
 
-
 /// Answers an admin route. `peer` is the client's address (`None` if unknown: treated as
 /// not loopback).
 pub async fn serve(
@@ -88,7 +87,10 @@ fn is_loopback(peer: Option<IpAddr>) -> bool {
 /// Whether management credentials exist: the admin token or a key with scope `manage`.
 fn credentials_configured(config: &Config) -> bool {
     config.server.admin_token.is_some()
-        || config.client_keys.iter().any(|k| k.has_scope(Scope::Manage))
+        || config
+            .client_keys
+            .iter()
+            .any(|k| k.has_scope(Scope::Manage))
 }
 
 /// The management API's access rule: the admin token, or a client key with scope

@@ -129,13 +129,21 @@ impl Walk<'_> {
             };
             match v {
                 Value::Null => {
-                    self.s.connection_cooldown.get_mut(auth).use_upstream_429_breaker_hints = None;
+                    self.s
+                        .connection_cooldown
+                        .get_mut(auth)
+                        .use_upstream_429_breaker_hints = None;
                 }
                 Value::Bool(b) => {
-                    self.s.connection_cooldown.get_mut(auth).use_upstream_429_breaker_hints =
-                        Some(*b);
+                    self.s
+                        .connection_cooldown
+                        .get_mut(auth)
+                        .use_upstream_429_breaker_hints = Some(*b);
                 }
-                _ => self.problem(field, format!("resilience.{path}: expected true, false or null")),
+                _ => self.problem(
+                    field,
+                    format!("resilience.{path}: expected true, false or null"),
+                ),
             }
             return;
         }
@@ -143,7 +151,10 @@ impl Walk<'_> {
             match v.as_u64() {
                 Some(n) if n < f.min || n > f.max => self.problem(
                     field,
-                    format!("resilience.{path}: {}", problem::out_of_range(n, f.min, f.max)),
+                    format!(
+                        "resilience.{path}: {}",
+                        problem::out_of_range(n, f.min, f.max)
+                    ),
                 ),
                 Some(n) => (f.set)(&mut self.s, n),
                 None => self.problem(
@@ -156,7 +167,10 @@ impl Walk<'_> {
         if let Some(f) = bool_fields().into_iter().find(|f| f.path == path) {
             match v.as_bool() {
                 Some(b) => (f.set)(&mut self.s, b),
-                None => self.problem(field, format!("resilience.{path}: expected true or false, got {v}")),
+                None => self.problem(
+                    field,
+                    format!("resilience.{path}: expected true or false, got {v}"),
+                ),
             }
             return;
         }
@@ -170,12 +184,18 @@ impl Walk<'_> {
 
     fn quota_overrides(&mut self, field: &str, v: &Value) {
         let Some(obj) = v.as_object() else {
-            return self.problem(field, "expected an object of provider → {rpm, concurrency, providerConcurrency}");
+            return self.problem(
+                field,
+                "expected an object of provider → {rpm, concurrency, providerConcurrency}",
+            );
         };
         for (provider, o) in obj {
             let field = format!("{field}.{provider}");
             let Some(o) = o.as_object() else {
-                self.problem(&field, "expected an object {rpm, concurrency, providerConcurrency}");
+                self.problem(
+                    &field,
+                    "expected an object {rpm, concurrency, providerConcurrency}",
+                );
                 continue;
             };
             let mut out = ProviderQuotaOverride {
@@ -185,7 +205,10 @@ impl Walk<'_> {
             };
             for (k, n) in o {
                 let field = format!("{field}.{k}");
-                let key = format!("resilience.provider_quota_overrides.{provider}.{}", snake(k));
+                let key = format!(
+                    "resilience.provider_quota_overrides.{provider}.{}",
+                    snake(k)
+                );
                 let (slot, min, max) = match k.as_str() {
                     "rpm" => (&mut out.rpm, 1, 1_000_000),
                     "concurrency" => (&mut out.concurrency, 1, 100_000),
@@ -236,7 +259,13 @@ fn section_paths() -> Vec<String> {
         .into_iter()
         .map(|f| f.path)
         .chain(bool_fields().into_iter().map(|f| f.path))
-        .chain(["connection_cooldown.oauth.x", "connection_cooldown.apikey.x", "connection_cooldown.local.x", "model_lockout.x", "token_refresh_breaker.x"]);
+        .chain([
+            "connection_cooldown.oauth.x",
+            "connection_cooldown.apikey.x",
+            "connection_cooldown.local.x",
+            "model_lockout.x",
+            "token_refresh_breaker.x",
+        ]);
     for p in paths {
         let mut at = 0;
         while let Some(i) = p[at..].find('.') {
@@ -252,8 +281,7 @@ fn section_paths() -> Vec<String> {
 
 /// Applies a PATCH body onto `current`: the new settings, or why not.
 pub fn apply(current: &ResilienceSettings, body: &[u8]) -> Result<ResilienceSettings, PatchError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| PatchError::Json(e.to_string()))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| PatchError::Json(e.to_string()))?;
     let Some(obj) = value.as_object().filter(|o| !o.is_empty()) else {
         return Err(PatchError::Invalid(vec![(
             "body".to_owned(),
@@ -291,15 +319,22 @@ mod tests {
     #[test]
     fn camel_case_keys_map_to_the_file_paths() {
         assert_eq!(snake("failureThreshold"), "failure_threshold");
-        assert_eq!(snake("useUpstream429BreakerHints"), "use_upstream_429_breaker_hints");
+        assert_eq!(
+            snake("useUpstream429BreakerHints"),
+            "use_upstream_429_breaker_hints"
+        );
         assert_eq!(snake("apikey"), "apikey");
-        assert_eq!(snake("halfOpenProbeTimeoutMs"), "half_open_probe_timeout_ms");
+        assert_eq!(
+            snake("halfOpenProbeTimeoutMs"),
+            "half_open_probe_timeout_ms"
+        );
     }
 
     #[test]
     fn a_valid_patch_changes_only_what_it_names() {
         let cur = ResilienceSettings::default();
-        let body = br#"{"providerBreaker":{"apikey":{"failureThreshold":3,"degradationThreshold":2}}}"#;
+        let body =
+            br#"{"providerBreaker":{"apikey":{"failureThreshold":3,"degradationThreshold":2}}}"#;
         let s = apply(&cur, body).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(s.provider_breaker.apikey.failure_threshold, 3);
         assert_eq!(s.provider_breaker.apikey.degradation_threshold, 2);
@@ -345,7 +380,8 @@ mod tests {
     #[test]
     fn cross_field_rules_of_the_file_apply() {
         let cur = ResilienceSettings::default();
-        let body = br#"{"providerBreaker":{"apikey":{"failureThreshold":3,"degradationThreshold":5}}}"#;
+        let body =
+            br#"{"providerBreaker":{"apikey":{"failureThreshold":3,"degradationThreshold":5}}}"#;
         let Err(PatchError::Invalid(p)) = apply(&cur, body) else {
             panic!("accepted");
         };

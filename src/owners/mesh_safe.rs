@@ -30,8 +30,8 @@ impl MeshSafe for LastError {}
 mod health {
     use crate::mesh_safe;
     use crate::owners::health::protocol::{
-        AdminRequest, BreakerEntry, ComboAttempt, ConnectionEntry, Ended, Fact, LockEntry,
-        Outcome, OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+        AdminRequest, BreakerEntry, ComboAttempt, ConnectionEntry, Ended, Fact, LockEntry, Outcome,
+        OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict, View,
     };
     use crate::resilience::FallbackDecision;
     use crate::resilience::lockout::{KeyModel, LockKey, LockUpdate};

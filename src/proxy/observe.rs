@@ -4,10 +4,10 @@
 
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::error::ErrorKind;
+use crate::owners::health::owner::BREAKER_STATES;
 use crate::providers::Endpoint;
 use crate::resilience::Reason;
 use crate::shard::metrics::{ERROR_KINDS, Families, ShardMetrics, kind_position};
-use crate::owners::health::owner::BREAKER_STATES;
 
 /// Route labels, in index order.
 const ROUTES: [&str; 7] = [
@@ -39,7 +39,6 @@ const REASONS: [Reason; 12] = [
     Reason::NetworkError,
 ];
 
-
 fn reason_index(r: Reason) -> usize {
     match r {
         Reason::AuthError => 0,
@@ -59,7 +58,10 @@ fn reason_index(r: Reason) -> usize {
 
 /// The labelled families of one shard for `config`.
 pub fn shard_metrics(config: &Config) -> ShardMetrics {
-    let routes: Vec<String> = ROUTES.iter().map(|r| format!("{{route=\"{r}\"}}")).collect();
+    let routes: Vec<String> = ROUTES
+        .iter()
+        .map(|r| format!("{{route=\"{r}\"}}"))
+        .collect();
     let mut attempts = Vec::new();
     for c in &config.connections {
         let p = &config.provider(c.provider).name;
@@ -73,7 +75,11 @@ pub fn shard_metrics(config: &Config) -> ShardMetrics {
     let mut by_model = Vec::new();
     for p in &config.providers {
         for m in p.models.iter().map(String::as_str).chain(["other"]) {
-            by_model.push(format!("{{provider=\"{}\",model=\"{}\"}}", p.name, escape(m)));
+            by_model.push(format!(
+                "{{provider=\"{}\",model=\"{}\"}}",
+                p.name,
+                escape(m)
+            ));
         }
     }
     let providers: Vec<String> = config
@@ -95,20 +101,22 @@ pub fn shard_metrics(config: &Config) -> ShardMetrics {
         .map(|s| format!("{{to=\"{}\"}}", s.as_str()))
         .collect();
     ShardMetrics::with_families(Families {
-            requests: crate::shard::metrics::Counters::new(routes.clone()),
-            request_duration: crate::shard::metrics::Histograms::new(routes),
-            attempts: crate::shard::metrics::Counters::new(attempts),
-            attempts_by_model: crate::shard::metrics::Counters::new(by_model),
-            upstream_head: crate::shard::metrics::Histograms::new(providers.clone()),
-            upstream_ttfb: crate::shard::metrics::Histograms::new(providers),
-            fallbacks: crate::shard::metrics::Counters::new(fallbacks),
-            breaker_transitions: crate::shard::metrics::Counters::new(transitions),
+        requests: crate::shard::metrics::Counters::new(routes.clone()),
+        request_duration: crate::shard::metrics::Histograms::new(routes),
+        attempts: crate::shard::metrics::Counters::new(attempts),
+        attempts_by_model: crate::shard::metrics::Counters::new(by_model),
+        upstream_head: crate::shard::metrics::Histograms::new(providers.clone()),
+        upstream_ttfb: crate::shard::metrics::Histograms::new(providers),
+        fallbacks: crate::shard::metrics::Counters::new(fallbacks),
+        breaker_transitions: crate::shard::metrics::Counters::new(transitions),
     })
 }
 
 /// A label value in the exposition's quoting.
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// The route label index of a request path.
@@ -153,7 +161,11 @@ pub fn attempt(
     let mut base = 0;
     for p in &config.providers {
         if p.id == provider {
-            let i = p.models.iter().position(|x| x == model).unwrap_or(p.models.len());
+            let i = p
+                .models
+                .iter()
+                .position(|x| x == model)
+                .unwrap_or(p.models.len());
             f.attempts_by_model.add(base + i, 1);
             break;
         }
@@ -181,7 +193,6 @@ pub fn fallback(m: &ShardMetrics, upstream: Option<Reason>, gateway: ErrorKind) 
     m.families.fallbacks.add(i, 1);
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,7 +206,10 @@ mod tests {
 
     #[test]
     fn routes_are_labelled_from_the_path() {
-        assert_eq!(ROUTES[route_index("/v1/chat/completions")], "chat_completions");
+        assert_eq!(
+            ROUTES[route_index("/v1/chat/completions")],
+            "chat_completions"
+        );
         assert_eq!(ROUTES[route_index("/v1/models/x")], "models");
         assert_eq!(ROUTES[route_index("/api/resilience")], "management");
         assert_eq!(ROUTES[route_index("/nope")], "other");

@@ -190,19 +190,46 @@ pub struct Families {
 
 /// What each family is called and says, in render order.
 const FAMILIES: [(&str, &str); 8] = [
-    ("tidegate_http_requests_total", "Responses sent, by route and status class."),
-    ("tidegate_request_duration_seconds", "Time from a complete request head to the end of its response."),
-    ("tidegate_upstream_attempts_by_connection_total", "Upstream attempts by connection and the class of the upstream's answer (error: no answer)."),
-    ("tidegate_upstream_attempts_by_model_total", "Upstream attempts by provider and upstream model (models not in the provider's list count as other)."),
-    ("tidegate_upstream_head_seconds", "Upstream: request sent to response head."),
-    ("tidegate_upstream_ttfb_seconds", "Upstream: request sent to the first body byte."),
-    ("tidegate_fallbacks_total", "Moves to the next candidate, by cause (an upstream answer or a gateway-made error) and reason."),
-    ("tidegate_breaker_transitions_total", "Circuit breaker transitions, by the state entered (counted on the breaker's owner)."),
+    (
+        "tidegate_http_requests_total",
+        "Responses sent, by route and status class.",
+    ),
+    (
+        "tidegate_request_duration_seconds",
+        "Time from a complete request head to the end of its response.",
+    ),
+    (
+        "tidegate_upstream_attempts_by_connection_total",
+        "Upstream attempts by connection and the class of the upstream's answer (error: no answer).",
+    ),
+    (
+        "tidegate_upstream_attempts_by_model_total",
+        "Upstream attempts by provider and upstream model (models not in the provider's list count as other).",
+    ),
+    (
+        "tidegate_upstream_head_seconds",
+        "Upstream: request sent to response head.",
+    ),
+    (
+        "tidegate_upstream_ttfb_seconds",
+        "Upstream: request sent to the first body byte.",
+    ),
+    (
+        "tidegate_fallbacks_total",
+        "Moves to the next candidate, by cause (an upstream answer or a gateway-made error) and reason.",
+    ),
+    (
+        "tidegate_breaker_transitions_total",
+        "Circuit breaker transitions, by the state entered (counted on the breaker's owner).",
+    ),
 ];
 
 fn render_counters(out: &mut String, name: &str, help: &str, shards: &[&Counters]) {
-    let _ = writeln!(out, "# HELP {name} {help}
-# TYPE {name} counter");
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}
+# TYPE {name} counter"
+    );
     let Some(first) = shards.first() else {
         return;
     };
@@ -217,8 +244,11 @@ fn render_counters(out: &mut String, name: &str, help: &str, shards: &[&Counters
 }
 
 fn render_histograms(out: &mut String, name: &str, help: &str, shards: &[&Histograms]) {
-    let _ = writeln!(out, "# HELP {name} {help}
-# TYPE {name} histogram");
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}
+# TYPE {name} histogram"
+    );
     let Some(first) = shards.first() else {
         return;
     };
@@ -246,11 +276,22 @@ fn render_histograms(out: &mut String, name: &str, help: &str, shards: &[&Histog
 /// (histograms).
 fn render_families(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     let f: Vec<&Families> = shards.iter().map(|s| &s.families).collect();
-    let c = |pick: fn(&Families) -> &Counters| -> Vec<&Counters> { f.iter().map(|x| pick(x)).collect() };
+    let c = |pick: fn(&Families) -> &Counters| -> Vec<&Counters> {
+        f.iter().map(|x| pick(x)).collect()
+    };
     let h = |pick: fn(&Families) -> &Histograms| -> Vec<&Histograms> {
         f.iter().map(|x| pick(x)).collect()
     };
-    let [requests, duration, attempts, by_model, head, ttfb, fallbacks, transitions] = FAMILIES;
+    let [
+        requests,
+        duration,
+        attempts,
+        by_model,
+        head,
+        ttfb,
+        fallbacks,
+        transitions,
+    ] = FAMILIES;
     render_counters(out, requests.0, requests.1, &c(|x| &x.requests));
     render_histograms(out, duration.0, duration.1, &h(|x| &x.request_duration));
     render_counters(out, attempts.0, attempts.1, &c(|x| &x.attempts));
@@ -258,7 +299,12 @@ fn render_families(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     render_histograms(out, head.0, head.1, &h(|x| &x.upstream_head));
     render_histograms(out, ttfb.0, ttfb.1, &h(|x| &x.upstream_ttfb));
     render_counters(out, fallbacks.0, fallbacks.1, &c(|x| &x.fallbacks));
-    render_counters(out, transitions.0, transitions.1, &c(|x| &x.breaker_transitions));
+    render_counters(
+        out,
+        transitions.0,
+        transitions.1,
+        &c(|x| &x.breaker_transitions),
+    );
 }
 
 #[derive(Debug, Default)]

@@ -74,7 +74,12 @@ mod tests {
         assert!(r.is_ok());
         assert_eq!(cell.generation(), 1);
         assert_eq!(
-            cell.current().1.resilience.provider_breaker.apikey.failure_threshold,
+            cell.current()
+                .1
+                .resilience
+                .provider_breaker
+                .apikey
+                .failure_threshold,
             2
         );
         let refused: Result<_, &str> = cell.update(|_| Err("no"));

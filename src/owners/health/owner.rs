@@ -9,11 +9,13 @@ use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
 use crate::mesh::placement::owner_of;
 use crate::resilience::breaker::{
-    Admission, BreakerKey, BreakerState, BreakerSettings, BreakerTable, Failure, Transition as BreakerTransition,
+    Admission, BreakerKey, BreakerSettings, BreakerState, BreakerTable, Failure,
+    Transition as BreakerTransition,
 };
 use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
-    ClearOutcome, ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect, MarkOptions, Routability,
+    ClearOutcome, ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect,
+    MarkOptions, Routability,
 };
 use crate::resilience::egress::{FailingConnection, SiblingView, egress_siblings};
 use crate::resilience::lockout::{FailureRecord, LockoutTable, SWEEP_INTERVAL_MS, lockout_applies};
@@ -195,10 +197,7 @@ impl Health {
                     breaker_view(cx, key, Some(t));
                 }
                 let lockouts = u32::try_from(self.lockouts.clear_all()).unwrap_or(u32::MAX);
-                Reply::Reset {
-                    breakers,
-                    lockouts,
-                }
+                Reply::Reset { breakers, lockouts }
             }
             AdminRequest::ClearConnection(connection) => {
                 let (outcome, t) = self.connections.clear_transient(connection, now);

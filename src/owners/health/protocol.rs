@@ -255,11 +255,19 @@ pub enum Reply {
     /// The outcome was applied.
     Applied,
     /// `AdminRequest::Reset`: breakers reset and lock entries removed here.
-    Reset { breakers: u32, lockouts: u32 },
+    Reset {
+        breakers: u32,
+        lockouts: u32,
+    },
     /// `AdminRequest::ClearConnection`.
-    Cleared { outcome: ClearOutcome, lockouts: u32 },
+    Cleared {
+        outcome: ClearOutcome,
+        lockouts: u32,
+    },
     /// `AdminRequest::ClearLocks` / `ClearAllLocks`: whether anything was removed.
-    Removed { any: bool },
+    Removed {
+        any: bool,
+    },
     Status(Box<OwnerStatus>),
 }
 
