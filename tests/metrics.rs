@@ -79,6 +79,7 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
 
     let before = scrape(&gw);
     for family in [
+        "tidegate_admission_wait_seconds",
         "tidegate_request_duration_seconds",
         "tidegate_upstream_head_seconds",
         "tidegate_upstream_ttfb_seconds",
@@ -147,9 +148,13 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
         ),
         2.0
     );
+    // The probe's success closes the breaker on its owner; the other shard hears it by a
+    // view, so a request there may still be refused for a moment. Ten answers from the
+    // upstream, however many refusals it takes.
+    let mut served = 0;
     eventually(
         std::time::Duration::from_secs(5),
-        "traffic to flow again",
+        "ten requests served after the reset timeout",
         || {
             let r = Client::connect(gw.addr()).request(
                 "POST",
@@ -157,22 +162,15 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
                 &[],
                 br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
             );
-            (r.status == 200).then_some(())
+            served += usize::from(r.status == 200);
+            (served >= 10).then_some(())
         },
     );
-    for _ in 0..10 {
-        let r = Client::connect(gw.addr()).request(
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
-        );
-        assert_eq!(r.status, 200);
-    }
     let after = scrape(&gw);
     let count = |m: &Value, f: &str| sample(m, f, &format!("{f}_count"), &[("provider", "up")]);
-    assert!(count(&after, "tidegate_upstream_head_seconds") >= 13.0);
-    assert!(count(&after, "tidegate_upstream_ttfb_seconds") >= 11.0);
+    assert!(count(&after, "tidegate_upstream_head_seconds") >= 12.0);
+    assert!(count(&after, "tidegate_upstream_ttfb_seconds") >= 10.0);
+    assert!(count(&after, "tidegate_admission_wait_seconds") >= 12.0);
     let inf = sample(
         &after,
         "tidegate_upstream_head_seconds",
@@ -186,7 +184,7 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
         "tidegate_request_duration_seconds_count",
         &[("route", "chat_completions")],
     );
-    assert!(routed >= 13.0, "{routed}");
+    assert!(routed >= 12.0, "{routed}");
     assert!(
         sample(
             &after,
@@ -201,7 +199,7 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
             "tidegate_http_requests_total",
             "tidegate_http_requests_total",
             &[("route", "chat_completions")]
-        ) >= 13.0
+        ) >= 12.0
     );
     assert!(
         sample(
@@ -209,7 +207,7 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
             "tidegate_upstream_attempts_by_model_total",
             "tidegate_upstream_attempts_by_model_total",
             &[("provider", "up"), ("model", "m1")]
-        ) >= 13.0
+        ) >= 12.0
     );
     assert!(
         sample(

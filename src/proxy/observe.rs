@@ -106,7 +106,8 @@ pub fn shard_metrics(config: &Config) -> ShardMetrics {
         attempts: crate::shard::metrics::Counters::new(attempts),
         attempts_by_model: crate::shard::metrics::Counters::new(by_model),
         upstream_head: crate::shard::metrics::Histograms::new(providers.clone()),
-        upstream_ttfb: crate::shard::metrics::Histograms::new(providers),
+        upstream_ttfb: crate::shard::metrics::Histograms::new(providers.clone()),
+        admission_wait: crate::shard::metrics::Histograms::new(providers),
         fallbacks: crate::shard::metrics::Counters::new(fallbacks),
         breaker_transitions: crate::shard::metrics::Counters::new(transitions),
     })
@@ -180,6 +181,13 @@ pub fn attempt(
 pub fn first_byte(m: &ShardMetrics, provider: ProviderId, ns: u64) {
     m.families
         .upstream_ttfb
+        .observe_ns(usize::from(provider.0), ns);
+}
+
+/// An attempt on `provider` was admitted after waiting `ns`.
+pub fn admitted(m: &ShardMetrics, provider: ProviderId, ns: u64) {
+    m.families
+        .admission_wait
         .observe_ns(usize::from(provider.0), ns);
 }
 

@@ -728,6 +728,7 @@ pub(super) async fn open<'s>(
     // then a slot in the connection's request queue and its concurrency permits. All are
     // returned when their guards drop. A client that hangs up meanwhile ends the request
     // here: it never reaches the upstream.
+    let admission_started = shard.now().mono_ns;
     let admission = async {
         let qs_slot = match req.plan.quota_share {
             Some(_) => gates::client::quota_share_slot(shard, connection).await,
@@ -742,7 +743,11 @@ pub(super) async fn open<'s>(
         None => Some(admission.await),
     };
     let (qs_slot, mut queue_slot, gate) = match admitted {
-        Some(Ok(admitted)) => admitted,
+        Some(Ok(admitted)) => {
+            let waited = shard.now().mono_ns.saturating_sub(admission_started);
+            observe::admitted(shard.metrics(), target.provider, waited);
+            admitted
+        }
         Some(Err(e)) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
         None => {
             bump(&shard.metrics().abandoned_while_waiting);

@@ -186,10 +186,13 @@ pub struct Families {
     pub fallbacks: Counters,
     /// `tidegate_breaker_transitions_total{to}`: counted on the breaker's owner.
     pub breaker_transitions: Counters,
+    /// `tidegate_admission_wait_seconds{provider}`: time an attempt spent being admitted
+    /// (quota-share slot, request-queue slot, gate permits) before its request was sent.
+    pub admission_wait: Histograms,
 }
 
 /// What each family is called and says, in render order.
-const FAMILIES: [(&str, &str); 8] = [
+const FAMILIES: [(&str, &str); 9] = [
     (
         "tidegate_http_requests_total",
         "Responses sent, by route and status class.",
@@ -221,6 +224,10 @@ const FAMILIES: [(&str, &str); 8] = [
     (
         "tidegate_breaker_transitions_total",
         "Circuit breaker transitions, by the state entered (counted on the breaker's owner).",
+    ),
+    (
+        "tidegate_admission_wait_seconds",
+        "Time an admitted attempt waited for its quota-share slot, request-queue slot and gate permits.",
     ),
 ];
 
@@ -291,6 +298,7 @@ fn render_families(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
         ttfb,
         fallbacks,
         transitions,
+        admission,
     ] = FAMILIES;
     render_counters(out, requests.0, requests.1, &c(|x| &x.requests));
     render_histograms(out, duration.0, duration.1, &h(|x| &x.request_duration));
@@ -305,6 +313,7 @@ fn render_families(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
         transitions.1,
         &c(|x| &x.breaker_transitions),
     );
+    render_histograms(out, admission.0, admission.1, &h(|x| &x.admission_wait));
 }
 
 #[derive(Debug, Default)]
