@@ -149,3 +149,50 @@ fn sighup_reports_listen_and_workers_changes_keeps_them_and_applies_the_rest() {
         assert_eq!(chat(addr, "key-one", "up/m1").status, 401);
     }
 }
+
+/// `GET /api/resilience`'s provider-breaker failure threshold for API-key providers.
+fn failure_threshold(addr: std::net::SocketAddr) -> serde_json::Value {
+    let r = Client::connect(addr).request(
+        "GET",
+        "/api/resilience",
+        &[("authorization", "Bearer ops-key")],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["providerBreaker"]["apikey"]["failureThreshold"].clone()
+}
+
+#[test]
+fn sighup_replaces_settings_patched_through_the_management_api_on_every_shard() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let file = format!(
+        "{}\n[[client_keys]]\nid = \"ops\"\nkey = \"ops-key\"\nscopes = [\"manage\"]\n\n[resilience.provider_breaker.apikey]\nfailure_threshold = 9\n",
+        config("127.0.0.1:0", 2, "key-one", "m1", &mock)
+    );
+    let mut gw = Gateway::start(&file);
+    let addr = gw.addr();
+    assert_eq!(failure_threshold(addr), 9);
+
+    let r = Client::connect(addr).request(
+        "PATCH",
+        "/api/resilience",
+        &[
+            ("authorization", "Bearer ops-key"),
+            ("content-type", "application/json"),
+        ],
+        br#"{"providerBreaker":{"apikey":{"failureThreshold":12}}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Every connection (whichever shard takes it) sees the patched value.
+    for _ in 0..8 {
+        assert_eq!(failure_threshold(addr), 12);
+    }
+
+    // The reloaded file wins over the PATCH, on every shard.
+    hup(&mut gw);
+    gw.wait_for_log("configuration reloaded", secs(10));
+    eventually(secs(10), "every shard is back on the file's value", || {
+        (0..8).all(|_| failure_threshold(addr) == 9).then_some(())
+    });
+}

@@ -37,13 +37,13 @@ pub async fn serve(
         (Route::MonitoringHealth, _) => health(shard).await?,
         (Route::ResilienceReset, _) => reset(shard).await?,
         (Route::Resilience, Method::Patch) => patch_settings(shard, body)?,
-        (Route::Resilience, _) => settings_json(&shard.config(), None),
+        (Route::Resilience, _) => settings_json(shard.config(), None),
         (Route::Cooldowns, Method::Post) => clear_cooldowns(shard, body).await?,
         (Route::Cooldowns, _) => list_cooldowns(shard, head.query()).await?,
         (Route::ModelCooldowns, Method::Delete) => clear_model_cooldowns(shard, body).await?,
         (Route::ModelCooldowns, _) => list_model_cooldowns(shard).await?,
         (Route::Connection, _) => patch_connection(shard, head.path(), body)?,
-        (Route::Healthz | Route::Metrics, _) => {
+        (Route::Healthz | Route::Readyz | Route::Metrics, _) => {
             return Err(GatewayError::new(
                 ErrorKind::Internal,
                 "not a management route",
@@ -154,7 +154,7 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
     let mut provider_health = serde_json::Map::new();
     for b in &status.breakers {
         counts.add(b.state);
-        let name = b.key.name(&config);
+        let name = b.key.name(config);
         let last = b.last_failure_wall_ms.map(format_rfc3339_ms);
         provider_breakers.push(json!({
             "provider": name,
@@ -228,7 +228,7 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         "providerHealth": provider_health,
         "connectionHealth": connection_health,
         "terminalConnections": terminal,
-        "lockouts": lockouts_json(&config, &status),
+        "lockouts": lockouts_json(config, &status),
         "queue": {
             "requests": sum(|m| m.queue_requests.load(Relaxed)),
         },
@@ -287,7 +287,7 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
         Ok(_) => {
             tracing::info!("management: resilience settings changed");
             shard.refresh();
-            Ok(settings_json(&shard.config(), Some(true)))
+            Ok(settings_json(shard.config(), Some(true)))
         }
         Err(PatchError::Json(_)) => Err(invalid(vec![("body".into(), "Invalid JSON body".into())])),
         Err(PatchError::Invalid(details)) => Err(invalid(details)),
@@ -375,7 +375,7 @@ async fn list_cooldowns(shard: &Shard, query: Option<&str>) -> Result<Value, Gat
         .connections
         .iter()
         .filter(|c| provider.is_empty() || config.provider(c.provider).name == provider)
-        .map(|c| connection_json(&config, &status, c.id, now))
+        .map(|c| connection_json(config, &status, c.id, now))
         .collect();
     Ok(json!({
         "connections": connections,
@@ -530,7 +530,7 @@ async fn clear_cooldowns(shard: &Shard, body: &[u8]) -> Result<Value, GatewayErr
 async fn list_model_cooldowns(shard: &Shard) -> Result<Value, GatewayError> {
     let config = shard.config();
     let status = status_all(shard).await?;
-    Ok(json!({ "items": lockouts_json(&config, &status) }))
+    Ok(json!({ "items": lockouts_json(config, &status) }))
 }
 
 /// `DELETE /api/resilience/model-cooldowns` (A §4.8): `{all: true}` or `{provider,

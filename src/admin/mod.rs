@@ -51,7 +51,7 @@ pub async fn serve(
         )),
         Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
         Route::Metrics => {
-            authorize(&config, shard, head, peer, Access::Metrics)?;
+            authorize(config, shard, head, peer, Access::Metrics)?;
             Ok((
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -59,7 +59,7 @@ pub async fn serve(
             ))
         }
         other => {
-            authorize(&config, shard, head, peer, Access::Manage)?;
+            authorize(config, shard, head, peer, Access::Manage)?;
             api::serve(shard, head, other, body).await
         }
     }

@@ -98,7 +98,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             buf = BytesMut::with_capacity(READ_BUF_BYTES);
         }
     }
-    if matches!(stream, ClientStream::Tls(_)) {
+    if matches!(stream, ClientStream::Tls(..)) {
         // TLS ends with close_notify, so the client can tell a complete response from a
         // cut one (bounded: a client that stopped reading does not hold the task).
         let budget = Duration::from_millis(handler.limits().header_timeout_ms);

@@ -38,16 +38,30 @@ pub async fn write_all<S: AsyncWriteRent, T: IoBuf + 'static>(s: &mut S, buf: T)
 /// A client connection: plain TCP, or TLS over TCP when the listener has a certificate.
 pub enum ClientStream {
     Plain(TcpStream),
-    Tls(Box<ServerTlsStream<TcpStream>>),
+    /// The TLS stream and the client's address (read before the handshake).
+    Tls(
+        Box<ServerTlsStream<TcpStream>>,
+        Option<std::net::SocketAddr>,
+    ),
 }
 
 impl ClientStream {
+    /// The client's address.
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        match self {
+            ClientStream::Plain(s) => s.peer_addr(),
+            ClientStream::Tls(_, addr) => {
+                addr.ok_or_else(|| io::Error::other("peer address unknown"))
+            }
+        }
+    }
+
     /// Waits until the client sent something (or hung up). Over TLS this is not watched
     /// (the TCP socket is inside the TLS stream): it never resolves.
     pub async fn readable(&mut self) -> io::Result<()> {
         match self {
             ClientStream::Plain(s) => s.readable(false).await,
-            ClientStream::Tls(_) => std::future::pending().await,
+            ClientStream::Tls(..) => std::future::pending().await,
         }
     }
 }
@@ -56,14 +70,14 @@ impl AsyncReadRent for ClientStream {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             ClientStream::Plain(s) => s.read(buf).await,
-            ClientStream::Tls(s) => s.read(buf).await,
+            ClientStream::Tls(s, _) => s.read(buf).await,
         }
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             ClientStream::Plain(s) => s.readv(buf).await,
-            ClientStream::Tls(s) => s.readv(buf).await,
+            ClientStream::Tls(s, _) => s.readv(buf).await,
         }
     }
 }
@@ -72,28 +86,28 @@ impl AsyncWriteRent for ClientStream {
     async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             ClientStream::Plain(s) => s.write(buf).await,
-            ClientStream::Tls(s) => s.write(buf).await,
+            ClientStream::Tls(s, _) => s.write(buf).await,
         }
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             ClientStream::Plain(s) => s.writev(buf).await,
-            ClientStream::Tls(s) => s.writev(buf).await,
+            ClientStream::Tls(s, _) => s.writev(buf).await,
         }
     }
 
     async fn flush(&mut self) -> io::Result<()> {
         match self {
             ClientStream::Plain(s) => s.flush().await,
-            ClientStream::Tls(s) => s.flush().await,
+            ClientStream::Tls(s, _) => s.flush().await,
         }
     }
 
     async fn shutdown(&mut self) -> io::Result<()> {
         match self {
             ClientStream::Plain(s) => s.shutdown().await,
-            ClientStream::Tls(s) => s.shutdown().await,
+            ClientStream::Tls(s, _) => s.shutdown().await,
         }
     }
 }

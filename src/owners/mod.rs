@@ -348,7 +348,7 @@ fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
     let (out, transitions) = {
         let views = shard.state().views.borrow();
         let mut cx = Cx {
-            config: &config,
+            config,
             views: &views,
             now: shard.now(),
             shards: shard.shards(),

@@ -134,7 +134,7 @@ pub(super) async fn serve(
 
 /// Runs the combo `combo` of `req.plan`.
 async fn run(shard: &Shard, req: &Request<'_>, combo: usize, down: &mut Downstream<'_>) -> After {
-    let config = &shard.config();
+    let config = shard.config();
     let s = &config.combos[combo].settings;
     let mut steps: Vec<Step> = Vec::new();
     for (i, (t, _)) in req.plan.candidates.iter().enumerate() {
@@ -372,7 +372,7 @@ impl Runner<'_, '_> {
     fn skipped_for(&self, i: usize) -> Option<Option<u64>> {
         let shard = self.shard;
         let views = shard.state().views.borrow();
-        let (config, now) = (&shard.config(), shard.now());
+        let (config, now) = (shard.config(), shard.now());
         let mut soonest: Option<Option<u64>> = None;
         for &k in &self.steps[i].candidates {
             let (t, c) = &self.req.plan.candidates[k];
@@ -705,7 +705,7 @@ impl Runner<'_, '_> {
     fn shortest_lock(&self) -> Option<(u64, bool)> {
         let shard = self.shard;
         let views = shard.state().views.borrow();
-        let (config, now) = (&shard.config(), shard.now());
+        let (config, now) = (shard.config(), shard.now());
         let mut best: Option<(u64, bool)> = None;
         let mut consider = |ms: u64, ok: bool| {
             if ms > 0 && best.is_none_or(|(b, _)| ms < b) {
@@ -864,7 +864,7 @@ impl Runner<'_, '_> {
         next_step: &str,
         retry_s: Option<u64>,
     ) -> GatewayError {
-        let config = &self.shard.config();
+        let config = self.shard.config();
         let excluded: Vec<serde_json::Value> = self
             .excluded
             .iter()
@@ -934,7 +934,7 @@ impl Runner<'_, '_> {
     }
 
     fn cooling_error(&self) -> GatewayError {
-        let config = &self.shard.config();
+        let config = self.shard.config();
         let now = self.shard.now();
         let summary: Vec<String> = self
             .excluded
@@ -989,7 +989,7 @@ impl Runner<'_, '_> {
     }
 
     fn skipped_error(&self) -> GatewayError {
-        let config = &self.shard.config();
+        let config = self.shard.config();
         let mut groups: Vec<(&'static str, Vec<String>)> = Vec::new();
         let mut add = |reason: &'static str, name: String| match groups
             .iter_mut()

@@ -201,10 +201,10 @@ pub async fn handle(
             return after;
         }
         Ok(Route::Models) => authorize(shard, head, Scope::Inference)
-            .map(|_| models::list(&shard.config(), &shard.shared().routes)),
+            .map(|_| models::list(shard.config(), &shard.shared().routes)),
         Ok(Route::Model) => authorize(shard, head, Scope::Inference).and_then(|_| {
             let id = head.path().get(MODELS_PATH.len() + 1..).unwrap_or_default();
-            models::retrieve(&shard.config(), &shard.shared().routes, id)
+            models::retrieve(shard.config(), &shard.shared().routes, id)
         }),
         Ok(Route::Admin(r)) => {
             let peer = client.peer_addr().ok().map(|a| a.ip());

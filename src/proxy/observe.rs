@@ -10,7 +10,7 @@ use crate::resilience::Reason;
 use crate::shard::metrics::{ERROR_KINDS, Families, ShardMetrics, kind_position};
 
 /// Route labels, in index order.
-const ROUTES: [&str; 7] = [
+const ROUTES: [&str; 8] = [
     "chat_completions",
     "responses",
     "embeddings",
@@ -18,6 +18,7 @@ const ROUTES: [&str; 7] = [
     "models",
     "management",
     "other",
+    "count_tokens",
 ];
 
 /// Upstream answer classes, in index order (`error`: no answer).
@@ -127,8 +128,15 @@ pub fn route_index(path: &str) -> usize {
         Some(Endpoint::Responses) => 1,
         Some(Endpoint::Embeddings) => 2,
         Some(Endpoint::Messages) => 3,
+        Some(Endpoint::CountTokens) => 7,
         None if path.starts_with("/v1/models") => 4,
-        None if path.starts_with("/api/") || path == "/metrics" || path == "/healthz" => 5,
+        None if path.starts_with("/api/")
+            || path == "/metrics"
+            || path == "/healthz"
+            || path == "/readyz" =>
+        {
+            5
+        }
         None => 6,
     }
 }

@@ -370,7 +370,7 @@ pub(super) async fn order_available<'s>(
 ) -> Option<quota_share::client::QsTicket<'s>> {
     let (mut available, unavailable): (Vec<_>, Vec<_>) = {
         let views = shard.state().views.borrow();
-        let (config, now) = (&shard.config(), shard.now());
+        let (config, now) = (shard.config(), shard.now());
         std::mem::take(candidates).into_iter().partition(|(t, c)| {
             !matches!(select::gate(&views, config, t, *c, now), Gate::Skip(..))
                 && views.tracker_cooling(t.provider, *c, now).is_none()
@@ -534,7 +534,7 @@ impl<'s> Attempted<'s> {
     async fn end_with_error(self, err: &GatewayError) {
         let shard = self.shard;
         let verdict = classify::verdict_of_error(
-            &shard.config(),
+            shard.config(),
             self.level(),
             self.target.provider,
             self.connection,
@@ -641,7 +641,7 @@ pub(super) async fn deliver(
                 wd,
                 _held,
             } = *s;
-            let config = &shard.config();
+            let config = shard.config();
             let provider = config.provider(attempted.target.provider);
             let conn = config.connection(attempted.connection);
             down.committed.set(true);
@@ -825,7 +825,15 @@ pub(super) async fn open<'s>(
             // A failure that moves the request on to another candidate is an operator's
             // business: INFO.
             let m = shard.metrics();
-            observe::attempt(m, config, target.provider, connection, &target.model, None, None);
+            observe::attempt(
+                m,
+                config,
+                target.provider,
+                connection,
+                &target.model,
+                None,
+                None,
+            );
             tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
@@ -981,7 +989,7 @@ fn retry_hint_ms(shard: &Shard, buffered: &Buffered, verdict: &Verdict) -> Optio
 /// Restates and classifies an error answer (once, here), and tells the connection's
 /// request queue what it learned.
 fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buffered) -> Verdict {
-    let config = &shard.config();
+    let config = shard.config();
     let target = attempted.target;
     let connection = attempted.connection;
     let provider = config.provider(target.provider);
@@ -1073,7 +1081,7 @@ pub(super) async fn answer_last(
 
 /// The answer when no candidate could even be tried (spec A §1.8, B §3.4).
 fn exclusion_error(shard: &Shard, plan: &Plan, excluded: &[Excluded]) -> GatewayError {
-    let config = &shard.config();
+    let config = shard.config();
     let now = shard.now();
     let min_wait = excluded.iter().filter_map(|e| e.retry_after_ms).min();
     let secs = |ms: u64| ms.div_ceil(1000).max(1);

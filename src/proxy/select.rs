@@ -156,7 +156,7 @@ pub async fn admit<'s>(
     };
     let verdict = gate(
         &shard.state().views.borrow(),
-        &shard.config(),
+        shard.config(),
         target,
         connection,
         now,

@@ -69,7 +69,7 @@ async fn ask_home(
         .now()
         .mono_ns
         .saturating_add(wait_ms.saturating_mul(1_000_000));
-    let home = shard.owner(&gate_home(&shard.config(), connection));
+    let home = shard.owner(&gate_home(shard.config(), connection));
     // The home answers by the deadline; the bound only guards a lost reply.
     let bound = reply_bound(wait_ms.max(1));
     let reply = shard
@@ -86,7 +86,7 @@ pub async fn acquire<'a>(
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<GatePermit<'a>>, GatewayError> {
-    let config = &shard.config();
+    let config = shard.config();
     if !gated(config, connection, model) {
         return Ok(None);
     }
@@ -127,7 +127,7 @@ pub async fn acquire<'a>(
 /// no cap, queue full (20 waiting), a 30 s wait or an unreachable home all give `None`, and
 /// the attempt runs without a slot.
 pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option<GatePermit<'_>> {
-    let config = &shard.config();
+    let config = shard.config();
     if !config.resilience.quota_share_concurrency_limit.enabled
         || account_capacity(config, connection).is_none()
     {

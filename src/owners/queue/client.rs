@@ -99,7 +99,7 @@ pub async fn acquire<'a>(
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<QueueSlot<'a>>, GatewayError> {
-    let config = &shard.config();
+    let config = shard.config();
     let queue = queue_of(config, connection, model);
     if queue.is_none() && window_of(config, connection).is_none() {
         return Ok(None);
@@ -160,7 +160,7 @@ pub async fn acquire<'a>(
 
 /// `<provider>/<model>`, as queue errors name their target.
 pub fn target_name(shard: &Shard, connection: ConnectionId, model: &str) -> String {
-    let config = &shard.config();
+    let config = shard.config();
     let provider = &config.provider(config.connection(connection).provider).name;
     format!("{provider}/{model}")
 }

@@ -41,7 +41,7 @@ pub async fn order<'a>(
     combo: usize,
     candidates: &mut Vec<(Target, ConnectionId)>,
 ) -> Option<QsTicket<'a>> {
-    let config = &shard.config();
+    let config = shard.config();
     let combo = config.combos.get(combo)?;
     let list: Vec<Candidate> = candidates
         .iter()
