@@ -189,6 +189,7 @@ impl Wakeups {
 
 /// The observable state of one gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg(test)]
 pub struct GateStats {
     pub capacity: u32,
     pub in_use: u32,
@@ -347,6 +348,7 @@ impl GateTable {
 
     /// Times out every queued waiter whose deadline is `<= now`. A departing waiter frees
     /// no capacity, so nobody is granted.
+    #[cfg(test)]
     pub fn expire(&mut self, now: Now) -> Vec<(u64, GateError)> {
         self.expire_only(now).timed_out
     }
@@ -361,6 +363,7 @@ impl GateTable {
     /// (`capacity_of` reads the new settings; `None`/0 lifts a gate for the permits and
     /// waiters already on it) and grants the waiters a larger capacity lets in, oldest
     /// first. Idle gates are not kept, so later acquires name their capacity themselves.
+    #[cfg(test)]
     pub fn reconfigure(
         &mut self,
         capacity_of: impl Fn(&GateKey) -> Option<u32>,
@@ -383,6 +386,7 @@ impl GateTable {
     }
 
     /// [`Self::reconfigure`] for one gate.
+    #[cfg(test)]
     pub fn set_capacity(&mut self, key: &GateKey, capacity: Option<u32>, now: Now) -> Wakeups {
         let mut raised = Vec::new();
         if let Some(g) = self.gates.get_mut(key) {
@@ -424,6 +428,7 @@ impl GateTable {
     }
 
     /// Whether `key` is blocked (its block not yet lifted by [`Self::tick`]).
+    #[cfg(test)]
     pub fn is_blocked(&self, key: &GateKey) -> bool {
         self.gates
             .get(key)
@@ -472,11 +477,13 @@ impl GateTable {
         self.waiters.len()
     }
 
+    #[cfg(test)]
     pub fn is_queued(&self, id: u64) -> bool {
         self.waiters.contains_key(&id)
     }
 
     /// One gate's state; `None` for a gate that is idle (no permit, no waiter) or unknown.
+    #[cfg(test)]
     pub fn stats(&self, key: &GateKey) -> Option<GateStats> {
         self.gates.get(key).map(|g| GateStats {
             capacity: g.capacity,
@@ -490,6 +497,7 @@ impl GateTable {
     /// it needs, no idle gate is kept, and no queued waiter is grantable at rest (the
     /// all-or-nothing FIFO rule). Capacity and the permit count are checked by the
     /// property test against its own model ([`Self::outstanding`]).
+    #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), String> {
         for (k, g) in &self.gates {
             for id in &g.queue {

@@ -215,6 +215,7 @@ impl QuotaShareSelector {
     }
 
     /// A deficit, for tests and the admin view.
+    #[cfg(test)]
     pub fn deficit(&self, combo: &str, execution_key: &str) -> Option<f64> {
         self.deficits.get(combo)?.get(execution_key).copied()
     }

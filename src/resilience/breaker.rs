@@ -134,6 +134,7 @@ pub const MAX_BREAKERS: usize = 500;
 /// The sweep removes idle closed breakers whose last failure is older than this (§1.5).
 pub const IDLE_EVICT_AFTER_MS: u64 = 30 * MINUTE_MS;
 /// How often the owner should call [`BreakerTable::sweep`] (§1.5).
+#[cfg(test)]
 pub const SWEEP_INTERVAL_MS: u64 = 5 * MINUTE_MS;
 /// Longest `retry_after_ms` of a rejection while a half-open probe is in flight.
 pub const PROBE_BUSY_RETRY_AFTER_MS: u64 = 1_000;
@@ -383,6 +384,7 @@ pub struct Transition {
 }
 
 impl Transition {
+    #[cfg(test)]
     pub fn epoch(&self) -> u64 {
         self.view.epoch
     }
@@ -592,6 +594,7 @@ impl Breaker {
         self.config = config;
     }
 
+    #[cfg(test)]
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -600,6 +603,7 @@ impl Breaker {
         self.counts.failure_count
     }
 
+    #[cfg(test)]
     pub fn last_trip(&self) -> Option<TripReason> {
         self.last_trip
     }
@@ -1125,6 +1129,7 @@ impl BreakerKey {
 
     /// The breakers a success is recorded on (§1.6): the connection's (primary) and the
     /// provider's.
+    #[cfg(test)]
     pub fn for_success(provider: ProviderId, connection: Option<ConnectionId>) -> Vec<BreakerKey> {
         let mut keys = Vec::with_capacity(2);
         if let Some(c) = connection {

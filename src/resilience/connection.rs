@@ -76,7 +76,7 @@
 
 use std::collections::HashMap;
 
-use super::backoff::{BackoffProfile, exponential_ms, human_duration, scaled_cooldown};
+use super::backoff::{BackoffProfile, exponential_ms, scaled_cooldown};
 use super::egress::egress_cooldown_ms;
 use super::lockout::{
     FailureRecord, LockProfile, LockReason, LockRecord, LockScope, LockoutCommand,
@@ -640,6 +640,7 @@ impl MarkDecision {
     }
 
     /// Puts the lockout table's cooldown into the answer when the answer comes from it.
+    #[cfg(test)]
     pub fn settle_lockout(&mut self, lock_cooldown_ms: u64) {
         if self.cooldown_from_lockout {
             self.cooldown_ms = lock_cooldown_ms;
@@ -1205,6 +1206,7 @@ pub enum ClearOutcome {
 
 /// "Every connection is unavailable" summaries (A §3.1), as data.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg(test)]
 pub enum PoolSummary {
     /// No connections given.
     Empty,
@@ -1225,6 +1227,7 @@ pub enum PoolSummary {
 }
 
 /// Summarises the views of a pool of connections.
+#[cfg(test)]
 pub fn summarize<'a>(views: impl IntoIterator<Item = &'a ConnectionView>, now: Now) -> PoolSummary {
     let mut routable = 0;
     let mut cooling = 0;
@@ -1254,7 +1257,10 @@ pub fn summarize<'a>(views: impl IntoIterator<Item = &'a ConnectionView>, now: N
         PoolSummary::AllCooling {
             retry_at_ms: earliest,
             retry_after_ms,
-            retry_after_human: format!("reset after {}", human_duration(retry_after_ms)),
+            retry_after_human: format!(
+                "reset after {}",
+                super::backoff::human_duration(retry_after_ms)
+            ),
             cooling,
             terminal: terminal_count,
         }
@@ -1307,6 +1313,7 @@ impl ConnectionViews {
         changed
     }
 
+    #[cfg(test)]
     pub fn apply_transition(&mut self, t: &Transition) -> bool {
         self.apply(t.connection, &t.view)
     }
@@ -1324,6 +1331,7 @@ impl ConnectionViews {
     }
 
     /// [`summarize`] over a pool of connection ids.
+    #[cfg(test)]
     pub fn summarize(&self, pool: impl IntoIterator<Item = ConnectionId>, now: Now) -> PoolSummary {
         let views: Vec<ConnectionView> = pool.into_iter().map(|c| self.get(c)).collect();
         summarize(&views, now)

@@ -602,6 +602,7 @@ impl LockoutTable {
     }
 
     /// The zone "next midnight" is computed in (ms east of UTC; default 0).
+    #[cfg(test)]
     pub fn set_utc_offset_ms(&mut self, offset_ms: i64) {
         self.utc_offset_ms = offset_ms;
     }
@@ -795,6 +796,7 @@ impl LockoutTable {
     }
 
     /// `isModelLocked`: any of the three key shapes holds an unexpired lock.
+    #[cfg(test)]
     pub fn is_locked(
         &self,
         provider: &str,
@@ -1155,6 +1157,7 @@ impl LockoutViews {
             .max_by_key(|l| l.until_ms)
     }
 
+    #[cfg(test)]
     pub fn is_locked(
         &self,
         provider: &str,

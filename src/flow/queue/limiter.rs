@@ -52,6 +52,7 @@ pub enum Schedule {
 
 /// Outcome of [`LimiterTable::combo_admission`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg(test)]
 pub enum ComboAdmission {
     /// Runs now (a slot is held, or the limiter is disabled for the connection).
     Acquired,
@@ -342,6 +343,7 @@ impl Limiter {
     /// Non-blocking admission (B §1.2c): takes a slot for `id` only when the limiter is
     /// idle (nothing queued) and a start is possible *now* (concurrency, spacing and
     /// reservoir all ready); never queues.
+    #[cfg(test)]
     pub fn try_acquire_now(&mut self, id: WaiterId, now: Now) -> bool {
         self.last_used_ns = now.mono_ns;
         if !self.queue.is_empty() || !self.slots.is_empty() {
@@ -493,6 +495,7 @@ impl LimiterTable {
     /// Non-blocking admission of a combo target (B §1.2c, optional in the spec): a
     /// remembered 429 cooldown first, then the limiter's readiness. `Acquired` holds a
     /// slot: the caller reports `on_finish` as for any grant.
+    #[cfg(test)]
     pub fn combo_admission(
         &mut self,
         key: &str,
