@@ -17,12 +17,13 @@
 //! * **Unlimited.** A gate whose capacity is `None` or 0 is no gate: it is dropped from the
 //!   request. Duplicate keys are merged keeping the smallest capacity; keys are sorted
 //!   (`GateKey`'s order is global, provider, account, model, qsconn).
-//! * **Capacity changes** (settings PATCHed): the owner calls [`GateTable::reconfigure`],
-//!   which applies the new capacities to live gates and grants the waiters a rise lets in.
-//!   Idle gates are not kept, so later acquires carry the new capacity themselves. An
+//! * **Capacity changes** (a PATCHed `max_concurrent` or a reload): every acquire carries
+//!   its gates' capacities, so idle gates take the new value with their next acquire. An
 //!   acquire naming a *lower* capacity applies it at once; one naming a *higher* capacity
-//!   applies it only to a gate without waiters (else the newcomer could pass them; the
-//!   rise waits for `reconfigure`). Permits already granted are never revoked.
+//!   applies it only to a gate without waiters (else the newcomer could pass them), so a
+//!   busy gate rises when its queue drains. Permits already granted are never revoked.
+//!   (`reconfigure`, which would apply a rise to live gates at once, is exercised by the
+//!   unit tests only: no request path calls it yet.)
 //! * **Leaving the queue** (timeout, cancel) frees no capacity, so it grants nobody: only
 //!   [`GateTable::release`] and capacity rises do.
 //! * **Temporary blocking** (§2.1 rule 7, [`GateTable::mark_blocked`]): a blocked gate admits
