@@ -21,6 +21,9 @@ pub enum TimeoutPhase {
     Connect,
     ResponseHeader,
     BodyIdle,
+    /// The hard per-attempt deadline (`stream_watchdog.active_timeout_ms`), never reset by
+    /// incoming bytes.
+    Active,
 }
 
 impl TimeoutPhase {
@@ -29,6 +32,7 @@ impl TimeoutPhase {
             TimeoutPhase::Connect => "connect",
             TimeoutPhase::ResponseHeader => "response_header",
             TimeoutPhase::BodyIdle => "body_idle",
+            TimeoutPhase::Active => "active",
         }
     }
 }
@@ -76,6 +80,8 @@ pub enum ErrorKind {
     UpstreamConnect,
     /// The upstream ran out of one of its time budgets.
     UpstreamTimeout(TimeoutPhase),
+    /// The whole request (every attempt and wait) ran past `[server] request_timeout_ms`.
+    RequestTimeout,
     /// The upstream answered with bytes that are not HTTP/1.1, or closed mid-response.
     UpstreamProtocol,
     /// A stream produced no model output within the content-stall budget (spec B §7.1).
@@ -149,6 +155,7 @@ impl ErrorKind {
             ErrorKind::ConnectionNotUsable => 400,
             ErrorKind::UpstreamConnect => 502,
             ErrorKind::UpstreamTimeout(_) => 504,
+            ErrorKind::RequestTimeout => 504,
             ErrorKind::UpstreamProtocol => 502,
             ErrorKind::StreamContentStall => 502,
             ErrorKind::ProviderCircuitOpen => 503,
@@ -198,6 +205,7 @@ impl ErrorKind {
             ErrorKind::ConnectionNotUsable => "connection_not_usable",
             ErrorKind::UpstreamConnect => "upstream_connect_failed",
             ErrorKind::UpstreamTimeout(_) => "upstream_timeout",
+            ErrorKind::RequestTimeout => "request_timeout",
             ErrorKind::UpstreamProtocol => "bad_upstream_response",
             ErrorKind::StreamContentStall => "stream_content_stall",
             ErrorKind::ProviderCircuitOpen => "provider_circuit_open",
@@ -281,6 +289,10 @@ impl ErrorKind {
             }
             ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader) => Retry::Decided(true),
             ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle) => Retry::Decided(false),
+            // Another target may finish in time; the overall deadline still bounds the walk.
+            ErrorKind::UpstreamTimeout(TimeoutPhase::Active) => Retry::Decided(true),
+            // The request's own budget is spent: nothing more is tried.
+            ErrorKind::RequestTimeout => Retry::Decided(false),
             ErrorKind::UpstreamProtocol => Retry::IfReused,
             // Another target may answer sooner (spec B §7.1: the stall fails over).
             ErrorKind::StreamContentStall => Retry::Decided(true),

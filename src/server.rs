@@ -31,6 +31,12 @@ const URING_ENTRIES: u32 = 4096;
 const DRAIN_POLL_MS: u64 = 10;
 /// How long cut requests get to write their last answer after the grace period.
 const CUT_FLUSH_MS: u64 = 1_000;
+/// Stack of each shard thread: 16 MiB. A connection's request future (an attempt racing
+/// the client, the deadlines and the watchdogs; a combo's hedged attempts) is large, and an
+/// unoptimised build copies such futures through the stack while polling them: the 2 MiB
+/// default overflowed in debug builds. It is virtual memory: only the pages a shard
+/// actually touches cost resident memory, so the bound costs nothing per connection.
+const SHARD_STACK_BYTES: usize = 16 * 1024 * 1024;
 
 /// Which I/O driver the shards run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,6 +220,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         let stopping = stopping.clone();
         let handle = std::thread::Builder::new()
             .name(format!("tidegate-shard-{id}"))
+            .stack_size(SHARD_STACK_BYTES)
             .spawn(move || {
                 if let Some(core) = core {
                     core_affinity::set_for_current(core);

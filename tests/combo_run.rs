@@ -539,7 +539,10 @@ fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
     );
     q.on_always(CHAT, Reply::openai_chat("from q"));
     let gw = started(&p, &q, "max_retries = 0", LOCKOUT);
-    let before = metric(gw.addr(), "tidegate_requests_abandoned_total");
+    let before = metric(
+        gw.addr(),
+        "tidegate_requests_abandoned_total{phase=\"admission\"}",
+    );
     let mut c = Client::connect(gw.addr());
     c.start_request("POST", CHAT, &[], &body("duo"));
     // Both targets answered 429; the request now waits for the locks. The client leaves.
@@ -547,7 +550,11 @@ fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
     q.wait_for_hits(CHAT, 1, secs(10));
     drop(c);
     eventually(secs(10), "the wait to be abandoned", || {
-        (metric(gw.addr(), "tidegate_requests_abandoned_total") > before).then_some(())
+        (metric(
+            gw.addr(),
+            "tidegate_requests_abandoned_total{phase=\"admission\"}",
+        ) > before)
+            .then_some(())
     });
     gw.wait_for_log("client hung up during a combo wait", secs(5));
     // A new request finds both targets still locked before any dispatch (#16319): it

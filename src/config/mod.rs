@@ -94,6 +94,9 @@ pub struct ServerConfig {
     pub response_header_timeout_ms: u64,
     /// Upstream: longest gap between two body reads.
     pub body_idle_timeout_ms: u64,
+    /// One request, every attempt and wait until its answer's head reaches the client;
+    /// 0 = no overall deadline.
+    pub request_timeout_ms: u64,
     /// Idle upstream pooled connections are closed after this.
     pub pool_idle_timeout_ms: u64,
     /// Idle upstream connections kept per (scheme, host, port) per shard.

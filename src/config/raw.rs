@@ -58,6 +58,7 @@ pub struct RawServer {
     pub connect_timeout_ms: Option<u64>,
     pub response_header_timeout_ms: Option<u64>,
     pub body_idle_timeout_ms: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
     pub pool_idle_timeout_ms: Option<u64>,
     pub pool_max_idle_per_host: Option<u32>,
     pub shutdown_grace_ms: Option<u64>,

@@ -100,6 +100,8 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// LLMs think long before the first byte.
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_BODY_IDLE_TIMEOUT_MS: u64 = 300_000;
+/// The overall request deadline (spec B §7.3 `FETCH_TIMEOUT_MS`).
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_POOL_IDLE_TIMEOUT_MS: u64 = 90_000;
 pub const DEFAULT_POOL_MAX_IDLE_PER_HOST: u64 = 1024;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
@@ -124,6 +126,7 @@ impl Default for ServerConfig {
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             response_header_timeout_ms: DEFAULT_RESPONSE_HEADER_TIMEOUT_MS,
             body_idle_timeout_ms: DEFAULT_BODY_IDLE_TIMEOUT_MS,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
             pool_max_idle_per_host: DEFAULT_POOL_MAX_IDLE_PER_HOST as usize,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
@@ -370,6 +373,14 @@ impl Loader<'_> {
             raw.body_idle_timeout_ms,
             d.body_idle_timeout_ms,
         );
+        // 0 turns the overall deadline off.
+        let request_timeout_ms = self.bounded(
+            "server.request_timeout_ms",
+            raw.request_timeout_ms,
+            d.request_timeout_ms,
+            0,
+            DAY_MS,
+        );
         let pool_idle_timeout_ms = timeout(
             self,
             "server.pool_idle_timeout_ms",
@@ -395,6 +406,7 @@ impl Loader<'_> {
             connect_timeout_ms,
             response_header_timeout_ms,
             body_idle_timeout_ms,
+            request_timeout_ms,
             pool_idle_timeout_ms,
             pool_max_idle_per_host: usize::try_from(self.bounded(
                 "server.pool_max_idle_per_host",

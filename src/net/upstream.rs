@@ -181,7 +181,7 @@ pub async fn connect(
         Err(_) => Err(GatewayError::new(
             ErrorKind::UpstreamTimeout(TimeoutPhase::Connect),
             format!(
-                "connect to {}:{} took longer than {} ms",
+                "connect to {}:{} took longer than {} ms (server.connect_timeout_ms)",
                 key.host,
                 key.port,
                 budget.as_millis()
@@ -276,7 +276,10 @@ pub async fn exchange(
             return Err(ExchangeError {
                 error: GatewayError::new(
                     ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader),
-                    format!("no response head within {} ms", header_budget.as_millis()),
+                    format!(
+                        "no response head within {} ms (server.response_header_timeout_ms, per attempt)",
+                        header_budget.as_millis()
+                    ),
                 ),
                 reused,
                 got_response_bytes: false,
@@ -351,7 +354,10 @@ impl BodyReader {
                     self.conn = None;
                     return Err(GatewayError::new(
                         ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle),
-                        format!("upstream body idle for {} ms", idle.as_millis()),
+                        format!(
+                            "upstream body idle for {} ms (server.body_idle_timeout_ms)",
+                            idle.as_millis()
+                        ),
                     ));
                 }
             };

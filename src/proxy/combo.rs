@@ -39,7 +39,7 @@ use crate::owners::Shard;
 use crate::owners::health::protocol::ComboAttempt;
 use crate::providers::Endpoint;
 use crate::routing::resolve::Target;
-use crate::shard::metrics::bump;
+use crate::shard::metrics::Abandoned;
 
 /// Upstream attempts one combo request may make in all (the loop-safety cap): past it the
 /// request ends with 503 `max_attempts_exceeded`.
@@ -203,7 +203,7 @@ impl Runner<'_, '_> {
         match unless_client_gone(down.client, down.pending, sleep).await {
             Some(()) => Ok(whole),
             None => {
-                bump(&self.shard.metrics().abandoned_while_waiting);
+                self.shard.metrics().abandoned(Abandoned::Admission);
                 tracing::info!(
                     combo = %self.shard.config().combos[self.combo].name,
                     "client hung up during a combo wait (499): nothing more sent upstream"
@@ -629,7 +629,14 @@ impl Runner<'_, '_> {
             }
         };
         let Some(race) = unless_client_gone(down.client, down.pending, race).await else {
-            bump(&shard.metrics().abandoned_while_waiting);
+            // The hedged attempts are dropped with the race: an upstream request either
+            // had sent is cancelled, their guards record a client abort.
+            let phase = if wa.attempts + wb.attempts > 0 {
+                Abandoned::Response
+            } else {
+                Abandoned::Admission
+            };
+            shard.metrics().abandoned(phase);
             return Err(After::Close);
         };
         self.walk.attempts += wa.attempts + wb.attempts;

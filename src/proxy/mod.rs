@@ -6,6 +6,7 @@ pub mod access;
 pub mod affinity;
 pub mod classify;
 pub mod combo;
+pub mod deadline;
 pub mod forward;
 pub mod models;
 pub mod observe;

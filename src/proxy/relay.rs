@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::access::AccessLog;
 use super::classify::{self, Failed};
+use super::deadline::{self, Budget, Deadline};
 use super::respond::send_error;
 use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
@@ -41,7 +42,7 @@ use crate::resilience::restate::apply_status_restatement;
 use crate::resilience::tool_limit::learned_threshold;
 use crate::resilience::{OwnedHeaders, RuleScope};
 use crate::routing::resolve::Target;
-use crate::shard::metrics::bump;
+use crate::shard::metrics::{Abandoned, bump};
 
 /// The decided route of an inference request: what the client asked for and the
 /// candidates to try in order.
@@ -82,6 +83,9 @@ pub(super) struct Request<'r> {
     budgets: Budgets,
     /// Headers added to the client's response, whoever answers.
     notes: Vec<(&'static str, String)>,
+    /// The overall request deadline (`[server] request_timeout_ms`): every attempt and
+    /// wait until an answer's head reaches the client.
+    deadline: Option<Deadline>,
 }
 
 impl<'r> Request<'r> {
@@ -100,6 +104,12 @@ impl<'r> Request<'r> {
             plan,
             budgets: Budgets::of(shard),
             notes,
+            deadline: Deadline::after(
+                shard,
+                Budget::Request {
+                    ms: shard.config().server.request_timeout_ms,
+                },
+            ),
         }
     }
 }
@@ -139,14 +149,7 @@ pub async fn run(
         None => None,
     };
     let (body, notes) = prepare(shard, endpoint, &mut plan, body).await;
-    let request = Request {
-        head,
-        endpoint,
-        body: &body,
-        plan: &plan,
-        budgets: Budgets::of(shard),
-        notes,
-    };
+    let request = Request::new(shard, head, endpoint, &body, &plan, notes);
     let mut budget_spent: Option<Target> = None;
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
@@ -347,6 +350,8 @@ async fn emergency(
         plan: &plan,
         budgets: Budgets::of(shard),
         notes,
+        // The same client request: the fallback runs under what is left of its deadline.
+        deadline: req.deadline,
     };
     for (target, connection) in &plan.candidates {
         match attempt(shard, &request, target, *connection, None, walk, down).await {
@@ -603,6 +608,9 @@ pub(super) struct Streaming<'s> {
     up: upstream::Up,
     first: Option<Bytes>,
     wd: Option<super::watchdog::Watchdog>,
+    /// The attempt's hard deadline (`stream_watchdog.active_timeout_ms`), still running
+    /// while the answer streams.
+    active: Option<Deadline>,
     _held: (
         Option<gates::client::GatePermit<'s>>,
         Option<queue::client::QueueSlot<'s>>,
@@ -639,6 +647,7 @@ pub(super) async fn deliver(
                 up,
                 first,
                 wd,
+                active,
                 _held,
             } = *s;
             let config = shard.config();
@@ -680,11 +689,13 @@ pub(super) async fn deliver(
                 conn,
                 attempts,
                 down.client,
+                down.pending,
                 down.keep_alive,
                 req.budgets.idle,
                 req.endpoint,
                 wd,
                 down.log,
+                active,
             )
             .await;
             attempted.end(ended).await;
@@ -704,7 +715,7 @@ pub(super) async fn open<'s>(
     connection: ConnectionId,
     combo: Option<ComboAttempt>,
     walk: &mut Walk,
-    client: Option<(&mut ClientStream, &mut BytesMut)>,
+    mut client: Option<(&mut ClientStream, &mut BytesMut)>,
 ) -> Opened<'s> {
     use AttemptEnd as E;
     let config = shard.config();
@@ -738,19 +749,20 @@ pub(super) async fn open<'s>(
         let gate = gates::client::acquire(shard, connection, &target.model).await?;
         Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
     };
-    let admitted = match client {
-        Some((client, pending)) => unless_client_gone(client, pending, admission).await,
-        None => Some(admission.await),
-    };
-    let (qs_slot, mut queue_slot, gate) = match admitted {
-        Some(Ok(admitted)) => {
+    let admission = deadline::within(shard, req.deadline, admission);
+    let (qs_slot, mut queue_slot, gate) = match watch(&mut client, admission).await {
+        Some(Ok(Ok(admitted))) => {
             let waited = shard.now().mono_ns.saturating_sub(admission_started);
             observe::admitted(shard.metrics(), target.provider, waited);
             admitted
         }
-        Some(Err(e)) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
+        Some(Ok(Err(e))) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
+        Some(Err(e)) => {
+            walk.note = Some(FailureNote::of_error(&e));
+            return Opened::End(E::Stop(LastFailure::Gateway(e)));
+        }
         None => {
-            bump(&shard.metrics().abandoned_while_waiting);
+            shard.metrics().abandoned(Abandoned::Admission);
             return Opened::End(E::Done(After::Close));
         }
     };
@@ -768,6 +780,15 @@ pub(super) async fn open<'s>(
         bump(&shard.metrics().upstream_failovers);
     }
     walk.attempts += 1;
+    // From here the attempt runs under the hard per-attempt deadline too (B §7.3); until
+    // the answer's head reaches the client, under whichever passes first.
+    let active = Deadline::after(
+        shard,
+        Budget::Active {
+            ms: config.resilience.stream_watchdog.active_timeout_ms,
+        },
+    );
+    let bound = deadline::earliest(req.deadline, active);
     // Forward, within the execution budget when the connection has a request queue (spec
     // B §1.3: separate from the time spent queued).
     let (body, include_usage) = match translated {
@@ -807,17 +828,25 @@ pub(super) async fn open<'s>(
             None => open.await,
         }
     };
-    let opened = match execution_budget {
-        Some(b) => match monoio::time::timeout(b, open).await {
-            Ok(r) => r,
-            Err(_) => Err(queue::client::error(
-                QueueError::ExecutionTimeout {
-                    execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
-                },
-                &queue::client::target_name(shard, connection, &target.model),
-            )),
-        },
-        None => open.await,
+    let opened = async {
+        match execution_budget {
+            Some(b) => match monoio::time::timeout(b, open).await {
+                Ok(r) => r,
+                Err(_) => Err(queue::client::error(
+                    QueueError::ExecutionTimeout {
+                        execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
+                    },
+                    &queue::client::target_name(shard, connection, &target.model),
+                )),
+            },
+            None => open.await,
+        }
+    };
+    // A client that hangs up while the upstream thinks cancels the upstream request (its
+    // connection is dropped with the future).
+    let opened = match watch(&mut client, deadline::within(shard, bound, opened)).await {
+        Some(r) => r.and_then(|r| r),
+        None => return Opened::End(hung_up(attempted, Abandoned::Response).await),
     };
     let mut up = match opened {
         Ok(up) => up,
@@ -859,15 +888,22 @@ pub(super) async fn open<'s>(
     if status >= 400 {
         // An error answer: read it whole (bounded), restate, classify, record, and either
         // move on or relay it.
-        let mut buffered =
-            match stream::buffer_error(&mut up, provider, conn, req.budgets.idle).await {
+        let read = stream::buffer_error(&mut up, provider, conn, req.budgets.idle);
+        let read = watch(&mut client, deadline::within(shard, bound, read)).await;
+        let mut buffered = match read {
+            Some(r) => match r.and_then(|r| r) {
                 Ok(b) => b,
                 Err(e) => {
                     attempted.end_with_error(&e).await;
                     walk.note = Some(FailureNote::of_error(&e));
-                    return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
+                    return Opened::End(move_on_or_stop(LastFailure::Gateway(e)));
                 }
-            };
+            },
+            None => {
+                drop(up);
+                return Opened::End(hung_up(attempted, Abandoned::Response).await);
+            }
+        };
         up.finish(shard);
         buffered.headers.extend(
             req.notes
@@ -941,9 +977,15 @@ pub(super) async fn open<'s>(
     // still move on. An event stream under the content-stall watchdog holds its lifecycle
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
     let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
-    let first = match super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut())
-        .await
-    {
+    let first = super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut());
+    let first = match watch(&mut client, deadline::within(shard, bound, first)).await {
+        Some(r) => r.and_then(|r| r),
+        None => {
+            drop(up);
+            return Opened::End(hung_up(attempted, Abandoned::Response).await);
+        }
+    };
+    let first = match first {
         Ok(first) => {
             let ns = shard.now().mono_ns.saturating_sub(sent_ns);
             observe::first_byte(shard.metrics(), target.provider, ns);
@@ -959,7 +1001,7 @@ pub(super) async fn open<'s>(
             tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
-            return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
+            return Opened::End(move_on_or_stop(LastFailure::Gateway(e)));
         }
     };
     Opened::Ready(Ready::Stream(Box::new(Streaming {
@@ -968,8 +1010,30 @@ pub(super) async fn open<'s>(
         up,
         first,
         wd,
+        active,
         _held: (qs_slot, queue_slot, gate),
     })))
+}
+
+/// Runs `wait`, raced against the client hanging up when there is one to watch (a hedged
+/// attempt has none: its caller watches the client); `None` when the client went away.
+async fn watch<F: std::future::Future>(
+    client: &mut Option<(&mut ClientStream, &mut BytesMut)>,
+    wait: F,
+) -> Option<F::Output> {
+    match client {
+        Some((client, pending)) => unless_client_gone(client, pending, wait).await,
+        None => Some(wait.await),
+    }
+}
+
+/// A failure before the first client byte: the overall request deadline ends the request,
+/// anything else moves on to the next candidate.
+fn move_on_or_stop(failure: LastFailure) -> AttemptEnd {
+    match &failure {
+        LastFailure::Gateway(e) if e.kind == ErrorKind::RequestTimeout => AttemptEnd::Stop(failure),
+        _ => AttemptEnd::MoveOn(failure),
+    }
 }
 
 /// How long an error answer asked to wait: its `Retry-After`, else the reset hint its
@@ -984,6 +1048,15 @@ fn retry_hint_ms(shard: &Shard, buffered: &Buffered, verdict: &Verdict) -> Optio
         .and_then(|v| retry_after_header(v, now.wall_ms))
         .or(buffered.retry_after_s.map(|s| s.saturating_mul(1000)))
         .or(verdict.decision.quota_reset_hint_ms)
+}
+
+/// The client hung up while the attempt waited on the upstream: the upstream request is
+/// already cancelled (its connection dropped); nothing counts against the upstream, every
+/// permit and slot goes back as the attempt's guards drop.
+async fn hung_up(attempted: Attempted<'_>, phase: Abandoned) -> AttemptEnd {
+    attempted.shard.metrics().abandoned(phase);
+    attempted.end(Ended::ClientAbort).await;
+    AttemptEnd::Done(After::Close)
 }
 
 /// Restates and classifies an error answer (once, here), and tells the connection's

@@ -12,6 +12,7 @@ use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
 
 use super::access::{AccessLog, REQUEST_ID_HEADER};
+use super::deadline::{self, Deadline};
 use super::upstream::{Up, UpHead};
 use super::watchdog::{self, Watchdog};
 use super::{After, respond};
@@ -21,12 +22,13 @@ use crate::http1::{
     BodyKind, Framing, RequestHead, is_hop_by_hop, write_chunk, write_last_chunk,
     write_response_head,
 };
+use crate::net::downstream::unless_client_gone;
 use crate::net::io::write_all;
 use crate::net::upstream::Buffered as InBuffer;
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
 use crate::providers::Endpoint;
-use crate::shard::metrics::bump;
+use crate::shard::metrics::{Abandoned, bump};
 
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
@@ -146,7 +148,9 @@ pub async fn relay_buffered(
     }
 }
 
-/// Writes the response head and the first piece, then streams the rest.
+/// Writes the response head and the first piece, then streams the rest. Every wait for
+/// the next piece is raced against the client hanging up (the upstream connection is then
+/// dropped, so the upstream sees it too) and against the attempt's hard deadline.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
     shard: &Shard,
@@ -157,11 +161,13 @@ pub async fn commit(
     conn: &Connection,
     attempts: usize,
     client: &mut ClientStream,
+    pending: &mut BytesMut,
     keep_alive: bool,
     idle: Duration,
     endpoint: Endpoint,
     mut wd: Option<Watchdog>,
     log: &AccessLog,
+    active: Option<Deadline>,
 ) -> (After, Ended) {
     let status = up.head.status();
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
@@ -218,25 +224,30 @@ pub async fn commit(
     }
     log.sent(out.len());
     if write_all(client, out).await.is_err() {
-        let result = if done {
-            Ended::Success
-        } else {
-            Ended::ClientAbort
-        };
-        return (After::Close, result);
+        if done {
+            return (After::Close, Ended::Success);
+        }
+        return client_gone(shard, up);
     }
     // The end of the shutdown grace period cuts the stream like an upstream failure.
     let mut cut = std::pin::pin!(shard.cut_signal());
     while !done {
-        let next = monoio::select! {
+        let wait = watchdog::next(shard, &mut up, idle, wd.as_mut());
+        let wait = deadline::within(shard, active, unless_client_gone(client, pending, wait));
+        let got = monoio::select! {
             biased;
-            () = &mut cut => Err(GatewayError::new(
+            () = &mut cut => Ok(Some(Err(GatewayError::new(
                 ErrorKind::ShuttingDown,
                 "the gateway is shutting down: the stream did not finish within the grace period",
-            )),
-            next = watchdog::next(shard, &mut up, idle, wd.as_mut()) => next,
+            )))),
+            got = wait => got,
         };
-        let piece = match next {
+        let got = match got {
+            Ok(Some(got)) => got,
+            Ok(None) => return client_gone(shard, up),
+            Err(e) => Err(e),
+        };
+        let piece = match got {
             Ok(Some(piece)) => piece,
             Ok(None) => {
                 done = true;
@@ -274,8 +285,7 @@ pub async fn commit(
             write_all(client, out).await.map(|_| ())
         };
         if res.is_err() {
-            // The client went away; the upstream connection is dropped with `up`.
-            return (After::Close, Ended::ClientAbort);
+            return client_gone(shard, up);
         }
     }
     up.finish(shard);
@@ -285,6 +295,15 @@ pub async fn commit(
         After::Close
     };
     (after, Ended::Success)
+}
+
+/// The client went away mid-answer: the upstream connection is dropped (the upstream sees
+/// the hang-up), the request is counted as abandoned while streaming, and nothing counts
+/// against the upstream.
+fn client_gone(shard: &Shard, up: Up) -> (After, Ended) {
+    drop(up);
+    shard.metrics().abandoned(Abandoned::Streaming);
+    (After::Close, Ended::ClientAbort)
 }
 
 /// Appends every piece already buffered (each one scanned by the watchdog); true when the

@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 45] = [
+pub const ERROR_KINDS: [ErrorKind; 47] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -33,6 +33,8 @@ pub const ERROR_KINDS: [ErrorKind; 45] = [
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::Connect),
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
     ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::BodyIdle),
+    ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::Active),
+    ErrorKind::RequestTimeout,
     ErrorKind::UpstreamProtocol,
     ErrorKind::StreamContentStall,
     ErrorKind::ProviderCircuitOpen,
@@ -86,6 +88,33 @@ fn kind_index(kind: ErrorKind) -> usize {
         .iter()
         .position(|k| *k == kind)
         .unwrap_or(ERROR_KINDS.len() - 1)
+}
+
+/// Where a request stood when its client hung up (`tidegate_requests_abandoned_total{phase}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandoned {
+    /// Waiting for admission (quota-share slot, request queue, gate permits): never sent.
+    Admission,
+    /// Sent upstream, waiting for the answer's head or its first bytes (held back).
+    Response,
+    /// Part of the answer had reached the client.
+    Streaming,
+}
+
+impl Abandoned {
+    pub const ALL: [Abandoned; 3] = [
+        Abandoned::Admission,
+        Abandoned::Response,
+        Abandoned::Streaming,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Abandoned::Admission => "admission",
+            Abandoned::Response => "response",
+            Abandoned::Streaming => "streaming",
+        }
+    }
 }
 
 /// Flow-control occupancy of one owner shard.
@@ -333,7 +362,8 @@ pub struct ShardMetrics {
     pub upstream_connects: AtomicU64,
     pub upstream_reuses: AtomicU64,
     pub streams_broken: AtomicU64,
-    pub abandoned_while_waiting: AtomicU64,
+    /// Requests whose client hung up, by [`Abandoned`] phase.
+    pub abandoned: [AtomicU64; Abandoned::ALL.len()],
     pub mesh_outbox: AtomicU64,
     pub gate_permits: AtomicU64,
     pub gate_waiters: AtomicU64,
@@ -377,6 +407,14 @@ impl ShardMetrics {
             _ => &self.responses_other,
         };
         bump(c);
+    }
+
+    /// A request whose client hung up in `phase`.
+    pub fn abandoned(&self, phase: Abandoned) {
+        let i = phase as usize;
+        if let Some(c) = self.abandoned.get(i) {
+            bump(c);
+        }
     }
 
     pub fn gateway_error(&self, kind: ErrorKind) {
@@ -478,12 +516,6 @@ pub fn render(
         sum(&|s| &s.queue_requests),
     );
     counter(
-        "tidegate_requests_abandoned_total",
-        "Requests whose client hung up while they waited for admission (queue, gates); never sent upstream.",
-        "counter",
-        sum(&|s| &s.abandoned_while_waiting),
-    );
-    counter(
         "tidegate_upstream_connects_total",
         "New upstream connections opened.",
         "counter",
@@ -539,6 +571,8 @@ pub fn render(
             ErrorKind::AllTargetsSkippedRateLimited | ErrorKind::AllAccountsInactiveRateLimited => {
                 "rate_limited"
             }
+            // Shares its code with the 408 of a slow request head; the label tells them apart.
+            ErrorKind::RequestTimeout => "request",
             _ => "",
         };
         // No empty label: `phase` only where there is one.
@@ -567,6 +601,21 @@ pub fn render(
             .map(|s| s.upstream_errors[i].load(Ordering::Relaxed))
             .sum();
         let _ = writeln!(out, "tidegate_upstream_errors_total{{type=\"{name}\"}} {v}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_requests_abandoned_total Requests whose client hung up, by phase: admission (never sent upstream), response (upstream request cancelled before the answer's first byte reached the client), streaming (cut mid-answer).\n# TYPE tidegate_requests_abandoned_total counter"
+    );
+    for phase in Abandoned::ALL {
+        let v: u64 = shards
+            .iter()
+            .map(|s| s.abandoned[phase as usize].load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "tidegate_requests_abandoned_total{{phase=\"{}\"}} {v}",
+            phase.as_str()
+        );
     }
     let _ = writeln!(
         out,

@@ -40,7 +40,10 @@ pub struct MockBody {
 fn head_timeout(budget: Duration) -> GatewayError {
     GatewayError::new(
         ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader),
-        format!("no response head within {} ms", budget.as_millis()),
+        format!(
+            "no response head within {} ms (server.response_header_timeout_ms, per attempt)",
+            budget.as_millis()
+        ),
     )
 }
 
@@ -97,7 +100,10 @@ impl MockBody {
             monoio::time::sleep(idle).await;
             return Err(GatewayError::new(
                 ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle),
-                format!("upstream body idle for {} ms", idle.as_millis()),
+                format!(
+                            "upstream body idle for {} ms (server.body_idle_timeout_ms)",
+                            idle.as_millis()
+                        ),
             ));
         }
         Ok(None)
