@@ -461,9 +461,6 @@ pub struct ProviderErrorRule {
 /// deleting its line here (and its "accepted, not active yet" mark in
 /// `docs/configuration.md`).
 pub const NOT_ACTIVE_YET: &[&str] = &[
-    // Only `stall_timeout_ms` of `[resilience.stream_watchdog]` is wired (the content-stall
-    // watchdog); the hard per-attempt deadline is not yet.
-    "stream_watchdog.active_timeout_ms",
     "quota_preflight",
     "wait_for_cooldown",
     "token_refresh_breaker",
@@ -2270,7 +2267,7 @@ mod tests {
         assert_eq!(not_active(&warnings), want);
         assert_eq!(
             want[0],
-            "resilience.stream_watchdog.active_timeout_ms: accepted but not active yet"
+            "resilience.quota_preflight: accepted but not active yet"
         );
     }
 
@@ -2280,13 +2277,14 @@ mod tests {
             &[
                 ("PROVIDER_COOLDOWN_ENABLED", "true"),
                 ("STREAM_ACTIVE_TIMEOUT_MS", "5000"),
+                ("STREAM_RECOVERY_ENABLED", "true"),
             ],
             "",
         );
         assert_eq!(problems, vec![]);
         assert_eq!(
             not_active(&warnings),
-            vec!["resilience.stream_watchdog.active_timeout_ms: accepted but not active yet"]
+            vec!["resilience.stream_recovery: accepted but not active yet"]
         );
         let (_, problems, warnings) = build_toml(
             "[token_refresh_breaker]\nscope = \"connection\"\n\
