@@ -105,11 +105,13 @@ pub fn write_body(
 
 /// The in-band event that ends a stream broken after its first byte (no `[DONE]` follows),
 /// in the endpoint's own shape: Anthropic Messages `event: error` with
-/// `{"type":"error","error":{"type","message"}}`; the OpenAI endpoints a `data:` line with
-/// the gateway's `{"error":{…}}` body.
+/// `{"type":"error","error":{"type","message"}}`; Responses `event: error` with
+/// `{"type":"error","code","message","param"}`; chat completions a `data:` line with the
+/// gateway's `{"error":{…}}` body.
 pub fn stream_error_event(err: &GatewayError, endpoint: Endpoint) -> String {
     match endpoint {
-        Endpoint::Messages => {
+        // count_tokens is an Anthropic endpoint: its errors take the Messages shape.
+        Endpoint::Messages | Endpoint::CountTokens => {
             let body = json!({
                 "type": "error",
                 "error": {
@@ -120,7 +122,19 @@ pub fn stream_error_event(err: &GatewayError, endpoint: Endpoint) -> String {
             });
             format!("event: error\ndata: {body}\n\n")
         }
-        _ => format!("data: {}\n\n", error_body(err, Dialect::OpenAi)),
+        // The Responses API's own error event (`ResponseErrorEvent`): flat code and message.
+        Endpoint::Responses => {
+            let body = json!({
+                "type": "error",
+                "code": err.kind.code(),
+                "message": err.message,
+                "param": null,
+            });
+            format!("event: error\ndata: {body}\n\n")
+        }
+        Endpoint::ChatCompletions | Endpoint::Embeddings => {
+            format!("data: {}\n\n", error_body(err, Dialect::OpenAi))
+        }
     }
 }
 
