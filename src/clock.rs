@@ -26,6 +26,11 @@ impl Now {
 /// Source of time for the runtime and for tests.
 pub trait Clock {
     fn now(&self) -> Now;
+
+    /// Monotonic nanoseconds only (one clock read where the wall clock is not needed).
+    fn mono_ns(&self) -> u64 {
+        self.now().mono_ns
+    }
 }
 
 fn process_epoch() -> Instant {
@@ -45,6 +50,10 @@ impl Clock for MonoClock {
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         Now { mono_ns, wall_ms }
+    }
+
+    fn mono_ns(&self) -> u64 {
+        u64::try_from(process_epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 }
 

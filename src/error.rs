@@ -86,6 +86,8 @@ pub enum ErrorKind {
     UpstreamProtocol,
     /// A stream produced no model output within the content-stall budget (spec B §7.1).
     StreamContentStall,
+    /// A stream's useful output stayed below the throughput watchdog's minimum (B §7.2).
+    StreamThroughputTooLow,
     /// The provider (or connection) circuit breaker is open (spec A §1.8).
     ProviderCircuitOpen,
     /// Every connection of the requested model is cooling down (spec B §3.4 model-cooldown).
@@ -158,6 +160,7 @@ impl ErrorKind {
             ErrorKind::RequestTimeout => 504,
             ErrorKind::UpstreamProtocol => 502,
             ErrorKind::StreamContentStall => 502,
+            ErrorKind::StreamThroughputTooLow => 502,
             ErrorKind::ProviderCircuitOpen => 503,
             ErrorKind::ModelCooldown => 429,
             ErrorKind::AllTargetsCoolingDown => 503,
@@ -208,6 +211,7 @@ impl ErrorKind {
             ErrorKind::RequestTimeout => "request_timeout",
             ErrorKind::UpstreamProtocol => "bad_upstream_response",
             ErrorKind::StreamContentStall => "stream_content_stall",
+            ErrorKind::StreamThroughputTooLow => "stream_throughput_too_low",
             ErrorKind::ProviderCircuitOpen => "provider_circuit_open",
             ErrorKind::ModelCooldown => "model_cooldown",
             ErrorKind::AllTargetsCoolingDown => "all_targets_cooling_down",
@@ -241,7 +245,7 @@ impl ErrorKind {
             // The spec's breaker body says server_error although the status is 503.
             return "server_error";
         }
-        if self == ErrorKind::StreamContentStall {
+        if self == ErrorKind::StreamContentStall || self == ErrorKind::StreamThroughputTooLow {
             return "stream_error";
         }
         if self == ErrorKind::ComboTimeout {
@@ -296,6 +300,7 @@ impl ErrorKind {
             ErrorKind::UpstreamProtocol => Retry::IfReused,
             // Another target may answer sooner (spec B §7.1: the stall fails over).
             ErrorKind::StreamContentStall => Retry::Decided(true),
+            ErrorKind::StreamThroughputTooLow => Retry::Decided(true),
             ErrorKind::MalformedRequest
             | ErrorKind::HeadTimeout
             | ErrorKind::HeadTooLarge

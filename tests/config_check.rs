@@ -273,7 +273,7 @@ api_key_env = "{UNSET_VAR}"
 }
 
 /// Every setting that is validated but not read yet, set once: all in the file except
-/// `stream_watchdog.active_timeout_ms`, which comes from its environment variable.
+/// `stream_recovery.enabled`, which comes from its environment variable.
 const INACTIVE_SETTINGS: &str = r#"
 [resilience.quota_preflight]
 enabled = true
@@ -290,8 +290,8 @@ scope = "connection"
 [resilience.credential_health_check]
 interval_minutes = 0
 
-[resilience.stream_recovery.throughput_watchdog]
-enabled = true
+[resilience.stream_recovery]
+continue_mid_stream = true
 
 [resilience.model_lockout]
 enabled = true
@@ -315,7 +315,7 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
     let cfg = BASE.to_string() + INACTIVE_SETTINGS;
     // `provider_cooldown` is active: setting it never warns.
     let env = [
-        ("STREAM_ACTIVE_TIMEOUT_MS", "120000"),
+        ("STREAM_RECOVERY_ENABLED", "true"),
         ("PROVIDER_COOLDOWN_ENABLED", "true"),
     ];
     let keys = tidegate::config::resilience::NOT_ACTIVE_YET;
@@ -341,12 +341,12 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
         "{}",
         out.stderr
     );
-    // Without the variable, stream_watchdog.active_timeout_ms is not set and does not warn.
+    // Without the variable, stream_recovery.enabled is not set and does not warn.
     let out = run_tidegate(&["check", "--config", path.to_str().unwrap()], &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(not_active_lines(&out.stderr).len(), keys.len() - 1);
     assert!(
-        !out.stderr.contains("resilience.stream_watchdog:"),
+        !out.stderr.contains("resilience.stream_recovery.enabled:"),
         "{}",
         out.stderr
     );

@@ -991,7 +991,10 @@ pub(super) async fn open<'s>(
             observe::first_byte(shard.metrics(), target.provider, ns);
             first
         }
-        Err(e) if e.kind == ErrorKind::StreamContentStall => {
+        Err(e)
+            if e.kind == ErrorKind::StreamContentStall
+                || e.kind == ErrorKind::StreamThroughputTooLow =>
+        {
             tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
             attempted.end(Ended::StreamStall).await;
             walk.note = Some(FailureNote::of_error(&e));

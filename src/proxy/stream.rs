@@ -315,11 +315,18 @@ fn gather(
     chunked: bool,
     mut wd: Option<&mut Watchdog>,
 ) -> bool {
+    // One clock reading for everything already here.
+    let mut now_ns = None;
     loop {
         match up.next_buffered() {
             Ok(InBuffer::Piece(p)) => {
                 if let Some(w) = wd.as_deref_mut() {
-                    w.observe(&p, shard.now().mono_ns);
+                    let now = *now_ns.get_or_insert_with(|| shard.mono_ns());
+                    w.observe(&p, now);
+                    if w.tripped() {
+                        // The throughput watchdog ended the stream: the next read reports it.
+                        return false;
+                    }
                 }
                 put_piece(out, &p, chunked)
             }

@@ -6,6 +6,13 @@
 //! frames do not count. Before the first client byte a stall is a 502
 //! `stream_content_stall` and the attempt fails over; after it, the stream ends with an
 //! in-band error event.
+//!
+//! The same scan feeds the throughput watchdog (spec B §7.2, `stream_recovery.
+//! throughput_watchdog`, off by default): every piece's useful answer bytes go into a
+//! sliding window ([`crate::sse::throughput::Meter`]) and the decision is taken on every
+//! piece; reasoning and tool frames put the stream in a protected phase that is never
+//! judged. An abort is a 502 `stream_throughput_too_low` before the first client byte (the
+//! attempt fails over) and the in-band error after it.
 
 use std::time::Duration;
 
@@ -14,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 use super::upstream::Up;
 use crate::error::{ErrorKind, GatewayError};
 use crate::owners::Shard;
+use crate::sse::throughput::{self, Decision, Meter, Policy};
 use crate::sse::{Scanner, classify};
 
 /// Pre-output bytes (lifecycle frames) held back from the client at most; past this the
@@ -23,56 +31,125 @@ const HOLD_BACK_MAX_BYTES: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct Watchdog {
     scanner: Scanner,
-    budget: Duration,
-    /// Monotonic nanoseconds (the shard's clock) when the budget runs out.
+    /// The content-stall budget; `None` when it is 0 (off).
+    stall: Option<Duration>,
+    /// Monotonic nanoseconds (the shard's clock) when the stall budget runs out
+    /// (`u64::MAX` without one).
     deadline_ns: u64,
     /// A model-generated frame has been seen.
     output: bool,
+    /// The throughput watchdog's meter, when it is enabled.
+    throughput: Option<Meter>,
+    /// The throughput decision that ended the stream, once one did.
+    tripped: Option<Decision>,
+    /// The last clock reading (one per piece observed).
+    now_ns: u64,
 }
 
 impl Watchdog {
-    /// The watchdog of an answer: only for event streams, and only when the budget is not 0.
+    /// The watchdogs of an answer: only for event streams, and only when the stall budget
+    /// is not 0 or the throughput watchdog is on.
     pub fn arm(shard: &Shard, event_stream: bool) -> Option<Watchdog> {
-        let ms = shard.config().resilience.stream_watchdog.stall_timeout_ms;
-        if !event_stream || ms == 0 {
+        let resilience = &shard.config().resilience;
+        let ms = resilience.stream_watchdog.stall_timeout_ms;
+        let tw = &resilience.stream_recovery.throughput_watchdog;
+        if !event_stream || (ms == 0 && !tw.enabled) {
             return None;
         }
-        let budget = Duration::from_millis(ms);
+        let now_ns = shard.mono_ns();
+        let throughput = tw.enabled.then(|| {
+            Meter::new(Policy {
+                warmup_ms: tw.warmup_ms,
+                window_ms: tw.window_ms,
+                min_useful_bytes_per_second: tw.min_useful_bytes_per_second,
+                min_useful_bytes: tw.min_useful_bytes,
+            })
+        });
         Some(Watchdog {
             scanner: Scanner::default(),
-            budget,
-            deadline_ns: shard
-                .now()
-                .mono_ns
-                .saturating_add(ms.saturating_mul(1_000_000)),
+            stall: (ms > 0).then(|| Duration::from_millis(ms)),
+            deadline_ns: if ms > 0 {
+                now_ns.saturating_add(ms.saturating_mul(1_000_000))
+            } else {
+                u64::MAX
+            },
             output: false,
+            throughput,
+            tripped: None,
+            now_ns,
         })
     }
 
-    /// Scans a piece; true when it carried model output (the budget is re-armed). An
-    /// event too large for the scanner is not classified; its bytes count as output (an
-    /// upstream sending that much is not stalled).
+    /// Scans a piece received at `now_ns`; true when it carried model output (the stall
+    /// budget is re-armed). An event too large for the scanner is not classified; its
+    /// bytes count as output (an upstream sending that much is not stalled). With the
+    /// throughput watchdog on, the piece's useful bytes are recorded and the decision
+    /// taken; an abort is kept for [`Watchdog::error`].
     pub fn observe(&mut self, piece: &[u8], now_ns: u64) -> bool {
+        self.now_ns = now_ns;
+        let stall = self.stall.is_some();
         let mut progress = false;
+        let mut useful = 0u64;
+        let meter = &mut self.throughput;
         self.scanner.feed(piece, &mut |r| match r {
-            Ok(ev) => progress |= classify(&ev).output,
+            Ok(ev) => {
+                if stall {
+                    progress |= classify(&ev).output;
+                }
+                if let Some(m) = meter.as_mut() {
+                    useful += m.event(throughput::useful(&ev));
+                }
+            }
             Err(_) => progress = true,
         });
+        if let Some(m) = self.throughput.as_mut() {
+            let d = m.chunk(now_ns / 1_000_000, useful);
+            if d.abort && self.tripped.is_none() {
+                self.tripped = Some(d);
+            }
+        }
         if progress {
             self.output = true;
-            let budget_ns = u64::try_from(self.budget.as_nanos()).unwrap_or(u64::MAX);
-            self.deadline_ns = now_ns.saturating_add(budget_ns);
+            if let Some(budget) = self.stall {
+                let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+                self.deadline_ns = now_ns.saturating_add(budget_ns);
+            }
         }
         progress
     }
 
-    pub fn saw_output(&self) -> bool {
-        self.output
+    /// Holding lifecycle frames back: the stall budget is on and no model output came yet.
+    fn holds_back(&self) -> bool {
+        self.stall.is_some() && !self.output
     }
 
-    /// The error when the budget runs out.
-    pub fn stall_error(&self) -> GatewayError {
-        let ms = self.budget.as_millis();
+    /// The throughput watchdog ended the stream.
+    pub fn tripped(&self) -> bool {
+        self.tripped.is_some()
+    }
+
+    /// The error that ends the stream: the throughput watchdog's, else the stall's.
+    pub fn error(&self) -> GatewayError {
+        match (&self.tripped, &self.throughput) {
+            (Some(d), Some(m)) => {
+                let p = m.policy();
+                GatewayError::new(
+                    ErrorKind::StreamThroughputTooLow,
+                    format!(
+                        "stream throughput too low: the upstream stream throughput stayed below \
+                         the configured minimum ({:.1} useful bytes/s over the last {} ms, \
+                         stream_recovery.throughput_watchdog.min_useful_bytes_per_second = {})",
+                        d.rate_bytes_per_second, p.window_ms, p.min_useful_bytes_per_second
+                    ),
+                )
+            }
+            _ => self.stall_error(),
+        }
+    }
+
+    /// The error when the stall budget runs out.
+    fn stall_error(&self) -> GatewayError {
+        let ms = self.stall.map_or(0, |b| b.as_millis());
         let message = if self.output {
             format!("stream content stall: no model output for {ms}ms")
         } else {
@@ -84,8 +161,10 @@ impl Watchdog {
     }
 }
 
-/// The next body piece within the body-idle budget and, with a watchdog, before the stall
-/// deadline (whichever comes first). A piece is scanned before it is returned.
+/// The next body piece within the body-idle budget and, with a stall budget, before the
+/// stall deadline (whichever comes first). A piece is scanned before it is returned; one
+/// the throughput watchdog condemns is not returned, its error is. The clock is read once
+/// per piece: the wait's stall budget counts from the last piece's reading.
 pub async fn next(
     shard: &Shard,
     up: &mut Up,
@@ -95,9 +174,12 @@ pub async fn next(
     let Some(wd) = wd else {
         return up.next(idle).await;
     };
-    let left = Duration::from_nanos(wd.deadline_ns.saturating_sub(shard.now().mono_ns));
+    if wd.tripped() {
+        return Err(wd.error());
+    }
+    let left = Duration::from_nanos(wd.deadline_ns.saturating_sub(wd.now_ns));
     if left.is_zero() {
-        return Err(wd.stall_error());
+        return Err(wd.error());
     }
     let got = if left >= idle {
         up.next(idle).await
@@ -108,7 +190,10 @@ pub async fn next(
         }
     };
     if let Ok(Some(piece)) = &got {
-        wd.observe(piece, shard.now().mono_ns);
+        wd.observe(piece, shard.mono_ns());
+        if wd.tripped() {
+            return Err(wd.error());
+        }
     }
     got
 }
@@ -145,7 +230,7 @@ pub async fn first_bytes(
             more.len()
         };
         match wd.as_deref() {
-            Some(w) if !w.saw_output() && size < HOLD_BACK_MAX_BYTES => continue,
+            Some(w) if w.holds_back() && size < HOLD_BACK_MAX_BYTES => continue,
             _ => break,
         }
     }

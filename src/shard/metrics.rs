@@ -11,7 +11,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 47] = [
+pub const ERROR_KINDS: [ErrorKind; 48] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -37,6 +37,7 @@ pub const ERROR_KINDS: [ErrorKind; 47] = [
     ErrorKind::RequestTimeout,
     ErrorKind::UpstreamProtocol,
     ErrorKind::StreamContentStall,
+    ErrorKind::StreamThroughputTooLow,
     ErrorKind::ProviderCircuitOpen,
     ErrorKind::ModelCooldown,
     ErrorKind::AllTargetsCoolingDown,

@@ -336,6 +336,11 @@ impl<A: App> Shard<A> {
         self.clock.now()
     }
 
+    /// Monotonic nanoseconds only: one clock read, for per-piece stream timing.
+    pub fn mono_ns(&self) -> u64 {
+        self.clock.mono_ns()
+    }
+
     pub fn pool(&self) -> &Pool {
         &self.pool
     }

@@ -13,6 +13,7 @@
 mod classify;
 #[cfg(test)]
 mod tests;
+pub mod throughput;
 
 pub use classify::classify;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types
