@@ -94,11 +94,9 @@ fn a_client_that_hangs_up_before_the_response_head_cancels_the_upstream_request(
         "the upstream connection closed",
         || (mock.open_connections() == 0).then_some(()),
     );
-    eventually(
-        Duration::from_secs(5),
-        "the hang-up counted",
-        || (abandoned(addr, "response") == 1).then_some(()),
-    );
+    eventually(Duration::from_secs(5), "the hang-up counted", || {
+        (abandoned(addr, "response") == 1).then_some(())
+    });
     eventually(Duration::from_secs(5), "every permit back", || {
         everything_released(addr)
     });
@@ -138,11 +136,9 @@ fn a_client_that_hangs_up_mid_stream_cancels_the_upstream_request() {
         "the upstream connection closed",
         || (mock.open_connections() == 0).then_some(()),
     );
-    eventually(
-        Duration::from_secs(5),
-        "the hang-up counted",
-        || (abandoned(addr, "streaming") == 1).then_some(()),
-    );
+    eventually(Duration::from_secs(5), "the hang-up counted", || {
+        (abandoned(addr, "streaming") == 1).then_some(())
+    });
     eventually(Duration::from_secs(5), "every permit back", || {
         everything_released(addr)
     });

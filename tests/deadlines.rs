@@ -63,9 +63,11 @@ fn one_overall_deadline_bounds_every_attempt_together() {
     assert!(took < Duration::from_millis(3_900), "{took:?}");
     assert_eq!(mock.hits(CHAT), 2);
     // The second attempt's upstream request was cancelled with the deadline.
-    eventually(Duration::from_secs(5), "upstream connections closed", || {
-        (mock.open_connections() == 0).then_some(())
-    });
+    eventually(
+        Duration::from_secs(5),
+        "upstream connections closed",
+        || (mock.open_connections() == 0).then_some(()),
+    );
     assert_eq!(
         metric(
             gw.addr(),

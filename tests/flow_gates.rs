@@ -354,7 +354,13 @@ fn hang_up_while_waiting(config_toml: String, mock: &MockUpstream, gate: &Gate) 
     eventually(
         Duration::from_secs(5),
         "the abandoned request to be counted",
-        || (metric(addr, "tidegate_requests_abandoned_total{phase=\"admission\"}") == 1).then_some(()),
+        || {
+            (metric(
+                addr,
+                "tidegate_requests_abandoned_total{phase=\"admission\"}",
+            ) == 1)
+                .then_some(())
+        },
     );
     // Only the first request holds its place (the cancel reaches the owner shortly).
     eventually(

@@ -100,7 +100,12 @@ fn a_seeded_storm_leaves_no_permit_behind() {
     // some clients hang up while their request waits.
     assert!(ok > 0, "nothing got through");
     assert!(refused > 0, "no local limit was ever hit");
-    assert!(metric(addr, "tidegate_requests_abandoned_total{phase=\"admission\"}") > 0);
+    assert!(
+        metric(
+            addr,
+            "tidegate_requests_abandoned_total{phase=\"admission\"}"
+        ) > 0
+    );
     assert!(
         mock.peak_concurrency() <= 2,
         "the request queue let {} run at once",

@@ -68,7 +68,12 @@ fn stream(addr: std::net::SocketAddr, path: &str) -> (u16, String, bool, Duratio
     let raw = c.read_until_close(Duration::from_secs(20));
     let took = t0.elapsed();
     let (body, terminated) = dechunk(&raw);
-    (head.status, String::from_utf8(body).unwrap(), terminated, took)
+    (
+        head.status,
+        String::from_utf8(body).unwrap(),
+        terminated,
+        took,
+    )
 }
 
 #[test]
@@ -164,6 +169,9 @@ fn a_broken_responses_stream_ends_with_a_responses_error_event() {
         "message": "stream content stall: no model output for 400ms",
         "param": null,
     });
-    assert_eq!(body, format!("{created}{text}event: error\ndata: {error}\n\n"));
+    assert_eq!(
+        body,
+        format!("{created}{text}event: error\ndata: {error}\n\n")
+    );
     assert!(took < Duration::from_millis(400 + 1_500), "{took:?}");
 }

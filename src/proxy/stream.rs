@@ -6,6 +6,7 @@
 //! holds is visibly incomplete. An error answer is read whole (bounded) first, so the
 //! attempt loop can still move on, and relayed as it came when nothing better does.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::net::io::ClientStream;
@@ -148,11 +149,63 @@ pub async fn relay_buffered(
     }
 }
 
-/// Writes the response head and the first piece, then streams the rest. Every wait for
-/// the next piece is raced against the client hanging up (the upstream connection is then
-/// dropped, so the upstream sees it too) and against the attempt's hard deadline.
+/// Writes the response head and the first piece, then streams the rest (see
+/// [`relay_answer`]), and finalizes once, however the relay ended (completed, broken, cut
+/// by a watchdog or a deadline, or the client gone): the usage the stream reported goes
+/// into the token counters. The caller records the outcome (its `Attempted` guard) and the
+/// permits go back as their guards drop.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
+    shard: &Shard,
+    client_head: &RequestHead,
+    up: Up,
+    first: Option<Bytes>,
+    provider: &Provider,
+    conn: &Connection,
+    attempts: usize,
+    client: &mut ClientStream,
+    pending: &mut BytesMut,
+    keep_alive: bool,
+    idle: Duration,
+    endpoint: Endpoint,
+    mut wd: Option<Watchdog>,
+    log: &AccessLog,
+    active: Option<Deadline>,
+) -> (After, Ended) {
+    let ended = relay_answer(
+        shard,
+        client_head,
+        up,
+        first,
+        provider,
+        conn,
+        attempts,
+        client,
+        pending,
+        keep_alive,
+        idle,
+        endpoint,
+        &mut wd,
+        log,
+        active,
+    )
+    .await;
+    if let Some(w) = &wd {
+        let usage = w.usage();
+        let m = shard.metrics();
+        m.usage_prompt_tokens
+            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+        m.usage_completion_tokens
+            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+    }
+    ended
+}
+
+/// Every wait for the next piece is raced against the client hanging up (the upstream
+/// connection is then dropped, so the upstream sees it too) and against the attempt's hard
+/// deadline.
+#[allow(clippy::too_many_arguments)]
+async fn relay_answer(
     shard: &Shard,
     client_head: &RequestHead,
     mut up: Up,
@@ -165,7 +218,7 @@ pub async fn commit(
     keep_alive: bool,
     idle: Duration,
     endpoint: Endpoint,
-    mut wd: Option<Watchdog>,
+    wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
 ) -> (After, Ended) {

@@ -22,6 +22,7 @@ use super::upstream::Up;
 use crate::error::{ErrorKind, GatewayError};
 use crate::owners::Shard;
 use crate::sse::throughput::{self, Decision, Meter, Policy};
+use crate::sse::usage::Usage;
 use crate::sse::{Scanner, classify};
 
 /// Pre-output bytes (lifecycle frames) held back from the client at most; past this the
@@ -44,16 +45,18 @@ pub struct Watchdog {
     tripped: Option<Decision>,
     /// The last clock reading (one per piece observed).
     now_ns: u64,
+    /// The token counts the stream reported.
+    usage: Usage,
 }
 
 impl Watchdog {
-    /// The watchdogs of an answer: only for event streams, and only when the stall budget
-    /// is not 0 or the throughput watchdog is on.
+    /// The watch over an event stream (`None` for anything else): the stall budget when it
+    /// is not 0, the throughput meter when it is on, and the usage it reports in any case.
     pub fn arm(shard: &Shard, event_stream: bool) -> Option<Watchdog> {
         let resilience = &shard.config().resilience;
         let ms = resilience.stream_watchdog.stall_timeout_ms;
         let tw = &resilience.stream_recovery.throughput_watchdog;
-        if !event_stream || (ms == 0 && !tw.enabled) {
+        if !event_stream {
             return None;
         }
         let now_ns = shard.mono_ns();
@@ -77,6 +80,7 @@ impl Watchdog {
             throughput,
             tripped: None,
             now_ns,
+            usage: Usage::default(),
         })
     }
 
@@ -91,8 +95,10 @@ impl Watchdog {
         let mut progress = false;
         let mut useful = 0u64;
         let meter = &mut self.throughput;
+        let usage = &mut self.usage;
         self.scanner.feed(piece, &mut |r| match r {
             Ok(ev) => {
+                usage.observe(&ev);
                 if stall {
                     progress |= classify(&ev).output;
                 }
@@ -121,6 +127,11 @@ impl Watchdog {
     /// Holding lifecycle frames back: the stall budget is on and no model output came yet.
     fn holds_back(&self) -> bool {
         self.stall.is_some() && !self.output
+    }
+
+    /// The token counts the stream reported so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
     }
 
     /// The throughput watchdog ended the stream.

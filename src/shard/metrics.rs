@@ -363,6 +363,9 @@ pub struct ShardMetrics {
     pub upstream_connects: AtomicU64,
     pub upstream_reuses: AtomicU64,
     pub streams_broken: AtomicU64,
+    /// Tokens the relayed streams reported in their usage blocks.
+    pub usage_prompt_tokens: AtomicU64,
+    pub usage_completion_tokens: AtomicU64,
     /// Requests whose client hung up, by [`Abandoned`] phase.
     pub abandoned: [AtomicU64; Abandoned::ALL.len()],
     pub mesh_outbox: AtomicU64,
@@ -515,6 +518,18 @@ pub fn render(
         "Requests in per-connection request queues (waiting or holding a slot).",
         "gauge",
         sum(&|s| &s.queue_requests),
+    );
+    counter(
+        "tidegate_usage_prompt_tokens_total",
+        "Prompt (input) tokens the relayed streams reported in their usage blocks, counted once per request.",
+        "counter",
+        sum(&|s| &s.usage_prompt_tokens),
+    );
+    counter(
+        "tidegate_usage_completion_tokens_total",
+        "Completion (output) tokens the relayed streams reported in their usage blocks, counted once per request.",
+        "counter",
+        sum(&|s| &s.usage_completion_tokens),
     );
     counter(
         "tidegate_upstream_connects_total",

@@ -14,6 +14,7 @@ mod classify;
 #[cfg(test)]
 mod tests;
 pub mod throughput;
+pub mod usage;
 
 pub use classify::classify;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types

@@ -81,8 +81,7 @@ pub fn useful(ev: &Event<'_>) -> Useful {
     match v.get("delta") {
         Some(Value::String(s)) => bytes += s.len() as u64,
         Some(d @ Value::Object(_)) => {
-            if d
-                .get("type")
+            if d.get("type")
                 .and_then(Value::as_str)
                 .is_some_and(|t| has_word(t, &PROTECTED_WORDS))
             {
@@ -202,10 +201,19 @@ mod tests {
             bytes: 0,
             protected: true,
         };
-        assert_eq!(u(None, r#"{"choices":[{"delta":{"content":"héllo"}}]}"#), text(6));
-        assert_eq!(u(None, r#"{"choices":[{"delta":{"role":"assistant"}}]}"#), text(0));
         assert_eq!(
-            u(None, r#"{"choices":[{"delta":{"content":"x","tool_calls":[]}}]}"#),
+            u(None, r#"{"choices":[{"delta":{"content":"héllo"}}]}"#),
+            text(6)
+        );
+        assert_eq!(
+            u(None, r#"{"choices":[{"delta":{"role":"assistant"}}]}"#),
+            text(0)
+        );
+        assert_eq!(
+            u(
+                None,
+                r#"{"choices":[{"delta":{"content":"x","tool_calls":[]}}]}"#
+            ),
             prot
         );
         assert_eq!(
@@ -213,27 +221,45 @@ mod tests {
             prot
         );
         assert_eq!(
-            u(None, r#"{"type":"response.output_text.delta","delta":"abc"}"#),
+            u(
+                None,
+                r#"{"type":"response.output_text.delta","delta":"abc"}"#
+            ),
             text(3)
         );
         assert_eq!(
-            u(None, r#"{"type":"response.reasoning_summary_text.delta","delta":"abc"}"#),
+            u(
+                None,
+                r#"{"type":"response.reasoning_summary_text.delta","delta":"abc"}"#
+            ),
             prot
         );
         assert_eq!(
-            u(Some("response.function_call_arguments.delta"), r#"{"delta":"{}"}"#),
+            u(
+                Some("response.function_call_arguments.delta"),
+                r#"{"delta":"{}"}"#
+            ),
             prot
         );
         assert_eq!(
-            u(None, r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"hi"}}"#),
+            u(
+                None,
+                r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"hi"}}"#
+            ),
             text(2)
         );
         assert_eq!(
-            u(None, r#"{"type":"content_block_delta","delta":{"type":"thinking_delta","thinking":"hm"}}"#),
+            u(
+                None,
+                r#"{"type":"content_block_delta","delta":{"type":"thinking_delta","thinking":"hm"}}"#
+            ),
             prot
         );
         assert_eq!(
-            u(None, r#"{"type":"content_block_start","content_block":{"type":"tool_use"}}"#),
+            u(
+                None,
+                r#"{"type":"content_block_start","content_block":{"type":"tool_use"}}"#
+            ),
             prot
         );
         assert_eq!(u(None, "[DONE]"), text(0));
@@ -266,7 +292,10 @@ mod tests {
     fn an_empty_window_is_measurable_and_a_protected_phase_never_aborts() {
         let mut m = Meter::new(P);
         m.chunk(0, 0);
-        assert!(m.chunk(3_000, 0).abort, "nothing useful for the whole window");
+        assert!(
+            m.chunk(3_000, 0).abort,
+            "nothing useful for the whole window"
+        );
         let mut m = Meter::new(P);
         m.event(Useful {
             bytes: 0,
@@ -291,7 +320,10 @@ mod tests {
         });
         m.chunk(0, 0);
         assert!(!m.chunk(3_000, 5).abort);
-        assert!(!m.chunk(3_001, 5).abort, "10 B in 2 s = 5 B/s is fast enough");
+        assert!(
+            !m.chunk(3_001, 5).abort,
+            "10 B in 2 s = 5 B/s is fast enough"
+        );
     }
 
     #[test]

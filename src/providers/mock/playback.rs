@@ -101,9 +101,9 @@ impl MockBody {
             return Err(GatewayError::new(
                 ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle),
                 format!(
-                            "upstream body idle for {} ms (server.body_idle_timeout_ms)",
-                            idle.as_millis()
-                        ),
+                    "upstream body idle for {} ms (server.body_idle_timeout_ms)",
+                    idle.as_millis()
+                ),
             ));
         }
         Ok(None)

@@ -1,0 +1,169 @@
+//! Finalize once (issue 11 item 9): however a stream ends — normally, broken by a watchdog,
+//! or by the client hanging up — the usage it reported reaches `/metrics` exactly once
+//! (`tidegate_usage_prompt_tokens_total`, `tidegate_usage_completion_tokens_total`), and
+//! every permit comes back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+const MESSAGES: &str = "/v1/messages";
+
+fn config(mock: &MockUpstream, format: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n\
+         [[providers]]\nid = \"up\"\nformat = \"{format}\"\nbase_url = \"{}\"\nmodels = [\"m1\"]\n\n\
+         [[connections]]\nid = \"c1\"\nprovider = \"up\"\nmax_concurrent = 4\n\n\
+         [resilience.stream_watchdog]\nstall_timeout_ms = 400\n",
+        mock.base_url()
+    )
+}
+
+fn tokens(addr: std::net::SocketAddr) -> (u64, u64) {
+    (
+        metric(addr, "tidegate_usage_prompt_tokens_total"),
+        metric(addr, "tidegate_usage_completion_tokens_total"),
+    )
+}
+
+fn start(c: &mut Client, path: &str) {
+    let body = if path == MESSAGES {
+        r#"{"model":"m1","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+    } else {
+        r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#
+    };
+    c.start_request("POST", path, &[], body.as_bytes());
+}
+
+fn anthropic(name: &str, v: serde_json::Value) -> Chunk {
+    Chunk::event(name, &v.to_string())
+}
+
+#[test]
+fn a_completed_stream_counts_its_usage_once() {
+    let mock = MockUpstream::start();
+    let mut chunks = openai_stream_chunks(&["Hel", "lo"]);
+    let done = chunks.pop().unwrap();
+    chunks.push(Chunk::json(
+        serde_json::json!({"id": "c", "object": "chat.completion.chunk",
+        "created": 1, "model": "m1", "choices": [],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}}),
+    ));
+    chunks.push(done);
+    mock.on_always(CHAT, Reply::sse(chunks));
+    let gw = Gateway::start(&config(&mock, "openai"));
+    let addr = gw.addr();
+    assert_eq!(tokens(addr), (0, 0));
+    for round in 1..=2u64 {
+        let mut c = Client::connect(addr);
+        start(&mut c, CHAT);
+        let r = c.read_response();
+        assert_eq!(r.status, 200);
+        assert!(r.text().contains("\"total_tokens\":13"), "{}", r.text());
+        eventually(Duration::from_secs(5), "usage counted", || {
+            (tokens(addr) == (11 * round, 2 * round)).then_some(())
+        });
+    }
+    assert_eq!(flow_held(addr), 0);
+}
+
+#[test]
+fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        MESSAGES,
+        Reply::sse(vec![
+            anthropic(
+                "message_start",
+                serde_json::json!({"type": "message_start", "message": {"id": "m",
+                    "type": "message", "role": "assistant", "model": "m1", "content": [],
+                    "usage": {"input_tokens": 7, "output_tokens": 1}}}),
+            ),
+            anthropic(
+                "content_block_delta",
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": "Hi"}}),
+            ),
+            Chunk::stall(),
+        ]),
+    );
+    let gw = Gateway::start(&config(&mock, "anthropic"));
+    let addr = gw.addr();
+    let mut c = Client::connect(addr);
+    start(&mut c, MESSAGES);
+    assert_eq!(c.read_head().status, 200);
+    let raw = String::from_utf8_lossy(&c.read_until_close(Duration::from_secs(10))).into_owned();
+    assert!(raw.contains("event: error"), "{raw}");
+    eventually(Duration::from_secs(5), "usage counted", || {
+        (tokens(addr) == (7, 1)).then_some(())
+    });
+    eventually(Duration::from_secs(5), "permits back", || {
+        (flow_held(addr) == 0).then_some(())
+    });
+    // Still once, later.
+    assert_eq!(metric(addr, "tidegate_streams_broken_total"), 1);
+    assert_eq!(tokens(addr), (7, 1));
+}
+
+#[test]
+fn a_stream_the_client_hangs_up_on_counts_what_it_reported_once() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        MESSAGES,
+        Reply::sse(vec![
+            anthropic(
+                "message_start",
+                serde_json::json!({"type": "message_start", "message": {"id": "m",
+                    "type": "message", "role": "assistant", "model": "m1", "content": [],
+                    "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+            ),
+            anthropic(
+                "content_block_delta",
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": "Hi"}}),
+            ),
+            anthropic(
+                "message_delta",
+                serde_json::json!({"type": "message_delta", "delta": {},
+                    "usage": {"output_tokens": 9}}),
+            ),
+            // Silence with the connection open, until the client leaves.
+            Chunk::stall(),
+        ]),
+    );
+    let gw = Gateway::start(
+        &config(&mock, "anthropic").replace("stall_timeout_ms = 400", "stall_timeout_ms = 0"),
+    );
+    let addr = gw.addr();
+    let mut c = Client::connect(addr);
+    start(&mut c, MESSAGES);
+    assert_eq!(c.read_head().status, 200);
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("message_delta") {
+        match c.next_body_piece(Duration::from_secs(10)) {
+            Piece::Data(d) => got.extend_from_slice(&d),
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(c);
+    eventually(Duration::from_secs(5), "usage counted", || {
+        (tokens(addr) == (5, 9)).then_some(())
+    });
+    eventually(Duration::from_secs(5), "upstream cancelled", || {
+        (mock.open_connections() == 0).then_some(())
+    });
+    assert_eq!(
+        metric(
+            addr,
+            "tidegate_requests_abandoned_total{phase=\"streaming\"}"
+        ),
+        1
+    );
+    assert_eq!(tokens(addr), (5, 9));
+    assert_eq!(flow_held(addr), 0);
+}
