@@ -273,11 +273,8 @@ api_key_env = "{UNSET_VAR}"
 }
 
 /// Every setting that is validated but not read yet, set once: all in the file except
-/// `stream_recovery.enabled`, which comes from its environment variable.
+/// `quota_preflight`, which comes from its environment variable.
 const INACTIVE_SETTINGS: &str = r#"
-[resilience.quota_preflight]
-enabled = true
-
 [resilience.wait_for_cooldown]
 max_retries = 2
 
@@ -315,7 +312,7 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
     let cfg = BASE.to_string() + INACTIVE_SETTINGS;
     // `provider_cooldown` is active: setting it never warns.
     let env = [
-        ("STREAM_RECOVERY_ENABLED", "true"),
+        ("QUOTA_PREFLIGHT_CUTOFF_ENABLED", "true"),
         ("PROVIDER_COOLDOWN_ENABLED", "true"),
     ];
     let keys = tidegate::config::resilience::NOT_ACTIVE_YET;
@@ -341,12 +338,12 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
         "{}",
         out.stderr
     );
-    // Without the variable, stream_recovery.enabled is not set and does not warn.
+    // Without the variable, quota_preflight is not set and does not warn.
     let out = run_tidegate(&["check", "--config", path.to_str().unwrap()], &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(not_active_lines(&out.stderr).len(), keys.len() - 1);
     assert!(
-        !out.stderr.contains("resilience.stream_recovery.enabled:"),
+        !out.stderr.contains("resilience.quota_preflight:"),
         "{}",
         out.stderr
     );

@@ -465,9 +465,7 @@ pub const NOT_ACTIVE_YET: &[&str] = &[
     "wait_for_cooldown",
     "token_refresh_breaker",
     "credential_health_check",
-    // Of `[resilience.stream_recovery]` only the throughput watchdog is wired; early
-    // recovery, hold-back and mid-stream continuation are not.
-    "stream_recovery.enabled",
+    // Of `[resilience.stream_recovery]` mid-stream continuation is not wired yet.
     "stream_recovery.continue_mid_stream",
 ];
 
@@ -2258,7 +2256,7 @@ mod tests {
             [provider_cooldown.oauth]\nfailure_threshold = 3\n\
             [token_refresh_breaker]\nfailure_threshold = 3\n\
             [credential_health_check]\ninterval_minutes = 0\n\
-            [stream_recovery]\nenabled = true\ncontinue_mid_stream = true\n\
+            [stream_recovery]\ncontinue_mid_stream = true\n\
             [model_lockout]\nenabled = true\nerror_codes = [429]\nbase_cooldown_ms = 60000\n\
             max_backoff_steps = 2\nuse_exponential_backoff = false\nmax_cooldown_ms = 90000\n";
         let (_, problems, warnings) = build_toml(file);
@@ -2281,13 +2279,14 @@ mod tests {
                 ("PROVIDER_COOLDOWN_ENABLED", "true"),
                 ("STREAM_ACTIVE_TIMEOUT_MS", "5000"),
                 ("STREAM_RECOVERY_ENABLED", "true"),
+                ("QUOTA_PREFLIGHT_CUTOFF_ENABLED", "true"),
             ],
             "",
         );
         assert_eq!(problems, vec![]);
         assert_eq!(
             not_active(&warnings),
-            vec!["resilience.stream_recovery.enabled: accepted but not active yet"]
+            vec!["resilience.quota_preflight: accepted but not active yet"]
         );
         let (_, problems, warnings) = build_toml(
             "[token_refresh_breaker]\nscope = \"connection\"\n\

@@ -521,7 +521,9 @@ impl Runner<'_, '_> {
                 self.last = Some(f);
                 Absorbed::End(StepEndOr::End(Ended::Stop))
             }
-            AttemptEnd::MoveOn(f) => {
+            // A failure before the first client byte: the combo's own retries decide
+            // whether the target is tried again (no separate early-recovery reopen).
+            AttemptEnd::MoveOn(f) | AttemptEnd::Early(f) => {
                 self.last = Some(f);
                 let Some(note) = note else {
                     if self.timed_out() {

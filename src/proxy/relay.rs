@@ -126,6 +126,10 @@ pub(super) enum AttemptEnd {
     Done(After),
     /// Failed before the first byte reached the client: try the next candidate.
     MoveOn(LastFailure),
+    /// Failed after the answer's head arrived but before its first byte reached the client
+    /// (a watchdog, or a failure inside the hold-back): with stream recovery on, the same
+    /// candidate is tried once more first (B §7.3 early recovery).
+    Early(LastFailure),
     /// Not tried: the views rule it out for now.
     Skipped(Excluded),
     /// Failed in a way the next candidate would not fix: answer it.
@@ -161,19 +165,30 @@ pub async fn run(
         let combo = plan.combo.map(|_| ComboAttempt {
             next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
         });
-        let end = attempt(
-            shard,
-            &request,
-            target,
-            *connection,
-            combo,
-            &mut walk,
-            &mut downstream,
-        )
-        .await;
+        let mut reopened = false;
+        let end = loop {
+            let end = attempt(
+                shard,
+                &request,
+                target,
+                *connection,
+                combo,
+                &mut walk,
+                &mut downstream,
+            )
+            .await;
+            match end {
+                AttemptEnd::Early(failure) if !reopened && walk.may_retry_early(shard) => {
+                    reopened = true;
+                    walk.early_retries += 1;
+                    last = Some(failure);
+                }
+                end => break end,
+            }
+        };
         match end {
             AttemptEnd::Done(after) => return after,
-            AttemptEnd::MoveOn(failure) => {
+            AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
                 note_budget(shard, &mut budget_spent, target, &failure);
                 if let LastFailure::Gateway(e) = &failure {
                     observe::fallback(shard.metrics(), None, e.kind);
@@ -356,7 +371,7 @@ async fn emergency(
     for (target, connection) in &plan.candidates {
         match attempt(shard, &request, target, *connection, None, walk, down).await {
             AttemptEnd::Done(after) => return Some(after),
-            AttemptEnd::MoveOn(_) | AttemptEnd::Skipped(_) => {}
+            AttemptEnd::MoveOn(_) | AttemptEnd::Early(_) | AttemptEnd::Skipped(_) => {}
             AttemptEnd::Stop(_) => break,
         }
     }
@@ -412,6 +427,19 @@ pub(super) struct Walk {
     pub(super) open_budget: Option<std::time::Duration>,
     /// What the last attempt that moved on failed with.
     pub(super) note: Option<FailureNote>,
+    /// Early-recovery retries made so far (same candidate again).
+    pub(super) early_retries: usize,
+}
+
+/// Early-recovery retries per request at most (spec B §7.3).
+const MAX_EARLY_RETRIES: usize = 4;
+
+impl Walk {
+    /// With stream recovery on, an attempt that failed before its first client byte is
+    /// reopened on the same candidate once, up to [`MAX_EARLY_RETRIES`] per request.
+    fn may_retry_early(&self, shard: &Shard) -> bool {
+        shard.config().resilience.stream_recovery.enabled && self.early_retries < MAX_EARLY_RETRIES
+    }
 }
 
 /// What one failed attempt teaches a combo's loop: the upstream status (none for a
@@ -977,7 +1005,8 @@ pub(super) async fn open<'s>(
     // still move on. An event stream under the content-stall watchdog holds its lifecycle
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
     let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
-    let first = super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut());
+    let hold = super::watchdog::HoldBack::of(shard);
+    let first = super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut(), hold);
     let first = match watch(&mut client, deadline::within(shard, bound, first)).await {
         Some(r) => r.and_then(|r| r),
         None => {
@@ -998,13 +1027,16 @@ pub(super) async fn open<'s>(
             tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
             attempted.end(Ended::StreamStall).await;
             walk.note = Some(FailureNote::of_error(&e));
-            return Opened::End(E::MoveOn(LastFailure::Gateway(e)));
+            return Opened::End(E::Early(LastFailure::Gateway(e)));
         }
         Err(e) => {
             tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
-            return Opened::End(move_on_or_stop(LastFailure::Gateway(e)));
+            return Opened::End(match move_on_or_stop(LastFailure::Gateway(e)) {
+                E::MoveOn(failure) => E::Early(failure),
+                end => end,
+            });
         }
     };
     Opened::Ready(Ready::Stream(Box::new(Streaming {

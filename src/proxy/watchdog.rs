@@ -209,6 +209,37 @@ pub async fn next(
     got
 }
 
+/// Early recovery's hold-back (spec B §7.3, `stream_recovery.enabled`): the first bytes are
+/// kept from the client until this long has passed since the first piece or this many
+/// bytes are held, so a failure inside it is invisible and the attempt can still move on.
+/// The window is checked as pieces arrive (a read is never cut short to end it: the body
+/// reader is not cancel-safe), so it ends with the first piece after it.
+#[derive(Clone, Copy, Debug)]
+pub struct HoldBack {
+    pub window_ns: u64,
+    pub max_bytes: usize,
+}
+
+impl HoldBack {
+    /// Hold-back before the first client byte: 750 ms.
+    pub const WINDOW_MS: u64 = 750;
+    /// Hold-back buffer: 64 KiB.
+    pub const MAX_BYTES: usize = 64 * 1024;
+
+    /// The hold-back when stream recovery is on.
+    pub fn of(shard: &Shard) -> Option<HoldBack> {
+        shard
+            .config()
+            .resilience
+            .stream_recovery
+            .enabled
+            .then_some(HoldBack {
+                window_ns: Self::WINDOW_MS * 1_000_000,
+                max_bytes: Self::MAX_BYTES,
+            })
+    }
+}
+
 /// Reads the first bytes to relay. Without a watchdog: the first piece. With one: pieces
 /// are held back until one carries model output, the body ends, or the held bytes pass
 /// [`HOLD_BACK_MAX_BYTES`]; a stall meanwhile is an error while nothing has reached the
@@ -218,9 +249,12 @@ pub async fn first_bytes(
     up: &mut Up,
     idle: Duration,
     mut wd: Option<&mut Watchdog>,
+    hold: Option<HoldBack>,
 ) -> Result<Option<Bytes>, GatewayError> {
     let mut held: Option<Bytes> = None;
     let mut more = BytesMut::new();
+    // When the first piece arrived (the recovery hold-back counts from it).
+    let mut first_ns: Option<u64> = None;
     loop {
         let piece = match next(shard, up, idle, wd.as_deref_mut()).await? {
             Some(p) => p,
@@ -240,6 +274,13 @@ pub async fn first_bytes(
         } else {
             more.len()
         };
+        if let Some(h) = hold {
+            let now = shard.mono_ns();
+            let since = now.saturating_sub(*first_ns.get_or_insert(now));
+            if size < h.max_bytes && since < h.window_ns {
+                continue;
+            }
+        }
         match wd.as_deref() {
             Some(w) if w.holds_back() && size < HOLD_BACK_MAX_BYTES => continue,
             _ => break,
