@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Many concurrent slow streams through 2 shards: is memory bounded and flat?
+#
+#   perf/slow_streams.sh [N] [SECONDS]            N streams (default 10000), sampled SECONDS (60)
+#   MODE=net perf/slow_streams.sh 9000            upstream over loopback (tidegate-mock)
+#
+# MODE=inproc (default): the upstream is the in-process `mock` provider (model `drip-1000`,
+# one word a second for ~150 s), so Tidegate holds one socket per stream. MODE=net: the
+# upstream is `tidegate-mock` on loopback, two sockets per stream; this container's hard
+# open-files limit (20000 per process) caps that run below 10 000 streams.
+# Tidegate runs with workers = 2, unpinned (the machine is shared). Prints one JSON line
+# (perf/slow_streams.py) and keeps it in perf/out/slow_streams-<mode>-<N>.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-10000}
+SECONDS_=${2:-60}
+MODE=${MODE:-inproc}
+OUT=perf/out
+mkdir -p "$OUT"
+ulimit -n "$(ulimit -Hn)"
+cargo build --release --bins -q
+BIN=${CARGO_TARGET_DIR:-target}/release
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+CFG="$OUT/slow_streams.toml"
+if [ "$MODE" = net ]; then
+  MOCK_PORT=$((20000 + RANDOM % 20000))
+  "$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/slow_streams-mock.log" 2>&1 &
+  pids+=($!)
+  UPSTREAM="format = \"openai\"
+base_url = \"http://127.0.0.1:$MOCK_PORT/v1\""
+else
+  UPSTREAM='format = "mock"'
+fi
+cat > "$CFG" <<TOML
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+pin_threads = false
+
+[[client_keys]]
+id = "perf"
+key = "perf-key"
+
+[[providers]]
+id = "perf"
+$UPSTREAM
+models = ["drip-1000"]
+
+[[connections]]
+id = "perf-1"
+provider = "perf"
+TOML
+
+LOG="$OUT/slow_streams-tidegate.log"
+"$BIN/tidegate" serve --config "$CFG" > "$LOG" 2>&1 &
+TG=$!
+pids+=($TG)
+for _ in $(seq 100); do grep -q "listening on" "$LOG" && break; sleep 0.1; done
+ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$LOG")
+[ -n "$ADDR" ] || { cat "$LOG"; exit 1; }
+python3 perf/slow_streams.py "$ADDR" "$TG" "$N" "$SECONDS_" "perf/drip-1000" | tee "$OUT/slow_streams-$MODE-$N.json"
