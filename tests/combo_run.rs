@@ -550,8 +550,13 @@ fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
     let mut c = Client::connect(gw.addr());
     c.start_request("POST", CHAT, &[], &body("duo"));
     // Both targets answered 429; the request now waits for the locks. The client leaves.
+    // (Once both answers are classified: a hang-up while an attempt still waits for its
+    // answer is abandoned{phase="response"}, not the combo wait.)
     p.wait_for_hits(CHAT, 1, secs(10));
     q.wait_for_hits(CHAT, 1, secs(10));
+    eventually(secs(10), "both 429s to be classified", || {
+        (upstream_errors(gw.addr()) >= 2).then_some(())
+    });
     drop(c);
     eventually(secs(10), "the wait to be abandoned", || {
         (metric(
@@ -833,4 +838,14 @@ fn every_bad_cascade_key_is_one_problem_line() {
     ] {
         assert!(err.contains(line), "missing {line:?} in:\n{err}");
     }
+}
+
+/// Every failed upstream attempt the gateway has classified, over all error types.
+fn upstream_errors(addr: std::net::SocketAddr) -> u64 {
+    let r = Client::connect(addr).request("GET", "/metrics", &[], b"");
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with("tidegate_upstream_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
+        .sum()
 }
