@@ -147,3 +147,87 @@ fn a_client_that_hangs_up_mid_stream_cancels_the_upstream_request() {
     assert_eq!(metric(addr, "tidegate_streams_broken_total"), 0);
     next_request_is_served(addr, &mock);
 }
+
+#[test]
+fn a_client_that_hangs_up_mid_way_through_a_translated_stream_cancels_the_upstream_request() {
+    // An OpenAI client served by an Anthropic-format provider: the translated relay races
+    // the client going away like the plain one.
+    let mock = MockUpstream::start();
+    let event = |v: serde_json::Value| {
+        let kind = v["type"].as_str().unwrap().to_owned();
+        Chunk::event(&kind, &v.to_string())
+    };
+    mock.on_always(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(
+                serde_json::json!({"type": "message_start", "message": {"id": "msg_h",
+                "type": "message", "role": "assistant", "model": "claude-x", "content": [],
+                "usage": {"input_tokens": 1}}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "Hel"}}),
+            ),
+            Chunk::stall(),
+        ]),
+    );
+    let gw = Gateway::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[providers]]
+id = "an"
+format = "anthropic"
+base_url = "{}"
+models = ["claude-x"]
+
+[[connections]]
+id = "an-1"
+provider = "an"
+
+[resilience.stream_watchdog]
+stall_timeout_ms = 0
+"#,
+        mock.base_url()
+    ));
+    let addr = gw.addr();
+    let mut c = Client::connect(addr);
+    c.start_request(
+        "POST",
+        CHAT,
+        &[],
+        br#"{"model":"an/claude-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("Hel") {
+        match c.next_body_piece(Duration::from_secs(10)) {
+            Piece::Data(d) => got.extend_from_slice(&d),
+            other => panic!("expected the first token, got {other:?}"),
+        }
+    }
+    assert_eq!(mock.open_connections(), 1);
+    drop(c);
+    // The upstream sees the hang-up (not after the 300 s body-idle budget).
+    eventually(
+        Duration::from_secs(5),
+        "the upstream connection closed",
+        || (mock.open_connections() == 0).then_some(()),
+    );
+    eventually(Duration::from_secs(5), "the hang-up counted", || {
+        (abandoned(addr, "streaming") == 1).then_some(())
+    });
+    eventually(Duration::from_secs(5), "every permit back", || {
+        everything_released(addr)
+    });
+    assert_eq!(upstream_errors(addr), 0);
+    assert_eq!(metric(addr, "tidegate_streams_broken_total"), 0);
+}

@@ -699,9 +699,11 @@ pub(super) async fn deliver(
                     first,
                     tr,
                     down.client,
+                    down.pending,
                     down.keep_alive,
                     wd,
                     down.log,
+                    active,
                 )
                 .await;
                 attempted.end(ended).await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use super::access::AccessLog;
+use super::deadline::{self, Deadline};
 use super::stream::{Buffered, break_stream, put_piece, relayed_never};
 use super::upstream::Up;
 use super::watchdog::{self, Watchdog};
@@ -16,12 +17,13 @@ use super::{After, respond};
 use crate::config::{Connection, Provider};
 use crate::error::{Dialect, ErrorKind, GatewayError};
 use crate::http1::{Framing, RequestHead, write_last_chunk, write_response_head};
+use crate::net::downstream::unless_client_gone;
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
 use crate::providers::translate::stream::StreamTranslator;
 use crate::providers::translate::{Refused, Translation, error, request, response};
-use crate::shard::metrics::bump;
+use crate::shard::metrics::{Abandoned, bump};
 
 /// Longest complete (non-stream) answer read for translation.
 const MAX_TRANSLATED_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -96,9 +98,11 @@ pub async fn commit(
     first: Option<Bytes>,
     tr: Translated<'_>,
     client: &mut ClientStream,
+    pending: &mut BytesMut,
     keep_alive: bool,
     mut wd: Option<Watchdog>,
     log: &AccessLog,
+    active: Option<Deadline>,
 ) -> (After, Ended) {
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let created = shard.now().wall_ms / 1000;
@@ -159,12 +163,21 @@ pub async fn commit(
             write_last_chunk(&mut out);
         }
         if !out.is_empty() && write_all(client, std::mem::take(&mut out)).await.is_err() {
-            return (After::Close, Ended::ClientAbort);
+            return client_gone(shard, up);
         }
         if ended || translator.ended() {
             break;
         }
-        match watchdog::next(shard, &mut up, tr.idle, wd.as_mut()).await {
+        // Each wait raced against the client hanging up and the attempt's hard deadline,
+        // as an untranslated stream's (proxy::stream::commit).
+        let next = watchdog::next(shard, &mut up, tr.idle, wd.as_mut());
+        let next = deadline::within(shard, active, unless_client_gone(client, pending, next));
+        let next = match next.await {
+            Ok(Some(next)) => next,
+            Ok(None) => return client_gone(shard, up),
+            Err(e) => Err(e),
+        };
+        match next {
             Ok(Some(piece)) => translator.feed(&piece, &mut piece_out),
             Ok(None) => ended = true,
             Err(e) => {
@@ -306,4 +319,13 @@ async fn commit_whole(
         _ => After::Close,
     };
     (after, Ended::Success)
+}
+
+/// The client went away mid-answer: the upstream connection is dropped (the upstream sees
+/// the hang-up), the request is counted as abandoned while streaming, and nothing counts
+/// against the upstream.
+fn client_gone(shard: &Shard, up: Up) -> (After, Ended) {
+    drop(up);
+    shard.metrics().abandoned(Abandoned::Streaming);
+    (After::Close, Ended::ClientAbort)
 }
