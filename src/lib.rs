@@ -26,4 +26,5 @@ pub mod resilience;
 pub mod routing;
 pub mod server;
 pub mod shard;
+pub mod snapshot;
 pub mod sse;

@@ -1,4 +1,5 @@
-//! The `tidegate` command line: `serve`, `check`. Everything else lives in the library.
+//! The `tidegate` command line: `serve`, `check`, `snapshot inspect`. Everything else lives
+//! in the library.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::path::PathBuf;
@@ -89,6 +90,26 @@ enum Command {
     Check {
         /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml, or
         /// /etc/tidegate/tidegate.toml under systemd (INVOCATION_ID or NOTIFY_SOCKET set)]
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+    },
+    /// The persisted state (breakers, connection states, provider cooldowns).
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Print both snapshot slots' status and the newest valid one's state as JSON.
+    /// Read-only: safe while the gateway runs; moves nothing aside.
+    Inspect {
+        /// State directory [default: server.state_dir of the configuration file]
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// Configuration file read for server.state_dir when --state-dir is not given
+        /// [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
@@ -275,7 +296,13 @@ fn main() -> ExitCode {
     let command = <Cli as clap::CommandFactory>::command()
         .after_help(env_help.clone())
         .mut_subcommand("serve", |c| c.after_help(format!("{env_help}\n\nWhen every shard accepts, prints: tidegate listening on <addr> (shards=<n>, driver=<io_uring|epoll>)")))
-        .mut_subcommand("check", |c| c.after_help(env_help.clone()));
+        .mut_subcommand("check", |c| c.after_help(env_help.clone()))
+        .mut_subcommand("snapshot", |c| {
+            c.after_help(
+                "The snapshot lives in server.state_dir as two slot files \
+                 (snapshot-a.tgsnap, snapshot-b.tgsnap); docs/operations.md describes it.",
+            )
+        });
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command.get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -302,6 +329,28 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve { config } => serve(config_path(config)),
+        Command::Snapshot {
+            command: SnapshotCommand::Inspect { state_dir, config },
+        } => {
+            let dir = match state_dir {
+                Some(d) => d,
+                None => match load(&config_path(config)) {
+                    Ok((cfg, _)) => cfg.server.state_dir,
+                    Err(code) => return code,
+                },
+            };
+            let json = tidegate::snapshot::inspect::inspect(&dir);
+            match serde_json::to_string_pretty(&json) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tidegate: {e}");
+                    ExitCode::from(EXIT_START)
+                }
+            }
+        }
     }
 }
 

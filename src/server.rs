@@ -24,6 +24,10 @@ use crate::net::tls::TlsConfigs;
 use crate::owners::{Msg, Shard};
 use crate::routing::resolve::RouteTable;
 use crate::shard::Shared;
+use crate::shard::metrics::SnapshotMetrics;
+use crate::snapshot::state::Records;
+use crate::snapshot::store;
+use crate::snapshot::writer::{DeltaSink, ToWriter, WriteReport, Writer};
 
 /// Entries of each io_uring submission queue.
 const URING_ENTRIES: u32 = 4096;
@@ -37,6 +41,11 @@ const CUT_FLUSH_MS: u64 = 1_000;
 /// default overflowed in debug builds. It is virtual memory: only the pages a shard
 /// actually touches cost resident memory, so the bound costs nothing per connection.
 const SHARD_STACK_BYTES: usize = 16 * 1024 * 1024;
+
+/// Records a shard collects for the snapshot writer in one step; a larger backlog is
+/// collected over several steps, a millisecond apart, so the request loop is never held
+/// for long (`tidegate_snapshot_collect_max_seconds` shows the longest step).
+const SNAPSHOT_BATCH: usize = 256;
 
 /// Which I/O driver the shards run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +97,8 @@ pub struct Fleet {
     /// A second handle on every shard's listening socket, to stop listening at once.
     closers: Vec<std::net::TcpListener>,
     threads: Vec<JoinHandle<()>>,
+    /// Writes the snapshot; finished after the shards (their last deltas) at stop.
+    writer: Option<Writer>,
     /// Held until the fleet is stopped: the address's claim (see `net::claim`).
     _claim: Claim,
 }
@@ -172,7 +183,10 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         .first()
         .and_then(Option::as_ref)
         .map(|end| end.stats().clone());
+    let snapshot_metrics = Arc::new(SnapshotMetrics::default());
+    let (writer, restored) = open_snapshot(&config, snapshot_metrics.clone())?;
     let shared = Arc::new(Shared {
+        snapshot: snapshot_metrics,
         mesh_stats,
         routes: RouteTable::new(&config),
         tls,
@@ -218,6 +232,10 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         let shared = shared.clone();
         let ready = ready_tx.clone();
         let stopping = stopping.clone();
+        let persist = Persist {
+            sink: writer.sink(),
+            restored: restored.clone(),
+        };
         let handle = std::thread::Builder::new()
             .name(format!("tidegate-shard-{id}"))
             .stack_size(SHARD_STACK_BYTES)
@@ -230,7 +248,15 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
                     signal: stop_rx,
                     reload: reload_rx,
                 };
-                if let Err(e) = run_shard(id, driver, listener, shared, mesh_end, stop, &ready) {
+                let shard = ShardStart {
+                    id,
+                    listener,
+                    shared,
+                    mesh: mesh_end,
+                    stop,
+                    persist,
+                };
+                if let Err(e) = run_shard(driver, shard, &ready) {
                     let _ = ready.send(Err(format!("shard {id}: {e}")));
                 }
             })
@@ -240,6 +266,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         threads.push(handle);
     }
     drop(ready_tx);
+    drop(restored);
     let fleet = Fleet {
         addr,
         shards,
@@ -250,6 +277,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         stopping,
         closers,
         threads,
+        writer: Some(writer),
         _claim: claim,
     };
     for _ in 0..shards {
@@ -361,7 +389,16 @@ impl Fleet {
             ));
             config.server.allow_shared_listen = old.server.allow_shared_listen;
         }
+        if config.server.state_dir != old.server.state_dir {
+            reloaded.kept.push(format!(
+                "server.state_dir changed to {} (kept {}; restart to apply)",
+                config.server.state_dir.display(),
+                old.server.state_dir.display()
+            ));
+            config.server.state_dir = old.server.state_dir.clone();
+        }
         let shared = Arc::new(Shared {
+            snapshot: self.current.snapshot.clone(),
             mesh_stats: self.current.mesh_stats.clone(),
             routes: RouteTable::new(&config),
             tls,
@@ -406,6 +443,10 @@ impl Fleet {
         for t in self.threads {
             let _ = t.join();
         }
+        // Every shard has sent its last delta: write them, then stop the writer.
+        if let Some(w) = self.writer {
+            w.finish();
+        }
     }
 }
 
@@ -418,16 +459,97 @@ struct Stop {
     reload: flume::Receiver<Arc<Shared>>,
 }
 
-fn run_shard(
+/// Opens `state_dir`: the newest valid snapshot slot becomes the records every shard
+/// adopts its share of, and the writer continues from it. Untrusted files were moved
+/// aside and logged by the store; only a directory that cannot be used stops start-up.
+fn open_snapshot(
+    config: &Arc<Config>,
+    metrics: Arc<SnapshotMetrics>,
+) -> Result<(Writer, Arc<Records>), StartError> {
+    use crate::clock::Clock;
+    let dir = &config.server.state_dir;
+    let now = crate::clock::MonoClock.now();
+    let opened = store::open(dir, now.wall_ms).map_err(|e| {
+        StartError(format!(
+            "cannot use server.state_dir {}: {e}",
+            dir.display()
+        ))
+    })?;
+    metrics.rejected_files.store(
+        opened.rejected.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let records = match &opened.loaded {
+        Some(l) => {
+            let (records, dropped) = Records::from_contents(&l.contents, config);
+            for line in &dropped {
+                tracing::warn!("snapshot entry not restored: {line}");
+            }
+            for s in &l.contents.skipped_sections {
+                tracing::info!(
+                    tag = s.tag,
+                    version = s.version,
+                    "snapshot section {} not read by this release",
+                    s.name
+                );
+            }
+            tracing::info!(
+                file = %l.path.display(),
+                generation = l.header.generation,
+                breakers = records.breakers.len(),
+                connections = records.connections.len(),
+                provider_cooldowns = records.trackers.len(),
+                "snapshot restored"
+            );
+            records
+        }
+        None => Records::default(),
+    };
+    let on_write = Box::new(move |r: WriteReport| {
+        metrics.record_write(r.ok, r.duration_ns, r.bytes, r.generation)
+    });
+    let writer = Writer::spawn(config.clone(), opened.store, records.clone(), on_write)
+        .map_err(|e| StartError(format!("cannot start the snapshot writer: {e}")))?;
+    Ok((writer, Arc::new(records)))
+}
+
+/// What a shard needs of the snapshot: where to send its deltas, what to adopt.
+struct Persist {
+    sink: DeltaSink,
+    restored: Arc<Records>,
+}
+
+/// Everything a shard thread starts from.
+struct ShardStart {
     id: usize,
-    driver: Driver,
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
     mesh: Option<MeshEnd<Msg>>,
     stop: Stop,
+    persist: Persist,
+}
+
+/// Sends one batch of this shard's changed records to the writer; true when more are
+/// pending. The time it took is the longest a snapshot holds this shard's loop.
+fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
+    let start = shard.now().mono_ns;
+    let delta = crate::owners::health::owner::snapshot_delta(shard, SNAPSHOT_BATCH);
+    let more = delta.as_ref().is_some_and(|d| d.len() >= SNAPSHOT_BATCH);
+    if let Some(d) = delta {
+        let _ = sink.send(ToWriter::Delta(d));
+        let took = shard.now().mono_ns.saturating_sub(start);
+        shard.metrics().snapshot_collected(took);
+    }
+    more
+}
+
+fn run_shard(
+    driver: Driver,
+    start: ShardStart,
     ready: &flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
-    let task = shard_main(id, listener, shared, mesh, stop, ready.clone());
+    let id = start.id;
+    let task = shard_main(start, ready.clone());
     match driver {
         Driver::IoUring => {
             let built = RuntimeBuilder::<IoUringDriver>::new()
@@ -461,13 +583,17 @@ fn run_shard(
 }
 
 async fn shard_main(
-    id: usize,
-    listener: std::net::TcpListener,
-    shared: Arc<Shared>,
-    mesh: Option<MeshEnd<Msg>>,
-    stop: Stop,
+    start: ShardStart,
     ready: flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
+    let ShardStart {
+        id,
+        listener,
+        shared,
+        mesh,
+        stop,
+        persist,
+    } = start;
     let listener =
         monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
     let (sender, receiver) = match mesh {
@@ -480,6 +606,10 @@ async fn shard_main(
     // The shard's pump (every message for its owner tables and views, its own included)
     // and its housekeeping (pool sweep, anti-entropy, sweeps).
     let shard = Shard::new(id, shared, sender);
+    // The keys this shard owns under the current shard count, and replicas of the rest,
+    // from the snapshot — before the pump and the first request.
+    crate::owners::health::owner::restore(&shard, &persist.restored);
+    drop(persist.restored);
     shard.start(receiver);
     {
         let shard = shard.clone();
@@ -499,6 +629,24 @@ async fn shard_main(
                 }
                 shard.adopt(next);
                 tracing::debug!(shard = id, "reloaded configuration adopted");
+            }
+        });
+    }
+    {
+        // The snapshot collector: every `snapshot_interval_ms` (read each round, so a
+        // reload applies), this shard's changed records go to the writer in small steps.
+        let shard = shard.clone();
+        let sink = persist.sink.clone();
+        monoio::spawn(async move {
+            loop {
+                let every = shard.config().server.snapshot_interval_ms.max(1);
+                monoio::time::sleep(Duration::from_millis(every)).await;
+                if shard.is_draining() {
+                    break;
+                }
+                while collect_snapshot(&shard, &sink) {
+                    monoio::time::sleep(Duration::from_millis(1)).await;
+                }
             }
         });
     }
@@ -571,6 +719,8 @@ async fn shard_main(
             monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
         }
     }
+    // The last changes, for the write at shutdown: nothing is served any more.
+    while collect_snapshot(&shard, &persist.sink) {}
     Ok(())
 }
 

@@ -13,7 +13,11 @@ use crate::shard::metrics;
 pub fn render(shard: &Shard) -> String {
     let shared = shard.shared();
     let config = shard.config();
-    let mut out = metrics::render(&shared.metrics, shared.mesh_stats.as_deref());
+    let mut out = metrics::render(
+        &shared.metrics,
+        shared.mesh_stats.as_deref(),
+        &shared.snapshot,
+    );
     let now = shard.now();
     let views = shard.state().views.borrow();
 

@@ -1627,7 +1627,7 @@ mod tests {
     fn an_empty_file_is_valid_with_defaults() {
         let out = load("").unwrap();
         let s = &out.config.server;
-        assert_eq!(s.listen, "127.0.0.1:8787".parse().unwrap());
+        assert_eq!(s.listen, "127.0.0.1:8787".parse::<SocketAddr>().unwrap());
         assert_eq!(s.workers, 0);
         assert_eq!(s.state_dir, PathBuf::from("./state"));
         assert_eq!(s.max_request_body_bytes, 8 * 1024 * 1024);
@@ -2235,7 +2235,10 @@ mod tests {
         }
         let out = load_file(Path::new("config/tidegate.toml"), &no_env).unwrap();
         let c = &out.config;
-        assert_eq!(c.server.listen, "127.0.0.1:8787".parse().unwrap());
+        assert_eq!(
+            c.server.listen,
+            "127.0.0.1:8787".parse::<SocketAddr>().unwrap()
+        );
         // The mock serves out of the box; the real providers wait for their keys.
         let mock = c.provider_by_name("mock").unwrap();
         let enabled: Vec<_> = c

@@ -97,6 +97,7 @@ mod tests {
                 crate::config::runtime::RuntimeSettings::from_config(&config),
             )),
             started_wall_ms: 0,
+            snapshot: Arc::default(),
             config: Arc::new(config),
         })
     }

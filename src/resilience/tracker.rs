@@ -92,6 +92,17 @@ struct Entry {
     window: VecDeque<i64>,
 }
 
+impl Entry {
+    fn record(&self, now: Now) -> TrackerRecord {
+        TrackerRecord {
+            last_failure_wall_ms: wall_of(now, self.last_failure_ms),
+            failure_count: self.failure_count,
+            retention_ms: self.retention_ms,
+            failure_timestamps_wall_ms: self.window.iter().map(|t| wall_of(now, *t)).collect(),
+        }
+    }
+}
+
 /// The persisted form of one entry (wall-clock ms).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -276,24 +287,20 @@ impl CooldownTracker {
         let mut out: Vec<_> = self
             .entries
             .iter()
-            .map(|(k, e)| {
-                (
-                    *k,
-                    TrackerRecord {
-                        last_failure_wall_ms: wall_of(now, e.last_failure_ms),
-                        failure_count: e.failure_count,
-                        retention_ms: e.retention_ms,
-                        failure_timestamps_wall_ms: e
-                            .window
-                            .iter()
-                            .map(|t| wall_of(now, *t))
-                            .collect(),
-                    },
-                )
-            })
+            .map(|(k, e)| (*k, e.record(now)))
             .collect();
         out.sort_by_key(|(k, _)| *k);
         out
+    }
+
+    /// One entry's persisted form (`None`: no entry for `key`).
+    pub fn export_key(&self, now: Now, key: TrackerKey) -> Option<TrackerRecord> {
+        self.entries.get(&key).map(|e| e.record(now))
+    }
+
+    /// The keys with an entry.
+    pub fn keys(&self) -> impl Iterator<Item = TrackerKey> + '_ {
+        self.entries.keys().copied()
     }
 
     /// Loads persisted entries (ignored while disabled), replacing entries of the same key.

@@ -372,6 +372,9 @@ pub struct ShardMetrics {
     pub gate_permits: AtomicU64,
     pub gate_waiters: AtomicU64,
     pub queue_requests: AtomicU64,
+    /// Batches this shard collected for the snapshot writer, and the longest one (ns).
+    pub snapshot_collects: AtomicU64,
+    pub snapshot_collect_max_ns: AtomicU64,
     gateway_errors: PerKind,
     upstream_errors: [AtomicU64; UPSTREAM_ERROR_SLOTS],
 }
@@ -391,6 +394,93 @@ impl ShardMetrics {
         set(&self.gate_permits, g.gate_permits);
         set(&self.gate_waiters, g.gate_waiters);
         set(&self.queue_requests, g.queue_requests);
+    }
+}
+
+impl ShardMetrics {
+    /// One snapshot batch collected on this shard in `took_ns`.
+    pub fn snapshot_collected(&self, took_ns: u64) {
+        bump(&self.snapshot_collects);
+        self.snapshot_collect_max_ns
+            .fetch_max(took_ns, Ordering::Relaxed);
+    }
+}
+
+/// The snapshot writer's counters (one writer per process, off the shards).
+#[derive(Debug, Default)]
+pub struct SnapshotMetrics {
+    pub writes: AtomicU64,
+    pub write_failures: AtomicU64,
+    pub write_ns_total: AtomicU64,
+    pub last_write_ns: AtomicU64,
+    pub last_bytes: AtomicU64,
+    pub generation: AtomicU64,
+    /// Slot files found untrustworthy (and moved aside) at start-up.
+    pub rejected_files: AtomicU64,
+}
+
+impl SnapshotMetrics {
+    pub fn record_write(&self, ok: bool, duration_ns: u64, bytes: usize, generation: u64) {
+        if ok {
+            bump(&self.writes);
+            self.last_bytes.store(bytes as u64, Ordering::Relaxed);
+            self.generation.store(generation, Ordering::Relaxed);
+        } else {
+            bump(&self.write_failures);
+        }
+        self.write_ns_total
+            .fetch_add(duration_ns, Ordering::Relaxed);
+        self.last_write_ns.store(duration_ns, Ordering::Relaxed);
+    }
+
+    /// Its lines of the Prometheus exposition, with the shards' collection times.
+    fn render(&self, shards: &[std::sync::Arc<ShardMetrics>], out: &mut String) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let secs = |ns: u64| ns as f64 / 1e9;
+        let max_collect = shards
+            .iter()
+            .map(|s| load(&s.snapshot_collect_max_ns))
+            .max()
+            .unwrap_or(0);
+        let collects: u64 = shards.iter().map(|s| load(&s.snapshot_collects)).sum();
+        let _ = writeln!(
+            out,
+            "# HELP tidegate_snapshot_writes_total Snapshot writes, by result.
+             # TYPE tidegate_snapshot_writes_total counter
+             tidegate_snapshot_writes_total{{result=\"ok\"}} {}
+             tidegate_snapshot_writes_total{{result=\"error\"}} {}
+             # HELP tidegate_snapshot_write_seconds Time spent encoding and writing snapshots (writer thread, off the shards).
+             # TYPE tidegate_snapshot_write_seconds summary
+             tidegate_snapshot_write_seconds_sum {}
+             tidegate_snapshot_write_seconds_count {}
+             # HELP tidegate_snapshot_last_write_seconds Duration of the last snapshot write.
+             # TYPE tidegate_snapshot_last_write_seconds gauge
+             tidegate_snapshot_last_write_seconds {}
+             # HELP tidegate_snapshot_bytes Size of the last snapshot written.
+             # TYPE tidegate_snapshot_bytes gauge
+             tidegate_snapshot_bytes {}
+             # HELP tidegate_snapshot_generation Generation of the last snapshot written.
+             # TYPE tidegate_snapshot_generation gauge
+             tidegate_snapshot_generation {}
+             # HELP tidegate_snapshot_rejected_files Snapshot slot files found corrupt or unreadable at start-up (moved aside).
+             # TYPE tidegate_snapshot_rejected_files gauge
+             tidegate_snapshot_rejected_files {}
+             # HELP tidegate_snapshot_collects_total Batches of changed records the shards collected for the writer.
+             # TYPE tidegate_snapshot_collects_total counter
+             tidegate_snapshot_collects_total {collects}
+             # HELP tidegate_snapshot_collect_max_seconds Longest time one collection held a shard's loop.
+             # TYPE tidegate_snapshot_collect_max_seconds gauge
+             tidegate_snapshot_collect_max_seconds {}",
+            load(&self.writes),
+            load(&self.write_failures),
+            secs(load(&self.write_ns_total)),
+            load(&self.writes) + load(&self.write_failures),
+            secs(load(&self.last_write_ns)),
+            load(&self.last_bytes),
+            load(&self.generation),
+            load(&self.rejected_files),
+            secs(max_collect),
+        );
     }
 }
 
@@ -442,6 +532,7 @@ impl ShardMetrics {
 pub fn render(
     shards: &[std::sync::Arc<ShardMetrics>],
     mesh: Option<&crate::mesh::ring::MeshStats>,
+    snapshot: &SnapshotMetrics,
 ) -> String {
     let sum = |f: &dyn Fn(&ShardMetrics) -> &AtomicU64| -> u64 {
         shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
@@ -646,5 +737,6 @@ pub fn render(
         );
     }
     render_families(&mut out, shards);
+    snapshot.render(shards, &mut out);
     out
 }

@@ -120,6 +120,8 @@ pub struct Shared {
     pub runtime: Arc<settings::SettingsCell>,
     /// When the process started (wall-clock ms), for uptime.
     pub started_wall_ms: u64,
+    /// The snapshot writer's counters.
+    pub snapshot: Arc<metrics::SnapshotMetrics>,
 }
 
 /// One configuration a shard has served with. A reload appends the next (`next` is set

@@ -241,9 +241,12 @@ impl Gateway {
         let dir = TempDir::new("gateway");
         let config_path = dir.write("tidegate.toml", config_toml);
         let mut cmd = Command::new(TIDEGATE_BIN);
+        // Relative paths of the config (the default `state_dir = "./state"`) land in the
+        // test's own directory, never in a directory another test shares.
         cmd.arg("serve")
             .arg("--config")
             .arg(&config_path)
+            .current_dir(dir.path())
             .env_remove("TIDEGATE_CONFIG")
             .env("NO_COLOR", "1")
             .env("RUST_BACKTRACE", "1");

@@ -3,7 +3,7 @@
 //! the asker into a [`Verdict`]), grants half-open probe permits and settles them, decays
 //! and egress-cools connections, and broadcasts every transition as a view.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::clock::Now;
 use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
@@ -23,6 +23,7 @@ use crate::resilience::tracker::{CooldownTracker, TrackerKey};
 use crate::resilience::{FallbackDecision, Reason};
 use crate::shard::HOUSEKEEPING_MS;
 use crate::shard::call::CallId;
+use crate::snapshot::state::{Delta, Records};
 
 use super::protocol::{
     AdminRequest, BreakerEntry, ConnectionEntry, Ended, Fact, LockEntry, Outcome, OwnerStatus,
@@ -41,6 +42,64 @@ pub struct Health {
     pub tracker: CooldownTracker,
     /// The last tracker view broadcast per key (its epoch only grows).
     tracker_sent: HashMap<TrackerKey, TrackerView>,
+    /// Keys whose persisted record may have changed since the last snapshot delta.
+    dirty: Dirty,
+}
+
+/// The keys a snapshot delta must re-read (see [`Health::take_delta`]).
+#[derive(Debug, Default)]
+struct Dirty {
+    breakers: HashSet<BreakerKey>,
+    connections: HashSet<ConnectionId>,
+    trackers: HashSet<TrackerKey>,
+}
+
+impl Dirty {
+    fn is_empty(&self) -> bool {
+        self.breakers.is_empty() && self.connections.is_empty() && self.trackers.is_empty()
+    }
+
+    /// What an attempt's outcome can change on the connection's owner.
+    fn outcome(&mut self, o: &Outcome) {
+        self.breakers.insert(BreakerKey::Connection(o.connection));
+        self.connections.insert(o.connection);
+        self.trackers
+            .insert(TrackerKey::Connection(o.provider, o.connection));
+    }
+
+    /// What a provider-level report can change on the provider's owner.
+    fn provider(&mut self, r: &ProviderReport) {
+        self.breakers.insert(BreakerKey::Provider(r.provider));
+        self.trackers.insert(TrackerKey::Provider(r.provider));
+    }
+
+    /// Every key a view sent since `from` announces: whatever else changes state (a
+    /// reset, an operator's clear) is persisted too.
+    fn views(&mut self, cx: &Cx<'_>, from: usize) {
+        for (_, m) in cx.sent().iter().skip(from) {
+            match m {
+                crate::shard::Msg::View(View::Breaker { key, .. }) => {
+                    self.breakers.insert(*key);
+                }
+                crate::shard::Msg::View(View::Connection { connection, .. }) => {
+                    self.connections.insert(*connection);
+                }
+                crate::shard::Msg::View(View::Tracker { key, .. }) => {
+                    self.trackers.insert(*key);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Takes at most `max` keys out of `set`.
+fn take_some<K: Copy + Eq + std::hash::Hash>(set: &mut HashSet<K>, max: usize) -> Vec<K> {
+    let keys: Vec<K> = set.iter().take(max).copied().collect();
+    for k in &keys {
+        set.remove(k);
+    }
+    keys
 }
 
 impl Mechanism for Health {
@@ -56,11 +115,74 @@ impl Mechanism for Health {
             lockouts: LockoutTable::new(),
             tracker: CooldownTracker::new(config.resilience.provider_cooldown.clone()),
             tracker_sent: HashMap::new(),
+            dirty: Dirty::default(),
         }
     }
 
     fn fact(&mut self, cx: &mut Cx<'_>, fact: Fact) {
         let now = cx.now;
+        let sent = cx.sent().len();
+        match &fact {
+            Fact::Outcome(o) => self.dirty.outcome(o),
+            Fact::ProviderResult(r) => self.dirty.provider(r),
+            Fact::ReleaseProbe { key, .. } => {
+                self.dirty.breakers.insert(*key);
+            }
+            Fact::AutoDecay { connection } | Fact::EgressCool { connection, .. } => {
+                self.dirty.connections.insert(*connection);
+            }
+        }
+        self.fact_inner(cx, fact, now);
+        self.dirty.views(cx, sent);
+    }
+
+    fn call(&mut self, cx: &mut Cx<'_>, id: CallId, request: Request) {
+        let sent = cx.sent().len();
+        match &request {
+            Request::Probe(key) => {
+                self.dirty.breakers.insert(*key);
+            }
+            Request::Outcome(o) => self.dirty.outcome(o),
+            Request::ProviderResult(r) => self.dirty.provider(r),
+            // What a management request changes is announced as views, read below.
+            Request::Admin(_) => {}
+        }
+        self.call_inner(cx, id, request);
+        self.dirty.views(cx, sent);
+    }
+
+    fn late(shard: &Shard, from: usize, _id: CallId, reply: Reply) {
+        // A probe permit granted to an asker that gave up goes straight back.
+        if let Reply::Probe {
+            key,
+            ticket: Some(ticket),
+            ..
+        } = reply
+        {
+            shard.send_fact(from, Fact::ReleaseProbe { key, ticket }.into());
+        }
+    }
+
+    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
+        let sent = cx.sent().len();
+        self.retune(cx);
+        self.dirty.views(cx, sent);
+    }
+
+    fn housekeeping(&mut self, cx: &mut Cx<'_>) {
+        // Entries the tracker's sweep forgets leave the snapshot too.
+        let before: Vec<TrackerKey> = self.tracker.keys().collect();
+        self.housekeeping_inner(cx);
+        for key in before {
+            if self.tracker.export_key(cx.now, key).is_none() {
+                self.dirty.trackers.insert(key);
+            }
+        }
+    }
+}
+
+impl Health {
+    fn fact_inner(&mut self, cx: &mut Cx<'_>, fact: Fact, now: Now) {
         match fact {
             Fact::Outcome(o) => self.outcome(cx, &o),
             Fact::ProviderResult(r) => self.provider_result(cx, &r),
@@ -97,7 +219,7 @@ impl Mechanism for Health {
         self.lockout_views(cx);
     }
 
-    fn call(&mut self, cx: &mut Cx<'_>, id: CallId, request: Request) {
+    fn call_inner(&mut self, cx: &mut Cx<'_>, id: CallId, request: Request) {
         let now = cx.now;
         match request {
             Request::Probe(key) => {
@@ -139,23 +261,7 @@ impl Mechanism for Health {
         }
     }
 
-    fn late(shard: &Shard, from: usize, _id: CallId, reply: Reply) {
-        // A probe permit granted to an asker that gave up goes straight back.
-        if let Reply::Probe {
-            key,
-            ticket: Some(ticket),
-            ..
-        } = reply
-        {
-            shard.send_fact(from, Fact::ReleaseProbe { key, ticket }.into());
-        }
-    }
-
-    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
-        self.retune(cx);
-    }
-
-    fn housekeeping(&mut self, cx: &mut Cx<'_>) {
+    fn housekeeping_inner(&mut self, cx: &mut Cx<'_>) {
         // Anti-entropy: keys not in their default state are re-sent to every shard, so a
         // dropped broadcast converges here rather than at the key's next transition.
         let now = cx.now;
@@ -618,6 +724,151 @@ impl Health {
                     reason,
                 },
             );
+        }
+    }
+}
+
+// -- the snapshot ------------------------------------------------------------------------
+
+/// The owner shard of a breaker's key.
+fn breaker_owner(key: BreakerKey, shards: usize) -> usize {
+    match key {
+        BreakerKey::Provider(p) => owner_of(&p, shards),
+        BreakerKey::Connection(c) => owner_of(&c, shards),
+    }
+}
+
+/// The owner shard of a tracker entry: the provider's for the window, the connection's
+/// for a connection's cooldown.
+fn tracker_owner(key: TrackerKey, shards: usize) -> usize {
+    match key {
+        TrackerKey::Provider(p) => owner_of(&p, shards),
+        TrackerKey::Connection(_, c) => owner_of(&c, shards),
+    }
+}
+
+impl Health {
+    /// Whether a snapshot delta is pending.
+    pub fn snapshot_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// The persisted records of up to `max` changed keys (each `None` when the key is
+    /// back to clean), taken out of the dirty set. The work is bounded by `max`, so a
+    /// shard can collect a large backlog in small steps between requests.
+    pub fn take_delta(&mut self, now: Now, max: usize) -> Delta {
+        let mut d = Delta::default();
+        let breakers = take_some(&mut self.dirty.breakers, max);
+        for key in breakers {
+            let record = self
+                .breakers
+                .get(key)
+                .filter(|b| !b.is_idle())
+                .map(|b| b.export(now));
+            d.breakers.push((key, record));
+        }
+        let room = max.saturating_sub(d.len());
+        for id in take_some(&mut self.dirty.connections, room) {
+            let state = self.connections.state(id);
+            d.connections
+                .push((id, (!state.is_clean()).then_some(state)));
+        }
+        let room = max.saturating_sub(d.len());
+        for key in take_some(&mut self.dirty.trackers, room) {
+            d.trackers.push((key, self.tracker.export_key(now, key)));
+        }
+        d
+    }
+
+    /// Adopts the loaded records whose owner `keep` accepts, broadcasting nothing: the
+    /// views they make are left in `cx` for the caller. Adopted keys are marked dirty, so
+    /// the next delta carries them as this release normalised them (an OPEN deadline
+    /// bounded, a backoff level clamped).
+    pub fn restore(&mut self, cx: &mut Cx<'_>, records: &Records, keep: &dyn Fn(usize) -> bool) {
+        let now = cx.now;
+        let config = cx.config;
+        let shards = cx.shards;
+        let breakers: Vec<_> = records
+            .breakers
+            .iter()
+            .filter(|(k, _)| keep(breaker_owner(**k, shards)))
+            .map(|(k, r)| (*k, breaker_auth(config, *k), r.clone()))
+            .collect();
+        for (key, view) in self.breakers.import(now, breakers) {
+            self.dirty.breakers.insert(key);
+            cx.view(View::Breaker { key, view });
+        }
+        for (id, state) in &records.connections {
+            if !keep(owner_of(id, shards)) {
+                continue;
+            }
+            let auth = config.provider(config.connection(*id).provider).auth;
+            let max_steps = ConnectionPolicy::from_settings(&config.resilience, auth)
+                .backoff
+                .max_backoff_steps;
+            let t = self.connections.import(*id, state.clone(), max_steps, now);
+            self.dirty.connections.insert(*id);
+            cx.view(View::Connection {
+                connection: *id,
+                view: t.view,
+            });
+        }
+        let trackers: Vec<_> = records
+            .trackers
+            .iter()
+            .filter(|(k, _)| keep(tracker_owner(**k, shards)))
+            .map(|(k, r)| {
+                let p = match *k {
+                    TrackerKey::Provider(p) | TrackerKey::Connection(p, _) => p,
+                };
+                (*k, config.provider(p).auth, r.clone())
+            })
+            .collect();
+        let keys: Vec<TrackerKey> = trackers.iter().map(|(k, _, _)| *k).collect();
+        self.tracker.import(now, trackers);
+        for key in keys {
+            self.dirty.trackers.insert(key);
+            self.sync_tracker(cx, key);
+        }
+    }
+}
+
+/// Collects up to `max` changed records of this shard's health table for the snapshot
+/// writer (`None`: nothing changed).
+pub fn snapshot_delta(shard: &Shard, max: usize) -> Option<Delta> {
+    let now = shard.now();
+    let mut health = shard.state().owners.health.borrow_mut();
+    if !health.snapshot_dirty() {
+        return None;
+    }
+    Some(health.take_delta(now, max))
+}
+
+/// Start-up: this shard adopts the loaded records of the keys it owns under the current
+/// shard count, and builds its replicas of every other key from the same records (every
+/// shard derives the same views, so nothing needs to cross the mesh before the first
+/// request).
+pub fn restore(shard: &Shard, records: &Records) {
+    if records.is_empty() {
+        return;
+    }
+    let me = shard.id();
+    let out = {
+        let views = shard.state().views.borrow();
+        let mut cx = Cx::detached(shard.config(), &views, shard.now(), shard.shards());
+        shard
+            .state()
+            .owners
+            .health
+            .borrow_mut()
+            .restore(&mut cx, records, &|owner| owner == me);
+        Health::new(shard.config()).restore(&mut cx, records, &|owner| owner != me);
+        cx.take()
+    };
+    let mut views = shard.state().views.borrow_mut();
+    for (_, m) in out {
+        if let crate::shard::Msg::View(v) = m {
+            views.apply(&v);
         }
     }
 }

@@ -1,0 +1,450 @@
+//! The persisted state as the process holds it: records keyed by the config's dense ids
+//! ([`Records`]), the changes an owner shard reports ([`Delta`]), and the mapping to and
+//! from the file's named entries ([`Records::to_contents`], [`Records::from_contents`]).
+//!
+//! The mapping never trusts the file: an entry naming a provider or connection the config
+//! no longer has, or carrying a value this release does not know, is dropped and counted
+//! (the caller logs it); the rest of the file is still used.
+
+use std::collections::BTreeMap;
+
+use crate::config::{Config, ConnectionId, ProviderId};
+use crate::resilience::Reason;
+use crate::resilience::breaker::{
+    BreakerKey, BreakerRecord, BreakerState, FailureKind, KindCounts,
+};
+use crate::resilience::connection::{
+    ConnectionState, Cooldown, ErrorFields, ExpiredStrikes, ProviderErrorType, RejectStreak,
+    TestStatus, parse_reason,
+};
+use crate::resilience::tracker::{TrackerKey, TrackerRecord};
+
+use super::schema::{
+    BreakerEntry, ConnectionEntry, Contents, StreakEntry, StrikesEntry, TrackerEntry,
+};
+
+/// Every persisted record, by key. Clean records are absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Records {
+    pub breakers: BTreeMap<BreakerKey, BreakerRecord>,
+    pub connections: BTreeMap<ConnectionId, ConnectionState>,
+    pub trackers: BTreeMap<TrackerKey, TrackerRecord>,
+}
+
+/// What changed on one owner shard since its last report: each key's record now, or
+/// `None` when it is back to clean (or gone).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    pub breakers: Vec<(BreakerKey, Option<BreakerRecord>)>,
+    pub connections: Vec<(ConnectionId, Option<ConnectionState>)>,
+    pub trackers: Vec<(TrackerKey, Option<TrackerRecord>)>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.breakers.is_empty() && self.connections.is_empty() && self.trackers.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.breakers.len() + self.connections.len() + self.trackers.len()
+    }
+}
+
+fn put<K: Ord, V>(map: &mut BTreeMap<K, V>, key: K, value: Option<V>) {
+    match value {
+        Some(v) => {
+            map.insert(key, v);
+        }
+        None => {
+            map.remove(&key);
+        }
+    }
+}
+
+impl Records {
+    pub fn is_empty(&self) -> bool {
+        self.breakers.is_empty() && self.connections.is_empty() && self.trackers.is_empty()
+    }
+
+    /// Applies an owner's report.
+    pub fn apply(&mut self, delta: Delta) {
+        for (k, v) in delta.breakers {
+            put(&mut self.breakers, k, v);
+        }
+        for (k, v) in delta.connections {
+            put(&mut self.connections, k, v);
+        }
+        for (k, v) in delta.trackers {
+            put(&mut self.trackers, k, v);
+        }
+    }
+
+    /// The file's named entries.
+    pub fn to_contents(&self, config: &Config) -> Contents {
+        let provider = |p: ProviderId| {
+            config
+                .providers
+                .get(usize::from(p.0))
+                .map_or_else(String::new, |p| p.name.clone())
+        };
+        let connection = |c: ConnectionId| config.connections.get(c.0 as usize);
+        let mut contents = Contents::default();
+        for (key, r) in &self.breakers {
+            let (p, c) = match *key {
+                BreakerKey::Provider(p) => (provider(p), None),
+                BreakerKey::Connection(c) => match connection(c) {
+                    Some(conn) => (provider(conn.provider), Some(conn.name.clone())),
+                    None => continue,
+                },
+            };
+            contents.breakers.push(breaker_entry(p, c, r));
+        }
+        for (id, s) in &self.connections {
+            let Some(conn) = connection(*id) else {
+                continue;
+            };
+            contents.connections.push(connection_entry(
+                conn.name.clone(),
+                provider(conn.provider),
+                s,
+            ));
+        }
+        for (key, r) in &self.trackers {
+            let (p, c) = match *key {
+                TrackerKey::Provider(p) => (provider(p), None),
+                TrackerKey::Connection(p, c) => match connection(c) {
+                    Some(conn) => (provider(p), Some(conn.name.clone())),
+                    None => continue,
+                },
+            };
+            contents.provider_cooldowns.push(TrackerEntry {
+                provider: p,
+                connection: c,
+                last_failure_wall_ms: r.last_failure_wall_ms,
+                failure_count: r.failure_count,
+                retention_ms: r.retention_ms,
+                failure_timestamps_wall_ms: r.failure_timestamps_wall_ms.clone(),
+            });
+        }
+        contents
+    }
+
+    /// The records of a file that this config still names. Returns the records and one
+    /// line per entry dropped.
+    pub fn from_contents(contents: &Contents, config: &Config) -> (Records, Vec<String>) {
+        let mut r = Records::default();
+        let mut dropped = Vec::new();
+        let provider = |name: &str| config.provider_by_name(name).map(|p| p.id);
+        let connection = |name: &str, provider_name: &str| {
+            config
+                .connections
+                .iter()
+                .find(|c| c.name == name)
+                .filter(|c| config.provider(c.provider).name == provider_name)
+                .map(|c| c.id)
+        };
+        for e in &contents.breakers {
+            let key = match &e.connection {
+                None => provider(&e.provider).map(BreakerKey::Provider),
+                Some(c) => connection(c, &e.provider).map(BreakerKey::Connection),
+            };
+            match (key, breaker_record(e)) {
+                (Some(k), Some(rec)) => {
+                    r.breakers.insert(k, rec);
+                }
+                (None, _) => dropped.push(format!(
+                    "breaker {}{}: not in the config",
+                    e.provider,
+                    e.connection
+                        .as_deref()
+                        .map(|c| format!("::conn::{c}"))
+                        .unwrap_or_default()
+                )),
+                (_, None) => dropped.push(format!("breaker {}: unknown values", e.provider)),
+            }
+        }
+        for e in &contents.connections {
+            match (connection(&e.connection, &e.provider), connection_state(e)) {
+                (Some(id), Some(s)) => {
+                    r.connections.insert(id, s);
+                }
+                (None, _) => dropped.push(format!(
+                    "connection {} ({}): not in the config",
+                    e.connection, e.provider
+                )),
+                (_, None) => dropped.push(format!("connection {}: unknown values", e.connection)),
+            }
+        }
+        for e in &contents.provider_cooldowns {
+            let key = match &e.connection {
+                None => provider(&e.provider).map(TrackerKey::Provider),
+                Some(c) => provider(&e.provider)
+                    .zip(connection(c, &e.provider))
+                    .map(|(p, c)| TrackerKey::Connection(p, c)),
+            };
+            match key {
+                Some(k) => {
+                    r.trackers.insert(
+                        k,
+                        TrackerRecord {
+                            last_failure_wall_ms: e.last_failure_wall_ms,
+                            failure_count: e.failure_count,
+                            retention_ms: e.retention_ms,
+                            failure_timestamps_wall_ms: e.failure_timestamps_wall_ms.clone(),
+                        },
+                    );
+                }
+                None => dropped.push(format!(
+                    "provider cooldown {}{}: not in the config",
+                    e.provider,
+                    e.connection
+                        .as_deref()
+                        .map(|c| format!(":{c}"))
+                        .unwrap_or_default()
+                )),
+            }
+        }
+        (r, dropped)
+    }
+}
+
+fn breaker_entry(provider: String, connection: Option<String>, r: &BreakerRecord) -> BreakerEntry {
+    BreakerEntry {
+        provider,
+        connection,
+        state: r.state.as_str().to_owned(),
+        failure_count: r.failure_count,
+        last_failure_wall_ms: r.last_failure_wall_ms,
+        last_failure_kind: r.last_failure_kind.map(|k| k.as_str().to_owned()),
+        open_cycle_count: r.open_cycle_count,
+        transient_failures: r.kind_failure_counts.transient,
+        rate_limit_failures: r.kind_failure_counts.rate_limit,
+        quota_exhausted_failures: r.kind_failure_counts.quota_exhausted,
+        open_until_wall_ms: r.open_until_wall_ms,
+    }
+}
+
+fn breaker_state(s: &str) -> Option<BreakerState> {
+    [
+        BreakerState::Closed,
+        BreakerState::Degraded,
+        BreakerState::Open,
+        BreakerState::HalfOpen,
+    ]
+    .into_iter()
+    .find(|x| x.as_str() == s)
+}
+
+fn failure_kind(s: &str) -> Option<FailureKind> {
+    [
+        FailureKind::Transient,
+        FailureKind::RateLimit,
+        FailureKind::QuotaExhausted,
+    ]
+    .into_iter()
+    .find(|x| x.as_str() == s)
+}
+
+/// `None` when a value is not one this release knows.
+fn breaker_record(e: &BreakerEntry) -> Option<BreakerRecord> {
+    let last_failure_kind = match &e.last_failure_kind {
+        Some(k) => Some(failure_kind(k)?),
+        None => None,
+    };
+    Some(BreakerRecord {
+        state: breaker_state(&e.state)?,
+        failure_count: e.failure_count,
+        last_failure_wall_ms: e.last_failure_wall_ms,
+        last_failure_kind,
+        open_cycle_count: e.open_cycle_count,
+        kind_failure_counts: KindCounts {
+            transient: e.transient_failures,
+            rate_limit: e.rate_limit_failures,
+            quota_exhausted: e.quota_exhausted_failures,
+        },
+        open_until_wall_ms: e.open_until_wall_ms,
+    })
+}
+
+fn connection_entry(connection: String, provider: String, s: &ConnectionState) -> ConnectionEntry {
+    ConnectionEntry {
+        connection,
+        provider,
+        test_status: s.test_status.as_str().to_owned(),
+        rate_limited_until_wall_ms: s.cooldown.map(|c| c.until_ms),
+        cooldown_reason: s.cooldown.map(|c| c.reason.as_str().to_owned()),
+        backoff_level: s.backoff_level,
+        last_error: s.error.as_ref().map(|e| e.message.clone()),
+        last_error_type: s
+            .error
+            .as_ref()
+            .and_then(|e| e.error_type)
+            .map(|t| t.as_str().to_owned()),
+        error_code: s.error.as_ref().and_then(|e| e.code),
+        last_error_at_wall_ms: s.error.as_ref().map(|e| e.at_ms),
+        reject_streak: s.reject_streak.map(|r| StreakEntry {
+            count: r.count,
+            last_at_wall_ms: r.last_at_ms,
+            until_wall_ms: r.until_ms,
+        }),
+        expired_strikes: s.expired_strikes.map(|x| StrikesEntry {
+            count: x.count,
+            last_at_wall_ms: x.last_at_ms,
+        }),
+    }
+}
+
+/// `None` when a value is not one this release knows.
+fn connection_state(e: &ConnectionEntry) -> Option<ConnectionState> {
+    let cooldown = match (e.rate_limited_until_wall_ms, &e.cooldown_reason) {
+        (Some(until_ms), reason) => Some(Cooldown {
+            until_ms,
+            reason: match reason {
+                Some(r) => parse_reason(r)?,
+                None => Reason::Unknown,
+            },
+        }),
+        (None, _) => None,
+    };
+    let error_type = match &e.last_error_type {
+        Some(t) => Some(ProviderErrorType::parse(t)?),
+        None => None,
+    };
+    let error = match (&e.last_error, e.last_error_at_wall_ms) {
+        (Some(message), at) => Some(ErrorFields {
+            message: message.clone(),
+            error_type,
+            code: e.error_code,
+            at_ms: at.unwrap_or(0),
+        }),
+        (None, _) => None,
+    };
+    Some(ConnectionState {
+        cooldown,
+        test_status: TestStatus::parse(&e.test_status)?,
+        error,
+        backoff_level: e.backoff_level,
+        reject_streak: e.reject_streak.map(|r| RejectStreak {
+            count: r.count,
+            last_at_ms: r.last_at_wall_ms,
+            until_ms: r.until_wall_ms,
+        }),
+        expired_strikes: e.expired_strikes.map(|x| ExpiredStrikes {
+            count: x.count,
+            last_at_ms: x.last_at_wall_ms,
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOML: &str = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                        [[connections]]\nid = \"a\"\nprovider = \"p\"\n\
+                        [[connections]]\nid = \"b\"\nprovider = \"p\"\n";
+
+    fn config(toml: &str) -> Config {
+        crate::config::load_str(toml, &|_| None).unwrap().config
+    }
+
+    fn records() -> Records {
+        let mut r = Records::default();
+        r.breakers.insert(
+            BreakerKey::Provider(ProviderId(0)),
+            BreakerRecord {
+                state: BreakerState::Open,
+                failure_count: 5,
+                last_failure_wall_ms: Some(10),
+                last_failure_kind: Some(FailureKind::RateLimit),
+                open_cycle_count: 2,
+                kind_failure_counts: KindCounts {
+                    transient: 1,
+                    rate_limit: 4,
+                    quota_exhausted: 0,
+                },
+                open_until_wall_ms: Some(99),
+            },
+        );
+        r.connections.insert(
+            ConnectionId(1),
+            ConnectionState {
+                cooldown: Some(Cooldown {
+                    until_ms: 500,
+                    reason: Reason::RateLimitExceeded,
+                }),
+                test_status: TestStatus::Unavailable,
+                error: Some(ErrorFields {
+                    message: "slow down".into(),
+                    error_type: Some(ProviderErrorType::RateLimited),
+                    code: Some(429),
+                    at_ms: 400,
+                }),
+                backoff_level: 3,
+                reject_streak: Some(RejectStreak {
+                    count: 1,
+                    last_at_ms: 1,
+                    until_ms: 2,
+                }),
+                expired_strikes: Some(ExpiredStrikes {
+                    count: 2,
+                    last_at_ms: 3,
+                }),
+            },
+        );
+        r.trackers.insert(
+            TrackerKey::Connection(ProviderId(0), ConnectionId(0)),
+            TrackerRecord {
+                last_failure_wall_ms: 7,
+                failure_count: 1,
+                retention_ms: 8,
+                failure_timestamps_wall_ms: vec![],
+            },
+        );
+        r
+    }
+
+    #[test]
+    fn names_round_trip_and_survive_a_reordered_config() {
+        let c = config(TOML);
+        let contents = records().to_contents(&c);
+        let (back, dropped) = Records::from_contents(&contents, &c);
+        assert!(dropped.is_empty(), "{dropped:?}");
+        assert_eq!(back, records());
+        // The same names under other indexes: the records follow the names.
+        let swapped = config(
+            "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             [[connections]]\nid = \"b\"\nprovider = \"p\"\n\
+             [[connections]]\nid = \"a\"\nprovider = \"p\"\n",
+        );
+        let (moved, _) = Records::from_contents(&contents, &swapped);
+        assert!(moved.connections.contains_key(&ConnectionId(0)));
+        assert!(
+            moved
+                .trackers
+                .contains_key(&TrackerKey::Connection(ProviderId(0), ConnectionId(1)))
+        );
+    }
+
+    #[test]
+    fn unknown_names_and_values_are_dropped_and_reported() {
+        let c = config(TOML);
+        let mut contents = records().to_contents(&c);
+        contents.connections[0].connection = "gone".into();
+        contents.breakers[0].state = "SIDEWAYS".into();
+        let (back, dropped) = Records::from_contents(&contents, &c);
+        assert!(back.connections.is_empty() && back.breakers.is_empty());
+        assert_eq!(dropped.len(), 2);
+        assert_eq!(back.trackers.len(), 1);
+    }
+
+    #[test]
+    fn deltas_set_and_clear() {
+        let mut r = records();
+        r.apply(Delta {
+            connections: vec![(ConnectionId(1), None)],
+            ..Delta::default()
+        });
+        assert!(r.connections.is_empty());
+    }
+}

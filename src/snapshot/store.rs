@@ -1,0 +1,283 @@
+//! The snapshot on disk: two slot files in `state_dir`, written alternately, each
+//! replaced atomically (temp file → fsync → rename → fsync of the directory), read back
+//! through a read-only memory map and [`file::decode`]. The newest valid slot wins; a slot
+//! that fails any check is moved aside (renamed `<slot>.rejected-<wall ms>`), logged once,
+//! and never read again — never trusted, never fatal.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::file::{self, HEADER_BYTES, Header, MAX_PAYLOAD_BYTES, Problem};
+use super::schema::Contents;
+
+/// The two slot files, in `state_dir`.
+pub const SLOT_FILES: [&str; 2] = ["snapshot-a.tgsnap", "snapshot-b.tgsnap"];
+/// Suffix of a slot's temporary file while it is being written.
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// A slot that decoded.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub slot: usize,
+    pub path: PathBuf,
+    pub header: Header,
+    pub contents: Contents,
+}
+
+/// What one slot held.
+#[derive(Debug)]
+pub enum SlotRead {
+    Missing,
+    Valid(Box<Loaded>),
+    Invalid(String),
+}
+
+/// A file that failed its checks at start-up.
+#[derive(Clone, Debug)]
+pub struct Rejected {
+    pub path: PathBuf,
+    pub problem: String,
+    /// Where it was moved (None: the rename failed; the file is still ignored).
+    pub moved_to: Option<PathBuf>,
+}
+
+/// Reads one slot file. Never panics, never trusts.
+pub fn read_slot(dir: &Path, slot: usize) -> SlotRead {
+    let Some(name) = SLOT_FILES.get(slot) else {
+        return SlotRead::Missing;
+    };
+    let path = dir.join(name);
+    let f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return SlotRead::Missing,
+        Err(e) => return SlotRead::Invalid(format!("cannot open: {e}")),
+    };
+    let len = match f.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return SlotRead::Invalid(format!("cannot stat: {e}")),
+    };
+    if len == 0 {
+        return SlotRead::Invalid(Problem::Empty.to_string());
+    }
+    if len > HEADER_BYTES as u64 + MAX_PAYLOAD_BYTES {
+        return SlotRead::Invalid(Problem::PayloadTooLarge(len).to_string());
+    }
+    let map = match map_read_only(&f) {
+        Ok(m) => m,
+        Err(e) => return SlotRead::Invalid(format!("cannot map: {e}")),
+    };
+    match file::decode(&map) {
+        Ok((header, contents)) => SlotRead::Valid(Box::new(Loaded {
+            slot,
+            path,
+            header,
+            contents,
+        })),
+        Err(p) => SlotRead::Invalid(p.to_string()),
+    }
+}
+
+/// Maps `f` read-only.
+#[allow(unsafe_code)]
+fn map_read_only(f: &File) -> io::Result<memmap2::Mmap> {
+    // SAFETY: `Mmap::map` is unsafe because the mapped file could change while the map is
+    // alive, and the bytes we hold would change under us. The map lives only inside
+    // `read_slot`, which decodes (copying everything it keeps) and drops it. The slot
+    // files are never written in place: a write goes to a temporary file that is then
+    // renamed over the slot, which swaps the directory entry and leaves the inode mapped
+    // here untouched. Only another process truncating the file inside this window could
+    // still hurt us (SIGBUS); the state directory belongs to this gateway alone.
+    unsafe { memmap2::Mmap::map(f) }
+}
+
+/// The slots at start-up: the newest valid one, and the files that failed (already
+/// moved aside and logged).
+#[derive(Debug)]
+pub struct Opened {
+    pub store: Store,
+    pub loaded: Option<Loaded>,
+    pub rejected: Vec<Rejected>,
+}
+
+/// Writes the slots alternately.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    next_generation: u64,
+    next_slot: usize,
+}
+
+/// One completed write.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub generation: u64,
+    pub bytes: usize,
+    pub path: PathBuf,
+}
+
+/// Opens `dir` (created if missing): reads both slots, moves invalid files aside (one
+/// warning each), removes temporary files a crash left, and returns the newest valid
+/// slot. Only a directory that cannot be created is an error.
+pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
+    fs::create_dir_all(dir)?;
+    for name in SLOT_FILES {
+        let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
+        if tmp.exists() {
+            // A write interrupted before its rename: never a slot, never read.
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+    let mut valid: Vec<Loaded> = Vec::new();
+    let mut rejected = Vec::new();
+    for slot in 0..SLOT_FILES.len() {
+        match read_slot(dir, slot) {
+            SlotRead::Missing => {}
+            SlotRead::Valid(l) => valid.push(*l),
+            SlotRead::Invalid(problem) => {
+                let path = dir.join(SLOT_FILES[slot]);
+                let aside = dir.join(format!("{}.rejected-{now_wall_ms}", SLOT_FILES[slot]));
+                let moved_to = fs::rename(&path, &aside).ok().map(|()| aside);
+                tracing::warn!(
+                    file = %path.display(),
+                    moved_to = %moved_to.as_deref().map_or_else(|| "(rename failed)".into(), |p| p.display().to_string()),
+                    "snapshot slot not trusted: {problem}; ignoring it"
+                );
+                rejected.push(Rejected {
+                    path,
+                    problem,
+                    moved_to,
+                });
+            }
+        }
+    }
+    valid.sort_by_key(|l| l.header.generation);
+    let loaded = valid.pop();
+    let (next_generation, next_slot) = match &loaded {
+        Some(l) => (l.header.generation.saturating_add(1), 1 - l.slot),
+        None => (1, 0),
+    };
+    if rejected.is_empty() {
+        fsync_dir(dir)?;
+    }
+    Ok(Opened {
+        store: Store {
+            dir: dir.to_path_buf(),
+            next_generation,
+            next_slot,
+        },
+        loaded,
+        rejected,
+    })
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl Store {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `contents` into the older slot: temp file, fsync, rename, fsync of the
+    /// directory. A crash at any point leaves the previous slot intact, and the slot being
+    /// written either intact (old) or complete (new).
+    pub fn write(&mut self, contents: &Contents, now_wall_ms: u64) -> io::Result<Written> {
+        let bytes = file::encode(self.next_generation, now_wall_ms, contents)
+            .map_err(|e| io::Error::other(e.0))?;
+        let name = SLOT_FILES[self.next_slot % SLOT_FILES.len()];
+        let path = self.dir.join(name);
+        let tmp = self.dir.join(format!("{name}{TEMP_SUFFIX}"));
+        {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, &path)?;
+        fsync_dir(&self.dir)?;
+        let written = Written {
+            generation: self.next_generation,
+            bytes: bytes.len(),
+            path,
+        };
+        self.next_generation = self.next_generation.saturating_add(1);
+        self.next_slot = 1 - (self.next_slot % SLOT_FILES.len());
+        Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tidegate-store-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    fn contents(n: u32) -> Contents {
+        let mut c = Contents::default();
+        c.connections
+            .push(crate::snapshot::schema::ConnectionEntry {
+                connection: format!("c{n}"),
+                provider: "p".into(),
+                test_status: "banned".into(),
+                rate_limited_until_wall_ms: None,
+                cooldown_reason: None,
+                backoff_level: n,
+                last_error: None,
+                last_error_type: None,
+                error_code: None,
+                last_error_at_wall_ms: None,
+                reject_streak: None,
+                expired_strikes: None,
+            });
+        c
+    }
+
+    #[test]
+    fn slots_alternate_and_the_newest_valid_wins() {
+        let d = tmpdir("alternate");
+        let mut o = open(&d, 1).unwrap();
+        assert!(o.loaded.is_none());
+        o.store.write(&contents(1), 10).unwrap();
+        o.store.write(&contents(2), 20).unwrap();
+        o.store.write(&contents(3), 30).unwrap();
+        let o = open(&d, 2).unwrap();
+        let l = o.loaded.unwrap();
+        assert_eq!(l.header.generation, 3);
+        assert_eq!(l.contents, contents(3));
+        // The newer slot damaged: the older one wins, the damaged one is moved aside.
+        fs::write(&l.path, b"garbage").unwrap();
+        let o = open(&d, 3).unwrap();
+        assert_eq!(o.loaded.unwrap().header.generation, 2);
+        assert_eq!(o.rejected.len(), 1);
+        assert!(!l.path.exists());
+        assert!(o.rejected[0].moved_to.as_ref().unwrap().exists());
+        // The next write goes to the free slot and continues the generations.
+        let mut store = o.store;
+        let w = store.write(&contents(4), 40).unwrap();
+        assert_eq!(w.generation, 3);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn both_slots_bad_is_a_clean_start() {
+        let d = tmpdir("bothbad");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(SLOT_FILES[0]), b"").unwrap();
+        fs::write(d.join(SLOT_FILES[1]), b"TGSNAPSH").unwrap();
+        fs::write(d.join(format!("{}{TEMP_SUFFIX}", SLOT_FILES[0])), b"half").unwrap();
+        let o = open(&d, 5).unwrap();
+        assert!(o.loaded.is_none());
+        assert_eq!(o.rejected.len(), 2);
+        assert!(!d.join(format!("{}{TEMP_SUFFIX}", SLOT_FILES[0])).exists());
+        let _ = fs::remove_dir_all(&d);
+    }
+}

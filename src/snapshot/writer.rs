@@ -1,0 +1,159 @@
+//! The snapshot writer: one plain thread, off every shard. Owner shards send it what
+//! changed ([`Delta`]s, collected in small bounded batches on the shard); it keeps the
+//! merged [`Records`] and, when something changed, encodes and writes the file at most
+//! every `snapshot_interval_ms` — and once more when told to finish (shutdown). Encoding,
+//! the fsyncs and the renames never run on a shard's thread.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::clock::{Clock, MonoClock};
+use crate::config::Config;
+
+use super::state::{Delta, Records};
+use super::store::Store;
+
+/// A message to the writer.
+#[derive(Debug)]
+pub enum ToWriter {
+    Delta(Delta),
+    /// Write what is pending and stop (shutdown, after every shard's last delta).
+    Finish,
+}
+
+/// One attempt to write, for the caller's metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteReport {
+    pub ok: bool,
+    pub duration_ns: u64,
+    pub bytes: usize,
+    pub generation: u64,
+}
+
+/// The writer thread's handle.
+#[derive(Debug)]
+pub struct Writer {
+    tx: flume::Sender<ToWriter>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Where shards send their deltas.
+pub type DeltaSink = flume::Sender<ToWriter>;
+
+impl Writer {
+    /// Starts the thread. `records` is what the store loaded (the writer's starting
+    /// point: keys no shard reports again keep their loaded record).
+    pub fn spawn(
+        config: Arc<Config>,
+        store: Store,
+        records: Records,
+        on_write: Box<dyn Fn(WriteReport) + Send>,
+    ) -> std::io::Result<Writer> {
+        let (tx, rx) = flume::unbounded();
+        let interval = Duration::from_millis(config.server.snapshot_interval_ms.max(1));
+        let thread = std::thread::Builder::new()
+            .name("tidegate-snapshot".into())
+            .spawn(move || run(&config, store, records, &rx, interval, &*on_write))?;
+        Ok(Writer {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// A sender for shards.
+    pub fn sink(&self) -> DeltaSink {
+        self.tx.clone()
+    }
+
+    /// Writes what is pending and joins the thread.
+    pub fn finish(mut self) {
+        let _ = self.tx.send(ToWriter::Finish);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(
+    config: &Config,
+    mut store: Store,
+    mut records: Records,
+    rx: &flume::Receiver<ToWriter>,
+    interval: Duration,
+    on_write: &dyn Fn(WriteReport),
+) {
+    let clock = MonoClock;
+    let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+    let mut dirty = false;
+    // The last write's monotonic instant; the first write may happen at once.
+    let mut last_write_ns: Option<u64> = None;
+    let mut write = |records: &Records, last_write_ns: &mut Option<u64>| -> bool {
+        let start = clock.now();
+        let contents = records.to_contents(config);
+        let result = store.write(&contents, start.wall_ms);
+        let end = clock.now().mono_ns;
+        *last_write_ns = Some(end);
+        let duration_ns = end.saturating_sub(start.mono_ns);
+        match result {
+            Ok(w) => {
+                tracing::debug!(
+                    generation = w.generation,
+                    bytes = w.bytes,
+                    "snapshot written"
+                );
+                on_write(WriteReport {
+                    ok: true,
+                    duration_ns,
+                    bytes: w.bytes,
+                    generation: w.generation,
+                });
+                true
+            }
+            Err(e) => {
+                tracing::warn!(dir = %store.dir().display(), "cannot write the snapshot: {e}");
+                on_write(WriteReport {
+                    ok: false,
+                    duration_ns,
+                    bytes: 0,
+                    generation: 0,
+                });
+                false
+            }
+        }
+    };
+    loop {
+        let now = clock.now().mono_ns;
+        let due_in_ns = match last_write_ns {
+            Some(t) if dirty => t.saturating_add(interval_ns).saturating_sub(now),
+            None if dirty => 0,
+            _ => interval_ns,
+        };
+        let finishing = match rx.recv_timeout(Duration::from_nanos(due_in_ns)) {
+            Ok(ToWriter::Delta(d)) => {
+                dirty |= !d.is_empty();
+                records.apply(d);
+                false
+            }
+            Ok(ToWriter::Finish) | Err(flume::RecvTimeoutError::Disconnected) => true,
+            Err(flume::RecvTimeoutError::Timeout) => false,
+        };
+        if finishing {
+            while let Ok(m) = rx.try_recv() {
+                if let ToWriter::Delta(d) = m {
+                    dirty |= !d.is_empty();
+                    records.apply(d);
+                }
+            }
+            if dirty {
+                write(&records, &mut last_write_ns);
+            }
+            return;
+        }
+        let now = clock.now().mono_ns;
+        let due = last_write_ns.is_none_or(|t| now.saturating_sub(t) >= interval_ns);
+        if dirty && due && write(&records, &mut last_write_ns) {
+            dirty = false;
+        }
+    }
+}
