@@ -443,43 +443,74 @@ impl SnapshotMetrics {
             .max()
             .unwrap_or(0);
         let collects: u64 = shards.iter().map(|s| load(&s.snapshot_collects)).sum();
+        let mut line = |name: &str, help: &str, kind: &str, samples: &[(&str, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        line(
+            "tidegate_snapshot_writes_total",
+            "Snapshot writes, by result.",
+            "counter",
+            &[
+                ("{result=\"ok\"}", load(&self.writes).to_string()),
+                ("{result=\"error\"}", load(&self.write_failures).to_string()),
+            ],
+        );
+        line(
+            "tidegate_snapshot_write_seconds",
+            "Time spent encoding and writing snapshots (writer thread, off the shards).",
+            "summary",
+            &[],
+        );
         let _ = writeln!(
             out,
-            "# HELP tidegate_snapshot_writes_total Snapshot writes, by result.
-             # TYPE tidegate_snapshot_writes_total counter
-             tidegate_snapshot_writes_total{{result=\"ok\"}} {}
-             tidegate_snapshot_writes_total{{result=\"error\"}} {}
-             # HELP tidegate_snapshot_write_seconds Time spent encoding and writing snapshots (writer thread, off the shards).
-             # TYPE tidegate_snapshot_write_seconds summary
-             tidegate_snapshot_write_seconds_sum {}
-             tidegate_snapshot_write_seconds_count {}
-             # HELP tidegate_snapshot_last_write_seconds Duration of the last snapshot write.
-             # TYPE tidegate_snapshot_last_write_seconds gauge
-             tidegate_snapshot_last_write_seconds {}
-             # HELP tidegate_snapshot_bytes Size of the last snapshot written.
-             # TYPE tidegate_snapshot_bytes gauge
-             tidegate_snapshot_bytes {}
-             # HELP tidegate_snapshot_generation Generation of the last snapshot written.
-             # TYPE tidegate_snapshot_generation gauge
-             tidegate_snapshot_generation {}
-             # HELP tidegate_snapshot_rejected_files Snapshot slot files found corrupt or unreadable at start-up (moved aside).
-             # TYPE tidegate_snapshot_rejected_files gauge
-             tidegate_snapshot_rejected_files {}
-             # HELP tidegate_snapshot_collects_total Batches of changed records the shards collected for the writer.
-             # TYPE tidegate_snapshot_collects_total counter
-             tidegate_snapshot_collects_total {collects}
-             # HELP tidegate_snapshot_collect_max_seconds Longest time one collection held a shard's loop.
-             # TYPE tidegate_snapshot_collect_max_seconds gauge
-             tidegate_snapshot_collect_max_seconds {}",
-            load(&self.writes),
-            load(&self.write_failures),
+            "tidegate_snapshot_write_seconds_sum {}\ntidegate_snapshot_write_seconds_count {}",
             secs(load(&self.write_ns_total)),
-            load(&self.writes) + load(&self.write_failures),
-            secs(load(&self.last_write_ns)),
-            load(&self.last_bytes),
-            load(&self.generation),
-            load(&self.rejected_files),
-            secs(max_collect),
+            load(&self.writes) + load(&self.write_failures)
+        );
+        let mut line = |name: &str, help: &str, kind: &str, v: String| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        line(
+            "tidegate_snapshot_last_write_seconds",
+            "Duration of the last snapshot write.",
+            "gauge",
+            secs(load(&self.last_write_ns)).to_string(),
+        );
+        line(
+            "tidegate_snapshot_bytes",
+            "Size of the last snapshot written.",
+            "gauge",
+            load(&self.last_bytes).to_string(),
+        );
+        line(
+            "tidegate_snapshot_generation",
+            "Generation of the last snapshot written.",
+            "gauge",
+            load(&self.generation).to_string(),
+        );
+        line(
+            "tidegate_snapshot_rejected_files",
+            "Snapshot slot files found corrupt or unreadable at start-up (moved aside).",
+            "gauge",
+            load(&self.rejected_files).to_string(),
+        );
+        line(
+            "tidegate_snapshot_collects_total",
+            "Batches of changed records the shards collected for the snapshot writer.",
+            "counter",
+            collects.to_string(),
+        );
+        line(
+            "tidegate_snapshot_collect_max_seconds",
+            "Longest time one snapshot collection held a shard's loop.",
+            "gauge",
+            secs(max_collect).to_string(),
         );
     }
 }
