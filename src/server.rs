@@ -475,6 +475,18 @@ fn open_snapshot(
             dir.display()
         ))
     })?;
+    for r in &opened.rejected {
+        let moved_to = r
+            .moved_to
+            .as_deref()
+            .map_or_else(|| "(rename failed)".into(), |p| p.display().to_string());
+        tracing::warn!(
+            file = %r.path.display(),
+            moved_to = %moved_to,
+            "snapshot slot not trusted: {}; ignoring it",
+            r.problem
+        );
+    }
     metrics.rejected_files.store(
         opened.rejected.len() as u64,
         std::sync::atomic::Ordering::Relaxed,

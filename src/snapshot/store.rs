@@ -116,8 +116,8 @@ pub struct Written {
     pub path: PathBuf,
 }
 
-/// Opens `dir` (created if missing): reads both slots, moves invalid files aside (one
-/// warning each), removes temporary files a crash left, and returns the newest valid
+/// Opens `dir` (created if missing): reads both slots, moves invalid files aside (the
+/// caller logs each), removes temporary files a crash left, and returns the newest valid
 /// slot. Only a directory that cannot be created is an error.
 pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
     fs::create_dir_all(dir)?;
@@ -138,11 +138,6 @@ pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
                 let path = dir.join(SLOT_FILES[slot]);
                 let aside = dir.join(format!("{}.rejected-{now_wall_ms}", SLOT_FILES[slot]));
                 let moved_to = fs::rename(&path, &aside).ok().map(|()| aside);
-                tracing::warn!(
-                    file = %path.display(),
-                    moved_to = %moved_to.as_deref().map_or_else(|| "(rename failed)".into(), |p| p.display().to_string()),
-                    "snapshot slot not trusted: {problem}; ignoring it"
-                );
                 rejected.push(Rejected {
                     path,
                     problem,

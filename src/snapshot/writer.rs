@@ -86,6 +86,8 @@ fn run(
     let clock = MonoClock;
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
     let mut dirty = false;
+    // Failing writes are logged once until one succeeds again.
+    let mut failing = false;
     // The last write's monotonic instant; the first write may happen at once.
     let mut last_write_ns: Option<u64> = None;
     let mut write = |records: &Records, last_write_ns: &mut Option<u64>| -> bool {
@@ -97,7 +99,12 @@ fn run(
         let duration_ns = end.saturating_sub(start.mono_ns);
         match result {
             Ok(w) => {
+                if failing {
+                    tracing::info!(file = %w.path.display(), "snapshot written again");
+                }
+                failing = false;
                 tracing::debug!(
+                    file = %w.path.display(),
                     generation = w.generation,
                     bytes = w.bytes,
                     "snapshot written"
@@ -111,7 +118,13 @@ fn run(
                 true
             }
             Err(e) => {
-                tracing::warn!(dir = %store.dir().display(), "cannot write the snapshot: {e}");
+                if !failing {
+                    tracing::warn!(
+                        dir = %store.dir().display(),
+                        "cannot write the snapshot: {e}; retrying every interval"
+                    );
+                }
+                failing = true;
                 on_write(WriteReport {
                     ok: false,
                     duration_ns,
