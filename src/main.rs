@@ -51,6 +51,8 @@ mod server;
 #[cfg(tidegate_reach)]
 mod shard;
 #[cfg(tidegate_reach)]
+mod snapshot;
+#[cfg(tidegate_reach)]
 mod sse;
 
 #[cfg(not(tidegate_reach))]

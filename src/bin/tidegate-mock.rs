@@ -69,6 +69,9 @@ mod server;
 #[path = "../shard/mod.rs"]
 mod shard;
 #[cfg(tidegate_reach)]
+#[path = "../snapshot/mod.rs"]
+mod snapshot;
+#[cfg(tidegate_reach)]
 #[path = "../sse/mod.rs"]
 mod sse;
 

@@ -128,8 +128,14 @@ impl Cx<'_> {
         }
     }
 
-    /// A context for driving an owner table directly (owner tests, benches).
-    #[cfg_attr(tidegate_reach, allow(dead_code))]
+    /// The messages produced so far (the health owner reads which keys its views
+    /// announce, for the snapshot; owner tests read them).
+    pub fn sent(&self) -> &Out<Tidegate> {
+        &self.out
+    }
+
+    /// A context for driving an owner table directly (owner tests, benches, and the
+    /// snapshot's restore at start-up).
     pub fn detached<'a>(config: &'a Config, views: &'a Views, now: Now, shards: usize) -> Cx<'a> {
         Cx {
             config,
@@ -143,7 +149,6 @@ impl Cx<'_> {
     }
 
     /// Takes the messages produced so far.
-    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn take(&mut self) -> Out<Tidegate> {
         std::mem::take(&mut self.out)
     }

@@ -130,13 +130,13 @@ pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
     }
     let mut valid: Vec<Loaded> = Vec::new();
     let mut rejected = Vec::new();
-    for slot in 0..SLOT_FILES.len() {
+    for (slot, name) in SLOT_FILES.iter().enumerate() {
         match read_slot(dir, slot) {
             SlotRead::Missing => {}
             SlotRead::Valid(l) => valid.push(*l),
             SlotRead::Invalid(problem) => {
-                let path = dir.join(SLOT_FILES[slot]);
-                let aside = dir.join(format!("{}.rejected-{now_wall_ms}", SLOT_FILES[slot]));
+                let path = dir.join(name);
+                let aside = dir.join(format!("{name}.rejected-{now_wall_ms}"));
                 let moved_to = fs::rename(&path, &aside).ok().map(|()| aside);
                 rejected.push(Rejected {
                     path,
