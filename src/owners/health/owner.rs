@@ -1063,6 +1063,59 @@ mod tests {
     }
 
     #[test]
+    fn restore_adopts_only_owned_keys_and_deltas_are_bounded() {
+        use crate::resilience::connection::{ConnectionState, TestStatus};
+        use crate::snapshot::state::Records;
+        let mut toml = String::from(
+            "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+        );
+        for i in 0..40 {
+            toml.push_str(&format!(
+                "[[connections]]\nid = \"c{i}\"\nprovider = \"p\"\n"
+            ));
+        }
+        let config = crate::config::load_str(&toml, &|_| None).unwrap().config;
+        let mut records = Records::default();
+        for i in 0..40 {
+            records.connections.insert(
+                ConnectionId(i),
+                ConnectionState {
+                    test_status: TestStatus::Banned,
+                    ..ConnectionState::default()
+                },
+            );
+        }
+        let views = Views::default();
+        let shards = 3;
+        let mut adopted = 0;
+        for me in 0..shards {
+            let mut h = Health::new(&config);
+            let mut cx = Cx::detached(&config, &views, at(0), shards);
+            h.restore(&mut cx, &records, &|owner| owner == me);
+            let owned: Vec<ConnectionId> = (0..40)
+                .map(ConnectionId)
+                .filter(|c| owner_of(c, shards) == me)
+                .collect();
+            // Only the owned records are in this shard's table, and each one is a view.
+            for i in 0..40 {
+                let banned = h.connections.state(ConnectionId(i)).test_status == TestStatus::Banned;
+                assert_eq!(banned, owned.contains(&ConnectionId(i)));
+            }
+            assert_eq!(cx.take().len(), owned.len());
+            // The adopted keys are re-reported, in bounded steps.
+            let mut reported = 0;
+            while h.snapshot_dirty() {
+                let d = h.take_delta(at(0), 5);
+                assert!(d.len() <= 5);
+                reported += d.connections.len();
+            }
+            assert_eq!(reported, owned.len());
+            adopted += owned.len();
+        }
+        assert_eq!(adopted, 40, "every key has exactly one owner");
+    }
+
+    #[test]
     fn per_model_quota_providers() {
         let toml = "[[providers]]\nid = \"openai-compatible-x\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
                     [[providers]]\nid = \"plain\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
