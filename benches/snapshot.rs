@@ -120,7 +120,7 @@ fn records() -> Records {
 fn bench(c: &mut Criterion) {
     let config = config();
     let records = records();
-    let bytes = match file::encode(1, now().wall_ms, &records.to_contents(&config)) {
+    let bytes = match file::encode(1, now().wall_ms, records.to_contents(&config)) {
         Ok(b) => b,
         Err(e) => unreachable!("encode: {e}"),
     };
@@ -128,7 +128,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("snapshot_10k");
     g.throughput(criterion::Throughput::Bytes(bytes.len() as u64));
     g.bench_function("encode_10k", |b| {
-        b.iter(|| file::encode(1, now().wall_ms, &black_box(&records).to_contents(&config)))
+        b.iter(|| file::encode(1, now().wall_ms, black_box(&records).to_contents(&config)))
     });
     g.bench_function("decode_10k", |b| {
         b.iter(|| match file::decode(black_box(&bytes)) {
@@ -143,7 +143,11 @@ fn bench(c: &mut Criterion) {
     let contents = records.to_contents(&config);
     g.sample_size(20);
     g.bench_function("write_10k", |b| {
-        b.iter(|| opened.store.write(black_box(&contents), now().wall_ms))
+        b.iter_batched(
+            || contents.clone(),
+            |c| opened.store.write(c, now().wall_ms),
+            criterion::BatchSize::LargeInput,
+        )
     });
     g.bench_function("load_10k", |b| {
         b.iter(|| {

@@ -7,6 +7,8 @@
 # Prints the gateway's snapshot metrics after DURATION of wrk: the longest collection step
 # on any shard (`tidegate_snapshot_collect_max_seconds`, the only snapshot work on a shard),
 # the writes and their sizes. Usage: perf/snapshot_block.sh [CONNS] [DURATION]
+# PROFILE=dev measures the debug build (slower code, so an upper bound) without the long
+# release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONNS=${1:-2000}
@@ -14,8 +16,10 @@ DURATION=${2:-20s}
 INTERVAL_MS=${INTERVAL_MS:-100}
 OUT=$(mktemp -d)
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-cargo build --release --bin tidegate -q
-BIN=${CARGO_TARGET_DIR:-target}/release
+PROFILE=${PROFILE:-release}
+cargo build --profile "$PROFILE" --bin tidegate -q
+DIR=$PROFILE; [ "$PROFILE" = dev ] && DIR=debug
+BIN=${CARGO_TARGET_DIR:-target}/$DIR
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$OUT"; }
 trap cleanup EXIT

@@ -185,16 +185,16 @@ where
 pub fn encode(
     generation: u64,
     written_at_wall_ms: u64,
-    contents: &Contents,
+    contents: Contents,
 ) -> Result<Vec<u8>, EncodeError> {
     let breakers = archive(&BreakersSection {
-        breakers: contents.breakers.clone(),
+        breakers: contents.breakers,
     })?;
     let connections = archive(&ConnectionsSection {
-        connections: contents.connections.clone(),
+        connections: contents.connections,
     })?;
     let cooldowns = archive(&ProviderCooldownsSection {
-        entries: contents.provider_cooldowns.clone(),
+        entries: contents.provider_cooldowns,
     })?;
     let sections: [(u32, u32, &[u8]); 3] = [
         (tag::BREAKERS, BREAKERS_VERSION, &breakers),
@@ -428,7 +428,7 @@ mod tests {
     }
 
     fn file() -> Vec<u8> {
-        encode(7, 123, &sample()).unwrap()
+        encode(7, 123, sample()).unwrap()
     }
 
     /// Re-seals a header after a test edits it (so the check under test is reached).

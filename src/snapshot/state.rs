@@ -6,7 +6,7 @@
 //! no longer has, or carrying a value this release does not know, is dropped and counted
 //! (the caller logs it); the rest of the file is still used.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::resilience::Reason;
@@ -134,14 +134,23 @@ impl Records {
     pub fn from_contents(contents: &Contents, config: &Config) -> (Records, Vec<String>) {
         let mut r = Records::default();
         let mut dropped = Vec::new();
-        let provider = |name: &str| config.provider_by_name(name).map(|p| p.id);
+        // Names to ids, once: a file of every connection stays linear in its size.
+        let providers: HashMap<&str, ProviderId> = config
+            .providers
+            .iter()
+            .map(|p| (p.name.as_str(), p.id))
+            .collect();
+        let connections: HashMap<&str, (ConnectionId, ProviderId)> = config
+            .connections
+            .iter()
+            .map(|c| (c.name.as_str(), (c.id, c.provider)))
+            .collect();
+        let provider = |name: &str| providers.get(name).copied();
         let connection = |name: &str, provider_name: &str| {
-            config
-                .connections
-                .iter()
-                .find(|c| c.name == name)
-                .filter(|c| config.provider(c.provider).name == provider_name)
-                .map(|c| c.id)
+            connections
+                .get(name)
+                .filter(|(_, p)| provider(provider_name) == Some(*p))
+                .map(|(c, _)| *c)
         };
         for e in &contents.breakers {
             let key = match &e.connection {

@@ -178,7 +178,7 @@ impl Store {
     /// Writes `contents` into the older slot: temp file, fsync, rename, fsync of the
     /// directory. A crash at any point leaves the previous slot intact, and the slot being
     /// written either intact (old) or complete (new).
-    pub fn write(&mut self, contents: &Contents, now_wall_ms: u64) -> io::Result<Written> {
+    pub fn write(&mut self, contents: Contents, now_wall_ms: u64) -> io::Result<Written> {
         let bytes = file::encode(self.next_generation, now_wall_ms, contents)
             .map_err(|e| io::Error::other(e.0))?;
         let name = SLOT_FILES[self.next_slot % SLOT_FILES.len()];
@@ -241,9 +241,9 @@ mod tests {
         let d = tmpdir("alternate");
         let mut o = open(&d, 1).unwrap();
         assert!(o.loaded.is_none());
-        o.store.write(&contents(1), 10).unwrap();
-        o.store.write(&contents(2), 20).unwrap();
-        o.store.write(&contents(3), 30).unwrap();
+        o.store.write(contents(1), 10).unwrap();
+        o.store.write(contents(2), 20).unwrap();
+        o.store.write(contents(3), 30).unwrap();
         let o = open(&d, 2).unwrap();
         let l = o.loaded.unwrap();
         assert_eq!(l.header.generation, 3);
@@ -257,7 +257,7 @@ mod tests {
         assert!(o.rejected[0].moved_to.as_ref().unwrap().exists());
         // The next write goes to the free slot and continues the generations.
         let mut store = o.store;
-        let w = store.write(&contents(4), 40).unwrap();
+        let w = store.write(contents(4), 40).unwrap();
         assert_eq!(w.generation, 3);
         let _ = fs::remove_dir_all(&d);
     }

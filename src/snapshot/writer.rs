@@ -93,7 +93,7 @@ fn run(
     let mut write = |records: &Records, last_write_ns: &mut Option<u64>| -> bool {
         let start = clock.now();
         let contents = records.to_contents(config);
-        let result = store.write(&contents, start.wall_ms);
+        let result = store.write(contents, start.wall_ms);
         let end = clock.now().mono_ns;
         *last_write_ns = Some(end);
         let duration_ns = end.saturating_sub(start.mono_ns);
