@@ -37,8 +37,8 @@ id = "churn"
 format = "mock"
 
 [resilience.provider_breaker.local]
-failure_threshold = 1000000
-degradation_threshold = 999999
+failure_threshold = 1000
+degradation_threshold = 999
 TOML
   for i in $(seq 1 "$CONNS"); do
     printf '[[connections]]\nid = "c%05d"\nprovider = "churn"\ndisable_cooling = true\npriority = %d\n' "$i" "$i"

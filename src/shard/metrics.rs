@@ -375,6 +375,8 @@ pub struct ShardMetrics {
     /// Batches this shard collected for the snapshot writer, and the longest one (ns).
     pub snapshot_collects: AtomicU64,
     pub snapshot_collect_max_ns: AtomicU64,
+    /// Batches that took longer than [`SNAPSHOT_COLLECT_BUDGET_NS`].
+    pub snapshot_collects_over_budget: AtomicU64,
     gateway_errors: PerKind,
     upstream_errors: [AtomicU64; UPSTREAM_ERROR_SLOTS],
 }
@@ -401,10 +403,16 @@ impl ShardMetrics {
     /// One snapshot batch collected on this shard in `took_ns`.
     pub fn snapshot_collected(&self, took_ns: u64) {
         bump(&self.snapshot_collects);
+        if took_ns > SNAPSHOT_COLLECT_BUDGET_NS {
+            bump(&self.snapshot_collects_over_budget);
+        }
         self.snapshot_collect_max_ns
             .fetch_max(took_ns, Ordering::Relaxed);
     }
 }
+
+/// How long one snapshot collection step may hold a shard's loop (1 ms).
+pub const SNAPSHOT_COLLECT_BUDGET_NS: u64 = 1_000_000;
 
 /// The snapshot writer's counters (one writer per process, off the shards).
 #[derive(Debug, Default)]
@@ -443,6 +451,10 @@ impl SnapshotMetrics {
             .max()
             .unwrap_or(0);
         let collects: u64 = shards.iter().map(|s| load(&s.snapshot_collects)).sum();
+        let over: u64 = shards
+            .iter()
+            .map(|s| load(&s.snapshot_collects_over_budget))
+            .sum();
         let mut line = |name: &str, help: &str, kind: &str, samples: &[(&str, String)]| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for (labels, v) in samples {
@@ -505,6 +517,12 @@ impl SnapshotMetrics {
             "Batches of changed records the shards collected for the snapshot writer.",
             "counter",
             collects.to_string(),
+        );
+        line(
+            "tidegate_snapshot_collects_over_1ms_total",
+            "Snapshot collection steps that held a shard's loop longer than 1 ms (OS preemption included).",
+            "counter",
+            over.to_string(),
         );
         line(
             "tidegate_snapshot_collect_max_seconds",
