@@ -10,7 +10,7 @@
 //! - `load_10k`: start-up's path from disk — `store::open` (read both slots through a
 //!   memory map, decode) plus the mapping to ids.
 //! - `shard_collect_batch`: what a shard's loop pays for one snapshot batch, the only
-//!   snapshot work on a shard: `Health::take_delta` of `SNAPSHOT_BATCH` (256) keys from a
+//!   snapshot work on a shard: `Health::take_delta` of `SNAPSHOT_BATCH` (64) keys from a
 //!   backlog of 10 000 dirty connections. Timed with `iter_custom` on the crate's clock; the
 //!   backlog is refilled outside the timed part.
 #![allow(clippy::unreachable)]
@@ -37,7 +37,7 @@ use tidegate::snapshot::store;
 
 const CONNECTIONS: u32 = 10_000;
 /// `server.rs`'s `SNAPSHOT_BATCH`.
-const BATCH: usize = 256;
+const BATCH: usize = 64;
 
 fn now() -> Now {
     Now {

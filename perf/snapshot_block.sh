@@ -54,4 +54,4 @@ done
 ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/out.log")
 [ -n "$ADDR" ] || { cat "$OUT/err.log"; exit 1; }
 wrk -t 2 -c 32 -d "$DURATION" -s perf/snapshot_block.lua "http://$ADDR" | sed -n '1,12p'
-curl -s "http://$ADDR/metrics" | grep -E '^tidegate_(snapshot|requests_total|upstream_attempts_total)'
+curl -s "http://$ADDR/metrics" | grep -E "^tidegate_(snapshot|requests_total|upstream_attempts_total)"

@@ -45,7 +45,7 @@ const SHARD_STACK_BYTES: usize = 16 * 1024 * 1024;
 /// Records a shard collects for the snapshot writer in one step; a larger backlog is
 /// collected over several steps, a millisecond apart, so the request loop is never held
 /// for long (`tidegate_snapshot_collect_max_seconds` shows the longest step).
-const SNAPSHOT_BATCH: usize = 256;
+const SNAPSHOT_BATCH: usize = 64;
 
 /// Which I/O driver the shards run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
