@@ -5,6 +5,7 @@
 //! the fsyncs and the renames never run on a shard's thread.
 
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -34,12 +35,13 @@ pub struct WriteReport {
 /// The writer thread's handle.
 #[derive(Debug)]
 pub struct Writer {
-    tx: flume::Sender<ToWriter>,
+    tx: mpsc::Sender<ToWriter>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Where shards send their deltas.
-pub type DeltaSink = flume::Sender<ToWriter>;
+/// Where shards send their deltas: std's unbounded channel, whose send takes no lock (a
+/// writer thread descheduled mid-receive never holds a shard up).
+pub type DeltaSink = mpsc::Sender<ToWriter>;
 
 impl Writer {
     /// Starts the thread. `records` is what the store loaded (the writer's starting
@@ -50,7 +52,7 @@ impl Writer {
         records: Records,
         on_write: Box<dyn Fn(WriteReport) + Send>,
     ) -> std::io::Result<Writer> {
-        let (tx, rx) = flume::unbounded();
+        let (tx, rx) = mpsc::channel();
         let interval = Duration::from_millis(config.server.snapshot_interval_ms.max(1));
         let thread = std::thread::Builder::new()
             .name("tidegate-snapshot".into())
@@ -79,7 +81,7 @@ fn run(
     config: &Config,
     mut store: Store,
     mut records: Records,
-    rx: &flume::Receiver<ToWriter>,
+    rx: &mpsc::Receiver<ToWriter>,
     interval: Duration,
     on_write: &dyn Fn(WriteReport),
 ) {
@@ -148,8 +150,8 @@ fn run(
                 records.apply(d);
                 false
             }
-            Ok(ToWriter::Finish) | Err(flume::RecvTimeoutError::Disconnected) => true,
-            Err(flume::RecvTimeoutError::Timeout) => false,
+            Ok(ToWriter::Finish) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
         };
         if finishing {
             while let Ok(m) = rx.try_recv() {
