@@ -1,6 +1,6 @@
 //! SIGHUP reloads the configuration file: a valid one is adopted by every shard at its next
 //! quiet point (requests in flight finish on the old one); any problem keeps the running
-//! configuration and logs each problem; `listen` and `workers` are reported and kept.
+//! configuration and logs each problem; `listen`, `workers` and `state_dir` are reported and kept.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -195,4 +195,34 @@ fn sighup_replaces_settings_patched_through_the_management_api_on_every_shard() 
     eventually(secs(10), "every shard is back on the file's value", || {
         (0..8).all(|_| failure_threshold(addr) == 9).then_some(())
     });
+}
+
+#[test]
+fn sighup_reports_a_state_dir_change_and_keeps_the_directory_it_opened() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let mut gw = Gateway::start(&config("127.0.0.1:0", 2, "key-one", "m1", &mock));
+    let dir = gw.config_path().parent().unwrap().to_path_buf();
+    // The default `./state`, relative to the directory the binary runs in.
+    assert!(dir.join("state").is_dir(), "state_dir created at start");
+    std::fs::write(
+        gw.config_path(),
+        config("127.0.0.1:0", 2, "key-two", "m1", &mock)
+            .replace("workers = 2\n", "workers = 2\nstate_dir = \"moved\"\n"),
+    )
+    .unwrap();
+    hup(&mut gw);
+    gw.wait_for_log("configuration reloaded", secs(10));
+    let logs = gw.logs();
+    assert!(logs.contains("server.state_dir changed to moved"), "{logs}");
+    // The rest applied.
+    eventually(secs(10), "the new key is accepted", || {
+        (chat(gw.addr(), "key-two", "up/m1").status == 200).then_some(())
+    });
+    gw.terminate();
+    assert!(gw.wait_exit(secs(10)).is_some(), "exits on SIGTERM");
+    assert!(
+        !dir.join("moved").exists(),
+        "the snapshot writer keeps the directory it opened"
+    );
 }
