@@ -116,7 +116,7 @@ use serde::Serialize;
 
 use super::backoff::format_rfc3339_ms;
 use crate::clock::Now;
-use crate::config::resilience::{BreakerProfile, MINUTE_MS, PerAuth, ResilienceSettings};
+use crate::config::resilience::{BreakerProfile, PerAuth, ResilienceSettings};
 use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
 
 /// Statuses that count as provider-level failures (`PROVIDER_BREAKER_FAILURE_STATUSES`).
@@ -132,10 +132,11 @@ pub const NETWORK_FAILURE_DEDUPE_MS: u64 = 10_000;
 /// Soft cap on breakers per table: only idle closed breakers are evicted to stay under it.
 pub const MAX_BREAKERS: usize = 500;
 /// The sweep removes idle closed breakers whose last failure is older than this (§1.5).
-pub const IDLE_EVICT_AFTER_MS: u64 = 30 * MINUTE_MS;
+#[cfg(test)]
+pub const IDLE_EVICT_AFTER_MS: u64 = 30 * crate::config::resilience::MINUTE_MS;
 /// How often the owner should call [`BreakerTable::sweep`] (§1.5).
 #[cfg(test)]
-pub const SWEEP_INTERVAL_MS: u64 = 5 * MINUTE_MS;
+pub const SWEEP_INTERVAL_MS: u64 = 5 * crate::config::resilience::MINUTE_MS;
 /// Longest `retry_after_ms` of a rejection while a half-open probe is in flight.
 pub const PROBE_BUSY_RETRY_AFTER_MS: u64 = 1_000;
 
@@ -235,11 +236,6 @@ pub enum Failure {
     /// The upstream, or the egress proxy in front of it, could not be reached (DNS, TCP,
     /// TLS, connect timeout). Counts, provider-wide, deduplicated (§1.6, §1.9).
     ConnectFailed,
-    /// The client went away. Says nothing about the upstream; never counts.
-    ClientAbort,
-    /// The gateway's own queue, concurrency gate or rate limiter refused or timed out the
-    /// attempt; the upstream never saw it. Never counts.
-    LocalLimit,
     /// Classification decided the failure belongs to the request, not the provider
     /// (`skipProviderBreaker`, request-scoped upstream errors, §1.6). Never counts.
     RequestScoped,
@@ -274,7 +270,7 @@ impl Failure {
             Failure::Status(499) => Verdict::Neutral,
             Failure::Status(_) => Verdict::Answered,
             Failure::Timeout | Failure::ConnectFailed => Verdict::Counts(FailureKind::Transient),
-            Failure::ClientAbort | Failure::LocalLimit | Failure::RequestScoped => Verdict::Neutral,
+            Failure::RequestScoped => Verdict::Neutral,
         }
     }
 }
@@ -350,6 +346,7 @@ pub struct ProbeTicket {
 
 impl ProbeTicket {
     /// The breaker epoch at which the probe was admitted (unique per key).
+    #[cfg(test)]
     pub fn id(self) -> u64 {
         self.id
     }
@@ -569,6 +566,7 @@ pub struct Breaker {
 }
 
 impl Breaker {
+    #[cfg(test)]
     pub fn new(config: BreakerConfig) -> Self {
         Self::with_epoch(config, 0)
     }
@@ -585,6 +583,7 @@ impl Breaker {
         }
     }
 
+    #[cfg(test)]
     pub fn config(&self) -> &BreakerConfig {
         &self.config
     }
@@ -1022,6 +1021,7 @@ pub fn circuit_open_response(provider: &str, retry_after_ms: u64) -> CircuitOpen
 /// One entry of `providerBreakers` in `GET /api/monitoring/health` (§1.10).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[cfg(test)]
 pub struct ProviderBreakerJson {
     pub provider: String,
     pub state: BreakerState,
@@ -1031,7 +1031,9 @@ pub struct ProviderBreakerJson {
     pub retry_after_ms: u64,
 }
 
+#[cfg(test)]
 impl ProviderBreakerJson {
+    #[cfg(test)]
     pub fn new(name: String, status: &BreakerStatus) -> Self {
         Self {
             provider: name,
@@ -1046,6 +1048,7 @@ impl ProviderBreakerJson {
 /// One value of `providerHealth` in `GET /api/monitoring/health` (§1.10).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[cfg(test)]
 pub struct ProviderHealthJson {
     pub state: BreakerState,
     pub failures: u32,
@@ -1054,6 +1057,7 @@ pub struct ProviderHealthJson {
     pub retry_after_ms: u64,
 }
 
+#[cfg(test)]
 impl From<&BreakerStatus> for ProviderHealthJson {
     fn from(status: &BreakerStatus) -> Self {
         Self {
@@ -1195,14 +1199,17 @@ impl BreakerTable {
         }
     }
 
+    #[cfg(test)]
     pub fn settings(&self) -> &BreakerSettings {
         &self.settings
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -1304,6 +1311,7 @@ impl BreakerTable {
     }
 
     /// Resets one breaker (it stays registered); `None` when the table has none for `key`.
+    #[cfg(test)]
     pub fn reset(&mut self, now: Now, key: BreakerKey) -> Option<Transition> {
         let e = self.entries.get_mut(&key)?;
         e.last_deduped_failure_ms = None;
@@ -1349,6 +1357,7 @@ impl BreakerTable {
     /// Removes idle breakers (closed, no failures) whose last failure is unknown or older
     /// than [`IDLE_EVICT_AFTER_MS`] (§1.5). Call every [`SWEEP_INTERVAL_MS`]. Returns the
     /// number removed.
+    #[cfg(test)]
     pub fn sweep(&mut self, now: Now) -> usize {
         let now_ms = mono_ms(now);
         let cutoff = now_ms.saturating_sub(ms_i64(IDLE_EVICT_AFTER_MS));
@@ -1367,6 +1376,7 @@ impl BreakerTable {
     }
 
     /// `circuitBreakers` counts at `now`.
+    #[cfg(test)]
     pub fn counts(&self, now: Now) -> BreakerCounts {
         let mut c = BreakerCounts::default();
         for e in self.entries.values() {
@@ -1376,6 +1386,7 @@ impl BreakerTable {
     }
 
     /// Every breaker's persisted form, in key order.
+    #[cfg(test)]
     pub fn export(&self, now: Now) -> Vec<(BreakerKey, BreakerRecord)> {
         let mut out: Vec<_> = self
             .entries
@@ -1798,8 +1809,6 @@ mod tests {
             Failure::Status(499),
             Failure::Status(501),
             Failure::Status(505),
-            Failure::ClientAbort,
-            Failure::LocalLimit,
             Failure::RequestScoped,
         ];
         let mut b = Breaker::new(config(AuthKind::Local));
@@ -1860,12 +1869,7 @@ mod tests {
             assert_eq!(t.reason, TransitionReason::ProbeSucceeded, "{answer}");
             assert_eq!(t.to, BreakerState::Closed);
         }
-        for neutral in [
-            Failure::ClientAbort,
-            Failure::Status(499),
-            Failure::LocalLimit,
-            Failure::RequestScoped,
-        ] {
+        for neutral in [Failure::Status(499), Failure::RequestScoped] {
             let mut b = Breaker::new(config(AuthKind::ApiKey));
             fail(&mut b, at(0), 12);
             let ticket = expect_probe(&mut b, at(30_000));
@@ -2093,7 +2097,7 @@ mod tests {
         assert_eq!(t.view(at(0), P), BreakerView::closed(0));
         assert_eq!(t.on_success(at(0), P, None), None);
         assert_eq!(
-            t.on_failure(at(0), P, AuthKind::ApiKey, Failure::ClientAbort, None),
+            t.on_failure(at(0), P, AuthKind::ApiKey, Failure::RequestScoped, None),
             None
         );
         assert!(t.is_empty());
@@ -2477,8 +2481,6 @@ mod tests {
             1 => any::<u16>().prop_map(Failure::Status),
             1 => Just(Failure::Timeout),
             1 => Just(Failure::ConnectFailed),
-            1 => Just(Failure::ClientAbort),
-            1 => Just(Failure::LocalLimit),
             1 => Just(Failure::RequestScoped),
         ]
     }

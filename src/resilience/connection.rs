@@ -180,6 +180,7 @@ impl Terminal {
         }
     }
 
+    #[cfg(test)]
     pub fn as_str(self) -> &'static str {
         self.status().as_str()
     }
@@ -1286,6 +1287,7 @@ pub struct ConnectionViews {
 }
 
 impl ConnectionViews {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -1371,6 +1373,7 @@ impl ConnectionTable {
         self.entries.get(&id).map_or(0, |e| e.state.backoff_level)
     }
 
+    #[cfg(test)]
     pub fn view(&self, id: ConnectionId) -> ConnectionView {
         self.entries
             .get(&id)
@@ -1499,6 +1502,7 @@ impl ConnectionTable {
 
     /// Back to clean and `active`, terminal states included: credentials were updated,
     /// the connection re-tested or reconnected.
+    #[cfg(test)]
     pub fn reset(&mut self, id: ConnectionId, now: Now) -> Option<Transition> {
         if self.entries.get(&id).is_none_or(|e| e.state.is_clean()) {
             return None;

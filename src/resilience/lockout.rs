@@ -82,6 +82,7 @@ pub enum LockScope {
 }
 
 impl LockScope {
+    #[cfg(test)]
     pub fn as_str(self) -> &'static str {
         match self {
             LockScope::QuotaFamily => "quota_family",
@@ -122,8 +123,6 @@ pub enum LockReason {
     Credits,
     AuthError,
     ServiceNotRunning,
-    /// A 200 that failed response-quality validation (recorded as status 502).
-    QualityFailure,
     Unknown,
 }
 
@@ -141,7 +140,6 @@ impl LockReason {
             LockReason::Credits => "credits",
             LockReason::AuthError => "auth_error",
             LockReason::ServiceNotRunning => "service_not_running",
-            LockReason::QualityFailure => "quality_failure",
             LockReason::Unknown => "unknown",
         }
     }
@@ -160,7 +158,6 @@ impl LockReason {
             | LockReason::Credits
             | LockReason::AuthError
             | LockReason::ServiceNotRunning
-            | LockReason::QualityFailure
             | LockReason::Unknown => false,
         }
     }
@@ -401,8 +398,8 @@ pub struct FailureRecord {
 
 impl FailureRecord {
     /// A combo target's failure (A §4.5): reason by status (429 `rate_limit`, 403
-    /// `quota_exhausted`, else `unknown`; quality failures pass 502 and then set
-    /// [`LockReason::QualityFailure`]), base and cap from `modelLockout`, the exact value
+    /// `quota_exhausted`, else `unknown`; Tidegate runs no response-quality validation, so
+    /// OmniRoute's `quality_failure` reason never arises), base and cap from `modelLockout`, the exact value
     /// from [`select_lockout_cooldown_ms`], upstream-verified when the hint exceeds the
     /// base. Escalation uses `modelLockout.maxBackoffSteps` (a deviation, see the module
     /// docs). The caller gates it with [`lockout_applies`].
@@ -556,6 +553,7 @@ pub struct LockUpdate {
 
 /// `getModelLockoutInfo`: the entry with the latest `until` of a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg(test)]
 pub struct LockInfo {
     pub reason: LockReason,
     pub remaining_ms: u64,
@@ -812,6 +810,7 @@ impl LockoutTable {
     }
 
     /// `getModelLockoutInfo`: the live entry with the latest `until`.
+    #[cfg(test)]
     pub fn info(
         &self,
         provider: &str,
@@ -835,11 +834,13 @@ impl LockoutTable {
     }
 
     /// The raw entry of one key (tests, diagnostics).
+    #[cfg(test)]
     pub fn entry(&self, key: &LockKey) -> Option<&LockEntry> {
         self.locks.get(key)
     }
 
     /// The failure count stored for one key (0 = none).
+    #[cfg(test)]
     pub fn failure_count(&self, key: &LockKey) -> u32 {
         self.failures.get(key).map_or(0, |f| f.failure_count)
     }
@@ -993,6 +994,7 @@ impl LockoutTable {
     /// The periodic cleanup (every [`SWEEP_INTERVAL_MS`]): expired locks and failure states
     /// outside their window without a lock. Expiry needs no broadcast: replicas compare
     /// deadlines themselves.
+    #[cfg(test)]
     pub fn sweep(&mut self, now: Now) {
         let now_ms = now.mono_ms();
         self.locks.retain(|_, e| e.until_ms > now_ms);
@@ -1021,10 +1023,12 @@ impl LockoutTable {
     }
 
     /// Number of lock entries held (expired ones included until swept).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.locks.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.locks.is_empty()
     }
@@ -1102,6 +1106,7 @@ impl Horizon {
 }
 
 impl LockoutViews {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }

@@ -46,6 +46,7 @@ pub const MIN_RETENTION_MS: u64 = 30 * MINUTE_MS;
 /// The connection-level cooldown doubles at most this many times.
 pub const MAX_BACKOFF_EXPONENT: u32 = 10;
 /// How often the owner should call [`CooldownTracker::sweep`].
+#[cfg(test)]
 pub const SWEEP_INTERVAL_MS: u64 = MINUTE_MS;
 
 /// What the tracker remembers failures of.
@@ -68,6 +69,7 @@ pub enum Gate {
 }
 
 impl Gate {
+    #[cfg(test)]
     pub fn is_cooling(self) -> bool {
         matches!(self, Gate::Cooling { .. })
     }
@@ -129,18 +131,22 @@ impl CooldownTracker {
         }
     }
 
+    #[cfg(test)]
     pub fn settings(&self) -> &ProviderCooldownSettings {
         &self.settings
     }
 
+    #[cfg(test)]
     pub fn is_enabled(&self) -> bool {
         self.settings.enabled
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -268,6 +274,7 @@ impl CooldownTracker {
     }
 
     /// Forgets everything (`clearCooldownState`).
+    #[cfg(test)]
     pub fn clear(&mut self) {
         self.entries.clear();
     }
@@ -283,6 +290,7 @@ impl CooldownTracker {
     }
 
     /// Every entry's persisted form, in key order.
+    #[cfg(test)]
     pub fn export(&self, now: Now) -> Vec<(TrackerKey, TrackerRecord)> {
         let mut out: Vec<_> = self
             .entries

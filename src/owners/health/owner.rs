@@ -995,7 +995,6 @@ mod tests {
             (Failure::Status(503), BreakerState::Open),
             (Failure::Timeout, BreakerState::Open),
             (Failure::Status(400), BreakerState::Closed),
-            (Failure::LocalLimit, BreakerState::HalfOpen),
         ] {
             let mut h = Health::new(&config);
             let mut cx = Cx::detached(&config, &views, at(0), 1);

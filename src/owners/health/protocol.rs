@@ -72,10 +72,7 @@ impl Verdict {
         match self.breaker {
             Failure::ConnectFailed => return false,
             Failure::Timeout => return true,
-            Failure::Status(_)
-            | Failure::ClientAbort
-            | Failure::LocalLimit
-            | Failure::RequestScoped => {}
+            Failure::Status(_) | Failure::RequestScoped => {}
         }
         match d.reason {
             Reason::RateLimitExceeded | Reason::ServerError | Reason::ModelCapacity => true,
