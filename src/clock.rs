@@ -1,6 +1,6 @@
 //! The only place that reads time. Every state machine takes `now` as an argument; the
 //! runtime reads a [`Clock`] once per event and passes the value down, and tests step a
-//! [`ManualClock`] instead of sleeping.
+//! `ManualClock` (unit tests) instead of sleeping.
 #![allow(clippy::disallowed_methods)]
 
 use std::sync::OnceLock;

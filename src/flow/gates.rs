@@ -39,7 +39,7 @@
 //!
 //! Every mutating method takes [`Now`]; before granting anything it times out overdue
 //! waiters, so a waiter past its deadline is never granted even if the owner has not run
-//! [`GateTable::expire`] yet. [`GateTable::next_deadline`] tells the owner when to wake
+//! `GateTable::expire` yet. [`GateTable::next_deadline`] tells the owner when to wake
 //! (the earliest waiter deadline or block end); it then calls [`GateTable::tick`].
 //!
 //! # Deviations from OmniRoute (copy to `docs/compat.md`)

@@ -14,7 +14,7 @@
 //! * the **queue-wait budget** `max_wait_ms` bounds only the time spent *queued*; it is
 //!   enforced by [`Limiter::expire`] and ends at the moment a waiter is granted a start;
 //! * the **execution backstop** `execution_max_wait_ms` starts at dispatch
-//!   ([`execution_deadline_ns`]) and is never shortened by time spent in the queue.
+//!   (`execution_budget_ms` from dispatch) and is never shortened by time spent in the queue.
 //!
 //! # When the limiter applies (ARCHITECTURE §6)
 //!

@@ -18,7 +18,7 @@ pub const HEADER_SPACING_MARGIN_MS: u64 = 10;
 /// Longest body scanned for a cap in words.
 pub const MAX_CAP_BODY_BYTES: usize = 64 * 1024;
 
-/// What [`observe_headers`] changed.
+/// What [`apply_headers`] changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct HeaderLearn {
     pub over_limit: bool,
@@ -256,7 +256,7 @@ pub fn learn_cap_from_body(limiter: &mut Limiter, body: &str) -> CapLearn {
     learn_cap(limiter, requests_within_cap(body))
 }
 
-/// Learns a cap (N requests, window ms) read from a 429 body; see [`learn_cap_from_body`].
+/// Learns a cap (N requests, window ms) read from a 429 body; its body parse is [`requests_within_cap`].
 pub fn learn_cap(limiter: &mut Limiter, cap: Option<(u64, u64)>) -> CapLearn {
     let Some((n, window_ms)) = cap else {
         return CapLearn::None;
@@ -273,7 +273,7 @@ pub fn learn_cap(limiter: &mut Limiter, cap: Option<(u64, u64)>) -> CapLearn {
     CapLearn::Applied { min_time_ms }
 }
 
-/// What [`observe_response`] learned.
+/// What [`apply_response`] learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResponseLearn {
     pub headers: HeaderLearn,
@@ -309,7 +309,8 @@ pub fn observe_response<H: Headers + ?Sized>(
     )
 }
 
-/// [`observe_response`] from facts already read on the shard that saw the answer.
+/// What an answer teaches limiter `key`, from facts already read on the shard that saw
+/// the answer (the owner shard's entry point; see `observe_response` above for the rules).
 pub fn apply_response(
     table: &mut LimiterTable,
     key: &str,
