@@ -106,10 +106,13 @@ fn a_seeded_storm_leaves_no_permit_behind() {
             "tidegate_requests_abandoned_total{phase=\"admission\"}"
         ) > 0
     );
+    // Counted over the requests the mock answered in full: a request whose client hung up is
+    // cancelled by the gateway, which frees its queue slot at once, while the mock notices the
+    // closed socket only at its next poll — counting those would measure the mock's lag.
     assert!(
-        mock.peak_concurrency() <= 2,
+        mock.peak_answered_concurrency() <= 2,
         "the request queue let {} run at once",
-        mock.peak_concurrency()
+        mock.peak_answered_concurrency()
     );
     eventually(
         Duration::from_secs(10),

@@ -521,6 +521,8 @@ struct State {
     open_connections: usize,
     in_flight: usize,
     peak_in_flight: usize,
+    /// (received, reply finished) of every request answered in full.
+    answered: Vec<(std::time::Instant, std::time::Instant)>,
     /// A second handle on every open socket, to shut it down when the mock is dropped.
     sockets: HashMap<u64, TcpStream>,
     workers: Vec<JoinHandle<()>>,
@@ -705,6 +707,27 @@ impl MockUpstream {
     /// The most requests ever in flight at once.
     pub fn peak_concurrency(&self) -> usize {
         self.lock().peak_in_flight
+    }
+
+    /// The most requests ever in flight at once, counting only requests answered in full.
+    /// A request whose caller hung up (the gateway cancels it and frees its slot at once)
+    /// still counts in [`Self::peak_concurrency`] until this mock notices the closed socket,
+    /// up to one `POLL` later; here it does not count at all.
+    pub fn peak_answered_concurrency(&self) -> usize {
+        let state = self.lock();
+        let mut events: Vec<(std::time::Instant, i32)> = Vec::new();
+        for (start, end) in &state.answered {
+            events.push((*start, 1));
+            events.push((*end, -1));
+        }
+        // Ends sort before starts at the same instant.
+        events.sort();
+        let (mut now, mut peak) = (0i32, 0i32);
+        for (_, d) in events {
+            now += d;
+            peak = peak.max(now);
+        }
+        usize::try_from(peak).unwrap_or(0)
     }
 
     /// What the mock could not serve as scripted: malformed requests, TLS failures, requests
@@ -918,6 +941,8 @@ struct Conn<'a> {
     scratch: Box<[u8]>,
     /// Whether the current request still counts as in flight.
     answering: bool,
+    /// When the request being answered was received in full.
+    answering_since: Option<std::time::Instant>,
 }
 
 struct Incoming {
@@ -948,6 +973,7 @@ fn serve_connection(shared: &Shared, id: u64, tcp: TcpStream) {
         buf: Vec::new(),
         scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
         answering: false,
+        answering_since: None,
     };
     let end = conn.serve();
     match end {
@@ -1042,6 +1068,7 @@ impl Conn<'_> {
         });
         state.in_flight += 1;
         state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
+        self.answering_since = Some(std::time::Instant::now());
         state.touch(self.shared);
         reply
     }
@@ -1062,6 +1089,13 @@ impl Conn<'_> {
 
     /// The last write of a reply.
     fn finish(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.answering
+            && let Some(since) = self.answering_since.take()
+        {
+            lock(self.shared)
+                .answered
+                .push((since, std::time::Instant::now()));
+        }
         self.leave();
         self.write_all(bytes)
     }
