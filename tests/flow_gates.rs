@@ -449,12 +449,19 @@ fn with_tiny_mesh_rings_no_permit_is_lost() {
         .replace("workers = 2", "workers = 2\nmesh_ring_capacity = 2");
     let gw = Gateway::start(&toml);
     let addr = gw.addr();
-    let clients: Vec<_> = (0..80)
-        .map(|_| std::thread::spawn(move || ask(addr, "m1")))
-        .collect();
-    for c in clients {
-        let r = c.join().unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
+    // Bursts of 80 until the rings have been seen full (a quiet machine drains two slots
+    // fast enough that one burst may not fill them); at most 10 bursts.
+    for _ in 0..10 {
+        let clients: Vec<_> = (0..80)
+            .map(|_| std::thread::spawn(move || ask(addr, "m1")))
+            .collect();
+        for c in clients {
+            let r = c.join().unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        if metric(addr, "tidegate_mesh_drops_total{reason=\"ring_full\"}") > 0 {
+            break;
+        }
     }
     assert!(
         mock.peak_concurrency() <= 4,

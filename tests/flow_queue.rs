@@ -59,9 +59,11 @@ fn a_full_queue_answers_429_rate_limit_queue_full_at_once() {
     mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(10));
     // Queued requests reach the owner in their own time: wait until all three are in the
     // queue (one holding the slot, two waiting), so no later ask can take a waiting place.
-    eventually(Duration::from_secs(10), "three requests in the queue", || {
-        (metric(addr, "tidegate_queue_requests") == 3).then_some(())
-    });
+    eventually(
+        Duration::from_secs(10),
+        "three requests in the queue",
+        || (metric(addr, "tidegate_queue_requests") == 3).then_some(()),
+    );
     // The rest are refused without waiting.
     let r = eventually(Duration::from_secs(5), "the queue to be full", || {
         let r = ask(addr);
