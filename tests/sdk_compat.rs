@@ -8,13 +8,13 @@ mod support;
 
 use support::*;
 
-#[test]
-fn official_sdks_work_against_the_mock_provider() {
-    let gw = Gateway::start(
+/// The gateway on `workers` shards with one client key (`sdk-key`) and the in-process mock.
+fn mock_gateway(workers: u32) -> Gateway {
+    Gateway::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
-workers = 2
+workers = {workers}
 
 [[client_keys]]
 id = "sdk"
@@ -28,8 +28,13 @@ models = ["echo"]
 [[connections]]
 id = "mock-a"
 provider = "mock"
-"#,
-    );
+"#
+    ))
+}
+
+#[test]
+fn official_sdks_work_against_the_mock_provider() {
+    let gw = mock_gateway(2);
     let origin = format!("http://{}", gw.addr());
     let result = run_sdk_client(
         &origin,
@@ -350,26 +355,7 @@ provider = "an"
 
 #[test]
 fn the_openai_sdk_responses_stream_helper_reads_the_mock_responses_stream() {
-    let gw = Gateway::start(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-
-[[client_keys]]
-id = "sdk"
-key = "sdk-key"
-
-[[providers]]
-id = "mock"
-format = "mock"
-models = ["echo"]
-
-[[connections]]
-id = "mock-a"
-provider = "mock"
-"#,
-    );
+    let gw = mock_gateway(1);
     let origin = format!("http://{}", gw.addr());
     let result = run_sdk_client(
         &origin,
