@@ -478,6 +478,9 @@ fn serve(path: PathBuf) -> ExitCode {
         break;
     }
     tidegate::notify::notify("STOPPING=1");
+    // Listeners close before the line is logged: a successor (or a test) that sees it
+    // knows every new connection goes elsewhere.
+    fleet.stop_listening();
     tracing::info!(
         signal = %signal_name(signal),
         "shutting down: no new connections, draining in-flight requests"

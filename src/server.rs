@@ -426,17 +426,22 @@ impl Fleet {
 
     /// Stops accepting on every shard, waits for in-flight requests (each shard gives
     /// them `shutdown_grace_ms`) and joins the threads.
-    pub fn stop(self) {
+    /// Stops listening now, on every shard's socket: from here the kernel hands new
+    /// connections to other listeners of the address (a successor started with
+    /// `allow_shared_listen`) or refuses them; none waits in a draining shard's backlog.
+    /// Pending accepts fail and the shards see `stopping`. Called by [`Self::stop`]; call it
+    /// first to log "shutting down" only once nothing listens any more.
+    pub fn stop_listening(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Stop listening now, on every shard's socket: from here the kernel hands new
-        // connections to other listeners of the address (a successor started with
-        // `allow_shared_listen`) or refuses them; none waits in a draining shard's
-        // backlog. Pending accepts fail and the shards see `stopping`.
-        for l in &self.closers {
-            if let Err(e) = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Read) {
+        for l in std::mem::take(&mut self.closers) {
+            if let Err(e) = socket2::SockRef::from(&l).shutdown(std::net::Shutdown::Read) {
                 tracing::warn!("cannot close a listening socket: {e}");
             }
         }
+    }
+
+    pub fn stop(mut self) {
+        self.stop_listening();
         for s in &self.stops {
             let _ = s.send(());
         }
