@@ -59,6 +59,11 @@ api_key_env = "TG_AFFINITY_K1"
 name = "team"
 targets = ["up/m1"]
 
+[[combos]]
+name = "tteam"
+targets = ["up/m1"]
+config = {{ target_timeout_ms = 1000, max_retries = 0 }}
+
 [resilience]
 {resilience}
 "#
@@ -192,4 +197,54 @@ fn a_combo_target_keeps_the_session_on_its_pinned_connection() {
         let resp = ask(&gw, "team", &[("x-session-id", "t1")]);
         assert_eq!(served_by(&resp), "c2", "request {i}");
     }
+}
+
+#[test]
+fn a_target_timeout_in_a_combo_evicts_the_pin_to_the_timed_out_connection() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    // c2 never cools (`disable_cooling`), so after its timeout it stays eligible: only the
+    // eviction rule can move the session.
+    let gw = Gateway::start_with_env(
+        &config(&mock.base_url(), "session_affinity_ttl_ms = 600000")
+            .replace("priority = 2\n", "priority = 2\ndisable_cooling = true\n"),
+        &[("TG_AFFINITY_K1", "k1"), ("TG_AFFINITY_K2", "k2")],
+    );
+    // s0 is pinned to c1 (never used, best priority), s1 to c2 (least recently used).
+    assert_eq!(
+        served_by(&ask(&gw, "tteam", &[("x-session-id", "s0")])),
+        "c1"
+    );
+    assert_eq!(
+        served_by(&ask(&gw, "tteam", &[("x-session-id", "s1")])),
+        "c2"
+    );
+    assert_eq!(
+        served_by(&ask(&gw, "tteam", &[("x-session-id", "s1")])),
+        "c2"
+    );
+
+    // c2 sends no response head within the combo's 1 s target timeout: the request moves
+    // on to c1, and the pin to c2 is evicted.
+    mock.on(CHAT, Reply::stall_before_head());
+    let started = std::time::Instant::now();
+    let moved = ask(&gw, "tteam", &[("x-session-id", "s1")]);
+    assert_eq!(served_by(&moved), "c1");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1000));
+    assert_eq!(moved.header("x-tidegate-attempts"), Some("2"));
+    let seen = mock.requests_to(CHAT);
+    assert_eq!(seen.len(), 5);
+    assert_eq!(seen[3].header("authorization"), Some("Bearer k2"));
+    assert_eq!(seen[4].header("authorization"), Some("Bearer k1"));
+
+    // s1's next pick is made afresh (least recently pinned: c1) although c2 serves again;
+    // a new session still gets c2, so c2 is eligible and only the pin moved.
+    for i in 0..4 {
+        let resp = ask(&gw, "tteam", &[(SESSION_HEADERS[i % 3], "s1")]);
+        assert_eq!(served_by(&resp), "c1", "request {i} after the timeout");
+    }
+    assert_eq!(
+        served_by(&ask(&gw, "tteam", &[("x-session-id", "s2")])),
+        "c2"
+    );
 }

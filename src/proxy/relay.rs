@@ -21,7 +21,7 @@ use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, observe, peek};
 use crate::config::{ConnectionId, ProviderId};
-use crate::error::{Dialect, ErrorKind, GatewayError, Retry};
+use crate::error::{Dialect, ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
 use crate::http1::RequestHead;
@@ -896,6 +896,17 @@ pub(super) async fn open<'s>(
             tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
+            // A per-model timeout in a combo (the target timeout, or no response head in
+            // time) evicts the session's pin when it points to this connection (B §4).
+            if combo.is_some()
+                && matches!(
+                    e.kind,
+                    ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader | TimeoutPhase::Active)
+                )
+                && let Some(session) = req.plan.session
+            {
+                affinity::client::drop_pin(shard, session, target.provider, connection);
+            }
             let retry = e.kind.retry() != Retry::Decided(false);
             let failure = LastFailure::Gateway(e);
             return Opened::End(if retry {
