@@ -849,3 +849,163 @@ fn upstream_errors(addr: std::net::SocketAddr) -> u64 {
         .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
         .sum()
 }
+
+// -- round-robin semaphore (B §2.2) and ALL_TARGETS_SKIPPED (B §3.4) -------------------
+
+/// `duo` plus the round-robin combo `rr` (p/a then q/x) with the given semaphore keys.
+fn round_robin(p: &MockUpstream, q: &MockUpstream, targets: &str, keys: &str) -> Gateway {
+    let extra = format!(
+        "[[combos]]\nname = \"rr\"\nstrategy = \"round-robin\"\ntargets = {targets}\n\n\
+         [combos.config]\n{keys}\n"
+    );
+    started(p, q, "", &extra)
+}
+
+fn ask_in_thread(
+    addr: std::net::SocketAddr,
+    model: &'static str,
+) -> std::thread::JoinHandle<Response> {
+    std::thread::spawn(move || ask(addr, model))
+}
+
+#[test]
+fn a_busy_round_robin_semaphore_skips_to_the_next_target_then_answers_all_targets_skipped() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    let (gp, gq) = (Gate::new(), Gate::new());
+    p.on(CHAT, Reply::openai_chat("held-p").wait_for(&gp));
+    p.on_always(CHAT, Reply::openai_chat("from-p"));
+    q.on(CHAT, Reply::openai_chat("held-q").wait_for(&gq));
+    q.on_always(CHAT, Reply::openai_chat("from-q"));
+    let gw = round_robin(
+        &p,
+        &q,
+        r#"["p/a", "q/x"]"#,
+        "concurrency_per_model = 1\nqueue_depth = 0",
+    );
+    let addr = gw.addr();
+
+    // A holds p/a's one slot; B finds it busy (depth 0: never wait) and goes to q/x.
+    let a = ask_in_thread(addr, "rr");
+    eventually(secs(10), "p saw A", || {
+        (p.requests_to(CHAT).len() == 1).then_some(())
+    });
+    let b = ask_in_thread(addr, "rr");
+    eventually(secs(10), "q saw B", || {
+        (q.requests_to(CHAT).len() == 1).then_some(())
+    });
+
+    // C finds both slots busy: nothing goes upstream, 503 ALL_TARGETS_SKIPPED.
+    let c = ask(addr, "rr");
+    assert_eq!(c.status, 503, "{}", c.text());
+    let j = c.json();
+    assert_eq!(j["error"]["code"], "ALL_TARGETS_SKIPPED");
+    assert_eq!(j["error"]["type"], "service_unavailable");
+    assert_eq!(
+        j["error"]["message"],
+        "Service temporarily unavailable: all targets were skipped by pre-dispatch filters"
+    );
+    assert_eq!(
+        j["error"]["skippedTargets"],
+        serde_json::json!([{"reason": "concurrency_cap", "targets": ["p/a", "q/x"]}])
+    );
+    assert_eq!(j["diagnostics"]["terminalReason"], "all_targets_skipped");
+    assert_eq!(j["diagnostics"]["attempted"], 0);
+    assert_eq!(j["diagnostics"]["poolSize"], 2);
+    assert_eq!(
+        c.header("x-omniroute-combo-terminal-reason"),
+        Some("all_targets_skipped")
+    );
+    assert_eq!(
+        c.header("x-omniroute-combo-excluded"),
+        Some("p/a:concurrency_cap,q/x:concurrency_cap")
+    );
+    assert_eq!(c.header("retry-after"), None);
+    assert_eq!(
+        (p.requests_to(CHAT).len(), q.requests_to(CHAT).len()),
+        (1, 1)
+    );
+
+    // The held answers are served; their slots come back and the next request uses p/a.
+    gp.open();
+    gq.open();
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!((a.status, served_by(&a)), (200, "cp"), "{}", a.text());
+    assert_eq!((b.status, served_by(&b)), (200, "cq"), "{}", b.text());
+    eventually(secs(10), "slots back", || {
+        (metric(addr, "tidegate_gate_permits") == 0).then_some(())
+    });
+    let d = ask(addr, "rr");
+    assert_eq!((d.status, served_by(&d)), (200, "cp"), "{}", d.text());
+    assert_eq!(p.requests_to(CHAT).len(), 2);
+}
+
+#[test]
+fn the_round_robin_queue_holds_queue_depth_waiters_for_queue_timeout_ms() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    let (g1, g2) = (Gate::new(), Gate::new());
+    p.on(CHAT, Reply::openai_chat("held").wait_for(&g1));
+    p.on_always(CHAT, Reply::openai_chat("waited"));
+    let gw = round_robin(
+        &p,
+        &q,
+        r#"["p/a"]"#,
+        "concurrency_per_model = 1\nqueue_depth = 1\nqueue_timeout_ms = 600",
+    );
+    let addr = gw.addr();
+
+    // A holds the slot, B waits in the queue (one place), C finds the queue full: 503 at
+    // once while B still waits.
+    let a = ask_in_thread(addr, "rr");
+    eventually(secs(10), "p saw A", || {
+        (p.requests_to(CHAT).len() == 1).then_some(())
+    });
+    let b = ask_in_thread(addr, "rr");
+    eventually(secs(10), "B queued", || {
+        (metric(addr, "tidegate_gate_waiters") == 1).then_some(())
+    });
+    let c = ask(addr, "rr");
+    assert_eq!(c.status, 503, "{}", c.text());
+    assert_eq!(c.json()["error"]["code"], "ALL_TARGETS_SKIPPED");
+    assert_eq!(p.requests_to(CHAT).len(), 1);
+    // B is let in when A's slot comes back (within its 600 ms, or it is skipped too).
+    g1.open();
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!(a.status, 200, "{}", a.text());
+    if b.status == 200 {
+        assert_eq!(b.json()["choices"][0]["message"]["content"], "waited");
+    } else {
+        // The machine was too slow to let B in within 600 ms: it was skipped, not sent.
+        assert_eq!(
+            b.json()["error"]["code"],
+            "ALL_TARGETS_SKIPPED",
+            "{}",
+            b.text()
+        );
+    }
+
+    // A waiter is given up after queue_timeout_ms: 503 no sooner than 600 ms.
+    eventually(secs(10), "slot back", || {
+        (metric(addr, "tidegate_gate_permits") == 0).then_some(())
+    });
+    let sent = p.requests_to(CHAT).len();
+    p.on(CHAT, Reply::openai_chat("held-2").wait_for(&g2));
+    let d = ask_in_thread(addr, "rr");
+    eventually(secs(10), "p saw D", || {
+        (p.requests_to(CHAT).len() == sent + 1).then_some(())
+    });
+    let started = std::time::Instant::now();
+    let e = ask(addr, "rr");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.status, 503, "{}", e.text());
+    assert_eq!(
+        e.json()["error"]["skippedTargets"][0]["reason"],
+        "concurrency_cap"
+    );
+    assert_eq!(p.requests_to(CHAT).len(), sent + 1);
+    g2.open();
+    assert_eq!(d.join().unwrap().status, 200);
+}

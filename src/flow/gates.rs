@@ -70,6 +70,9 @@ pub enum GateKey {
     Model(ConnectionId, Box<str>),
     /// `qsconn:<connection>`: the quota-share serialization slot (§2.3).
     QuotaShare(ConnectionId),
+    /// `combo:<combo>:<connection>:<model>`: a round-robin combo's per-model semaphore
+    /// (§2.2); the combo by its index in the config.
+    Combo(u16, ConnectionId, Box<str>),
 }
 
 impl fmt::Display for GateKey {
@@ -80,6 +83,7 @@ impl fmt::Display for GateKey {
             GateKey::Account(c) => write!(f, "account:{}", c.0),
             GateKey::Model(c, m) => write!(f, "account:{}:model:{m}", c.0),
             GateKey::QuotaShare(c) => write!(f, "qsconn:{}", c.0),
+            GateKey::Combo(i, c, m) => write!(f, "combo:{i}:{}:{m}", c.0),
         }
     }
 }

@@ -37,8 +37,10 @@ use crate::flow::gates::{
 };
 
 /// Combo `queueTimeoutMs` default: how long a request waits for its `qsconn` slot.
+#[cfg(test)]
 pub const QS_QUEUE_TIMEOUT_MS: u64 = 30_000;
 /// Combo `queueDepth` default: waiters per `qsconn` slot before failing open.
+#[cfg(test)]
 pub const QS_QUEUE_DEPTH: usize = 20;
 /// Deficit state is kept for at most this many combos (§2.4 step 3).
 pub const MAX_DRR_COMBOS: usize = 200;

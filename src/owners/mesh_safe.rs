@@ -110,7 +110,8 @@ mod gates {
     mesh_safe!(copy: Reply);
     mesh_safe!(enum Request {
         Acquire { connection, model @ name, deadline_ns },
-        QsSlot { connection, deadline_ns },
+        QsSlot { combo, connection, deadline_ns },
+        ComboSlot { combo, connection, model @ name, deadline_ns },
     });
     mesh_safe!(enum Fact {
         Release { serial },

@@ -31,11 +31,13 @@ use super::relay::{
 };
 use super::respond::send_error;
 use super::select::{self, Excluded, Exclusion, Gate};
-use crate::config::{ComboSettings, ConnectionId};
+use crate::config::{ComboSettings, ComboStrategy, ConnectionId};
 use crate::error::{ErrorKind, GatewayError};
+use crate::flow::gates::GateError;
 use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Shard;
+use crate::owners::gates::{self, client::GatePermit};
 use crate::owners::health::protocol::ComboAttempt;
 use crate::providers::Endpoint;
 use crate::routing::resolve::Target;
@@ -440,6 +442,15 @@ impl Runner<'_, '_> {
                     Before::End(e) => return StepEndOr::End(e),
                 }
             }
+            let _slot = match self.slot(k, down).await {
+                Ok(Slot::Held(permit)) => Some(permit),
+                Ok(Slot::Free) => None,
+                Ok(Slot::Busy(e)) => {
+                    self.excluded.push(e);
+                    continue;
+                }
+                Err(after) => return StepEndOr::Step(StepEnd::Over(after)),
+            };
             self.walk.open_budget = Some(self.open_budget());
             self.walk.note = None;
             let combo = self.combo_attempt(k);
@@ -579,7 +590,11 @@ impl Runner<'_, '_> {
         down: &mut Downstream<'_>,
     ) -> Result<HedgeEnd, After> {
         let (ka, kb) = (self.steps[i].candidates[0], self.steps[j].candidates[0]);
-        if self.steps[i].shape_failed || self.steps[j].shape_failed {
+        // A round-robin combo's attempts each hold a semaphore slot; the hedge race does
+        // not take them, so such a combo runs its targets one at a time.
+        let round_robin =
+            self.shard.config().combos[self.combo].strategy == ComboStrategy::RoundRobin;
+        if round_robin || self.steps[i].shape_failed || self.steps[j].shape_failed {
             return Ok(HedgeEnd::NotHedged);
         }
         for k in [ka, kb] {
@@ -816,10 +831,20 @@ impl Runner<'_, '_> {
                 // Refused locally (queue, gate) before any upstream call: that refusal.
                 return None;
             }
+            // B §3.4: a cooling reason makes it `all_targets_cooling_down`; only
+            // "unavailable" connections (terminal states) make it `no_executable_targets`;
+            // any other pre-dispatch skip (a busy round-robin semaphore, a target this
+            // request already exhausted) makes it `ALL_TARGETS_SKIPPED`.
             if self.excluded.iter().any(|e| cooling(&e.reason)) {
                 return Some(self.cooling_error());
             }
-            if !self.excluded.is_empty() && self.exhausted.is_empty() {
+            if !self.excluded.is_empty()
+                && self.exhausted.is_empty()
+                && self
+                    .excluded
+                    .iter()
+                    .all(|e| matches!(e.reason, Exclusion::Terminal(_)))
+            {
                 return Some(self.no_executable_error());
             }
             if !self.exhausted.is_empty() || !self.excluded.is_empty() {
@@ -1012,8 +1037,14 @@ impl Runner<'_, '_> {
             add("request_exhaustion", self.name(t));
         }
         for e in &self.excluded {
+            // The spec's allow-list of skip reasons names an unusable connection
+            // `availability`.
+            let reason = match e.reason {
+                Exclusion::Terminal(_) => "availability",
+                r => r.as_str(),
+            };
             add(
-                e.reason.as_str(),
+                reason,
                 format!("{}/{}", config.provider(e.provider).name, e.model),
             );
         }
@@ -1160,6 +1191,68 @@ impl Runner<'_, '_> {
             None,
         )
     }
+}
+
+impl<'a> Runner<'a, '_> {
+    /// A round-robin combo's per-model semaphore for candidate `k` (B §2.2), taken before
+    /// the attempt and held until it ends; a candidate the local views skip anyway takes
+    /// none (its attempt says why). Busy past the queue (timed out, or `queue_depth`
+    /// waiters already): the candidate is skipped for `concurrency_cap`. The wait is
+    /// raced against the client hanging up and bounded by the combo's time left.
+    async fn slot(&self, k: usize, down: &mut Downstream<'_>) -> Result<Slot<'a>, After> {
+        let shard: &'a Shard = self.shard;
+        if shard.config().combos[self.combo].strategy != ComboStrategy::RoundRobin {
+            return Ok(Slot::Free);
+        }
+        let (target, connection) = &self.req.plan.candidates[k];
+        let skipped = matches!(
+            select::gate(
+                &shard.state().views.borrow(),
+                shard.config(),
+                target,
+                *connection,
+                shard.now()
+            ),
+            Gate::Skip(..)
+        );
+        if skipped {
+            return Ok(Slot::Free);
+        }
+        let take = gates::client::combo_slot(shard, self.combo, *connection, &target.model);
+        let bounded = async {
+            match self.remaining_ms() {
+                Some(left) => monoio::time::timeout(Duration::from_millis(left), take)
+                    .await
+                    .unwrap_or(Err(GateError::Timeout)),
+                None => take.await,
+            }
+        };
+        match unless_client_gone(down.client, down.pending, bounded).await {
+            Some(Ok(permit)) => Ok(Slot::Held(permit)),
+            Some(Err(e)) => {
+                tracing::debug!(connection = %shard.config().connection(*connection).name, error = ?e, "combo semaphore busy; skipping the target");
+                Ok(Slot::Busy(Excluded {
+                    provider: target.provider,
+                    connection: *connection,
+                    model: target.model.clone(),
+                    reason: Exclusion::ConcurrencyCap,
+                    retry_after_ms: None,
+                }))
+            }
+            None => {
+                shard.metrics().abandoned(Abandoned::Admission);
+                Err(After::Close)
+            }
+        }
+    }
+}
+
+/// A round-robin combo's semaphore for one candidate.
+enum Slot<'s> {
+    /// Not a round-robin combo, or the views skip the candidate anyway.
+    Free,
+    Held(GatePermit<'s>),
+    Busy(Excluded),
 }
 
 enum StepEndOr {

@@ -772,7 +772,7 @@ pub(super) async fn open<'s>(
     let admission_started = shard.now().mono_ns;
     let admission = async {
         let qs_slot = match req.plan.quota_share {
-            Some(_) => gates::client::quota_share_slot(shard, connection).await,
+            Some(combo) => gates::client::quota_share_slot(shard, combo, connection).await,
             None => None,
         };
         let queue_slot = queue::client::acquire(shard, connection, &target.model).await?;

@@ -29,6 +29,8 @@ pub enum Exclusion {
     /// The provider cooldown tracker skips it (combo targets only).
     ProviderCooldown,
     Terminal(Terminal),
+    /// A round-robin combo's per-model semaphore was busy past its queue (B §2.2).
+    ConcurrencyCap,
 }
 
 impl Exclusion {
@@ -40,6 +42,7 @@ impl Exclusion {
             Exclusion::ModelLockout => "model_lockout",
             Exclusion::ProviderCooldown => "provider_cooldown",
             Exclusion::Terminal(t) => t.status().as_str(),
+            Exclusion::ConcurrencyCap => "concurrency_cap",
         }
     }
 }

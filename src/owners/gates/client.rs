@@ -11,7 +11,6 @@ use crate::flow::admission::{
     account_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated,
 };
 use crate::flow::gates::{GateError, GateKey};
-use crate::flow::quota_share::QS_QUEUE_TIMEOUT_MS;
 use crate::owners::{Shard, reply_bound};
 use crate::shard::call::CallError;
 
@@ -123,21 +122,26 @@ pub async fn acquire<'a>(
 }
 
 /// Takes `connection`'s quota-share slot (`qsconn:<connection>`, cap = its account capacity;
-/// B §2.3) on its gate home for an attempt of a quota-share combo. Fails open: disabled,
-/// no cap, queue full (20 waiting), a 30 s wait or an unreachable home all give `None`, and
-/// the attempt runs without a slot.
-pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option<GatePermit<'_>> {
+/// B §2.3) on its gate home for an attempt of quota-share combo `combo`. Fails open:
+/// disabled, no cap, queue full (the combo's `queue_depth` waiting), a wait past its
+/// `queue_timeout_ms` or an unreachable home all give `None`, and the attempt runs without
+/// a slot.
+pub async fn quota_share_slot(
+    shard: &Shard,
+    combo: usize,
+    connection: ConnectionId,
+) -> Option<GatePermit<'_>> {
     let config = shard.config();
     if !config.resilience.quota_share_concurrency_limit.enabled
         || account_capacity(config, connection).is_none()
     {
         return None;
     }
-    let (home, reply) = ask_home(shard, connection, QS_QUEUE_TIMEOUT_MS, |deadline_ns| {
-        Request::QsSlot {
-            connection,
-            deadline_ns,
-        }
+    let wait_ms = config.combos.get(combo)?.settings.queue_timeout_ms;
+    let (home, reply) = ask_home(shard, connection, wait_ms, |deadline_ns| Request::QsSlot {
+        combo,
+        connection,
+        deadline_ns,
     })
     .await;
     match reply {
@@ -148,6 +152,42 @@ pub async fn quota_share_slot(shard: &Shard, connection: ConnectionId) -> Option
             serial,
         }),
         _ => None,
+    }
+}
+
+/// Takes round-robin combo `combo`'s semaphore for `model` on `connection` (B §2.2) on the
+/// connection's gate home, waiting at most the combo's `queue_timeout_ms` behind at most
+/// `queue_depth` others (0: never wait). `Err`: the semaphore is busy (timed out, queue
+/// full, or the home could not be asked) — the combo skips the target.
+pub async fn combo_slot<'a>(
+    shard: &'a Shard,
+    combo: usize,
+    connection: ConnectionId,
+    model: &str,
+) -> Result<GatePermit<'a>, GateError> {
+    let wait_ms = shard
+        .config()
+        .combos
+        .get(combo)
+        .map_or(0, |c| c.settings.queue_timeout_ms);
+    let (home, reply) = ask_home(shard, connection, wait_ms, |deadline_ns| {
+        Request::ComboSlot {
+            combo,
+            connection,
+            model: model.to_owned(),
+            deadline_ns,
+        }
+    })
+    .await;
+    match reply {
+        Ok(Reply::Granted(serial)) => Ok(GatePermit {
+            shard,
+            home,
+            connection,
+            serial,
+        }),
+        Ok(Reply::Denied(e)) => Err(e),
+        Err(_) => Err(GateError::Timeout),
     }
 }
 
@@ -169,6 +209,7 @@ fn timeout_error(
             GateKey::Provider(_) => format!("provider:{provider}"),
             GateKey::Account(_) => format!("{provider}:{}", conn.name),
             GateKey::QuotaShare(_) => format!("qsconn:{}", conn.name),
+            GateKey::Combo(..) => format!("combo:{provider}:{}", conn.name),
             GateKey::Model(_, m) => format!("{provider}:{}:model:{m}", conn.name),
         })
         .collect();

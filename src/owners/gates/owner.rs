@@ -5,10 +5,11 @@ use std::collections::HashMap;
 
 use crate::config::{Config, ConnectionId};
 use crate::flow::admission::{account_capacity, gate_requirements, model_capacity};
+use crate::flow::gates::GateReq;
 use crate::flow::gates::{
     Acquire, AcquireRequest, GateError, GateKey, GateTable, Permit, QueueLimit, Wakeups,
 };
-use crate::flow::quota_share::{QS_QUEUE_DEPTH, SlotAcquire, SlotRequest, acquire_slot};
+use crate::flow::quota_share::{SlotAcquire, SlotRequest, acquire_slot};
 use crate::shard::call::CallId;
 use crate::shard::metrics::FlowGauges;
 
@@ -58,21 +59,49 @@ impl Mechanism for Gates {
                 }
             }
             Request::QsSlot {
+                combo,
                 connection,
                 deadline_ns,
             } => {
+                let queue_depth = cx
+                    .config
+                    .combos
+                    .get(combo)
+                    .map_or(20, |c| c.settings.queue_depth as usize);
                 let request = SlotRequest {
                     id,
                     connection: Some(connection),
                     max_concurrent: account_capacity(cx.config, connection),
                     deadline: deadline_ns,
-                    queue_depth: QS_QUEUE_DEPTH,
+                    queue_depth,
                 };
                 let enabled = cx.config.resilience.quota_share_concurrency_limit.enabled;
                 match acquire_slot(&mut self.gates, enabled, request, cx.now) {
                     SlotAcquire::Slot(permit) => self.grant(cx, id, permit),
                     SlotAcquire::Queued => self.arm(cx),
                     SlotAcquire::NoSlot => cx.reply(id, Reply::Denied(GateError::QueueFull)),
+                }
+            }
+            Request::ComboSlot {
+                combo,
+                connection,
+                model,
+                deadline_ns,
+            } => {
+                let Some((key, capacity, depth)) = combo_gate(cx.config, combo, connection, model)
+                else {
+                    return cx.reply(id, Reply::Denied(GateError::QueueFull));
+                };
+                let request = AcquireRequest {
+                    id,
+                    gates: vec![GateReq::new(key, Some(capacity))],
+                    deadline: deadline_ns,
+                    max_queue: QueueLimit::AtMost(depth),
+                };
+                match self.gates.acquire(request, cx.now) {
+                    Acquire::Granted(permit) => self.grant(cx, id, permit),
+                    Acquire::Queued => self.arm(cx),
+                    Acquire::Rejected(error) => cx.reply(id, Reply::Denied(error)),
                 }
             }
         }
@@ -405,4 +434,23 @@ mod tests {
             show(&out)
         );
     }
+}
+
+/// A round-robin combo's semaphore for `model` on `connection` (B §2.2): its key, capacity
+/// (the connection's `max_concurrent` when set, else the combo's `concurrency_per_model`)
+/// and queue depth. `None`: no such combo (a reload removed it meanwhile).
+fn combo_gate(
+    config: &Config,
+    combo: usize,
+    connection: ConnectionId,
+    model: String,
+) -> Option<(GateKey, u32, usize)> {
+    let settings = &config.combos.get(combo)?.settings;
+    let capacity = account_capacity(config, connection).unwrap_or(settings.concurrency_per_model);
+    let key = GateKey::Combo(
+        u16::try_from(combo).ok()?,
+        connection,
+        model.into_boxed_str(),
+    );
+    Some((key, capacity.max(1), settings.queue_depth as usize))
 }

@@ -12,9 +12,20 @@ pub enum Request {
         model: String,
         deadline_ns: Option<u64>,
     },
-    /// The connection's quota-share slot (B §2.3; fail open).
+    /// The connection's quota-share slot (B §2.3; fail open) for an attempt of quota-share
+    /// combo `combo` (its `queue_depth` bounds the waiters).
     QsSlot {
+        combo: usize,
         connection: ConnectionId,
+        deadline_ns: Option<u64>,
+    },
+    /// Round-robin combo `combo`'s semaphore for `model` on `connection` (B §2.2): capacity
+    /// the connection's `max_concurrent`, else the combo's `concurrency_per_model`; at most
+    /// `queue_depth` waiters (0: never wait).
+    ComboSlot {
+        combo: usize,
+        connection: ConnectionId,
+        model: String,
         deadline_ns: Option<u64>,
     },
 }
