@@ -302,3 +302,70 @@ fn a_tool_limit_answer_steers_requests_with_that_many_tools_away_until_it_ends()
         },
     );
 }
+
+#[test]
+fn a_combo_whose_terminal_answer_is_a_spent_budget_reruns_on_the_emergency_target() {
+    let paid = MockUpstream::start();
+    let paid2 = MockUpstream::start();
+    let rescue = MockUpstream::start();
+    paid.on_always(CHAT, Reply::error(402, "Payment Required: out of credits"));
+    paid2.on_always(CHAT, Reply::error(402, "Payment Required: no credits"));
+    rescue.on_always(CHAT, Reply::openai_chat("rescued"));
+    let combo = format!(
+        r#"
+[[providers]]
+id = "paid2"
+format = "openai"
+base_url = "{}"
+models = ["m2"]
+
+[[connections]]
+id = "p2"
+provider = "paid2"
+
+[[combos]]
+name = "team"
+targets = ["paid/m1", "paid2/m2"]
+"#,
+        paid2.base_url()
+    );
+    let gw = Gateway::start(&(config(&paid.base_url(), &rescue.base_url(), true) + &combo));
+    let mut request = plain_request();
+    request["model"] = "team".into();
+
+    // Both targets answer 402: the combo's answer would be that 402, so the request is
+    // re-run once on the emergency target, after both targets were tried.
+    let resp = chat(&gw, request.clone());
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["choices"][0]["message"]["content"], "rescued");
+    assert_eq!(
+        resp.header("x-omniroute-emergency-fallback"),
+        Some("from=paid2/m2; to=rescue/big")
+    );
+    assert_eq!((paid.hits(CHAT), paid2.hits(CHAT)), (1, 1));
+    let seen = rescue.requests_to(CHAT);
+    assert_eq!(seen.len(), 1, "re-run once");
+    assert_eq!(seen[0].json()["model"], "big");
+    assert_eq!(seen[0].json()["max_tokens"], 4096);
+
+    // Both connections are now known to be out of credits: nothing is sent to them and
+    // the emergency target serves.
+    let resp = chat(&gw, request.clone());
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        resp.header("x-omniroute-emergency-fallback"),
+        Some("from=paid/m1; to=rescue/big")
+    );
+    assert_eq!(
+        (paid.hits(CHAT), paid2.hits(CHAT), rescue.hits(CHAT)),
+        (1, 1, 2)
+    );
+
+    // A request with tools is not re-run: the combo's own answer.
+    request["tools"] = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    let resp = chat(&gw, request);
+    assert_eq!(resp.status, 404, "{}", resp.text());
+    assert_eq!(resp.json()["error"]["code"], "no_executable_targets");
+    assert_eq!(resp.header("x-omniroute-emergency-fallback"), None);
+    assert_eq!(rescue.hits(CHAT), 2);
+}

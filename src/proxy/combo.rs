@@ -40,6 +40,7 @@ use crate::owners::Shard;
 use crate::owners::gates::{self, client::GatePermit};
 use crate::owners::health::protocol::ComboAttempt;
 use crate::providers::Endpoint;
+use crate::resilience::connection::Terminal;
 use crate::routing::resolve::Target;
 use crate::shard::metrics::Abandoned;
 
@@ -111,6 +112,8 @@ struct Runner<'a, 'r> {
     /// The earliest retry hint of the current pass (upstream or a skipped candidate's).
     hint_ms: Option<u64>,
     shape_streak: Option<(String, u32)>,
+    /// The target of `last`.
+    last_target: Option<Target>,
 }
 
 /// Serves a request whose plan names a combo (`plan.combo`): a quota-share combo's
@@ -166,9 +169,13 @@ async fn run(shard: &Shard, req: &Request<'_>, combo: usize, down: &mut Downstre
         exhausted: Vec::new(),
         hint_ms: None,
         shape_streak: None,
+        last_target: None,
     };
     match r.drive(down).await {
-        Ok(ended) => r.answer(ended, down).await,
+        Ok(ended) => match r.emergency(&ended, down).await {
+            Some(after) => after,
+            None => r.answer(ended, down).await,
+        },
         Err(after) => after,
     }
 }
@@ -530,12 +537,14 @@ impl Runner<'_, '_> {
             }
             AttemptEnd::Stop(f) => {
                 self.last = Some(f);
+                self.last_target = Some(target.clone());
                 Absorbed::End(StepEndOr::End(Ended::Stop))
             }
             // A failure before the first client byte: the combo's own retries decide
             // whether the target is tried again (no separate early-recovery reopen).
             AttemptEnd::MoveOn(f) | AttemptEnd::Early(f) => {
                 self.last = Some(f);
+                self.last_target = Some(target.clone());
                 let Some(note) = note else {
                     if self.timed_out() {
                         return Absorbed::End(StepEndOr::End(Ended::Timeout));
@@ -766,6 +775,44 @@ impl Runner<'_, '_> {
     }
 
     // -- the answer ------------------------------------------------------------------
+
+    /// The emergency fallback (B §9.1) for a combo: when the combo's own terminal answer
+    /// would be a spent budget — the last upstream failure relayed as it is, and that
+    /// answer is a 402 or names a budget — or nothing was attempted because every
+    /// connection is out of credits, the request is re-run once on the emergency target
+    /// (same rules as a direct request: configured, no tools). `None`: answer as usual.
+    async fn emergency(&mut self, ended: &Ended, down: &mut Downstream<'_>) -> Option<After> {
+        let shard = self.shard;
+        shard.config().emergency_fallback.as_ref()?;
+        let relays_last = match ended {
+            Ended::Stop | Ended::ShapeStreak => true,
+            Ended::Exhausted => self.exhausted_error().is_none(),
+            Ended::Timeout | Ended::AttemptCap => false,
+        };
+        let from = if relays_last {
+            let (last, target) = (self.last.as_ref()?, self.last_target.as_ref()?);
+            let mut spent = None;
+            super::relay::note_budget(shard, &mut spent, target, last);
+            spent?
+        } else if matches!(ended, Ended::Exhausted)
+            && self.outcomes.is_empty()
+            && self.exhausted.is_empty()
+            && !self.excluded.is_empty()
+            && self
+                .excluded
+                .iter()
+                .all(|e| e.reason == Exclusion::Terminal(Terminal::CreditsExhausted))
+        {
+            let e = &self.excluded[0];
+            Target {
+                provider: e.provider,
+                model: e.model.clone(),
+            }
+        } else {
+            return None;
+        };
+        super::relay::emergency(shard, self.req, &from, &mut self.walk, down).await
+    }
 
     async fn answer(mut self, ended: Ended, down: &mut Downstream<'_>) -> After {
         let shard = self.shard;

@@ -268,7 +268,12 @@ pub(super) async fn prepare(
 }
 
 /// Remembers the first target whose answer said its budget is spent (B §9.1).
-fn note_budget(shard: &Shard, spent: &mut Option<Target>, target: &Target, failure: &LastFailure) {
+pub(super) fn note_budget(
+    shard: &Shard,
+    spent: &mut Option<Target>,
+    target: &Target,
+    failure: &LastFailure,
+) {
     if spent.is_none()
         && shard.config().emergency_fallback.is_some()
         && let LastFailure::Upstream(b) = failure
@@ -305,7 +310,7 @@ fn output_limit_field(endpoint: Endpoint) -> Option<&'static str> {
 /// capped at 4096 tokens, answered with `X-OmniRoute-Emergency-Fallback: from=…; to=…`.
 /// `None` when it does not apply or nothing on the target could serve (the original
 /// failure is answered then).
-async fn emergency(
+pub(super) async fn emergency(
     shard: &Shard,
     req: &Request<'_>,
     from: &Target,
