@@ -94,3 +94,64 @@ fn a_dispatch_goes_to_the_connection_with_fewer_in_flight() {
         Some("b")
     );
 }
+
+/// `outer` (quota-share) = a/ma (weight 1) and the nested combo `inner` (weight 1), whose
+/// targets b/mb and c/mc split that weight: 2:1:1.
+fn nested_config(mock: &MockUpstream, ref_weight: &str) -> String {
+    let base = mock.base_url();
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}{}{}\
+         [[combos]]\nname = \"inner\"\ntargets = [\"b/mb\", \"c/mc\"]\n\n\
+         [[combos]]\nname = \"outer\"\nstrategy = \"quota-share\"\n\
+         targets = [{{ model = \"a/ma\", weight = 1 }}, {{ combo = \"inner\"{ref_weight} }}]\n\n\
+         [[combos]]\nname = \"plain\"\n\
+         targets = [\"a/ma\", {{ combo = \"inner\", weight = 5 }}]\n",
+        provider("a", &base, &["ma"]),
+        provider("b", &base, &["mb"]),
+        provider("c", &base, &["mc"]),
+        connection("ca", "a"),
+        connection("cb", "b"),
+        connection("cc", "c"),
+    )
+}
+
+fn split(gw: &Gateway, mock: &MockUpstream, n: usize) -> (usize, usize, usize) {
+    let mut c = Client::connect(gw.addr());
+    c.set_timeout(Duration::from_secs(10));
+    let body = br#"{"model":"outer","messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..n {
+        let r = c.request("POST", "/v1/chat/completions", &[], body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let reqs = mock.requests_to("/v1/chat/completions");
+    let seen = |m: &str| reqs.iter().filter(|r| r.json()["model"] == m).count();
+    (seen("ma"), seen("mb"), seen("mc"))
+}
+
+#[test]
+fn a_nested_combo_weight_is_the_share_its_targets_split() {
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    // The reference weighs as much as a/ma: its two targets get a quarter each.
+    let gw = Gateway::start(&nested_config(&mock, ", weight = 1"));
+    assert_eq!(split(&gw, &mock, 400), (200, 100, 100));
+    drop(gw);
+    // Weight 2: the nested combo gets two thirds, one third per target.
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    let gw = Gateway::start(&nested_config(&mock, ", weight = 2"));
+    assert_eq!(split(&gw, &mock, 300), (100, 100, 100));
+}
+
+#[test]
+fn a_nested_combo_weight_no_quota_share_combo_reads_is_a_warning() {
+    let mock = MockUpstream::start();
+    let (code, _, stderr) = run_check(&nested_config(&mock, ", weight = 1"));
+    assert_eq!(code, 0, "{stderr}");
+    // `plain` (priority) gives its reference a weight nothing reads; `outer`'s is read.
+    assert!(
+        stderr.contains("combos[2].targets[1].weight: has no effect: combo \"plain\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("combos[1].targets[1].weight"), "{stderr}");
+}

@@ -1063,6 +1063,8 @@ impl Loader<'_> {
         let mut steps: Vec<Vec<Step>> = Vec::with_capacity(raw.combos.len());
         let mut layers: Vec<ComboLayer> = Vec::with_capacity(raw.combos.len());
         let mut seen: HashMap<String, usize> = HashMap::new();
+        // Explicit weights on combo references: (combo, key).
+        let mut ref_weights: Vec<(usize, String)> = Vec::new();
         for (i, c) in raw.combos.iter().enumerate() {
             let key = format!("combos[{i}]");
             let name = match c.name.as_deref() {
@@ -1148,10 +1150,16 @@ impl Loader<'_> {
                                     own.push(Step::Model(ComboTarget { weight, ..t }));
                                 }
                             }
-                            (None, Some(combo)) => own.push(Step::Combo {
-                                key: tkey,
-                                name: combo.clone(),
-                            }),
+                            (None, Some(combo)) => {
+                                if matches!(t, RawComboTarget::Weighted(w) if w.weight.is_some()) {
+                                    ref_weights.push((i, format!("{tkey}.weight")));
+                                }
+                                own.push(Step::Combo {
+                                    key: tkey,
+                                    name: combo.clone(),
+                                    weight,
+                                });
+                            }
                             _ => self.problem(
                                 tkey,
                                 "must set exactly one of model = \"provider/model\" and \
@@ -1216,6 +1224,22 @@ impl Loader<'_> {
             }
             out[i].targets = targets;
             out[i].settings = settings;
+        }
+        // A reference's weight shapes the shares of the referred targets; only the
+        // quota-share ordering reads shares. Said once per reference that no quota-share
+        // combo reaches (through its own targets or by nesting this one).
+        let shared = reached_by_quota_share(&out, &steps);
+        for (i, key) in ref_weights {
+            if !shared.contains(&i) {
+                self.warn(
+                    &key,
+                    format_args!(
+                        "has no effect: combo {:?} runs its targets in the order written and \
+                         no quota-share combo nests it (only quota-share reads weights)",
+                        out[i].name
+                    ),
+                );
+            }
         }
         out
     }
@@ -1383,21 +1407,90 @@ fn valid_env_name(s: &str) -> bool {
 /// One written target of a combo: a model, or a reference to another combo.
 enum Step {
     Model(ComboTarget),
-    Combo { key: String, name: String },
+    /// `weight`: the share of the referring combo's weight the nested combo's targets
+    /// split between them (in proportion to their own weights).
+    Combo {
+        key: String,
+        name: String,
+        weight: u32,
+    },
 }
+
+/// The largest weight a flattened combo with a nested reference is scaled to (its
+/// shares become integers; the quota-share ordering multiplies them by connection weights).
+const FLAT_WEIGHT_SCALE: f64 = 10_000.0;
 
 /// The most nesting `flatten` follows before calling it a problem.
 const FLATTEN_LIMIT: usize = 10;
 
 /// Combo `i`'s targets with every combo reference replaced by that combo's targets, in
-/// order (a target already listed earlier is not repeated), and how deep the references
-/// nest (1 = no reference). A cycle or an unknown combo name is an error.
+/// order (a target already listed earlier is not repeated: it gets the later share too),
+/// and how deep the references nest (1 = no reference). A cycle or an unknown combo name
+/// is an error. Weights: a reference `{ combo, weight = w }` is one step of weight `w`, so
+/// its targets split `w` in proportion to their own weights (a weight of 0 counts as 1,
+/// as in the quota-share ordering); when any reference is flattened, the shares are
+/// scaled so the largest is 10 000 (rounded, at least 1).
 fn flatten(
     i: usize,
     combos: &[Combo],
     steps: &[Vec<Step>],
     stack: &mut Vec<usize>,
 ) -> Result<(Vec<ComboTarget>, usize), String> {
+    let (flat, depth) = flatten_shares(i, combos, steps, stack)?;
+    if depth == 1 {
+        return Ok((flat.into_iter().map(|(t, _)| t).collect(), depth));
+    }
+    let max = flat.iter().map(|(_, w)| *w).fold(0.0_f64, f64::max);
+    let scaled = flat
+        .into_iter()
+        .map(|(t, w)| {
+            let weight = if max > 0.0 {
+                // In 1..=10 000 by construction: the cast cannot truncate.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let w = (w / max * FLAT_WEIGHT_SCALE).round().max(1.0) as u32;
+                w
+            } else {
+                1
+            };
+            ComboTarget { weight, ..t }
+        })
+        .collect();
+    Ok((scaled, depth))
+}
+
+/// The combos whose targets' weights some quota-share combo reads: every quota-share
+/// combo and every combo it nests, at any depth.
+fn reached_by_quota_share(combos: &[Combo], steps: &[Vec<Step>]) -> Vec<usize> {
+    let mut reached: Vec<usize> = Vec::new();
+    let mut todo: Vec<usize> = (0..combos.len())
+        .filter(|&i| combos[i].strategy == ComboStrategy::QuotaShare)
+        .collect();
+    while let Some(i) = todo.pop() {
+        if reached.contains(&i) {
+            continue;
+        }
+        reached.push(i);
+        for step in steps.get(i).into_iter().flatten() {
+            if let Step::Combo { name, .. } = step
+                && let Some(j) = combos.iter().position(|c| &c.name == name)
+            {
+                todo.push(j);
+            }
+        }
+    }
+    reached
+}
+
+fn effective_weight(w: u32) -> f64 {
+    f64::from(w.max(1))
+}
+
+fn flatten_shares(
+    i: usize,
+    combos: &[Combo],
+    steps: &[Vec<Step>],
+    stack: &mut Vec<usize>,
+) -> Result<(Vec<(ComboTarget, f64)>, usize), String> {
     if stack.contains(&i) || stack.len() >= FLATTEN_LIMIT {
         let mut path: Vec<&str> = stack.iter().map(|s| combos[*s].name.as_str()).collect();
         path.push(&combos[i].name);
@@ -1407,29 +1500,35 @@ fn flatten(
         ));
     }
     stack.push(i);
-    let mut out: Vec<ComboTarget> = Vec::new();
+    let mut out: Vec<(ComboTarget, f64)> = Vec::new();
     let mut depth = 1;
     for step in &steps[i] {
-        let add: Vec<ComboTarget> = match step {
-            Step::Model(t) => vec![t.clone()],
-            Step::Combo { key, name } => {
+        let add: Vec<(ComboTarget, f64)> = match step {
+            Step::Model(t) => vec![(t.clone(), effective_weight(t.weight))],
+            Step::Combo { key, name, weight } => {
                 let Some(j) = combos.iter().position(|c| &c.name == name) else {
                     stack.pop();
                     return Err(format!("{key}: no combo named {name:?}"));
                 };
-                let (inner, d) = flatten(j, combos, steps, stack).inspect_err(|_| {
+                let (inner, d) = flatten_shares(j, combos, steps, stack).inspect_err(|_| {
                     stack.pop();
                 })?;
                 depth = depth.max(d + 1);
+                let total: f64 = inner.iter().map(|(_, w)| *w).sum();
+                let share = effective_weight(*weight);
                 inner
+                    .into_iter()
+                    .map(|(t, w)| (t, share * w / total))
+                    .collect()
             }
         };
-        for t in add {
-            if !out
-                .iter()
-                .any(|o| o.provider == t.provider && o.model == t.model)
+        for (t, w) in add {
+            match out
+                .iter_mut()
+                .find(|(o, _)| o.provider == t.provider && o.model == t.model)
             {
-                out.push(t);
+                Some((_, have)) => *have += w,
+                None => out.push((t, w)),
             }
         }
     }
