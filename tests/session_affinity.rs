@@ -4,7 +4,12 @@
 //! recently used eligible connection). Session headers never reach the upstream.
 //! `x-omniroute-connection` forces a connection; an unknown one is a hard failure.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
 
 mod support;
 

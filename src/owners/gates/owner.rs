@@ -197,6 +197,25 @@ impl Gates {
     }
 }
 
+/// A round-robin combo's semaphore for `model` on `connection` (B §2.2): its key, capacity
+/// (the connection's `max_concurrent` when set, else the combo's `concurrency_per_model`)
+/// and queue depth. `None`: no such combo (a reload removed it meanwhile).
+fn combo_gate(
+    config: &Config,
+    combo: usize,
+    connection: ConnectionId,
+    model: String,
+) -> Option<(GateKey, u32, usize)> {
+    let settings = &config.combos.get(combo)?.settings;
+    let capacity = account_capacity(config, connection).unwrap_or(settings.concurrency_per_model);
+    let key = GateKey::Combo(
+        u16::try_from(combo).ok()?,
+        connection,
+        model.into_boxed_str(),
+    );
+    Some((key, capacity.max(1), settings.queue_depth as usize))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +292,8 @@ mod tests {
             wall_ms: 1_800_000_000_000,
         };
         let slot = || Request::QsSlot {
+            // No such combo: the default queue depth (20).
+            combo: 0,
             connection: ConnectionId(0),
             deadline_ns: Some(now.mono_ns + 30_000_000_000),
         };
@@ -434,23 +455,4 @@ mod tests {
             show(&out)
         );
     }
-}
-
-/// A round-robin combo's semaphore for `model` on `connection` (B §2.2): its key, capacity
-/// (the connection's `max_concurrent` when set, else the combo's `concurrency_per_model`)
-/// and queue depth. `None`: no such combo (a reload removed it meanwhile).
-fn combo_gate(
-    config: &Config,
-    combo: usize,
-    connection: ConnectionId,
-    model: String,
-) -> Option<(GateKey, u32, usize)> {
-    let settings = &config.combos.get(combo)?.settings;
-    let capacity = account_capacity(config, connection).unwrap_or(settings.concurrency_per_model);
-    let key = GateKey::Combo(
-        u16::try_from(combo).ok()?,
-        connection,
-        model.into_boxed_str(),
-    );
-    Some((key, capacity.max(1), settings.queue_depth as usize))
 }
