@@ -98,6 +98,8 @@ fn a_429_with_retry_after_is_retried_on_the_primary_no_sooner_than_asked() {
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(served_by(&r), "cp");
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from p");
+    assert_eq!(r.header("x-tidegate-provider"), Some("p"));
     assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
     assert_eq!(p.hits(CHAT), 2);
     assert_eq!(
@@ -129,6 +131,8 @@ fn a_500_then_200_primary_is_retried_once_and_serves() {
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(served_by(&r), "cp");
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from p");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 0));
     // Not before retry_delay_ms, nor before the transient lock p/a's 500 took (the apikey
     // base cooldown, 3 s); the combo's own retry_delay_ms (not 5 s) wins.
@@ -148,7 +152,14 @@ fn with_failover_before_retry_the_fallback_serves_first() {
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(served_by(&r), "cq");
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from q");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    // The fallback at once (fallback_delay_ms 0), not after the 2 s retry delay.
+    let g = q.requests_to(CHAT)[0]
+        .at
+        .duration_since(p.requests_to(CHAT)[0].at);
+    assert!(g < ms(2000), "{g:?}");
 }
 
 #[test]
@@ -207,6 +218,8 @@ fn a_context_length_400_is_never_resent_and_the_fallback_serves() {
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(served_by(&r), "cq");
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from q");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
     assert_eq!(p.hits(CHAT), 1, "the invalid request is sent to p/a once");
     assert_eq!(q.hits(CHAT), 1);
 }
@@ -388,6 +401,8 @@ fn when_both_targets_are_briefly_locked_the_request_waits_and_succeeds() {
     let took = clock.elapsed();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(served_by(&r), "cp");
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "from p");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("3"));
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
     let g = gap(&p, 0, 1);
     assert!(g >= ms(4900), "waited for the lock: {g:?}");
@@ -517,7 +532,13 @@ fn a_quota_exhausted_lock_is_never_waited_on() {
     let gw = started(&p, &q, "max_retries = 0", LOCKOUT);
     let clock = Stopwatch::start();
     let r = ask(gw.addr(), "duo");
-    assert_ne!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.status,
+        403,
+        "one class of failure: the last answer: {}",
+        r.text()
+    );
+    assert!(r.text().contains(quota), "{}", r.text());
     assert!(clock.elapsed() < ms(4000), "no wait: {:?}", clock.elapsed());
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
     // Both are locked (so a wait was possible) and the next request is not held either.

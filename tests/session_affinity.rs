@@ -97,6 +97,14 @@ fn ask(gw: &Gateway, model: &str, extra: &[(&str, &str)]) -> Response {
     )
 }
 
+/// The shard that answered: the low byte of a gateway-made request id
+/// (`tg-<wall ms>-<sequence << 8 | shard>`, hex).
+fn shard_of(resp: &Response) -> u64 {
+    let id = resp.header("x-request-id").expect("x-request-id");
+    let seq = id.rsplit('-').next().unwrap();
+    u64::from_str_radix(seq, 16).unwrap() & 0xff
+}
+
 fn served_by(resp: &Response) -> String {
     assert_eq!(resp.status, 200, "{}", resp.text());
     resp.header("x-omniroute-selected-connection-id")
@@ -119,11 +127,18 @@ fn a_session_keeps_its_connection_across_both_shards_and_moves_when_it_cools() {
     // healthy and first by priority — and keeps it over 20 requests on 20 client
     // connections (both shards serve; the pin lives on the session's owner). The three
     // session headers carry the same key.
+    let mut shards_seen = Vec::new();
     for i in 0..20 {
         let header = SESSION_HEADERS[i % 3];
         let resp = ask(&gw, "m1", &[(header, "s1")]);
         assert_eq!(served_by(&resp), "c2", "request {i} ({header})");
+        shards_seen.push(shard_of(&resp));
     }
+    // Both shards served some of them (the request id's low byte names the shard).
+    assert!(
+        shards_seen.contains(&0) && shards_seen.contains(&1),
+        "{shards_seen:?}"
+    );
     let seen = mock.requests_to(CHAT);
     assert_eq!(seen.len(), 21);
     assert_eq!(seen[0].header("authorization"), Some("Bearer k1"));
