@@ -1030,3 +1030,45 @@ fn the_round_robin_queue_holds_queue_depth_waiters_for_queue_timeout_ms() {
     g2.open();
     assert_eq!(d.join().unwrap().status, 200);
 }
+
+#[test]
+fn a_wait_for_the_round_robin_semaphore_ends_at_the_request_deadline() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    // A's stream sends its first piece and then nothing: relaying, it is past the request
+    // deadline's reach and holds p/a's one slot.
+    p.on(
+        CHAT,
+        Reply::sse(vec![
+            Chunk::json(
+                serde_json::json!({"id": "s", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": "hi"}}]}),
+            ),
+            Chunk::stall(),
+        ]),
+    );
+    p.on_always(CHAT, Reply::openai_chat("later"));
+    let extra = "[[combos]]\nname = \"rr\"\nstrategy = \"round-robin\"\ntargets = [\"p/a\"]\n\n\
+                 [combos.config]\nconcurrency_per_model = 1\nqueue_timeout_ms = 30000\n";
+    let config =
+        two(&p, &q, "", extra).replace("workers = 2\n", "workers = 2\nrequest_timeout_ms = 1000\n");
+    let gw = Gateway::start(&config);
+    let mut a = Client::connect(gw.addr());
+    a.set_timeout(secs(10));
+    a.start_request(
+        "POST",
+        CHAT,
+        &[],
+        br#"{"model":"rr","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(a.read_head().status, 200);
+    // B waits for the slot A holds; its 1 s request deadline ends the wait, not the 30 s
+    // queue timeout.
+    let clock = Stopwatch::start();
+    let b = ask(gw.addr(), "rr");
+    let took = clock.elapsed();
+    assert_eq!(b.status, 504, "{}", b.text());
+    assert_eq!(b.json()["error"]["code"], "request_timeout", "{}", b.text());
+    assert!(took >= ms(900) && took < secs(10), "{took:?}");
+    assert_eq!(p.requests_to(CHAT).len(), 1, "nothing sent for B");
+    drop(a);
+}

@@ -1274,9 +1274,13 @@ impl<'a> Runner<'a, '_> {
                 None => take.await,
             }
         };
+        let bounded = super::deadline::within(shard, self.req.deadline, bounded);
         match unless_client_gone(down.client, down.pending, bounded).await {
-            Some(Ok(permit)) => Ok(Slot::Held(permit)),
-            Some(Err(e)) => {
+            Some(Ok(Ok(permit))) => Ok(Slot::Held(permit)),
+            // The request's own deadline passed while it waited: the attempt's admission
+            // answers it at once (504 `request_timeout`); nothing is sent upstream.
+            Some(Err(_)) => Ok(Slot::Free),
+            Some(Ok(Err(e))) => {
                 tracing::debug!(connection = %shard.config().connection(*connection).name, error = ?e, "combo semaphore busy; skipping the target");
                 Ok(Slot::Busy(Excluded {
                     provider: target.provider,

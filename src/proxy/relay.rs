@@ -85,7 +85,7 @@ pub(super) struct Request<'r> {
     notes: Vec<(&'static str, String)>,
     /// The overall request deadline (`[server] request_timeout_ms`): every attempt and
     /// wait until an answer's head reaches the client.
-    deadline: Option<Deadline>,
+    pub(super) deadline: Option<Deadline>,
 }
 
 impl<'r> Request<'r> {
