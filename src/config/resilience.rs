@@ -465,8 +465,6 @@ pub const NOT_ACTIVE_YET: &[&str] = &[
     "wait_for_cooldown",
     "token_refresh_breaker",
     "credential_health_check",
-    // Of `[resilience.stream_recovery]` mid-stream continuation is not wired yet.
-    "stream_recovery.continue_mid_stream",
 ];
 
 /// The warning of a [`NOT_ACTIVE_YET`] path.

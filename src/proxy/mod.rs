@@ -6,6 +6,7 @@ pub mod access;
 pub mod affinity;
 pub mod classify;
 pub mod combo;
+pub mod continuation;
 pub mod deadline;
 pub mod forward;
 pub mod models;
@@ -355,6 +356,7 @@ async fn inference(
             dialect: dialect(head),
             committed: &committed,
             log,
+            splice: None,
         };
         let mut work = std::pin::pin!(async move {
             match plan.combo {

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::access::AccessLog;
 use super::classify::{self, Failed};
+use super::continuation::{self, Splice};
 use super::deadline::{self, Budget, Deadline};
 use super::respond::send_error;
 use super::select::{self, Admit, Excluded, Exclusion, Gate};
@@ -72,6 +73,9 @@ pub struct Downstream<'c> {
     pub committed: &'c std::cell::Cell<bool>,
     /// The request's access-log record.
     pub log: &'c AccessLog,
+    /// With `stream_recovery.continue_mid_stream`: the client stream a continuation may
+    /// go on with (`proxy::continuation`).
+    pub splice: Option<Box<Splice>>,
 }
 
 /// What the attempts of one request share.
@@ -158,18 +162,42 @@ pub async fn run(
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
+    // A stream cut after its first byte and waiting for a continuation: the failure that
+    // cut it, and the request that asks the next candidate to go on (mid-stream
+    // continuation, `proxy::continuation`).
+    let mut broken: Option<GatewayError> = None;
+    let mut cont: Option<(Bytes, Plan)> = None;
     for (i, (target, connection)) in plan.candidates.iter().enumerate() {
         if walk.exhausted.rules_out(target.provider, *connection) {
+            continue;
+        }
+        // A continuation is spliced into the client's stream as it comes: same format only.
+        if broken.is_some()
+            && Translation::between(endpoint, shard.config().provider(target.provider).format)
+                .is_some()
+        {
             continue;
         }
         let combo = plan.combo.map(|_| ComboAttempt {
             next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
         });
+        let cont_request = cont.as_ref().map(|(body, plan)| Request {
+            body,
+            plan,
+            budgets: Budgets::of(shard),
+            notes: request.notes.clone(),
+            ..request
+        });
         let mut reopened = false;
+        let mut replay = false;
         let end = loop {
+            let req = match &cont_request {
+                Some(r) if !replay => r,
+                _ => &request,
+            };
             let end = attempt(
                 shard,
-                &request,
+                req,
                 target,
                 *connection,
                 combo,
@@ -183,11 +211,34 @@ pub async fn run(
                     walk.early_retries += 1;
                     last = Some(failure);
                 }
+                // The target refused the prefill: the original request once more, used if
+                // its answer repeats what the client has.
+                AttemptEnd::MoveOn(failure)
+                    if !replay && refused_prefill(&downstream, &failure) =>
+                {
+                    replay = true;
+                    if let Some(s) = downstream.splice.as_mut() {
+                        s.begin(true);
+                    }
+                    last = Some(failure);
+                }
                 end => break end,
             }
         };
         match end {
-            AttemptEnd::Done(after) => return after,
+            AttemptEnd::Done(after) => {
+                let Some(s) = downstream.splice.as_mut().filter(|s| s.cut_pending()) else {
+                    return after;
+                };
+                broken = s.take_cut();
+                match continuation_request(&request, s) {
+                    Some(c) => {
+                        s.begin(false);
+                        cont = Some(c);
+                    }
+                    None => break,
+                }
+            }
             AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
                 note_budget(shard, &mut budget_spent, target, &failure);
                 if let LastFailure::Gateway(e) = &failure {
@@ -202,6 +253,11 @@ pub async fn run(
                 break;
             }
         }
+    }
+    // The client holds a cut stream no candidate went on with: it ends with the in-band
+    // error.
+    if let Some(e) = broken {
+        return continuation::give_up(shard, &e, endpoint, downstream.client).await;
     }
     // Nothing answered because the connections are known to be out of credits: the same
     // spent budget.
@@ -228,6 +284,30 @@ pub async fn run(
         &mut downstream,
     )
     .await
+}
+
+/// The request that asks the next candidate to continue a cut stream: the original body
+/// with the delivered text as an assistant prefill (`None` when it cannot be built).
+fn continuation_request(request: &Request<'_>, s: &mut Splice) -> Option<(Bytes, Plan)> {
+    let body = s.prefill_body(request.body)?;
+    let peek = peek::peek(&body, &mut Vec::new()).ok()?;
+    let plan = Plan {
+        peek,
+        candidates: Vec::new(),
+        combo: None,
+        quota_share: request.plan.quota_share,
+        session: request.plan.session,
+        key: request.plan.key,
+    };
+    Some((body, plan))
+}
+
+/// A continuation's target answered that it takes no assistant prefill.
+fn refused_prefill(down: &Downstream<'_>, failure: &LastFailure) -> bool {
+    match (down.splice.as_deref(), failure) {
+        (Some(s), LastFailure::Upstream(b)) => s.wants_replay(b.status, &b.body),
+        _ => false,
+    }
 }
 
 /// Before the first attempt (direct requests and combos alike): session affinity puts each
@@ -375,7 +455,13 @@ pub(super) async fn emergency(
     };
     for (target, connection) in &plan.candidates {
         match attempt(shard, &request, target, *connection, None, walk, down).await {
-            AttemptEnd::Done(after) => return Some(after),
+            AttemptEnd::Done(after) => {
+                if let Some(e) = down.splice.as_mut().and_then(|s| s.take_cut()) {
+                    let after = continuation::give_up(shard, &e, req.endpoint, down.client).await;
+                    return Some(after);
+                }
+                return Some(after);
+            }
             AttemptEnd::MoveOn(_) | AttemptEnd::Early(_) | AttemptEnd::Skipped(_) => {}
             AttemptEnd::Stop(_) => break,
         }
@@ -661,6 +747,10 @@ pub(super) async fn deliver(
 ) -> AttemptEnd {
     match ready {
         Ready::Relay(buffered) => {
+            // A continuation's error answer never reaches the client's open stream.
+            if down.splice.as_ref().is_some_and(|s| s.continuing()) {
+                return AttemptEnd::MoveOn(LastFailure::Upstream(buffered));
+            }
             down.committed.set(true);
             let after = stream::relay_buffered(
                 shard,
@@ -715,6 +805,13 @@ pub(super) async fn deliver(
                 drop(_held);
                 return AttemptEnd::Done(after);
             }
+            // Mid-stream continuation (direct requests): the splice follows the stream.
+            if down.splice.is_none()
+                && config.resilience.stream_recovery.continue_mid_stream
+                && req.plan.combo.is_none()
+            {
+                down.splice = Splice::new(req.endpoint).map(Box::new);
+            }
             let (after, ended) = stream::commit(
                 shard,
                 req.head,
@@ -731,6 +828,7 @@ pub(super) async fn deliver(
                 wd,
                 down.log,
                 active,
+                down.splice.as_deref_mut(),
             )
             .await;
             attempted.end(ended).await;

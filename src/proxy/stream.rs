@@ -13,6 +13,7 @@ use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
 
 use super::access::{AccessLog, REQUEST_ID_HEADER};
+use super::continuation::Splice;
 use super::deadline::{self, Deadline};
 use super::upstream::{Up, UpHead};
 use super::watchdog::{self, Watchdog};
@@ -171,6 +172,7 @@ pub async fn commit(
     mut wd: Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
+    splice: Option<&mut Splice>,
 ) -> (After, Ended) {
     let ended = relay_answer(
         shard,
@@ -188,6 +190,7 @@ pub async fn commit(
         &mut wd,
         log,
         active,
+        splice,
     )
     .await;
     if let Some(w) = &wd {
@@ -221,11 +224,18 @@ async fn relay_answer(
     wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
+    mut splice: Option<&mut Splice>,
 ) -> (After, Ended) {
     let status = up.head.status();
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let http11 = client_head.minor_version() == 1;
+    // A continuation writes into the client's open stream: no head, its chunked framing.
+    let continuing = splice.as_deref().is_some_and(Splice::continuing);
     let (framing, keep_alive) = match up.head.body_kind() {
+        _ if continuing => (
+            Framing::Chunked,
+            splice.as_deref().is_some_and(Splice::keep_alive),
+        ),
         BodyKind::Length(n) => (Framing::Length(n), keep_alive),
         BodyKind::Empty if status == 204 || status == 304 => (Framing::NoBody, keep_alive),
         BodyKind::Empty => (Framing::Length(0), keep_alive),
@@ -234,10 +244,18 @@ async fn relay_answer(
     };
     let chunked = framing == Framing::Chunked;
     let event_stream = up.head.is_event_stream();
+    if let Some(s) = splice.as_deref_mut()
+        && !continuing
+    {
+        s.set_keep_alive(keep_alive);
+        if !(chunked && event_stream) {
+            s.turn_off();
+        }
+    }
     let attempts_s = attempts.to_string();
     let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
     let extra = std::mem::take(&mut up.extra);
-    {
+    if !continuing {
         let mut ours: Vec<(&str, &[u8])> = vec![
             ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
             ("x-tidegate-provider", provider.name.as_bytes()),
@@ -262,16 +280,26 @@ async fn relay_answer(
             }
         }
     }
-    shard.metrics().response(status);
-    log.responding(shard, status);
+    if !continuing {
+        shard.metrics().response(status);
+        log.responding(shard, status);
+    }
     // Everything that is already here goes out with the head, in one write.
     let mut done = match first {
         None => true,
         Some(piece) => {
-            put_piece(&mut out, &piece, chunked);
-            gather(shard, &mut up, &mut out, chunked, wd.as_mut())
+            emit(&mut out, &piece, chunked, splice.as_deref_mut());
+            gather(
+                shard,
+                &mut up,
+                &mut out,
+                chunked,
+                wd.as_mut(),
+                splice.as_deref_mut(),
+            )
         }
     };
+    done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
     if done && chunked {
         write_last_chunk(&mut out);
     }
@@ -285,6 +313,11 @@ async fn relay_answer(
     // The end of the shutdown grace period cuts the stream like an upstream failure.
     let mut cut = std::pin::pin!(shard.cut_signal());
     while !done {
+        // A replay that does not repeat the delivered text ends the stream.
+        if let Some(e) = splice.as_deref_mut().and_then(Splice::failure) {
+            let after = break_stream(shard, conn, &e, chunked, true, endpoint, client).await;
+            return (after, Ended::StreamStall);
+        }
         let wait = watchdog::next(shard, &mut up, idle, wd.as_mut());
         let wait = deadline::within(shard, active, unless_client_gone(client, pending, wait));
         let got = monoio::select! {
@@ -303,10 +336,15 @@ async fn relay_answer(
         let piece = match got {
             Ok(Some(piece)) => piece,
             Ok(None) => {
-                done = true;
+                let mut out = BytesMut::with_capacity(8);
+                done = ended_well(&mut out, chunked, splice.as_deref_mut());
+                if !done {
+                    continue;
+                }
                 if chunked {
-                    let mut out = BytesMut::with_capacity(8);
                     write_last_chunk(&mut out);
+                }
+                if !out.is_empty() {
                     if write_all(client, out).await.is_err() {
                         return (After::Close, Ended::Success);
                     }
@@ -314,6 +352,13 @@ async fn relay_answer(
                 continue;
             }
             Err(e) => {
+                // With continuation on, the walk looks for a candidate to go on with.
+                if let Some(s) = splice.as_deref_mut()
+                    && s.cut_by(&e)
+                {
+                    tracing::info!(connection = %conn.name, "stream cut after the first byte: {e}; looking for a continuation");
+                    return (After::Close, Ended::StreamStall);
+                }
                 let close_delimited = framing == Framing::Close;
                 let inband = event_stream && (chunked || close_delimited);
                 let after = break_stream(shard, conn, &e, chunked, inband, endpoint, client).await;
@@ -324,13 +369,21 @@ async fn relay_answer(
                 return (after, Ended::StreamStall);
             }
         };
-        let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES {
+        let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES && splice.is_none() {
             log.sent(piece.len());
             write_all(client, piece).await.map(|_| ())
         } else {
             let mut out = BytesMut::with_capacity(piece.len() + 64);
-            put_piece(&mut out, &piece, chunked);
-            done = gather(shard, &mut up, &mut out, chunked, wd.as_mut());
+            emit(&mut out, &piece, chunked, splice.as_deref_mut());
+            done = gather(
+                shard,
+                &mut up,
+                &mut out,
+                chunked,
+                wd.as_mut(),
+                splice.as_deref_mut(),
+            );
+            done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
             if done && chunked {
                 write_last_chunk(&mut out);
             }
@@ -367,6 +420,7 @@ fn gather(
     out: &mut BytesMut,
     chunked: bool,
     mut wd: Option<&mut Watchdog>,
+    mut splice: Option<&mut Splice>,
 ) -> bool {
     // One clock reading for everything already here.
     let mut now_ns = None;
@@ -381,7 +435,7 @@ fn gather(
                         return false;
                     }
                 }
-                put_piece(out, &p, chunked)
+                emit(out, &p, chunked, splice.as_deref_mut())
             }
             Ok(InBuffer::End) => return true,
             Ok(InBuffer::Empty) | Err(_) => return false,
@@ -413,6 +467,26 @@ pub(super) async fn break_stream(
         let _ = write_all(client, out).await;
     }
     After::Close
+}
+
+/// A piece for the client: through the continuation splice when there is one.
+fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Splice>) {
+    match splice {
+        Some(s) => s.pass(piece, out, chunked),
+        None => put_piece(out, piece, chunked),
+    }
+}
+
+/// The upstream ended its body: the splice sends what it still holds; false when that
+/// showed the stream cannot end well (its failure is reported by the next loop turn).
+fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut Splice>) -> bool {
+    match splice {
+        Some(s) => {
+            s.finish(out, chunked);
+            !s.has_failed()
+        }
+        None => true,
+    }
 }
 
 pub(super) fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {

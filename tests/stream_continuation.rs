@@ -1,0 +1,461 @@
+//! Mid-stream continuation (issue 11 item 6, spec B §7.3, `stream_recovery.
+//! continue_mid_stream`): a stream cut or stalled after its first client byte is continued
+//! by the next candidate, asked with the delivered text as an assistant prefill; its answer
+//! is spliced in without repeated text (an overlap of at least 8 characters is skipped). A
+//! target that refuses the prefill gets the original request again and is used only if it
+//! repeats the delivered text exactly. The usage block covers the whole answer.
+//!
+//! Every test asserts the client's body byte for byte (de-chunked) and what the upstreams
+//! saw.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Elapsed wall time is what the stall test measures (the budget of a real binary).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+const MESSAGES: &str = "/v1/messages";
+const ASK: &str = r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"count"}]}"#;
+
+/// Providers `a` then `b` (same model, `format`), one connection each.
+fn config(a: &MockUpstream, b: &MockUpstream, format: &str, tail: &str) -> String {
+    let p = |id: &str, m: &MockUpstream| {
+        provider(id, &m.base_url(), &["m1"])
+            .replace("format = \"openai\"", &format!("format = \"{format}\""))
+    };
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}{tail}\n",
+        p("a", a),
+        connection("first", "a"),
+        p("b", b),
+        connection("second", "b"),
+    )
+}
+
+fn on(stall_ms: u64) -> String {
+    format!(
+        "[resilience.stream_watchdog]\nstall_timeout_ms = {stall_ms}\n\n\
+         [resilience.stream_recovery]\ncontinue_mid_stream = true\n"
+    )
+}
+
+fn words(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("word{i} ")).collect()
+}
+
+/// The SSE bytes of chunks as the mock sends them.
+fn sse(chunks: &[String]) -> String {
+    chunks.concat()
+}
+
+/// An OpenAI chunk as `openai_stream_chunks` writes it.
+fn a_delta(text: &str) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "model": "mock-model", "choices": [{"index": 0, "delta": {"content": text},
+            "finish_reason": null}]})
+    )
+}
+
+fn a_role() -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "model": "mock-model", "choices": [{"index": 0,
+            "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]})
+    )
+}
+
+/// b's chunks: keys in sorted order, so the expected spliced bytes can be written down.
+fn b_chunk(id: &str, delta: &str, finish: &str) -> String {
+    format!(
+        "data: {{\"choices\":[{{\"delta\":{delta},\"finish_reason\":{finish},\"index\":0}}],\"id\":\"{id}\",\"object\":\"chat.completion.chunk\"}}\n\n"
+    )
+}
+
+fn b_text(id: &str, text: &str) -> String {
+    b_chunk(id, &json!({"content": text}).to_string(), "null")
+}
+
+fn b_usage(id: &str, prompt: u64, completion: u64) -> String {
+    format!(
+        "data: {{\"choices\":[],\"id\":\"{id}\",\"object\":\"chat.completion.chunk\",\"usage\":{{\"completion_tokens\":{completion},\"prompt_tokens\":{prompt},\"total_tokens\":{}}}}}\n\n",
+        prompt + completion
+    )
+}
+
+fn raw(chunks: &[String]) -> Vec<Chunk> {
+    chunks.iter().map(Chunk::raw).collect()
+}
+
+/// Asks on `path` and reads the answer: `(status, de-chunked body, terminated, elapsed)`.
+/// A complete answer is read by its framing; a broken one until the gateway closes.
+fn ask(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String, bool, Duration) {
+    let mut c = Client::connect(addr);
+    let t0 = Instant::now();
+    c.start_request("POST", path, &[], body.as_bytes());
+    let head = c.read_head();
+    assert_eq!(head.header("transfer-encoding"), Some("chunked"));
+    let mut body = Vec::new();
+    let terminated = loop {
+        match c.next_body_piece(Duration::from_secs(20)) {
+            Piece::Data(d) => body.extend_from_slice(&d),
+            Piece::End => break true,
+            Piece::Closed => break false,
+            Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
+        }
+    };
+    let took = t0.elapsed();
+    let body = String::from_utf8(body).unwrap();
+    (head.status, body, terminated, took)
+}
+
+/// The content of every OpenAI delta in `body`, concatenated, and how many `[DONE]`s.
+fn content(body: &str) -> (String, usize) {
+    let mut text = String::new();
+    let mut done = 0;
+    for line in body.lines() {
+        let Some(d) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if d == "[DONE]" {
+            done += 1;
+        } else if let Ok(v) = serde_json::from_str::<Value>(d)
+            && let Some(t) = v
+                .pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+        {
+            text.push_str(t);
+        }
+    }
+    (text, done)
+}
+
+/// `a`: a role chunk and 25 words, then the connection is cut.
+fn cut_after_25(a: &MockUpstream) -> (String, String) {
+    let mut chunks = vec![a_role()];
+    chunks.extend(words(0..25).iter().map(|w| a_delta(w)));
+    let sent = sse(&chunks);
+    let mut steps = raw(&chunks);
+    steps.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(steps));
+    (sent, words(0..25).concat())
+}
+
+#[test]
+fn a_cut_after_25_tokens_is_continued_by_the_next_target_without_repeated_text() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, delivered) = cut_after_25(&a);
+    // b: a role chunk, repeats the last two words (14 characters), goes on, ends with usage.
+    let mut b_chunks = vec![b_chunk(
+        "b-1",
+        r#"{"content":"","role":"assistant"}"#,
+        "null",
+    )];
+    b_chunks.extend(
+        ["word23 ", "word24 ", "word25 ", "word26 ", "and done."].map(|t| b_text("b-1", t)),
+    );
+    b_chunks.push(b_chunk("b-1", "{}", "\"stop\""));
+    b_chunks.push(b_usage("b-1", 40, 5));
+    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
+    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // Byte for byte: a's stream as it came, then b's without its role chunk and the two
+    // repeated words, chunk ids a's, usage for the whole answer (prompt 40 − the 25 prefill
+    // tokens, completion 25 + 5).
+    let mut want = a_sent.clone();
+    for t in ["word25 ", "word26 ", "and done."] {
+        want.push_str(&b_text("chatcmpl-mock", t));
+    }
+    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str(&b_usage("chatcmpl-mock", 15, 30));
+    want.push_str("data: [DONE]\n\n");
+    assert_eq!(body, want);
+    assert!(terminated, "a continued stream ends cleanly");
+    let (text, done) = content(&body);
+    assert_eq!(text, format!("{delivered}word25 word26 and done."));
+    assert_eq!(done, 1);
+    // b was asked to continue: the original request with the delivered text as a trailing
+    // assistant message.
+    let seen = b.requests_to(CHAT);
+    assert_eq!(seen.len(), 1);
+    let mut expected: Value = serde_json::from_str(ASK).unwrap();
+    expected["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": delivered}));
+    assert_eq!(seen[0].json(), expected);
+    assert_eq!(a.hits(CHAT), 1);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+}
+
+#[test]
+fn with_continuation_off_the_same_cut_ends_with_the_in_band_error() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, _) = cut_after_25(&a);
+    b.on_always(CHAT, Reply::openai_stream(&["never"]));
+    let gw = Gateway::start(&config(
+        &a,
+        &b,
+        "openai",
+        "[resilience.stream_watchdog]\nstall_timeout_ms = 5000\n",
+    ));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // a's 25 words, then one in-band error event; no [DONE], no chunked terminator.
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(rest.starts_with("data: {\"error\":"), "{rest}");
+    assert!(
+        rest.ends_with("\n\n") && rest.matches("data: ").count() == 1,
+        "{rest}"
+    );
+    assert!(!body.contains("[DONE]"));
+    assert!(!terminated);
+    assert_eq!(b.hits(CHAT), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
+}
+
+#[test]
+fn a_target_refusing_the_prefill_is_asked_again_and_its_repeated_prefix_is_skipped() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, delivered) = cut_after_25(&a);
+    // b refuses the prefill, then answers the original request from the start.
+    let mut b_chunks = vec![b_chunk(
+        "b-2",
+        r#"{"content":"","role":"assistant"}"#,
+        "null",
+    )];
+    // Split differently from a's pieces: the repeated prefix is matched as text.
+    let mut all = delivered.clone();
+    all.push_str("the end.");
+    let (p1, p2) = all.split_at(100);
+    let (p2, p3) = p2.split_at(p2.len() - 10);
+    b_chunks.extend([p1, p2, p3].map(|t| b_text("b-2", t)));
+    b_chunks.push(b_chunk("b-2", "{}", "\"stop\""));
+    b_chunks.push(b_usage("b-2", 12, 27));
+    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b.on(
+        CHAT,
+        Reply::error(
+            400,
+            "This model does not support assistant message prefill.",
+        ),
+    )
+    .on_always(CHAT, Reply::sse(raw(&b_chunks)));
+    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // Only what follows the delivered text is new: the last piece's tail; the prompt is the
+    // replay's (the original request), the completion the replay's (it covers the prefix).
+    let tail = &p3[p3.len() - "the end.".len()..];
+    let mut want = a_sent.clone();
+    want.push_str(&b_text("chatcmpl-mock", tail));
+    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str(&b_usage("chatcmpl-mock", 12, 27));
+    want.push_str("data: [DONE]\n\n");
+    assert_eq!(body, want);
+    assert!(terminated);
+    assert_eq!(content(&body), (all.clone(), 1));
+    let seen = b.requests_to(CHAT);
+    assert_eq!(seen.len(), 2);
+    let last = &seen[0].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last, &json!({"role": "assistant", "content": delivered}));
+    assert_eq!(seen[1].text(), ASK, "the replay is the original request");
+}
+
+#[test]
+fn a_replay_that_does_not_repeat_the_delivered_text_ends_with_the_in_band_error() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, _) = cut_after_25(&a);
+    b.on(
+        CHAT,
+        Reply::error(
+            400,
+            "This model does not support assistant message prefill.",
+        ),
+    )
+    .on_always(
+        CHAT,
+        Reply::openai_stream(&["word0 ", "word1 ", "different"]),
+    );
+    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(rest.starts_with("data: {\"error\":"), "{rest}");
+    assert!(rest.contains("continuation"), "{rest}");
+    assert_eq!(rest.matches("data: ").count(), 1, "{rest}");
+    assert!(!terminated);
+    assert_eq!(b.hits(CHAT), 2);
+}
+
+#[test]
+fn a_stall_after_10_tokens_is_continued_within_the_stall_budget_plus_one_second() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let mut chunks = vec![a_role()];
+    chunks.extend(words(0..10).iter().map(|w| a_delta(w)));
+    let a_sent = sse(&chunks);
+    let mut steps = raw(&chunks);
+    steps.push(Chunk::stall());
+    a.on_always(CHAT, Reply::sse(steps));
+    // b goes on without repeating anything.
+    let mut b_chunks: Vec<String> = ["word10 ", "end."].map(|t| b_text("b-3", t)).to_vec();
+    b_chunks.push(b_chunk("b-3", "{}", "\"stop\""));
+    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
+    let stall_ms = 1_000;
+    let gw = Gateway::start(&config(&a, &b, "openai", &on(stall_ms)));
+    let (status, body, terminated, took) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    let mut want = a_sent;
+    want.push_str(&b_text("chatcmpl-mock", "word10 "));
+    want.push_str(&b_text("chatcmpl-mock", "end."));
+    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str("data: [DONE]\n\n");
+    assert_eq!(body, want);
+    assert!(terminated);
+    assert!(
+        took >= Duration::from_millis(stall_ms) && took < Duration::from_millis(stall_ms + 1_000),
+        "{took:?}"
+    );
+    let seen = b.requests_to(CHAT);
+    assert_eq!(seen.len(), 1);
+    let last = seen[0].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": words(0..10).concat()})
+    );
+    // The stalled upstream sees the gateway go away.
+    a.wait_until(Duration::from_secs(5), "a's connection closed", |m| {
+        m.open_connections() == 0
+    });
+}
+
+fn anthropic_event(name: &str, v: Value) -> String {
+    format!("event: {name}\ndata: {v}\n\n")
+}
+
+#[test]
+fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    // a: message_start, one text block, 12 words with a trailing space, cut.
+    let mut a_chunks = vec![
+        anthropic_event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_a", "type": "message",
+                "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 21, "output_tokens": 1}}}),
+        ),
+        anthropic_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    for w in words(0..12) {
+        a_chunks.push(anthropic_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": w}}),
+        ));
+    }
+    let a_sent = sse(&a_chunks);
+    let mut steps = raw(&a_chunks);
+    steps.push(Chunk::close());
+    a.on_always(MESSAGES, Reply::sse(steps));
+    // b continues after the prefill (sent without the trailing space): its own start, a
+    // ping, its block 0 starting with the space, stop, usage.
+    let ev = |name: &str, body: &str| format!("event: {name}\ndata: {body}\n\n");
+    let b_chunks = vec![
+        ev(
+            "message_start",
+            r#"{"message":{"content":[],"id":"msg_b","model":"m1","role":"assistant","type":"message","usage":{"input_tokens":45,"output_tokens":1}},"type":"message_start"}"#,
+        ),
+        ev("ping", r#"{"type":"ping"}"#),
+        ev(
+            "content_block_start",
+            r#"{"content_block":{"text":"","type":"text"},"index":0,"type":"content_block_start"}"#,
+        ),
+        ev(
+            "content_block_delta",
+            r#"{"delta":{"text":" word12","type":"text_delta"},"index":0,"type":"content_block_delta"}"#,
+        ),
+        ev(
+            "content_block_delta",
+            r#"{"delta":{"text":" fin.","type":"text_delta"},"index":0,"type":"content_block_delta"}"#,
+        ),
+        ev(
+            "content_block_stop",
+            r#"{"index":0,"type":"content_block_stop"}"#,
+        ),
+        ev(
+            "message_delta",
+            r#"{"delta":{"stop_reason":"end_turn","stop_sequence":null},"type":"message_delta","usage":{"output_tokens":4}}"#,
+        ),
+        ev("message_stop", r#"{"type":"message_stop"}"#),
+    ];
+    b.on_always(MESSAGES, Reply::sse(raw(&b_chunks)));
+    let gw = Gateway::start(&config(&a, &b, "anthropic", &on(5_000)));
+    let ask_body = r#"{"model":"m1","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ask_body);
+    assert_eq!(status, 200);
+    // a's events as they came; b's block goes on in the client's open block 0 (its start,
+    // message_start and ping dropped), the leading space it repeats skipped, output tokens
+    // 12 + 4.
+    let mut want = a_sent;
+    want.push_str(&ev(
+        "content_block_delta",
+        r#"{"delta":{"text":"word12","type":"text_delta"},"index":0,"type":"content_block_delta"}"#,
+    ));
+    want.push_str(&b_chunks[4]);
+    want.push_str(&b_chunks[5]);
+    want.push_str(&ev(
+        "message_delta",
+        r#"{"delta":{"stop_reason":"end_turn","stop_sequence":null},"type":"message_delta","usage":{"output_tokens":16}}"#,
+    ));
+    want.push_str(&b_chunks[7]);
+    assert_eq!(body, want);
+    assert!(terminated);
+    let seen = b.requests_to(MESSAGES);
+    assert_eq!(seen.len(), 1);
+    let last = seen[0].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    let prefill = words(0..12).concat();
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": prefill.trim_end()})
+    );
+}
