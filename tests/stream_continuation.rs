@@ -459,3 +459,59 @@ fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
         json!({"role": "assistant", "content": prefill.trim_end()})
     );
 }
+
+#[test]
+fn with_no_candidate_able_to_continue_the_stream_ends_with_the_in_band_error() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, delivered) = cut_after_25(&a);
+    b.on_always(CHAT, Reply::error(500, "overloaded"));
+    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // a's words, then one in-band error naming the cut; b's 500 never reaches the stream.
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(rest.starts_with("data: {\"error\":"), "{rest}");
+    assert!(
+        rest.contains("no candidate could continue the stream"),
+        "{rest}"
+    );
+    assert!(!rest.contains("overloaded"), "{rest}");
+    assert_eq!(rest.matches("data: ").count(), 1, "{rest}");
+    assert!(!terminated);
+    let seen = b.requests_to(CHAT);
+    assert_eq!(seen.len(), 1);
+    let last = seen[0].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last, json!({"role": "assistant", "content": delivered}));
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
+}
+
+#[test]
+fn a_candidate_of_the_other_format_is_not_asked_to_continue() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, _) = cut_after_25(&a);
+    b.on_always(MESSAGES, Reply::anthropic_stream(&["never"]));
+    // b speaks Anthropic: a continuation would have to be translated, so it is passed over.
+    let cfg = config(&a, &b, "openai", &on(5_000)).replace(
+        "id = \"b\"\nformat = \"openai\"",
+        "id = \"b\"\nformat = \"anthropic\"",
+    );
+    assert!(cfg.contains("format = \"anthropic\""), "{cfg}");
+    let gw = Gateway::start(&cfg);
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(rest.starts_with("data: {\"error\":"), "{rest}");
+    assert!(!terminated);
+    assert_eq!(b.total_hits(), 0);
+}

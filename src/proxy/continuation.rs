@@ -32,8 +32,8 @@ use serde_json::{Value, json};
 
 use super::After;
 use super::respond::stream_error_event;
-use super::stream::put_piece;
 use crate::error::{ErrorKind, GatewayError};
+use crate::http1::write_chunk;
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Shard;
 use crate::providers::Endpoint;
@@ -388,10 +388,8 @@ impl Splice {
                 Some("thinking_delta" | "signature_delta") => {}
                 _ => self.off = true,
             },
-            "content_block_stop" => {
-                if index.is_some() && index == self.open_block {
-                    self.open_block = None;
-                }
+            "content_block_stop" if index.is_some() && index == self.open_block => {
+                self.open_block = None;
             }
             "message_delta" | "message_stop" => self.off = true,
             _ => {}
@@ -760,6 +758,15 @@ fn emit(out: &mut BytesMut, name: Option<&str>, v: &Value) {
     ev.extend_from_slice(v.to_string().as_bytes());
     ev.extend_from_slice(b"\n\n");
     put_piece(out, &ev, true);
+}
+
+/// Appends a piece for the client, as one chunk when `chunked`.
+fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
+    if chunked {
+        write_chunk(out, piece);
+    } else {
+        out.extend_from_slice(piece);
+    }
 }
 
 /// The end of the last complete event in `buf` (just past its blank line), 0 when none.

@@ -344,10 +344,8 @@ async fn relay_answer(
                 if chunked {
                     write_last_chunk(&mut out);
                 }
-                if !out.is_empty() {
-                    if write_all(client, out).await.is_err() {
-                        return (After::Close, Ended::Success);
-                    }
+                if !out.is_empty() && write_all(client, out).await.is_err() {
+                    return (After::Close, Ended::Success);
                 }
                 continue;
             }
