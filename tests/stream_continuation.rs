@@ -515,3 +515,46 @@ fn a_candidate_of_the_other_format_is_not_asked_to_continue() {
     assert!(!terminated);
     assert_eq!(b.total_hits(), 0);
 }
+
+#[test]
+fn a_combo_stream_cut_mid_answer_is_continued_by_its_next_target() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, delivered) = cut_after_25(&a);
+    let mut b_chunks: Vec<String> = ["word24 word25 ", "done."]
+        .map(|t| b_text("b-4", t))
+        .to_vec();
+    b_chunks.push(b_chunk("b-4", "{}", "\"stop\""));
+    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
+    let cfg = format!(
+        "{}[[combos]]\nname = \"duo\"\ntargets = [\"a/m1\", \"b/m1\"]\n",
+        config(&a, &b, "openai", &on(5_000))
+    );
+    let gw = Gateway::start(&cfg);
+    let ask_duo = ASK.replace("\"m1\"", "\"duo\"");
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, &ask_duo);
+    assert_eq!(status, 200);
+    // b repeats only "word24 " (7 characters, under the 8-character minimum): nothing is
+    // skipped.
+    let mut want = a_sent;
+    want.push_str(&b_text("chatcmpl-mock", "word24 word25 "));
+    want.push_str(&b_text("chatcmpl-mock", "done."));
+    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str("data: [DONE]\n\n");
+    assert_eq!(body, want);
+    assert!(terminated);
+    // b was asked for its own model, with the prefill.
+    let seen = b.requests_to(CHAT);
+    assert_eq!(seen.len(), 1);
+    let sent = seen[0].json();
+    assert_eq!(sent["model"], "m1");
+    let last = sent["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last, json!({"role": "assistant", "content": delivered}));
+    assert_eq!(a.hits(CHAT), 1);
+}

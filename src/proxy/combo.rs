@@ -134,7 +134,19 @@ pub(super) async fn serve(
     };
     let (body, notes) = super::relay::prepare(shard, endpoint, &mut plan, body).await;
     let req = Request::new(shard, head, endpoint, &body, &plan, notes);
-    run(shard, &req, combo, &mut downstream).await
+    let after = run(shard, &req, combo, &mut downstream).await;
+    // A stream cut after its first byte: the targets after the one that cut it may continue
+    // it (mid-stream continuation, in the combo's order, without its retries and waits).
+    if let Some(s) = downstream.splice.as_ref().filter(|s| s.cut_pending()) {
+        let cut_at = s
+            .cut_candidate()
+            .and_then(|at| plan.candidates.iter().position(|c| c == at))
+            .unwrap_or(usize::MAX);
+        let mut walk = super::relay::Walk::default();
+        return super::relay::continue_stream(shard, &req, cut_at, &mut walk, &mut downstream)
+            .await;
+    }
+    after
 }
 
 /// Runs the combo `combo` of `req.plan`.

@@ -32,11 +32,13 @@ use serde_json::{Value, json};
 
 use super::After;
 use super::respond::stream_error_event;
+use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::write_chunk;
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Shard;
 use crate::providers::Endpoint;
+use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
 use crate::sse::Scanner;
 
@@ -96,6 +98,8 @@ pub struct Splice {
     matched: usize,
     /// Trailing whitespace of the delivered text left out of an Anthropic prefill.
     trimmed: usize,
+    /// The candidate whose stream was cut last (a combo finds its place in the plan).
+    cut_on: Option<(Target, ConnectionId)>,
     /// OpenAI: the first part's chunk id.
     id: Option<String>,
     /// Anthropic: the index of the text block the client has open, the next free index, and
@@ -129,6 +133,7 @@ impl Splice {
             pending_len: 0,
             matched: 0,
             trimmed: 0,
+            cut_on: None,
             id: None,
             open_block: None,
             next_block: 0,
@@ -164,6 +169,16 @@ impl Splice {
         }
         self.cut = Some(e.clone());
         true
+    }
+
+    /// Notes the candidate whose stream was cut.
+    pub fn cut_on(&mut self, target: &Target, connection: ConnectionId) {
+        self.cut_on = Some((target.clone(), connection));
+    }
+
+    /// The candidate whose stream was cut last.
+    pub fn cut_candidate(&self) -> Option<&(Target, ConnectionId)> {
+        self.cut_on.as_ref()
     }
 
     /// The stream was cut and waits for a continuation.

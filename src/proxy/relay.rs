@@ -162,42 +162,18 @@ pub async fn run(
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
-    // A stream cut after its first byte and waiting for a continuation: the failure that
-    // cut it, and the request that asks the next candidate to go on (mid-stream
-    // continuation, `proxy::continuation`).
-    let mut broken: Option<GatewayError> = None;
-    let mut cont: Option<(Bytes, Plan)> = None;
     for (i, (target, connection)) in plan.candidates.iter().enumerate() {
         if walk.exhausted.rules_out(target.provider, *connection) {
-            continue;
-        }
-        // A continuation is spliced into the client's stream as it comes: same format only.
-        if broken.is_some()
-            && Translation::between(endpoint, shard.config().provider(target.provider).format)
-                .is_some()
-        {
             continue;
         }
         let combo = plan.combo.map(|_| ComboAttempt {
             next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
         });
-        let cont_request = cont.as_ref().map(|(body, plan)| Request {
-            body,
-            plan,
-            budgets: Budgets::of(shard),
-            notes: request.notes.clone(),
-            ..request
-        });
         let mut reopened = false;
-        let mut replay = false;
         let end = loop {
-            let req = match &cont_request {
-                Some(r) if !replay => r,
-                _ => &request,
-            };
             let end = attempt(
                 shard,
-                req,
+                &request,
                 target,
                 *connection,
                 combo,
@@ -211,33 +187,17 @@ pub async fn run(
                     walk.early_retries += 1;
                     last = Some(failure);
                 }
-                // The target refused the prefill: the original request once more, used if
-                // its answer repeats what the client has.
-                AttemptEnd::MoveOn(failure)
-                    if !replay && refused_prefill(&downstream, &failure) =>
-                {
-                    replay = true;
-                    if let Some(s) = downstream.splice.as_mut() {
-                        s.begin(true);
-                    }
-                    last = Some(failure);
-                }
                 end => break end,
             }
         };
         match end {
             AttemptEnd::Done(after) => {
-                let Some(s) = downstream.splice.as_mut().filter(|s| s.cut_pending()) else {
-                    return after;
-                };
-                broken = s.take_cut();
-                match continuation_request(&request, s) {
-                    Some(c) => {
-                        s.begin(false);
-                        cont = Some(c);
-                    }
-                    None => break,
+                // A stream cut after its first byte: the candidates after this one may
+                // continue it.
+                if downstream.splice.as_ref().is_some_and(|s| s.cut_pending()) {
+                    return continue_stream(shard, &request, i, &mut walk, &mut downstream).await;
                 }
+                return after;
             }
             AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
                 note_budget(shard, &mut budget_spent, target, &failure);
@@ -253,11 +213,6 @@ pub async fn run(
                 break;
             }
         }
-    }
-    // The client holds a cut stream no candidate went on with: it ends with the in-band
-    // error.
-    if let Some(e) = broken {
-        return continuation::give_up(shard, &e, endpoint, downstream.client).await;
     }
     // Nothing answered because the connections are known to be out of credits: the same
     // spent budget.
@@ -284,6 +239,94 @@ pub async fn run(
         &mut downstream,
     )
     .await
+}
+
+/// Goes on with a client stream cut after its first byte (mid-stream continuation,
+/// `proxy::continuation`): the candidates after `cut_at` of the request's plan, same format
+/// only, are asked in order with the delivered text as an assistant prefill; one that
+/// refuses the prefill gets the original request once more. Its answer is spliced into the
+/// open stream; a continuation cut in turn goes on with the candidates after it. With no
+/// candidate left the stream ends with the in-band error.
+pub(super) async fn continue_stream(
+    shard: &Shard,
+    request: &Request<'_>,
+    cut_at: usize,
+    walk: &mut Walk,
+    down: &mut Downstream<'_>,
+) -> After {
+    let plan = request.plan;
+    let mut broken: Option<GatewayError> = None;
+    let mut cont: Option<(Bytes, Plan)> = None;
+    for (i, (target, connection)) in plan.candidates.iter().enumerate() {
+        // Taken up after each cut: the cut's failure and the request with the new prefill.
+        if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
+            broken = s.take_cut();
+            match continuation_request(request, s) {
+                Some(c) => {
+                    s.begin(false);
+                    cont = Some(c);
+                }
+                None => break,
+            }
+        }
+        if i <= cut_at {
+            continue;
+        }
+        // Spliced into the client's stream as it comes: same format only.
+        let format = shard.config().provider(target.provider).format;
+        if walk.exhausted.rules_out(target.provider, *connection)
+            || Translation::between(request.endpoint, format).is_some()
+        {
+            continue;
+        }
+        let Some((body, cont_plan)) = cont.as_ref() else {
+            break;
+        };
+        let cont_request = Request {
+            body,
+            plan: cont_plan,
+            budgets: Budgets::of(shard),
+            notes: request.notes.clone(),
+            ..*request
+        };
+        let combo = plan.combo.map(|_| ComboAttempt {
+            next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
+        });
+        let (mut reopened, mut replay) = (false, false);
+        let end = loop {
+            let req = if replay { request } else { &cont_request };
+            let end = attempt(shard, req, target, *connection, combo, walk, down).await;
+            match end {
+                AttemptEnd::Early(_) if !reopened && walk.may_retry_early(shard) => {
+                    reopened = true;
+                    walk.early_retries += 1;
+                }
+                // The target refused the prefill: the original request once more, used if
+                // its answer repeats what the client has.
+                AttemptEnd::MoveOn(failure) if !replay && refused_prefill(down, &failure) => {
+                    replay = true;
+                    if let Some(s) = down.splice.as_mut() {
+                        s.begin(true);
+                    }
+                }
+                end => break end,
+            }
+        };
+        match end {
+            AttemptEnd::Done(after) => {
+                if !down.splice.as_ref().is_some_and(|s| s.cut_pending()) {
+                    return after;
+                }
+            }
+            AttemptEnd::MoveOn(_) | AttemptEnd::Early(_) | AttemptEnd::Skipped(_) => {}
+            AttemptEnd::Stop(_) => break,
+        }
+    }
+    let cut = down.splice.as_mut().and_then(|s| s.take_cut()).or(broken);
+    match cut {
+        Some(e) => continuation::give_up(shard, &e, request.endpoint, down.client).await,
+        None => After::Close,
+    }
 }
 
 /// The request that asks the next candidate to continue a cut stream: the original body
@@ -805,11 +848,8 @@ pub(super) async fn deliver(
                 drop(_held);
                 return AttemptEnd::Done(after);
             }
-            // Mid-stream continuation (direct requests): the splice follows the stream.
-            if down.splice.is_none()
-                && config.resilience.stream_recovery.continue_mid_stream
-                && req.plan.combo.is_none()
-            {
+            // Mid-stream continuation: the splice follows the stream.
+            if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
                 down.splice = Splice::new(req.endpoint).map(Box::new);
             }
             let (after, ended) = stream::commit(
@@ -831,6 +871,9 @@ pub(super) async fn deliver(
                 down.splice.as_deref_mut(),
             )
             .await;
+            if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
+                s.cut_on(attempted.target, attempted.connection);
+            }
             attempted.end(ended).await;
             drop(_held);
             AttemptEnd::Done(after)
