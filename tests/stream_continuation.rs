@@ -558,3 +558,61 @@ fn a_combo_stream_cut_mid_answer_is_continued_by_its_next_target() {
     assert_eq!(last, json!({"role": "assistant", "content": delivered}));
     assert_eq!(a.hits(CHAT), 1);
 }
+
+#[test]
+fn a_continuation_cut_in_turn_is_continued_by_the_candidate_after_it() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let c = MockUpstream::start();
+    let (a_sent, _) = cut_after_25(&a);
+    // b goes on for 25 words (175 bytes: past the 160-byte overlap window, so they reach
+    // the client) and is cut too; c finishes.
+    let b_words = words(25..50);
+    let mut b_steps = raw(&b_words.iter().map(|w| b_text("b-5", w)).collect::<Vec<_>>());
+    b_steps.push(Chunk::close());
+    b.on_always(CHAT, Reply::sse(b_steps));
+    let c_chunks = vec![
+        b_text("c-1", "finally."),
+        b_chunk("c-1", "{}", "\"stop\""),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    c.on_always(CHAT, Reply::sse(raw(&c_chunks)));
+    let cfg = format!(
+        "{}{}{}",
+        config(&a, &b, "openai", ""),
+        provider("c", &c.base_url(), &["m1"]),
+        connection("third", "c"),
+    ) + &on(5_000);
+    let gw = Gateway::start(&cfg);
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // a's words, b's, c's; c is asked with all 50 words delivered.
+    let mut want = a_sent;
+    for w in &b_words {
+        want.push_str(&b_text("chatcmpl-mock", w));
+    }
+    want.push_str(&b_text("chatcmpl-mock", "finally."));
+    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str("data: [DONE]\n\n");
+    assert_eq!(body, want);
+    assert!(terminated);
+    let last = |m: &MockUpstream| {
+        let seen = m.requests_to(CHAT);
+        assert_eq!(seen.len(), 1);
+        seen[0].json()["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        last(&b),
+        json!({"role": "assistant", "content": words(0..25).concat()})
+    );
+    assert_eq!(
+        last(&c),
+        json!({"role": "assistant", "content": words(0..50).concat()})
+    );
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+}
