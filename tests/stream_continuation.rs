@@ -616,3 +616,31 @@ fn a_continuation_cut_in_turn_is_continued_by_the_candidate_after_it() {
     );
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
 }
+
+#[test]
+fn a_translated_stream_cut_mid_answer_still_ends_with_the_in_band_error() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    // a speaks Anthropic (translated for the chat client) and is cut after three words.
+    let mut steps = anthropic_stream_chunks(&["one ", "two ", "three "]);
+    steps.truncate(5);
+    steps.push(Chunk::close());
+    a.on_always(MESSAGES, Reply::sse(steps));
+    b.on_always(CHAT, Reply::openai_stream(&["never"]));
+    let cfg = config(&a, &b, "openai", &on(5_000)).replace(
+        "id = \"a\"\nformat = \"openai\"",
+        "id = \"a\"\nformat = \"anthropic\"",
+    );
+    assert!(cfg.contains("format = \"anthropic\""), "{cfg}");
+    let gw = Gateway::start(&cfg);
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // The translated words reach the client, then the in-band error, as without
+    // continuation: a translated stream is not continued (docs/compat.md).
+    let (text, done) = content(&body);
+    assert_eq!((text.as_str(), done), ("one two three ", 0), "{body}");
+    let last = body.trim_end().lines().last().unwrap();
+    assert!(last.starts_with("data: {\"error\":"), "{body}");
+    assert!(!terminated);
+    assert_eq!(b.hits(CHAT), 0);
+}
