@@ -644,3 +644,41 @@ fn a_translated_stream_cut_mid_answer_still_ends_with_the_in_band_error() {
     assert!(!terminated);
     assert_eq!(b.hits(CHAT), 0);
 }
+
+#[test]
+fn a_client_that_hangs_up_while_the_continuation_is_awaited_cancels_it() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, _) = cut_after_25(&a);
+    // b takes the continuation request and never answers it.
+    b.on_always(CHAT, Reply::stall_before_head());
+    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
+    let mut c = Client::connect(gw.addr());
+    c.start_request("POST", CHAT, &[], ASK.as_bytes());
+    assert_eq!(c.read_head().status, 200);
+    let mut body = Vec::new();
+    while body.len() < a_sent.len() {
+        match c.next_body_piece(Duration::from_secs(10)) {
+            Piece::Data(d) => body.extend_from_slice(&d),
+            other => panic!("{other:?} after {:?}", String::from_utf8_lossy(&body)),
+        }
+    }
+    assert_eq!(String::from_utf8(body).unwrap(), a_sent);
+    b.wait_for_hits(CHAT, 1, Duration::from_secs(10));
+    drop(c);
+    // b sees the hang-up; nothing is left in flight but the scrape.
+    b.wait_until(Duration::from_secs(10), "b's connection closed", |m| {
+        m.open_connections() == 0
+    });
+    eventually(Duration::from_secs(10), "everything released", || {
+        (flow_held(gw.addr()) == 0 && metric(gw.addr(), "tidegate_requests_in_flight") == 1)
+            .then_some(())
+    });
+    assert_eq!(
+        metric(
+            gw.addr(),
+            "tidegate_requests_abandoned_total{phase=\"response\"}"
+        ),
+        1
+    );
+}
