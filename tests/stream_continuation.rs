@@ -197,6 +197,12 @@ fn a_cut_after_25_tokens_is_continued_by_the_next_target_without_repeated_text()
     assert_eq!(seen[0].json(), expected);
     assert_eq!(a.hits(CHAT), 1);
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+    // The token counters take the client's usage block, once.
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 15);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        30
+    );
 }
 
 #[test]
@@ -457,6 +463,12 @@ fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
     assert_eq!(
         last,
         json!({"role": "assistant", "content": prefill.trim_end()})
+    );
+    // The token counters take the client's usage: a's prompt once, 12 + 4 output tokens.
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        16
     );
 }
 

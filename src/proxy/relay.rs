@@ -324,7 +324,10 @@ pub(super) async fn continue_stream(
     }
     let cut = down.splice.as_mut().and_then(|s| s.take_cut()).or(broken);
     match cut {
-        Some(e) => continuation::give_up(shard, &e, request.endpoint, down.client).await,
+        Some(e) => {
+            let splice = down.splice.as_deref_mut();
+            continuation::give_up(shard, splice, &e, request.endpoint, down.client).await
+        }
         None => After::Close,
     }
 }
@@ -500,7 +503,9 @@ pub(super) async fn emergency(
         match attempt(shard, &request, target, *connection, None, walk, down).await {
             AttemptEnd::Done(after) => {
                 if let Some(e) = down.splice.as_mut().and_then(|s| s.take_cut()) {
-                    let after = continuation::give_up(shard, &e, req.endpoint, down.client).await;
+                    let splice = down.splice.as_deref_mut();
+                    let after =
+                        continuation::give_up(shard, splice, &e, req.endpoint, down.client).await;
                     return Some(after);
                 }
                 return Some(after);

@@ -172,7 +172,7 @@ pub async fn commit(
     mut wd: Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
-    splice: Option<&mut Splice>,
+    mut splice: Option<&mut Splice>,
 ) -> (After, Ended) {
     let ended = relay_answer(
         shard,
@@ -190,16 +190,27 @@ pub async fn commit(
         &mut wd,
         log,
         active,
-        splice,
+        splice.as_deref_mut(),
     )
     .await;
-    if let Some(w) = &wd {
-        let usage = w.usage();
-        let m = shard.metrics();
-        m.usage_prompt_tokens
-            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
-        m.usage_completion_tokens
-            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+    // A spliced stream counts the usage of the whole answer once, when it is over
+    // (`continuation::Splice::count_usage`).
+    match splice {
+        Some(s) if s.spliced() => {
+            if !s.cut_pending() {
+                s.count_usage(shard);
+            }
+        }
+        _ => {
+            if let Some(w) = &wd {
+                let usage = w.usage();
+                let m = shard.metrics();
+                m.usage_prompt_tokens
+                    .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+                m.usage_completion_tokens
+                    .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+            }
+        }
     }
     ended
 }

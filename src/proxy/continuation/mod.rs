@@ -92,6 +92,8 @@ pub struct Splice {
     // Usage: the prompt (counted once) and the completion tokens of finished parts.
     prompt: Option<u64>,
     completion_before: u64,
+    /// Some part reported usage.
+    reported: bool,
     /// Text deltas of the current part (the estimate when it reports no usage).
     part_deltas: u64,
     part_completion: Option<u64>,
@@ -130,6 +132,7 @@ impl Splice {
             replayed: false,
             prompt: None,
             completion_before: 0,
+            reported: false,
             part_deltas: 0,
             part_completion: None,
             pending: Vec::new(),
@@ -182,6 +185,25 @@ impl Splice {
     /// The candidate whose stream was cut last.
     pub fn cut_candidate(&self) -> Option<&(Target, ConnectionId)> {
         self.cut_on.as_ref()
+    }
+
+    /// The stream was cut or is being continued: its usage is the splice's to count.
+    pub fn spliced(&self) -> bool {
+        self.continuing() || self.cut_pending()
+    }
+
+    /// Adds the whole answer's usage (what the client's usage block says) to the token
+    /// counters, once, when the spliced stream is over; nothing when no part reported usage.
+    pub fn count_usage(&mut self, shard: &Shard) {
+        if !std::mem::take(&mut self.reported) {
+            return;
+        }
+        let (prompt, completion) = self.totals(self.part_completion.unwrap_or(self.part_deltas));
+        let m = shard.metrics();
+        m.usage_prompt_tokens
+            .fetch_add(prompt, std::sync::atomic::Ordering::Relaxed);
+        m.usage_completion_tokens
+            .fetch_add(completion, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The stream was cut and waits for a continuation.
@@ -341,6 +363,7 @@ impl Splice {
 
     /// A usage report of the current part.
     fn note_usage(&mut self, prompt: Option<u64>, completion: Option<u64>) {
+        self.reported |= prompt.is_some() || completion.is_some();
         if let Some(c) = completion {
             self.part_completion = Some(c);
         }
@@ -478,11 +501,15 @@ impl Splice {
 /// endpoint's shape and a close without the chunked terminator (as any broken stream).
 pub async fn give_up(
     shard: &Shard,
+    splice: Option<&mut Splice>,
     cut: &GatewayError,
     endpoint: Endpoint,
     client: &mut ClientStream,
 ) -> After {
     bump(&shard.metrics().streams_broken);
+    if let Some(s) = splice {
+        s.count_usage(shard);
+    }
     let err = GatewayError::new(
         cut.kind,
         format!("{}; no candidate could continue the stream", cut.message),
