@@ -233,6 +233,9 @@ pub struct Provider {
     pub ca_file: Option<PathBuf>,
     /// When this provider's daily quotas reset; `None` = midnight UTC.
     pub daily_reset: Option<DailyResetClock>,
+    /// An `openai`-format provider serves `/v1/responses` itself (the default); `false`:
+    /// it speaks only Chat Completions, and Responses requests are translated for it.
+    pub responses_api: bool,
 }
 
 /// A provider's daily quota reset: `hour` o'clock at `utc_offset_minutes` east of UTC.

@@ -98,6 +98,7 @@ pub struct RawProvider {
     pub ca_file: Option<String>,
     pub daily_reset_hour: Option<i64>,
     pub daily_reset_utc_offset_minutes: Option<i64>,
+    pub responses_api: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

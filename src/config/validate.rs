@@ -658,6 +658,12 @@ impl Loader<'_> {
                 }
                 path
             });
+            if p.responses_api.is_some() && format != Some(ProviderFormat::Openai) {
+                self.problem(
+                    format!("{key}.responses_api"),
+                    "only meaningful for format = \"openai\"; remove it",
+                );
+            }
             out.push(Provider {
                 id: ProviderId(u16::try_from(i).unwrap_or(u16::MAX)),
                 name,
@@ -669,6 +675,7 @@ impl Loader<'_> {
                 headers,
                 ca_file,
                 daily_reset,
+                responses_api: p.responses_api.unwrap_or(true),
             });
         }
         out

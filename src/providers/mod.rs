@@ -46,13 +46,14 @@ impl Endpoint {
     }
 }
 
-/// Does a provider of this format serve the endpoint as is (no translation)?
-pub fn serves(format: ProviderFormat, endpoint: Endpoint) -> bool {
-    match format {
-        ProviderFormat::Openai => matches!(
-            endpoint,
-            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings
-        ),
+/// Does the provider serve the endpoint as is (no translation)?
+pub fn serves(provider: &Provider, endpoint: Endpoint) -> bool {
+    match provider.format {
+        ProviderFormat::Openai => match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Embeddings => true,
+            Endpoint::Responses => provider.responses_api,
+            Endpoint::Messages | Endpoint::CountTokens => false,
+        },
         ProviderFormat::Anthropic => matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens),
         ProviderFormat::Mock => true,
     }

@@ -415,8 +415,8 @@ fn plan(
     for t in resolved.targets {
         let provider = config.provider(t.provider);
         // A provider of the other format is reached through translation.
-        let reachable = serves(provider.format, endpoint)
-            || Translation::between(endpoint, provider.format).is_some();
+        let reachable =
+            serves(provider, endpoint) || Translation::between(endpoint, provider).is_some();
         if !reachable {
             continue;
         }

@@ -449,7 +449,7 @@ pub(super) async fn emergency(
     let config = shard.config();
     let fb = config.emergency_fallback.as_ref()?;
     let provider = config.provider(fb.provider);
-    if !crate::providers::serves(provider.format, req.endpoint) {
+    if !crate::providers::serves(provider, req.endpoint) {
         return None;
     }
     let target = Target {
@@ -771,7 +771,7 @@ pub(super) struct Streaming<'s> {
     attempted: Attempted<'s>,
     /// The provider is of the other format: the answer is translated (and whether the
     /// OpenAI client asked for the usage chunk).
-    translation: Option<(Translation, bool)>,
+    translation: Option<(Translation, super::translate::Carry)>,
     up: upstream::Up,
     first: Option<Bytes>,
     wd: Option<super::watchdog::Watchdog>,
@@ -826,10 +826,10 @@ pub(super) async fn deliver(
             let conn = config.connection(attempted.connection);
             down.committed.set(true);
             down.log.upstream(&provider.name, &conn.name, attempts);
-            if let Some((t, include_usage)) = translation {
+            if let Some((t, carry)) = translation {
                 let tr = super::translate::Translated {
                     translation: t,
-                    include_usage,
+                    carry,
                     provider,
                     conn,
                     attempts,
@@ -902,7 +902,7 @@ pub(super) async fn open<'s>(
     let config = shard.config();
     // A provider of the other format gets the request translated (before anything is
     // admitted: a field its format cannot express rules the candidate out).
-    let translation = Translation::between(req.endpoint, config.provider(target.provider).format);
+    let translation = Translation::between(req.endpoint, config.provider(target.provider));
     let translated = match translation {
         Some(t) => match super::translate::request_body(t, req.body, &target.model) {
             Ok(tr) => Some(tr),
@@ -972,12 +972,12 @@ pub(super) async fn open<'s>(
     let bound = deadline::earliest(req.deadline, active);
     // Forward, within the execution budget when the connection has a request queue (spec
     // B §1.3: separate from the time spent queued).
-    let (body, include_usage) = match translated {
+    let (body, carry) = match translated {
         Some(tr) => tr,
-        None if target.model == req.plan.peek.model => (req.body.clone(), false),
+        None if target.model == req.plan.peek.model => (req.body.clone(), Default::default()),
         None => (
             peek::rewrite_model(req.body, req.plan.peek.model_span.clone(), &target.model),
-            false,
+            Default::default(),
         ),
     };
     let sent_ns = shard.now().mono_ns;
@@ -1205,7 +1205,7 @@ pub(super) async fn open<'s>(
     };
     Opened::Ready(Ready::Stream(Box::new(Streaming {
         attempted,
-        translation: translation.map(|t| (t, include_usage)),
+        translation: translation.map(|t| (t, carry)),
         up,
         first,
         wd,

@@ -21,6 +21,7 @@ use crate::net::downstream::unless_client_gone;
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
+use crate::providers::translate::responses::{self, Echo};
 use crate::providers::translate::stream::StreamTranslator;
 use crate::providers::translate::{Refused, Translation, error, request, response};
 use crate::shard::metrics::{Abandoned, bump};
@@ -31,27 +32,55 @@ const MAX_TRANSLATED_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// The header naming the translation an answer went through.
 pub const TRANSLATED_HEADER: &str = "x-tidegate-translated";
 
-/// A request body translated for the provider, and whether an OpenAI client asked for the
-/// usage chunk.
+/// What the answer's translation needs to know about the request.
+#[derive(Clone, Debug, Default)]
+pub struct Carry {
+    /// An OpenAI chat client asked for the usage chunk.
+    pub include_usage: bool,
+    /// A Responses client: the settings its response objects repeat.
+    pub echo: Echo,
+}
+
+/// A request body translated for the provider, and what its answer's translation needs.
 pub fn request_body(
     t: Translation,
     body: &[u8],
     model: &str,
-) -> Result<(Bytes, bool), GatewayError> {
-    let done = match t {
-        Translation::ChatToMessages => request::chat_to_messages(body, model),
-        Translation::MessagesToChat => request::messages_to_chat(body, model),
+) -> Result<(Bytes, Carry), GatewayError> {
+    let plain = |tr: request::Translated| {
+        let carry = Carry {
+            include_usage: tr.include_usage,
+            echo: Echo::default(),
+        };
+        (Bytes::from(tr.body), carry)
     };
-    match done {
-        Ok(tr) => Ok((Bytes::from(tr.body), tr.include_usage)),
-        Err(r) => Err(refused(t, r)),
-    }
+    let with_echo = |(body, echo): (Vec<u8>, Echo)| {
+        let carry = Carry {
+            include_usage: false,
+            echo,
+        };
+        (Bytes::from(body), carry)
+    };
+    let done = match t {
+        Translation::ChatToMessages => request::chat_to_messages(body, model).map(plain),
+        Translation::MessagesToChat => request::messages_to_chat(body, model).map(plain),
+        Translation::ResponsesToChat => {
+            responses::translate_request(body, model, false).map(with_echo)
+        }
+        Translation::ResponsesToMessages => {
+            responses::translate_request(body, model, true).map(with_echo)
+        }
+    };
+    done.map_err(|r| refused(t, r))
 }
 
 fn refused(t: Translation, r: Refused) -> GatewayError {
     let target = match t {
-        Translation::ChatToMessages => "an Anthropic-format provider",
+        Translation::ChatToMessages | Translation::ResponsesToMessages => {
+            "an Anthropic-format provider"
+        }
         Translation::MessagesToChat => "an OpenAI-format provider",
+        Translation::ResponsesToChat => "a Chat-Completions-only provider",
     };
     GatewayError::new(
         ErrorKind::UntranslatableRequest,
@@ -75,7 +104,7 @@ pub fn reshape_error(b: &mut Buffered, t: Translation) {
 /// What [`commit`] needs besides the upstream answer.
 pub struct Translated<'a> {
     pub translation: Translation,
-    pub include_usage: bool,
+    pub carry: Carry,
     pub provider: &'a Provider,
     pub conn: &'a Connection,
     pub attempts: usize,
@@ -84,8 +113,8 @@ pub struct Translated<'a> {
 
 fn dialect(t: Translation) -> Dialect {
     match t {
-        Translation::ChatToMessages => Dialect::OpenAi,
         Translation::MessagesToChat => Dialect::Anthropic,
+        _ => Dialect::OpenAi,
     }
 }
 
@@ -145,7 +174,8 @@ pub async fn commit(
         );
     }
     log.responding(shard, status);
-    let mut translator = StreamTranslator::new(t, tr.include_usage, created);
+    let mut translator =
+        StreamTranslator::new(t, tr.carry.include_usage, created).with_echo(tr.carry.echo.clone());
     let mut piece_out: Vec<u8> = Vec::with_capacity(1024);
     let mut ended = first.is_none();
     if let Some(piece) = first {
@@ -277,6 +307,12 @@ async fn commit_whole(
     let translated = match t {
         Translation::ChatToMessages => response::message_to_completion(&body, created),
         Translation::MessagesToChat => response::completion_to_message(&body),
+        Translation::ResponsesToChat => {
+            responses::translate_answer(&body, false, &tr.carry.echo, created)
+        }
+        Translation::ResponsesToMessages => {
+            responses::translate_answer(&body, true, &tr.carry.echo, created)
+        }
     };
     let Ok(translated) = translated else {
         let e = GatewayError::new(

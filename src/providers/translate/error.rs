@@ -45,6 +45,10 @@ fn message_of(v: Option<&Value>, raw: &[u8]) -> String {
 /// The upstream's error body `body` (answered with `status`) in the client's shape for
 /// `translation`.
 pub fn reshape(body: &[u8], status: u16, translation: Translation) -> Vec<u8> {
+    // Chat Completions and Responses share OpenAI's error shape.
+    if translation == Translation::ResponsesToChat {
+        return body.to_vec();
+    }
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let message = message_of(parsed.as_ref(), body);
     let upstream_type = parsed
@@ -54,7 +58,7 @@ pub fn reshape(body: &[u8], status: u16, translation: Translation) -> Vec<u8> {
         .and_then(Value::as_str);
     let out = match translation {
         // The client speaks OpenAI; the upstream answered in Anthropic's shape.
-        Translation::ChatToMessages => {
+        Translation::ChatToMessages | Translation::ResponsesToMessages => {
             let t = match upstream_type {
                 Some("overloaded_error" | "api_error") => "server_error",
                 Some(t) => t,
@@ -63,7 +67,7 @@ pub fn reshape(body: &[u8], status: u16, translation: Translation) -> Vec<u8> {
             json!({"error": {"message": message, "type": t, "param": null, "code": upstream_type}})
         }
         // The client speaks Anthropic; the upstream answered in OpenAI's shape.
-        Translation::MessagesToChat => {
+        Translation::MessagesToChat | Translation::ResponsesToChat => {
             json!({"type": "error", "error": {"type": anthropic_type_of(status), "message": message}})
         }
     };

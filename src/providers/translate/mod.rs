@@ -7,15 +7,18 @@
 //! - [`response`]: a complete (non-stream) answer back into the client's format.
 //! - [`stream`]: a stateful event-by-event stream translator fed arbitrary byte pieces.
 //! - [`error`]: an upstream error body re-shaped into the client's error format.
+//! - [`responses`]: the Responses API served by a Chat-Completions-only or an Anthropic
+//!   provider (through the Chat Completions form and the converters above).
 //!
 //! `docs/translation.md` is the field map.
 
 pub mod error;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod stream;
 
-use crate::config::ProviderFormat;
+use crate::config::{Provider, ProviderFormat};
 use crate::providers::Endpoint;
 
 /// Which way a request crosses formats.
@@ -25,17 +28,28 @@ pub enum Translation {
     ChatToMessages,
     /// An Anthropic Messages client served by an OpenAI Chat Completions provider.
     MessagesToChat,
+    /// An OpenAI Responses client served by an OpenAI-format provider that speaks only
+    /// Chat Completions (`responses_api = false`).
+    ResponsesToChat,
+    /// An OpenAI Responses client served by an Anthropic Messages provider.
+    ResponsesToMessages,
 }
 
 impl Translation {
-    /// The translation a request on `endpoint` needs to reach a provider of `format`, if
-    /// any (and if one exists: `None` also when the provider serves the endpoint as is).
-    pub fn between(endpoint: Endpoint, format: ProviderFormat) -> Option<Translation> {
-        match (endpoint, format) {
+    /// The translation a request on `endpoint` needs to reach `provider`, if any (and if
+    /// one exists: `None` also when the provider serves the endpoint as is).
+    pub fn between(endpoint: Endpoint, provider: &Provider) -> Option<Translation> {
+        match (endpoint, provider.format) {
             (Endpoint::ChatCompletions, ProviderFormat::Anthropic) => {
                 Some(Translation::ChatToMessages)
             }
             (Endpoint::Messages, ProviderFormat::Openai) => Some(Translation::MessagesToChat),
+            (Endpoint::Responses, ProviderFormat::Openai) if !provider.responses_api => {
+                Some(Translation::ResponsesToChat)
+            }
+            (Endpoint::Responses, ProviderFormat::Anthropic) => {
+                Some(Translation::ResponsesToMessages)
+            }
             _ => None,
         }
     }
@@ -43,8 +57,8 @@ impl Translation {
     /// The provider's endpoint the translated request goes to.
     pub fn upstream_endpoint(self) -> Endpoint {
         match self {
-            Translation::ChatToMessages => Endpoint::Messages,
-            Translation::MessagesToChat => Endpoint::ChatCompletions,
+            Translation::ChatToMessages | Translation::ResponsesToMessages => Endpoint::Messages,
+            Translation::MessagesToChat | Translation::ResponsesToChat => Endpoint::ChatCompletions,
         }
     }
 
@@ -53,6 +67,7 @@ impl Translation {
         match self {
             Translation::ChatToMessages => Endpoint::ChatCompletions,
             Translation::MessagesToChat => Endpoint::Messages,
+            Translation::ResponsesToChat | Translation::ResponsesToMessages => Endpoint::Responses,
         }
     }
 
@@ -61,6 +76,8 @@ impl Translation {
         match self {
             Translation::ChatToMessages => "openai-chat->anthropic-messages",
             Translation::MessagesToChat => "anthropic-messages->openai-chat",
+            Translation::ResponsesToChat => "openai-responses->openai-chat",
+            Translation::ResponsesToMessages => "openai-responses->anthropic-messages",
         }
     }
 }

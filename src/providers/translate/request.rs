@@ -35,7 +35,7 @@ pub struct Translated {
     pub include_usage: bool,
 }
 
-fn parse_object(body: &[u8]) -> Result<Obj, Refused> {
+pub(super) fn parse_object(body: &[u8]) -> Result<Obj, Refused> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(Refused::new("body", "must be a JSON object")),
@@ -43,7 +43,7 @@ fn parse_object(body: &[u8]) -> Result<Obj, Refused> {
     }
 }
 
-fn to_bytes(v: &Obj) -> Vec<u8> {
+pub(super) fn to_bytes(v: &Obj) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 

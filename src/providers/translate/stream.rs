@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 use super::Translation;
 use super::response::{finish_reason_of, stop_reason_of};
+use super::responses::{Echo, ToResponses};
 use crate::sse::{Event, Scanner};
 
 /// Appends `s` as a JSON string literal.
@@ -45,6 +46,13 @@ pub struct StreamTranslator {
 enum Dir {
     ToChat(ToChat),
     ToMessages(ToMessages),
+    /// Chat chunks → Responses events; from an Anthropic upstream the events go through
+    /// [`ToChat`] first (its chunks re-scanned from `buf`).
+    ToResponses {
+        via: Option<Box<(ToChat, Scanner)>>,
+        buf: Vec<u8>,
+        t: Box<ToResponses>,
+    },
 }
 
 impl StreamTranslator {
@@ -58,11 +66,36 @@ impl StreamTranslator {
                 ..ToChat::default()
             }),
             Translation::MessagesToChat => Dir::ToMessages(ToMessages::default()),
+            Translation::ResponsesToChat | Translation::ResponsesToMessages => {
+                let via = (translation == Translation::ResponsesToMessages).then(|| {
+                    Box::new((
+                        ToChat {
+                            include_usage: true,
+                            created,
+                            ..ToChat::default()
+                        },
+                        Scanner::default(),
+                    ))
+                });
+                Dir::ToResponses {
+                    via,
+                    buf: Vec::new(),
+                    t: Box::new(ToResponses::new(Echo::default(), created)),
+                }
+            }
         };
         StreamTranslator {
             scanner: Scanner::default(),
             dir,
         }
+    }
+
+    /// The request settings a Responses stream's response objects repeat.
+    pub fn with_echo(mut self, echo: Echo) -> Self {
+        if let Dir::ToResponses { t, .. } = &mut self.dir {
+            t.echo = echo;
+        }
+        self
     }
 
     /// Feeds a piece of the upstream body; the client's events for every upstream event
@@ -74,6 +107,16 @@ impl StreamTranslator {
                 match dir {
                     Dir::ToChat(t) => t.event(&ev, out),
                     Dir::ToMessages(t) => t.event(&ev, out),
+                    Dir::ToResponses { via: None, t, .. } => t.event_of(&ev, out),
+                    Dir::ToResponses {
+                        via: Some(via),
+                        buf,
+                        t,
+                    } => {
+                        let (chat, scanner) = &mut **via;
+                        chat.event(&ev, buf);
+                        rescan(scanner, buf, t, out);
+                    }
                 }
             }
         });
@@ -85,6 +128,14 @@ impl StreamTranslator {
         match &mut self.dir {
             Dir::ToChat(t) => t.finish(out),
             Dir::ToMessages(t) => t.finish(out),
+            Dir::ToResponses { via, buf, t } => {
+                if let Some(via) = via {
+                    let (chat, scanner) = &mut **via;
+                    chat.finish(buf);
+                    rescan(scanner, buf, t, out);
+                }
+                t.finish(out);
+            }
         }
     }
 
@@ -93,6 +144,7 @@ impl StreamTranslator {
         match &self.dir {
             Dir::ToChat(t) => t.done,
             Dir::ToMessages(t) => t.stopped,
+            Dir::ToResponses { t, .. } => t.done,
         }
     }
 
@@ -102,8 +154,22 @@ impl StreamTranslator {
         match &self.dir {
             Dir::ToChat(t) => t.broken,
             Dir::ToMessages(t) => t.broken,
+            Dir::ToResponses { t, .. } => t.broken,
         }
     }
+}
+
+/// Feeds the chat chunks in `buf` (whole events) to the Responses translator.
+fn rescan(scanner: &mut Scanner, buf: &mut Vec<u8>, t: &mut ToResponses, out: &mut Vec<u8>) {
+    if buf.is_empty() {
+        return;
+    }
+    scanner.feed(buf, &mut |r| {
+        if let Ok(ev) = r {
+            t.event_of(&ev, out);
+        }
+    });
+    buf.clear();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -431,77 +497,77 @@ impl ToChat {
 // ---------------------------------------------------------------------------------------
 
 #[derive(Deserialize)]
-struct OChunk<'a> {
+pub(super) struct OChunk<'a> {
     #[serde(default, borrow)]
-    id: Option<Cow<'a, str>>,
+    pub(super) id: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    model: Option<Cow<'a, str>>,
+    pub(super) model: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    choices: Option<Vec<OChoice<'a>>>,
+    pub(super) choices: Option<Vec<OChoice<'a>>>,
     #[serde(default)]
-    usage: Option<OUsage>,
+    pub(super) usage: Option<OUsage>,
     #[serde(default)]
-    error: Option<serde_json::Value>,
+    pub(super) error: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
-struct OChoice<'a> {
+pub(super) struct OChoice<'a> {
     #[serde(default)]
-    index: Option<u64>,
+    pub(super) index: Option<u64>,
     #[serde(default, borrow)]
-    delta: Option<ODelta<'a>>,
+    pub(super) delta: Option<ODelta<'a>>,
     #[serde(default, borrow)]
-    finish_reason: Option<Cow<'a, str>>,
+    pub(super) finish_reason: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
-struct ODelta<'a> {
+pub(super) struct ODelta<'a> {
     #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
+    pub(super) content: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
+    pub(super) reasoning_content: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    reasoning: Option<Cow<'a, str>>,
+    pub(super) reasoning: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    refusal: Option<Cow<'a, str>>,
+    pub(super) refusal: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    tool_calls: Option<Vec<OToolDelta<'a>>>,
+    pub(super) tool_calls: Option<Vec<OToolDelta<'a>>>,
 }
 
 #[derive(Deserialize)]
-struct OToolDelta<'a> {
+pub(super) struct OToolDelta<'a> {
     #[serde(default)]
-    index: Option<u64>,
+    pub(super) index: Option<u64>,
     #[serde(default, borrow)]
-    id: Option<Cow<'a, str>>,
+    pub(super) id: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    function: Option<OFunction<'a>>,
+    pub(super) function: Option<OFunction<'a>>,
 }
 
 #[derive(Deserialize)]
-struct OFunction<'a> {
+pub(super) struct OFunction<'a> {
     #[serde(default, borrow)]
-    name: Option<Cow<'a, str>>,
+    pub(super) name: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    arguments: Option<Cow<'a, str>>,
+    pub(super) arguments: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default)]
-struct OUsage {
+pub(super) struct OUsage {
     #[serde(default)]
-    prompt_tokens: Option<u64>,
+    pub(super) prompt_tokens: Option<u64>,
     #[serde(default)]
-    completion_tokens: Option<u64>,
+    pub(super) completion_tokens: Option<u64>,
     #[serde(default)]
-    prompt_tokens_details: Option<ODetails>,
+    pub(super) prompt_tokens_details: Option<ODetails>,
 }
 
 #[derive(Deserialize, Default)]
-struct ODetails {
+pub(super) struct ODetails {
     #[serde(default)]
-    cached_tokens: Option<u64>,
+    pub(super) cached_tokens: Option<u64>,
     #[serde(default)]
-    cache_creation_tokens: Option<u64>,
+    pub(super) cache_creation_tokens: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -804,3 +804,474 @@ proptest! {
         prop_assert_eq!(translate(t, &pieces), translate(t, &[&rec]));
     }
 }
+
+// --- the Responses API ---------------------------------------------------------------------
+
+mod responses {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::super::Translation;
+    use super::super::responses::{Echo, to_chat, translate_answer, translate_request};
+    use super::super::stream::StreamTranslator;
+    use super::{anthropic_recording, events_of, obj, openai_recording, text};
+
+    /// A request as Codex sends one: instructions, a conversation with a function call and
+    /// its output, function tools, reasoning, no storage.
+    fn codex_request() -> Value {
+        json!({
+            "model": "whatever",
+            "instructions": "You are a coding agent.",
+            "input": [
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "List the files."},
+                    {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}
+                ]},
+                {"type": "reasoning", "id": "rs_0", "summary": [], "encrypted_content": "opaque"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"cmd\":\"ls\"}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "a.rs\nb.rs"},
+                {"role": "user", "content": "Thanks"}
+            ],
+            "tools": [{"type": "function", "name": "shell", "description": "Run a command",
+                       "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+                       "strict": false}],
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "reasoning": {"effort": "medium", "summary": "auto"},
+            "max_output_tokens": 1000,
+            "temperature": 0.2,
+            "top_p": 0.9,
+            "store": false,
+            "stream": true,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "session-1"
+        })
+    }
+
+    #[test]
+    fn a_codex_request_becomes_a_chat_completions_request() {
+        let (chat, _) = to_chat(&obj(codex_request()), "gpt-x", false).expect("translates");
+        let chat = Value::Object(chat);
+        assert_eq!(
+            chat["messages"],
+            json!([
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "List the files."},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+                ]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Looking."}], "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\":\"ls\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "a.rs\nb.rs"},
+                {"role": "user", "content": "Thanks"}
+            ])
+        );
+        assert_eq!(chat["model"], "gpt-x");
+        assert_eq!(
+            chat["tools"],
+            json!([{"type": "function", "function": {"name": "shell", "description": "Run a command",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}, "strict": false}}])
+        );
+        assert_eq!(chat["tool_choice"], "auto");
+        assert_eq!(chat["parallel_tool_calls"], false);
+        assert_eq!(chat["reasoning_effort"], "medium");
+        assert_eq!(chat["max_tokens"], 1000);
+        assert_eq!(chat["temperature"], 0.2);
+        assert_eq!(chat["top_p"], 0.9);
+        assert_eq!(chat["stream"], true);
+        assert_eq!(chat["stream_options"], json!({"include_usage": true}));
+        assert_eq!(chat["prompt_cache_key"], "session-1");
+    }
+
+    #[test]
+    fn a_codex_request_reaches_an_anthropic_provider() {
+        let body = serde_json::to_vec(&codex_request()).unwrap_or_default();
+        let (out, _) = translate_request(&body, "claude-x", true).expect("translates");
+        let m: Value = serde_json::from_slice(&out).unwrap_or_default();
+        assert_eq!(m["model"], "claude-x");
+        assert_eq!(m["system"], "You are a coding agent.");
+        assert_eq!(m["messages"][0]["content"][1]["type"], "image");
+        assert_eq!(m["messages"][1]["content"][1]["type"], "tool_use");
+        assert_eq!(m["messages"][1]["content"][1]["id"], "call_1");
+        assert_eq!(m["messages"][1]["content"][1]["input"], json!({"cmd": "ls"}));
+        assert_eq!(m["messages"][2]["content"][0]["type"], "tool_result");
+        assert_eq!(m["messages"][2]["content"][0]["tool_use_id"], "call_1");
+        assert_eq!(m["messages"][2]["content"][1], json!({"type": "text", "text": "Thanks"}));
+        assert_eq!(m["thinking"], json!({"type": "enabled", "budget_tokens": 4096}));
+        assert_eq!(m["max_tokens"], 5096);
+        assert_eq!(
+            m["tool_choice"],
+            json!({"type": "auto", "disable_parallel_tool_use": true})
+        );
+        assert!(m.get("prompt_cache_key").is_none());
+        assert_eq!(m["stream"], true);
+    }
+
+    fn refused(req: Value, anthropic: bool) -> String {
+        match to_chat(&obj(req), "m", anthropic) {
+            Ok(_) => "accepted".to_owned(),
+            Err(r) => r.field,
+        }
+    }
+
+    #[test]
+    fn what_cannot_be_translated_is_refused_by_name() {
+        let base = || json!({"model": "m", "input": "hi"});
+        let with = |k: &str, v: Value| {
+            let mut r = base();
+            r[k] = v;
+            r
+        };
+        for anthropic in [false, true] {
+            assert_eq!(refused(base(), anthropic), "accepted");
+            assert_eq!(
+                refused(with("previous_response_id", json!("resp_1")), anthropic),
+                "previous_response_id"
+            );
+            assert_eq!(refused(with("store", json!(true)), anthropic), "store");
+            assert_eq!(
+                refused(with("tools", json!([{"type": "web_search"}])), anthropic),
+                "tools[0].type"
+            );
+            assert_eq!(
+                refused(with("include", json!(["file_search_call.results"])), anthropic),
+                "include[0]"
+            );
+            assert_eq!(
+                refused(
+                    with("input", json!([{"type": "item_reference", "id": "x"}])),
+                    anthropic
+                ),
+                "input[0].type"
+            );
+            assert_eq!(
+                refused(
+                    with(
+                        "input",
+                        json!([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])
+                    ),
+                    anthropic
+                ),
+                "input[0].content[0].type"
+            );
+            assert_eq!(
+                refused(
+                    with("input", json!([{"type": "function_call", "name": "f"}])),
+                    anthropic
+                ),
+                "input[0].call_id"
+            );
+            assert_eq!(
+                refused(with("reasoning", json!({"effort": "low", "mode": "x"})), anthropic),
+                "reasoning.mode"
+            );
+            assert_eq!(refused(with("top_logprobs", json!(2)), anthropic), "top_logprobs");
+        }
+        // What only an Anthropic provider cannot honour.
+        let strict = json!([{"type": "function", "name": "f", "strict": true}]);
+        assert_eq!(refused(with("tools", strict.clone()), false), "accepted");
+        assert_eq!(refused(with("tools", strict), true), "tools[0].strict");
+        let json_mode = json!({"format": {"type": "json_object"}});
+        assert_eq!(refused(with("text", json_mode.clone()), false), "accepted");
+        assert_eq!(refused(with("text", json_mode), true), "text.format");
+        assert_eq!(refused(with("temperature", json!(1.5)), true), "temperature");
+        assert_eq!(
+            refused(with("reasoning", json!({"effort": "xhigh"})), true),
+            "reasoning.effort"
+        );
+        let late_system = json!([{"role": "user", "content": "a"}, {"role": "developer", "content": "b"}]);
+        assert_eq!(refused(with("input", late_system.clone()), false), "accepted");
+        assert_eq!(refused(with("input", late_system), true), "input[1].role");
+    }
+
+    #[test]
+    fn a_complete_answer_becomes_a_responses_object() {
+        let (_, echo) = to_chat(&obj(codex_request()), "m", false).expect("translates");
+        let completion = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-x-1",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+                "content": "Running it.", "reasoning_content": "They want ls.",
+                "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\":\"ls\"}"}}]}}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27,
+                      "prompt_tokens_details": {"cached_tokens": 5}}});
+        let body = serde_json::to_vec(&completion).unwrap_or_default();
+        let r: Value =
+            serde_json::from_slice(&translate_answer(&body, false, &echo, 77).expect("json"))
+                .unwrap_or_default();
+        assert_eq!(r["object"], "response");
+        assert_eq!(r["id"], "resp_chatcmpl-1");
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["model"], "gpt-x-1");
+        assert_eq!(r["created_at"], 77);
+        assert_eq!(r["output"][0]["type"], "reasoning");
+        assert_eq!(r["output"][0]["summary"][0]["text"], "They want ls.");
+        assert_eq!(r["output"][1]["type"], "message");
+        assert_eq!(r["output"][1]["content"][0]["text"], "Running it.");
+        assert_eq!(r["output"][2]["type"], "function_call");
+        assert_eq!(r["output"][2]["call_id"], "call_9");
+        assert_eq!(r["output"][2]["arguments"], "{\"cmd\":\"ls\"}");
+        assert_eq!(r["usage"]["input_tokens"], 20);
+        assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 5);
+        assert_eq!(r["usage"]["output_tokens"], 7);
+        assert_eq!(r["usage"]["total_tokens"], 27);
+        // The request's settings are repeated.
+        assert_eq!(r["instructions"], "You are a coding agent.");
+        assert_eq!(r["tools"][0]["name"], "shell");
+        assert_eq!(r["parallel_tool_calls"], false);
+        assert_eq!(r["max_output_tokens"], 1000);
+        // An Anthropic message, cut at max_tokens.
+        let message = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"}, {"type": "text", "text": "Part"}],
+            "stop_reason": "max_tokens", "usage": {"input_tokens": 3, "output_tokens": 9, "cache_read_input_tokens": 2}});
+        let body = serde_json::to_vec(&message).unwrap_or_default();
+        let r: Value = serde_json::from_slice(
+            &translate_answer(&body, true, &Echo::default(), 1).expect("json"),
+        )
+        .unwrap_or_default();
+        assert_eq!(r["status"], "incomplete");
+        assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(r["output"][0]["summary"][0]["text"], "Hm.");
+        assert_eq!(r["output"][1]["content"][0]["text"], "Part");
+        assert_eq!(r["usage"]["input_tokens"], 5);
+        assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 2);
+        assert_eq!(r["tools"], json!([]));
+        assert!(translate_answer(b"[1]", false, &Echo::default(), 1).is_err());
+    }
+
+    fn run(t: Translation, pieces: &[&[u8]]) -> Vec<u8> {
+        let mut tr = StreamTranslator::new(t, false, 42);
+        let mut out = Vec::new();
+        for p in pieces {
+            tr.feed(p, &mut out);
+        }
+        tr.finish(&mut out);
+        assert!(tr.ended());
+        out
+    }
+
+    fn every_split(t: Translation, rec: &[u8]) -> Vec<(String, Value)> {
+        let whole = run(t, &[rec]);
+        for i in 0..=rec.len() {
+            let (a, b) = rec.split_at(i);
+            assert_eq!(run(t, &[a, b]), whole, "split at {i}");
+        }
+        let bytes: Vec<&[u8]> = rec.chunks(1).collect();
+        assert_eq!(run(t, &bytes), whole, "byte by byte");
+        events_of(&whole)
+            .into_iter()
+            .map(|(n, d)| {
+                let v: Value = serde_json::from_str(&d).unwrap_or_default();
+                assert_eq!(n.as_deref(), v["type"].as_str(), "{d}");
+                (n.unwrap_or_default(), v)
+            })
+            .collect()
+    }
+
+    /// What the OpenAI SDK's stream state checks: sequence numbers count up, every content
+    /// event names an item added before it, `response.completed` carries every finished item.
+    fn check_sdk_invariants(events: &[(String, Value)]) -> Value {
+        assert_eq!(events[0].0, "response.created");
+        let id = events[0].1["response"]["id"].clone();
+        let mut added: Vec<Value> = Vec::new();
+        for (n, (name, e)) in events.iter().enumerate() {
+            assert_eq!(e["sequence_number"], n, "{name}");
+            if name.starts_with("response.") && e.get("response").is_some() {
+                assert_eq!(e["response"]["id"], id);
+            }
+            if name == "response.output_item.added" {
+                assert_eq!(e["output_index"], added.len());
+                added.push(e["item"].clone());
+            } else if let Some(i) = e["output_index"].as_u64() {
+                let item = &added[i as usize];
+                if let Some(item_id) = e.get("item_id") {
+                    assert_eq!(item_id, &item["id"], "{name}");
+                }
+                if name == "response.output_item.done" {
+                    assert_eq!(e["item"]["id"], item["id"]);
+                }
+            }
+        }
+        let (last, done) = events.last().cloned().unwrap_or_default();
+        assert_eq!(last, "response.completed");
+        let output = done["response"]["output"].as_array().cloned().unwrap_or_default();
+        assert_eq!(output.len(), added.len());
+        for (a, o) in added.iter().zip(&output) {
+            assert_eq!(a["id"], o["id"]);
+        }
+        done["response"].clone()
+    }
+
+    #[test]
+    fn a_chat_stream_becomes_responses_events_however_it_is_split() {
+        let events = every_split(Translation::ResponsesToChat, &openai_recording());
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.reasoning_summary_part.added",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+                "response.reasoning_summary_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let r = check_sdk_invariants(&events);
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["model"], "gpt");
+        assert_eq!(r["created_at"], 42);
+        assert_eq!(r["output"][0]["summary"][0]["text"], "think \"hard\"");
+        assert_eq!(r["output"][1]["content"][0]["text"], "Héllo\n");
+        assert_eq!(r["output"][2]["call_id"], "call_1");
+        assert_eq!(r["output"][2]["arguments"], "{\"a\":1}");
+        assert_eq!(r["output"][3]["name"], "g");
+        assert_eq!(r["usage"]["input_tokens"], 10);
+        assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(r["usage"]["output_tokens"], 5);
+    }
+
+    #[test]
+    fn an_anthropic_stream_becomes_responses_events_however_it_is_split() {
+        let events = every_split(Translation::ResponsesToMessages, &anthropic_recording());
+        let r = check_sdk_invariants(&events);
+        assert_eq!(r["id"], "resp_msg_1");
+        assert_eq!(r["model"], "claude");
+        assert_eq!(r["output"][0]["type"], "reasoning");
+        assert_eq!(r["output"][0]["summary"][0]["text"], "Hmm, \"quoted\"\n");
+        assert_eq!(r["output"][1]["content"][0]["text"], "Héllo ✓");
+        assert_eq!(r["output"][2]["call_id"], "toolu_1");
+        assert_eq!(r["output"][2]["arguments"], "{\"a\": [1]}");
+        // Anthropic's input excludes cache reads; Responses' includes them.
+        assert_eq!(r["usage"]["input_tokens"], 10);
+        assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 3);
+        assert_eq!(r["usage"]["output_tokens"], 20);
+    }
+
+    #[test]
+    fn a_responses_stream_cut_short_ends_with_a_responses_error_event() {
+        for (t, rec) in [
+            (Translation::ResponsesToChat, openai_recording()),
+            (Translation::ResponsesToMessages, anthropic_recording()),
+        ] {
+            let cut = &rec[..rec.len() / 2];
+            let mut tr = StreamTranslator::new(t, false, 0);
+            let mut out = Vec::new();
+            tr.feed(cut, &mut out);
+            tr.finish(&mut out);
+            assert!(tr.broken() && tr.ended());
+            let events = events_of(&out);
+            let (name, data) = events.last().cloned().unwrap_or_default();
+            assert_eq!(name.as_deref(), Some("error"));
+            let v: Value = serde_json::from_str(&data).unwrap_or_default();
+            assert_eq!(v["type"], "error");
+            assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert!(!String::from_utf8_lossy(&out).contains("response.completed"));
+        }
+    }
+
+    fn item() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            text().prop_map(|t| json!({"role": "user", "content": t})),
+            text().prop_map(|t| json!({"type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": t}]})),
+            text().prop_map(|t| json!({"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": t}]})),
+            ("[a-z0-9]{1,8}", text()).prop_map(|(id, t)| json!([
+                {"type": "function_call", "call_id": format!("call_{id}"), "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": format!("call_{id}"), "output": t}
+            ])),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Every text, every call id and every output of a Responses conversation reaches
+        /// the Chat Completions request, in order, and the same through to Anthropic.
+        #[test]
+        fn a_responses_conversation_keeps_its_texts_and_call_ids(
+            items in prop::collection::vec(item(), 1..8),
+        ) {
+            let mut input = Vec::new();
+            for i in items {
+                match i {
+                    Value::Array(a) => input.extend(a),
+                    v => input.push(v),
+                }
+            }
+            let req = json!({"model": "m", "input": input});
+            let strings = |v: &Value, keys: &[&str]| -> Vec<String> {
+                let mut out = Vec::new();
+                fn walk(v: &Value, keys: &[&str], out: &mut Vec<String>) {
+                    match v {
+                        Value::Object(o) => {
+                            for (k, x) in o {
+                                match x {
+                                    Value::String(s) if keys.contains(&k.as_str()) => out.push(s.clone()),
+                                    _ => walk(x, keys, out),
+                                }
+                            }
+                        }
+                        Value::Array(a) => a.iter().for_each(|x| walk(x, keys, out)),
+                        _ => {}
+                    }
+                }
+                walk(v, keys, &mut out);
+                out
+            };
+            let texts_in = strings(&req["input"], &["text", "content", "output"]);
+            let ids_in: Vec<String> = strings(&req["input"], &["call_id"]);
+            let (chat, _) = to_chat(&obj(req.clone()), "m", false).map_err(|r| TestCaseError::fail(r.to_string()))?;
+            let chat = Value::Object(chat);
+            prop_assert_eq!(strings(&chat["messages"], &["text", "content"]), texts_in.clone());
+            prop_assert_eq!(strings(&chat["messages"], &["id", "tool_call_id"]), ids_in.clone());
+            let body = serde_json::to_vec(&req).unwrap_or_default();
+            let (out, _) = translate_request(&body, "m", true).map_err(|r| TestCaseError::fail(r.to_string()))?;
+            let m: Value = serde_json::from_slice(&out).unwrap_or_default();
+            prop_assert_eq!(strings(&m["messages"], &["text", "content"]), texts_in);
+            prop_assert_eq!(strings(&m["messages"], &["id", "tool_use_id"]), ids_in);
+        }
+
+        #[test]
+        fn any_chunking_of_a_stream_gives_the_same_responses_events(
+            cuts in prop::collection::vec(0usize..4000, 0..12),
+            which in any::<bool>(),
+        ) {
+            let (t, rec) = if which {
+                (Translation::ResponsesToMessages, anthropic_recording())
+            } else {
+                (Translation::ResponsesToChat, openai_recording())
+            };
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (rec.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut pieces: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                pieces.push(&rec[at..c]);
+                at = c;
+            }
+            pieces.push(&rec[at..]);
+            prop_assert_eq!(run(t, &pieces), run(t, &[&rec]));
+        }
+    }
+}
