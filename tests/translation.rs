@@ -1,7 +1,8 @@
 //! Format translation through the binary: an OpenAI Chat Completions client served by an
 //! Anthropic-format upstream and an Anthropic Messages client served by an OpenAI-format
 //! upstream — requests, complete answers, streams, upstream errors, refused fields, and a
-//! combo whose targets alternate formats failing over between them.
+//! combo whose targets alternate formats failing over between them; and Responses API
+//! requests served by a Chat-Completions-only provider and by an Anthropic provider.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -35,9 +36,22 @@ format = "anthropic"
 base_url = "{}"
 models = ["claude-x"]
 
+# The same upstream, known to speak only Chat Completions.
+[[providers]]
+id = "oc"
+format = "openai"
+base_url = "{0}"
+models = ["gpt-c"]
+responses_api = false
+
 [[connections]]
 id = "oa-1"
 provider = "oa"
+api_key_env = "TG_OA"
+
+[[connections]]
+id = "oc-1"
+provider = "oc"
 api_key_env = "TG_OA"
 
 [[connections]]
@@ -549,8 +563,19 @@ stall_timeout_ms = 400
     );
     let head = c.read_head();
     assert_eq!(head.status, 200);
+    let body = unterminated_body(&mut c);
+    let events = parse_sse(&body);
+    assert_eq!(events[0].json()["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(events[1].json()["choices"][0]["delta"]["content"], "Hel");
+    let last = events.last().unwrap().json();
+    assert_eq!(last["error"]["code"], "stream_content_stall", "{last}");
+    assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+}
+
+/// The chunked body read until the gateway closes; it must not end cleanly (no zero-size
+/// last chunk).
+fn unterminated_body(c: &mut Client) -> Vec<u8> {
     let raw = c.read_until_close(std::time::Duration::from_secs(10));
-    // De-chunk; the zero-size last chunk must not come.
     let (mut body, mut rest, mut terminated) = (Vec::new(), &raw[..], false);
     while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap(), 16).unwrap();
@@ -562,11 +587,229 @@ stall_timeout_ms = 400
         body.extend_from_slice(&rest[..size]);
         rest = &rest[size + 2..];
     }
-    assert!(!terminated, "a stalled stream must not end cleanly");
+    assert!(!terminated, "a broken stream must not end cleanly");
+    body
+}
+
+// --- the Responses API ----------------------------------------------------------------------
+
+/// A Codex-style request: instructions, a turn with a function call and its output,
+/// function tools, reasoning, nothing stored.
+fn codex_request(model: &str, stream: bool) -> serde_json::Value {
+    json!({
+        "model": model,
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"cmd\":\"ls\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "a.rs"}
+        ],
+        "tools": [{"type": "function", "name": "shell", "description": "Run a command",
+                   "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
+        "tool_choice": "auto",
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "max_output_tokens": 300,
+        "store": false,
+        "stream": stream
+    })
+}
+
+#[test]
+fn a_responses_request_is_served_by_a_chat_completions_only_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on(
+        "/v1/chat/completions",
+        Reply::json(
+            200,
+            json!({"id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": "gpt-c-1",
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+                    "content": "Reading it.", "tool_calls": [{"id": "call_2", "type": "function",
+                    "function": {"name": "shell", "arguments": "{\"cmd\":\"cat a.rs\"}"}}]}}],
+                "usage": {"prompt_tokens": 30, "completion_tokens": 8, "total_tokens": 38}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(&gw, "/v1/responses", &codex_request("oc/gpt-c", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-translated"),
+        Some("openai-responses->openai-chat")
+    );
+    let v = r.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["model"], "gpt-c-1");
+    assert_eq!(v["output"][0]["type"], "message");
+    assert_eq!(v["output"][0]["content"][0]["text"], "Reading it.");
+    assert_eq!(v["output"][1]["type"], "function_call");
+    assert_eq!(v["output"][1]["call_id"], "call_2");
+    assert_eq!(v["output"][1]["arguments"], "{\"cmd\":\"cat a.rs\"}");
+    assert_eq!(v["usage"]["input_tokens"], 30);
+    assert_eq!(v["usage"]["output_tokens"], 8);
+    assert_eq!(v["instructions"], "You are a coding agent.");
+    // What the provider got: a chat completions request.
+    assert_eq!(openai.hits("/v1/responses"), 0);
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), 1);
+    let sent = sent[0].json();
+    assert_eq!(sent["model"], "gpt-c");
+    assert_eq!(
+        sent["messages"][0],
+        json!({"role": "system", "content": "You are a coding agent."})
+    );
+    assert_eq!(sent["messages"][2]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(
+        sent["messages"][3],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "a.rs"})
+    );
+    assert_eq!(sent["tools"][0]["function"]["name"], "shell");
+    assert_eq!(sent["reasoning_effort"], "low");
+    assert_eq!(sent["max_tokens"], 300);
+    // An openai-format provider that serves the Responses API gets the request as it is.
+    openai.on(
+        "/v1/responses",
+        Reply::json(200, json!({"id": "resp_native", "object": "response", "output": []})),
+    );
+    let r = post(&gw, "/v1/responses", &codex_request("oa/gpt-x", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], "resp_native");
+    assert_eq!(r.header("x-tidegate-translated"), None);
+    assert_eq!(openai.hits("/v1/responses"), 1);
+}
+
+#[test]
+fn a_responses_stream_is_served_by_an_anthropic_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    anthropic.on(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(json!({"type": "message_start", "message": {"id": "msg_r", "type": "message",
+                "role": "assistant", "model": "claude-x-1", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 9, "output_tokens": 1}}})),
+            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}})),
+            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Need ls."}})),
+            event(json!({"type": "content_block_stop", "index": 0})),
+            event(json!({"type": "ping"})),
+            event(json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})),
+            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Run"}})),
+            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "ning."}})),
+            event(json!({"type": "content_block_stop", "index": 1})),
+            event(json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_r", "name": "shell", "input": {}}})),
+            event(json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"cmd\":"}})),
+            event(json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "\"ls\"}"}})),
+            event(json!({"type": "content_block_stop", "index": 2})),
+            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 14}})),
+            event(json!({"type": "message_stop"})),
+        ]),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(&gw, "/v1/responses", &codex_request("an/claude-x", true));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-translated"),
+        Some("openai-responses->anthropic-messages")
+    );
+    let events = r.sse_events();
+    let data: Vec<serde_json::Value> = events.iter().map(|e| e.json()).collect();
+    let names: Vec<&str> = data.iter().map(|d| d["type"].as_str().unwrap()).collect();
+    assert_eq!(names.first(), Some(&"response.created"), "{}", r.text());
+    assert_eq!(names.last(), Some(&"response.completed"));
+    let joined = |kind: &str| -> String {
+        data.iter()
+            .filter(|d| d["type"] == kind)
+            .map(|d| d["delta"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(joined("response.reasoning_summary_text.delta"), "Need ls.");
+    assert_eq!(joined("response.output_text.delta"), "Running.");
+    assert_eq!(
+        joined("response.function_call_arguments.delta"),
+        "{\"cmd\":\"ls\"}"
+    );
+    let done = &data.last().unwrap()["response"];
+    assert_eq!(done["model"], "claude-x-1");
+    assert_eq!(done["output"][2]["call_id"], "toolu_r");
+    assert_eq!(done["usage"]["input_tokens"], 9);
+    assert_eq!(done["usage"]["output_tokens"], 14);
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d["sequence_number"], i);
+    }
+    // What the provider got: a Messages request, ids kept, thinking from the effort.
+    let sent = anthropic.requests_to("/v1/messages");
+    assert_eq!(sent.len(), 1);
+    let sent = sent[0].json();
+    assert_eq!(sent["model"], "claude-x");
+    assert_eq!(sent["stream"], true);
+    assert_eq!(sent["system"], "You are a coding agent.");
+    assert_eq!(sent["messages"][1]["content"][0]["id"], "call_1");
+    assert_eq!(sent["messages"][2]["content"][0]["tool_use_id"], "call_1");
+    assert_eq!(sent["thinking"]["budget_tokens"], 1024);
+    assert_eq!(sent["tools"][0]["name"], "shell");
+}
+
+#[test]
+fn a_responses_request_is_refused_naming_the_field_and_errors_come_back_in_openai_shape() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let gw = start(&openai, &anthropic);
+    for model in ["an/claude-x", "oc/gpt-c"] {
+        let mut req = codex_request(model, false);
+        req["tools"] = json!([{"type": "web_search"}]);
+        let r = post(&gw, "/v1/responses", &req);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], "tools[0].type", "{}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("untranslatable_request"));
+        let mut req = codex_request(model, false);
+        req["previous_response_id"] = json!("resp_1");
+        let r = post(&gw, "/v1/responses", &req);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], "previous_response_id");
+    }
+    assert_eq!(openai.total_hits() + anthropic.total_hits(), 0);
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad tool"}}),
+        ),
+    );
+    let r = post(&gw, "/v1/responses", &codex_request("an/claude-x", false));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], "bad tool", "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+}
+
+#[test]
+fn a_responses_stream_cut_short_ends_with_a_responses_error_event() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let chunk = |delta: serde_json::Value| {
+        Chunk::json(
+            json!({"id": "chatcmpl-c", "object": "chat.completion.chunk", "created": 1,
+            "model": "gpt-c", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]}),
+        )
+    };
+    openai.on(
+        "/v1/chat/completions",
+        Reply::sse(vec![
+            chunk(json!({"role": "assistant", "content": ""})),
+            chunk(json!({"content": "Half"})),
+        ]),
+    );
+    let gw = start(&openai, &anthropic);
+    let mut c = Client::connect(gw.addr());
+    let body = serde_json::to_vec(&codex_request("oc/gpt-c", true)).unwrap();
+    c.start_request("POST", "/v1/responses", &[("authorization", "Bearer k")], &body);
+    assert_eq!(c.read_head().status, 200);
+    let body = unterminated_body(&mut c);
+    let text = String::from_utf8_lossy(&body).into_owned();
     let events = parse_sse(&body);
-    assert_eq!(events[0].json()["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(events[1].json()["choices"][0]["delta"]["content"], "Hel");
-    let last = events.last().unwrap().json();
-    assert_eq!(last["error"]["code"], "stream_content_stall", "{last}");
-    assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+    let last = events.last().unwrap();
+    assert_eq!(last.event.as_deref(), Some("error"), "{text}");
+    assert_eq!(last.json()["type"], "error");
+    assert!(!text.contains("response.completed"));
+    assert!(text.contains("\"delta\":\"Half\""), "{text}");
 }

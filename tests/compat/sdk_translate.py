@@ -3,6 +3,8 @@
 
 Usage: sdk_translate.py BASE_URL API_KEY openai MODEL     (an Anthropic-format upstream)
        sdk_translate.py BASE_URL API_KEY anthropic MODEL  (an OpenAI-format upstream)
+       sdk_translate.py BASE_URL API_KEY responses MODEL  (a Chat-Completions-only or an
+                                                          Anthropic-format upstream)
 
 openai mode, calls in this order (the scripted mock upstream relies on it):
   1. chat.completions.create with a system prompt and an image (base64 data URL)
@@ -14,6 +16,12 @@ anthropic mode:
   1. messages.create with system blocks and tools: the answer must be a tool_use block
   2. messages.create with the tool_use and its tool_result sent back
   3. messages.stream with thinking enabled: thinking and text blocks, message_stop last
+
+responses mode:
+  1. responses.create with instructions and function tools: the answer must be a function call
+  2. responses.create with that call and its function_call_output sent back: a text answer
+  3. responses.stream with reasoning (summary auto): reasoning summary and text deltas, the
+     final response from response.completed equal to what the deltas built, with usage
 
 Every answer is parsed by the SDK's own types. Prints one JSON line with what was seen and
 exits 0, or says what failed on stderr and exits 1.
@@ -169,12 +177,65 @@ def anthropic_mode(origin, key, model):
     return out
 
 
+def responses_mode(origin, key, model):
+    c = openai.OpenAI(base_url=origin + "/v1", api_key=key, max_retries=0, timeout=TIMEOUT_S)
+    out = {}
+    tools = [{
+        "type": "function", "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }]
+    inp = [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]}]
+    r = c.responses.create(model=model, instructions="Be brief.", input=inp, tools=tools,
+                           max_output_tokens=200, store=False)
+    require(isinstance(r, openai.types.responses.Response), "create: not a Response")
+    calls = [o for o in r.output if o.type == "function_call"]
+    require(calls, f"create: no function_call in {r.output!r}")
+    call = calls[0]
+    require(isinstance(call, openai.types.responses.ResponseFunctionToolCall), "create: call type")
+    args = json.loads(call.arguments)
+    require(call.name == "get_weather" and args.get("city") == "Paris", f"create: call {call!r}")
+    require(r.status == "completed", f"create: status {r.status!r}")
+    out["call"] = {"call_id": call.call_id, "arguments": args}
+    inp += [o.model_dump(exclude_none=True) for o in r.output]
+    inp.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"})
+    r = c.responses.create(model=model, instructions="Be brief.", input=inp, tools=tools,
+                           max_output_tokens=200, store=False)
+    require(r.output_text, f"call output: no text in {r.output!r}")
+    require(r.usage and r.usage.input_tokens > 0, "call output: no usage")
+    out["answer"] = {"text": r.output_text, "input_tokens": r.usage.input_tokens}
+
+    kinds, summary, pieces = [], [], []
+    with c.responses.stream(
+        model=model, input="Think, then answer", reasoning={"effort": "medium", "summary": "auto"},
+        max_output_tokens=2000, store=False,
+    ) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.reasoning_summary_text.delta":
+                summary.append(event.delta)
+            elif event.type == "response.output_text.delta":
+                pieces.append(event.delta)
+        final = stream.get_final_response()
+    require(kinds and kinds[0] == "response.created", f"stream: events {kinds}")
+    require(kinds[-1] == "response.completed", f"stream: events {kinds}")
+    require(pieces, "stream: no text deltas")
+    require(final.output_text == "".join(pieces), "stream: final text differs from deltas")
+    types = [o.type for o in final.output]
+    require(types == ["reasoning", "message"], f"stream: final output {types}")
+    require(final.output[0].summary[0].text == "".join(summary), "stream: summary differs")
+    require(final.usage and final.usage.output_tokens > 0, "stream: no usage")
+    out["stream"] = {"summary": "".join(summary), "text": "".join(pieces),
+                     "output_tokens": final.usage.output_tokens}
+    return out
+
+
 def main():
     origin, key, mode, model = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3], sys.argv[4]
     if origin.endswith("/v1"):
         origin = origin[:-3]
     try:
-        out = openai_mode(origin, key, model) if mode == "openai" else anthropic_mode(origin, key, model)
+        modes = {"openai": openai_mode, "anthropic": anthropic_mode, "responses": responses_mode}
+        out = modes[mode](origin, key, model)
     except (CheckFailed, openai.APIError, anthropic.APIError) as e:
         print(json.dumps({"ok": False}))
         print(f"sdk_translate.py: {type(e).__name__}: {e}", file=sys.stderr)
