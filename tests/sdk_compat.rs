@@ -315,8 +315,180 @@ fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
     assert_eq!(anthropic.total_hits(), 0);
 }
 
-/// One OpenAI-format provider `oa` (model `gpt-x`) and one Anthropic-format provider `an`
-/// (model `claude-x`), one connection each, client key `sdk-key`.
+#[test]
+fn the_openai_sdk_responses_api_is_served_by_a_chat_completions_only_upstream() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let completion = |message: serde_json::Value, finish: &str| {
+        Reply::json(
+            200,
+            serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
+                "model": "gpt-c", "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+        )
+    };
+    // In the order sdk_translate.py makes its calls.
+    openai.on(
+        "/v1/chat/completions",
+        completion(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_w", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}),
+            "tool_calls",
+        ),
+    );
+    openai.on(
+        "/v1/chat/completions",
+        completion(
+            serde_json::json!({"role": "assistant", "content": "Sunny."}),
+            "stop",
+        ),
+    );
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        Chunk::json(
+            serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+            "created": 1, "model": "gpt-c",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    };
+    openai.on(
+        "/v1/chat/completions",
+        Reply::sse(vec![
+            chunk(
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            ),
+            chunk(serde_json::json!({"reasoning_content": "Let me "}), None),
+            chunk(serde_json::json!({"reasoning_content": "think."}), None),
+            chunk(serde_json::json!({"content": "The answer "}), None),
+            chunk(serde_json::json!({"content": "is 4."}), None),
+            chunk(serde_json::json!({}), Some("stop")),
+            Chunk::json(
+                serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+                "created": 1, "model": "gpt-c", "choices": [],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}),
+            ),
+            Chunk::done(),
+        ]),
+    );
+    let gw = Gateway::start(&two_providers(&openai, &anthropic));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["responses", "oc/gpt-c"],
+    );
+    assert_eq!(r["call"]["call_id"], "call_w", "{r}");
+    assert_eq!(r["answer"]["text"], "Sunny.", "{r}");
+    assert_eq!(r["stream"]["summary"], "Let me think.", "{r}");
+    assert_eq!(r["stream"]["text"], "The answer is 4.", "{r}");
+    assert_eq!(r["stream"]["output_tokens"], 8, "{r}");
+    assert_eq!(openai.hits("/v1/responses"), 0);
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), 3);
+    let first = sent[0].json();
+    assert_eq!(
+        first["messages"][0],
+        serde_json::json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(first["tools"][0]["function"]["name"], "get_weather");
+    // The function call and its output went back with the call's id.
+    let second = sent[1].json();
+    assert_eq!(second["messages"][2]["tool_calls"][0]["id"], "call_w");
+    assert_eq!(
+        second["messages"][3],
+        serde_json::json!({"role": "tool", "tool_call_id": "call_w", "content": "sunny, 21C"})
+    );
+    let third = sent[2].json();
+    assert_eq!(third["stream"], true);
+    assert_eq!(third["reasoning_effort"], "medium");
+    assert_eq!(anthropic.total_hits(), 0);
+}
+
+#[test]
+fn the_openai_sdk_responses_api_is_served_by_an_anthropic_format_upstream() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let usage = serde_json::json!({"input_tokens": 12, "output_tokens": 6});
+    let message = |content: serde_json::Value, stop: &str| {
+        Reply::json(
+            200,
+            serde_json::json!({"id": "msg_x", "type": "message", "role": "assistant",
+                "model": "claude-x", "content": content, "stop_reason": stop,
+                "stop_sequence": null, "usage": usage}),
+        )
+    };
+    anthropic.on(
+        "/v1/messages",
+        message(
+            serde_json::json!([{"type": "tool_use", "id": "toolu_w", "name": "get_weather",
+                "input": {"city": "Paris"}}]),
+            "tool_use",
+        ),
+    );
+    anthropic.on(
+        "/v1/messages",
+        message(
+            serde_json::json!([{"type": "text", "text": "Sunny."}]),
+            "end_turn",
+        ),
+    );
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    anthropic.on(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(serde_json::json!({"type": "message_start", "message": {"id": "msg_s",
+                "type": "message", "role": "assistant", "model": "claude-x", "content": [],
+                "stop_reason": null, "usage": {"input_tokens": 7, "output_tokens": 1}}})),
+            event(serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": ""}})),
+            event(serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": "Two and two."}})),
+            event(serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "signature_delta", "signature": "sig"}})),
+            event(serde_json::json!({"type": "content_block_stop", "index": 0})),
+            event(serde_json::json!({"type": "content_block_start", "index": 1,
+                "content_block": {"type": "text", "text": ""}})),
+            event(serde_json::json!({"type": "content_block_delta", "index": 1,
+                "delta": {"type": "text_delta", "text": "Four"}})),
+            event(serde_json::json!({"type": "content_block_delta", "index": 1,
+                "delta": {"type": "text_delta", "text": "."}})),
+            event(serde_json::json!({"type": "content_block_stop", "index": 1})),
+            event(serde_json::json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 11}})),
+            event(serde_json::json!({"type": "message_stop"})),
+        ]),
+    );
+    let gw = Gateway::start(&two_providers(&openai, &anthropic));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["responses", "an/claude-x"],
+    );
+    assert_eq!(r["call"]["call_id"], "toolu_w", "{r}");
+    assert_eq!(r["answer"]["text"], "Sunny.", "{r}");
+    assert_eq!(r["stream"]["summary"], "Two and two.", "{r}");
+    assert_eq!(r["stream"]["text"], "Four.", "{r}");
+    assert_eq!(r["stream"]["output_tokens"], 11, "{r}");
+    let sent = anthropic.requests_to("/v1/messages");
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0].json()["system"], "Be brief.");
+    assert_eq!(sent[0].json()["tools"][0]["name"], "get_weather");
+    let second = sent[1].json();
+    assert_eq!(second["messages"][1]["content"][0]["id"], "toolu_w");
+    assert_eq!(second["messages"][2]["content"][0]["tool_use_id"], "toolu_w");
+    let third = sent[2].json();
+    assert_eq!(third["stream"], true);
+    assert_eq!(third["thinking"]["budget_tokens"], 4096);
+    assert_eq!(openai.total_hits(), 0);
+}
+
+/// One OpenAI-format provider `oa` (model `gpt-x`), one Anthropic-format provider `an`
+/// (model `claude-x`), and `oc` (model `gpt-c`) on the OpenAI-format upstream marked as
+/// Chat Completions only; one connection each, client key `sdk-key`.
 fn two_providers(openai: &MockUpstream, anthropic: &MockUpstream) -> String {
     format!(
         r#"
@@ -340,6 +512,14 @@ format = "anthropic"
 base_url = "{}"
 models = ["claude-x"]
 
+# The OpenAI-format upstream, known to speak only Chat Completions.
+[[providers]]
+id = "oc"
+format = "openai"
+base_url = "{0}"
+models = ["gpt-c"]
+responses_api = false
+
 [[connections]]
 id = "oa-1"
 provider = "oa"
@@ -347,6 +527,10 @@ provider = "oa"
 [[connections]]
 id = "an-1"
 provider = "an"
+
+[[connections]]
+id = "oc-1"
+provider = "oc"
 "#,
         openai.base_url(),
         anthropic.base_url()
