@@ -1,6 +1,8 @@
 //! Format translation (`providers::translate`): a ~4 KiB request each way (target: under
 //! 10 µs) and one stream event each way through the stateful translator (target: under
-//! 1 µs). Results are recorded in perf/RESULTS.md.
+//! 1 µs). Each group has an in-run baseline: a plain `serde_json::from_slice::<Value>` of
+//! the same input, so a figure taken on a loaded machine can be read against it. Results
+//! are recorded in perf/RESULTS.md.
 
 use std::hint::black_box;
 
@@ -8,6 +10,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use tidegate::providers::translate::Translation;
 use tidegate::providers::translate::request::{chat_to_messages, messages_to_chat};
+use tidegate::providers::translate::responses::translate_request;
 use tidegate::providers::translate::stream::StreamTranslator;
 
 const TURN: &str = "Please look at {\"key\": [1, 2, 3]} and explain why it\u{2019}s slow. The loop runs 10\u{d7} per request; profile says 42% in parse(). Thanks!";
@@ -46,8 +49,12 @@ fn bench(c: &mut Criterion) {
     let messages = chat_to_messages(&chat, "claude")
         .map(|t| t.body)
         .unwrap_or_default();
+    let responses = responses_request(&chat);
     let mut g = c.benchmark_group("translate_request");
     g.throughput(Throughput::Bytes(chat.len() as u64));
+    g.bench_function(format!("baseline_parse_value_{}B", chat.len()), |b| {
+        b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(&chat)))
+    });
     g.bench_function(format!("chat_to_messages_{}B", chat.len()), |b| {
         b.iter(|| chat_to_messages(black_box(&chat), "claude"))
     });
@@ -55,12 +62,23 @@ fn bench(c: &mut Criterion) {
     g.bench_function(format!("messages_to_chat_{}B", messages.len()), |b| {
         b.iter(|| messages_to_chat(black_box(&messages), "gpt-4o"))
     });
+    g.throughput(Throughput::Bytes(responses.len() as u64));
+    g.bench_function(format!("responses_to_chat_{}B", responses.len()), |b| {
+        b.iter(|| translate_request(black_box(&responses), "gpt-4o", false))
+    });
+    g.bench_function(format!("responses_to_messages_{}B", responses.len()), |b| {
+        b.iter(|| translate_request(black_box(&responses), "claude", true))
+    });
     g.finish();
 
     let mut g = c.benchmark_group("translate_stream_event");
     let anthropic_event: &[u8] = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello there, how are you doing today?\"}}\n\n";
     let openai_event: &[u8] = b"data: {\"id\":\"chatcmpl-AbC123\",\"object\":\"chat.completion.chunk\",\"created\":1733000000,\"model\":\"gpt-4o-2024-08-06\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello there, how are you doing today?\"},\"finish_reason\":null}]}\n\n";
     let mut out = Vec::with_capacity(4096);
+    g.bench_function("baseline_parse_value_chat_chunk", |b| {
+        let data = &openai_event[6..openai_event.len() - 2];
+        b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(data)))
+    });
     let mut to_chat = StreamTranslator::new(Translation::ChatToMessages, true, 1);
     to_chat.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"claude\",\"usage\":{\"input_tokens\":5}}}\n\n", &mut out);
     g.bench_function("anthropic_text_delta_to_chat_chunk", |b| {
@@ -77,7 +95,45 @@ fn bench(c: &mut Criterion) {
             to_messages.feed(black_box(openai_event), &mut out);
         })
     });
+    let mut to_responses = StreamTranslator::new(Translation::ResponsesToChat, false, 1);
+    to_responses.feed(openai_event, &mut out);
+    g.bench_function("chat_chunk_to_responses_output_text_delta", |b| {
+        b.iter(|| {
+            out.clear();
+            to_responses.feed(black_box(openai_event), &mut out);
+        })
+    });
     g.finish();
+}
+
+/// The chat request's conversation as a Responses request of the same size.
+fn responses_request(chat: &[u8]) -> Vec<u8> {
+    let chat: serde_json::Value = serde_json::from_slice(chat).unwrap_or_default();
+    let mut input = Vec::new();
+    for m in chat["messages"].as_array().into_iter().flatten().skip(1) {
+        match m["role"].as_str() {
+            Some("tool") => input.push(json!({"type": "function_call_output",
+                "call_id": m["tool_call_id"], "output": m["content"]})),
+            Some("assistant") if m["tool_calls"].is_array() => {
+                let c = &m["tool_calls"][0];
+                input.push(json!({"type": "function_call", "call_id": c["id"],
+                    "name": c["function"]["name"], "arguments": c["function"]["arguments"]}));
+            }
+            Some(role) => {
+                let kind = if role == "user" { "input_text" } else { "output_text" };
+                input.push(json!({"type": "message", "role": role,
+                    "content": [{"type": kind, "text": m["content"]}]}));
+            }
+            None => {}
+        }
+    }
+    json!({"model": "gpt-4o", "instructions": chat["messages"][0]["content"], "input": input,
+        "max_output_tokens": 1024, "temperature": 0.7, "stream": true, "store": false,
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "tools": [{"type": "function", "name": "search_docs", "description": "Search the docs",
+            "parameters": chat["tools"][0]["function"]["parameters"]}]})
+    .to_string()
+    .into_bytes()
 }
 
 criterion_group!(benches, bench);

@@ -48,7 +48,7 @@ enum Dir {
     ToMessages(ToMessages),
     /// Chat chunks → Responses events; from an Anthropic upstream the events go through
     /// [`ToChat`] first (its chunks re-scanned from `buf`).
-    ToResponses {
+    Responses {
         via: Option<Box<(ToChat, Scanner)>>,
         buf: Vec<u8>,
         t: Box<ToResponses>,
@@ -77,7 +77,7 @@ impl StreamTranslator {
                         Scanner::default(),
                     ))
                 });
-                Dir::ToResponses {
+                Dir::Responses {
                     via,
                     buf: Vec::new(),
                     t: Box::new(ToResponses::new(Echo::default(), created)),
@@ -92,7 +92,7 @@ impl StreamTranslator {
 
     /// The request settings a Responses stream's response objects repeat.
     pub fn with_echo(mut self, echo: Echo) -> Self {
-        if let Dir::ToResponses { t, .. } = &mut self.dir {
+        if let Dir::Responses { t, .. } = &mut self.dir {
             t.echo = echo;
         }
         self
@@ -107,8 +107,8 @@ impl StreamTranslator {
                 match dir {
                     Dir::ToChat(t) => t.event(&ev, out),
                     Dir::ToMessages(t) => t.event(&ev, out),
-                    Dir::ToResponses { via: None, t, .. } => t.event_of(&ev, out),
-                    Dir::ToResponses {
+                    Dir::Responses { via: None, t, .. } => t.event_of(&ev, out),
+                    Dir::Responses {
                         via: Some(via),
                         buf,
                         t,
@@ -128,7 +128,7 @@ impl StreamTranslator {
         match &mut self.dir {
             Dir::ToChat(t) => t.finish(out),
             Dir::ToMessages(t) => t.finish(out),
-            Dir::ToResponses { via, buf, t } => {
+            Dir::Responses { via, buf, t } => {
                 if let Some(via) = via {
                     let (chat, scanner) = &mut **via;
                     chat.finish(buf);
@@ -144,7 +144,7 @@ impl StreamTranslator {
         match &self.dir {
             Dir::ToChat(t) => t.done,
             Dir::ToMessages(t) => t.stopped,
-            Dir::ToResponses { t, .. } => t.done,
+            Dir::Responses { t, .. } => t.done,
         }
     }
 
@@ -154,7 +154,7 @@ impl StreamTranslator {
         match &self.dir {
             Dir::ToChat(t) => t.broken,
             Dir::ToMessages(t) => t.broken,
-            Dir::ToResponses { t, .. } => t.broken,
+            Dir::Responses { t, .. } => t.broken,
         }
     }
 }
