@@ -120,7 +120,11 @@ fn responses_request(chat: &[u8]) -> Vec<u8> {
                     "name": c["function"]["name"], "arguments": c["function"]["arguments"]}));
             }
             Some(role) => {
-                let kind = if role == "user" { "input_text" } else { "output_text" };
+                let kind = if role == "user" {
+                    "input_text"
+                } else {
+                    "output_text"
+                };
                 input.push(json!({"type": "message", "role": role,
                     "content": [{"type": kind, "text": m["content"]}]}));
             }

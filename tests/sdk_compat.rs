@@ -438,22 +438,36 @@ fn the_openai_sdk_responses_api_is_served_by_an_anthropic_format_upstream() {
     anthropic.on(
         "/v1/messages",
         Reply::sse(vec![
-            event(serde_json::json!({"type": "message_start", "message": {"id": "msg_s",
+            event(
+                serde_json::json!({"type": "message_start", "message": {"id": "msg_s",
                 "type": "message", "role": "assistant", "model": "claude-x", "content": [],
-                "stop_reason": null, "usage": {"input_tokens": 7, "output_tokens": 1}}})),
-            event(serde_json::json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "thinking", "thinking": ""}})),
-            event(serde_json::json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "thinking_delta", "thinking": "Two and two."}})),
-            event(serde_json::json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "signature_delta", "signature": "sig"}})),
+                "stop_reason": null, "usage": {"input_tokens": 7, "output_tokens": 1}}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": ""}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": "Two and two."}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "signature_delta", "signature": "sig"}}),
+            ),
             event(serde_json::json!({"type": "content_block_stop", "index": 0})),
-            event(serde_json::json!({"type": "content_block_start", "index": 1,
-                "content_block": {"type": "text", "text": ""}})),
-            event(serde_json::json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "text_delta", "text": "Four"}})),
-            event(serde_json::json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "text_delta", "text": "."}})),
+            event(
+                serde_json::json!({"type": "content_block_start", "index": 1,
+                "content_block": {"type": "text", "text": ""}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_delta", "index": 1,
+                "delta": {"type": "text_delta", "text": "Four"}}),
+            ),
+            event(
+                serde_json::json!({"type": "content_block_delta", "index": 1,
+                "delta": {"type": "text_delta", "text": "."}}),
+            ),
             event(serde_json::json!({"type": "content_block_stop", "index": 1})),
             event(serde_json::json!({"type": "message_delta",
                 "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 11}})),
@@ -479,7 +493,10 @@ fn the_openai_sdk_responses_api_is_served_by_an_anthropic_format_upstream() {
     assert_eq!(sent[0].json()["tools"][0]["name"], "get_weather");
     let second = sent[1].json();
     assert_eq!(second["messages"][1]["content"][0]["id"], "toolu_w");
-    assert_eq!(second["messages"][2]["content"][0]["tool_use_id"], "toolu_w");
+    assert_eq!(
+        second["messages"][2]["content"][0]["tool_use_id"],
+        "toolu_w"
+    );
     let third = sent[2].json();
     assert_eq!(third["stream"], true);
     assert_eq!(third["thinking"]["budget_tokens"], 4096);

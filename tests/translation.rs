@@ -669,7 +669,10 @@ fn a_responses_request_is_served_by_a_chat_completions_only_provider() {
     // An openai-format provider that serves the Responses API gets the request as it is.
     openai.on(
         "/v1/responses",
-        Reply::json(200, json!({"id": "resp_native", "object": "response", "output": []})),
+        Reply::json(
+            200,
+            json!({"id": "resp_native", "object": "response", "output": []}),
+        ),
     );
     let r = post(&gw, "/v1/responses", &codex_request("oa/gpt-x", false));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -802,7 +805,12 @@ fn a_responses_stream_cut_short_ends_with_a_responses_error_event() {
     let gw = start(&openai, &anthropic);
     let mut c = Client::connect(gw.addr());
     let body = serde_json::to_vec(&codex_request("oc/gpt-c", true)).unwrap();
-    c.start_request("POST", "/v1/responses", &[("authorization", "Bearer k")], &body);
+    c.start_request(
+        "POST",
+        "/v1/responses",
+        &[("authorization", "Bearer k")],
+        &body,
+    );
     assert_eq!(c.read_head().status, 200);
     let body = unterminated_body(&mut c);
     let text = String::from_utf8_lossy(&body).into_owned();

@@ -13,6 +13,7 @@
 //! `docs/translation.md` is the field map.
 
 pub mod error;
+mod json;
 pub mod request;
 pub mod response;
 pub mod responses;

@@ -6,6 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use super::Refused;
+use super::json::{J, Pairs, jo, set};
 
 type Obj = Map<String, Value>;
 
@@ -74,9 +75,70 @@ fn want_object<'v>(v: &'v Value, field: &str) -> Result<&'v Obj, Refused> {
         .ok_or_else(|| Refused::new(field, "must be an object"))
 }
 
+// ---------------------------------------------------------------------------------------
+// Chat Completions → Messages
+// ---------------------------------------------------------------------------------------
+
+/// An OpenAI Chat Completions request as an Anthropic Messages request for `model`. The
+/// body is read into a borrowing tree ([`J`]) and the answer written from one: no string
+/// of the conversation is copied on the way.
+pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
+    let req = match J::parse(body) {
+        Ok(j @ J::Obj(_)) => j,
+        Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
+        Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
+    };
+    let (out, include_usage) = chat_to_messages_j(&req, model)?;
+    Ok(Translated {
+        body: out.to_vec(),
+        include_usage,
+    })
+}
+
+/// The object form of [`chat_to_messages`] (for the Responses path and the tests).
+pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refused> {
+    let t = chat_to_messages(&to_bytes(req), model)?;
+    let out = parse_object(&t.body)?;
+    Ok((out, t.include_usage))
+}
+
+fn jwant_u64(v: &J<'_>, field: &str) -> Result<u64, Refused> {
+    v.as_u64()
+        .ok_or_else(|| Refused::new(field, "must be a non-negative integer"))
+}
+
+fn jwant_str<'v>(v: &'v J<'_>, field: &str) -> Result<&'v str, Refused> {
+    v.as_str()
+        .ok_or_else(|| Refused::new(field, "must be a string"))
+}
+
+fn jwant_array<'v, 'a>(v: &'v J<'a>, field: &str) -> Result<&'v Vec<J<'a>>, Refused> {
+    v.as_array()
+        .ok_or_else(|| Refused::new(field, "must be an array"))
+}
+
+fn jwant_object<'v, 'a>(v: &'v J<'a>, field: &str) -> Result<&'v Pairs<'a>, Refused> {
+    v.as_object()
+        .ok_or_else(|| Refused::new(field, "must be an object"))
+}
+
+/// The member `key` of `pairs`, or `null`.
+fn member<'v, 'a>(pairs: &'v Pairs<'a>, key: &str) -> &'v J<'a> {
+    static NULL: J<'static> = J::Null;
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map_or(&NULL, |(_, v)| v)
+}
+
 /// Refuses a field unless it holds the value the target assumes (or is null).
-fn default_only(v: &Value, field: &str, ok: &[Value], target: &str) -> Result<(), Refused> {
-    if v.is_null() || ok.contains(v) {
+fn jdefault_only(v: &J<'_>, field: &str, ok: &[J<'_>], target: &str) -> Result<(), Refused> {
+    let same = |o: &J<'_>| match (v, o) {
+        // 0 and 0.0 are the same number.
+        (J::F(_) | J::U(_) | J::I(_), J::F(_) | J::U(_) | J::I(_)) => v.as_f64() == o.as_f64(),
+        _ => v == o,
+    };
+    if v.is_null() || ok.iter().any(same) {
         Ok(())
     } else {
         Err(Refused::new(
@@ -86,40 +148,25 @@ fn default_only(v: &Value, field: &str, ok: &[Value], target: &str) -> Result<()
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Chat Completions → Messages
-// ---------------------------------------------------------------------------------------
-
-/// An OpenAI Chat Completions request as an Anthropic Messages request for `model`.
-pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let req = parse_object(body)?;
-    let (out, include_usage) = chat_to_messages_obj(&req, model)?;
-    Ok(Translated {
-        body: to_bytes(&out),
-        include_usage,
-    })
-}
-
-/// The object form of [`chat_to_messages`].
-pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refused> {
-    let mut out = Obj::new();
-    out.insert("model".into(), json!(model));
+fn chat_to_messages_j<'a>(req: &J<'a>, model: &'a str) -> Result<(J<'a>, bool), Refused> {
+    let mut out: Pairs<'a> = Vec::with_capacity(12);
+    set(&mut out, "model", J::from(model));
     let mut max_tokens: Option<u64> = None;
     let mut effort: Option<&str> = None;
     let mut parallel: Option<bool> = None;
-    let mut tool_choice: Option<&Value> = None;
+    let mut tool_choice: Option<&J<'a>> = None;
     let mut include_usage = false;
-    let mut messages: Option<&Value> = None;
-    let mut metadata = Obj::new();
-    for (k, v) in req {
-        let k = k.as_str();
+    let mut messages: Option<&J<'a>> = None;
+    let mut metadata: Pairs<'a> = Vec::new();
+    for (k, v) in req.as_object().into_iter().flatten() {
+        let k: &str = k;
         if v.is_null() {
             continue;
         }
         match k {
             "model" => {}
             "messages" => messages = Some(v),
-            "max_tokens" | "max_completion_tokens" => max_tokens = Some(want_u64(v, k)?),
+            "max_tokens" | "max_completion_tokens" => max_tokens = Some(jwant_u64(v, k)?),
             "temperature" => {
                 let t = v
                     .as_f64()
@@ -130,35 +177,35 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
                         "must be between 0 and 1 for an Anthropic provider",
                     ));
                 }
-                out.insert("temperature".into(), v.clone());
+                set(&mut out, "temperature", v.clone());
             }
             "top_p" => {
                 v.as_f64()
                     .ok_or_else(|| Refused::new(k, "must be a number"))?;
-                out.insert("top_p".into(), v.clone());
+                set(&mut out, "top_p", v.clone());
             }
             "stop" => {
                 let list = match v {
-                    Value::String(s) => vec![json!(s)],
-                    Value::Array(a) => {
+                    J::Str(_) => vec![v.clone()],
+                    J::Arr(a) => {
                         for (i, s) in a.iter().enumerate() {
-                            want_str(s, &format!("stop[{i}]"))?;
+                            jwant_str(s, &format!("stop[{i}]"))?;
                         }
                         a.clone()
                     }
                     _ => return Err(Refused::new(k, "must be a string or an array of strings")),
                 };
-                out.insert("stop_sequences".into(), Value::Array(list));
+                set(&mut out, "stop_sequences", J::Arr(list));
             }
             "stream" => {
                 let b = v
                     .as_bool()
                     .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
-                out.insert("stream".into(), json!(b));
+                set(&mut out, "stream", J::Bool(b));
             }
             "stream_options" => {
-                for (ok, ov) in want_object(v, k)? {
-                    match ok.as_str() {
+                for (ok, ov) in jwant_object(v, k)? {
+                    match &**ok {
                         "include_usage" => include_usage = ov.as_bool().unwrap_or(false),
                         other => {
                             return Err(no_counterpart(
@@ -170,10 +217,14 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
                 }
             }
             "user" => {
-                metadata.insert("user_id".into(), json!(want_str(v, k)?));
+                set(
+                    &mut metadata,
+                    "user_id",
+                    J::from(jwant_str(v, k)?.to_owned()),
+                );
             }
             "tools" => {
-                out.insert("tools".into(), tools_to_anthropic(v)?);
+                set(&mut out, "tools", tools_to_anthropic(v)?);
             }
             "tool_choice" => tool_choice = Some(v),
             "parallel_tool_calls" => {
@@ -182,9 +233,9 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
                         .ok_or_else(|| Refused::new(k, "must be a boolean"))?,
                 )
             }
-            "reasoning_effort" => effort = Some(want_str(v, k)?),
+            "reasoning_effort" => effort = Some(jwant_str(v, k)?),
             "response_format" => {
-                let t = v.get("type").and_then(Value::as_str);
+                let t = v.get("type").and_then(J::as_str);
                 if t != Some("text") {
                     return Err(Refused::new(
                         "response_format",
@@ -192,11 +243,9 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
                     ));
                 }
             }
-            "n" => default_only(v, k, &[json!(1)], ANTHROPIC)?,
-            "presence_penalty" | "frequency_penalty" => {
-                default_only(v, k, &[json!(0), json!(0.0)], ANTHROPIC)?
-            }
-            "logprobs" | "store" => default_only(v, k, &[json!(false)], ANTHROPIC)?,
+            "n" => jdefault_only(v, k, &[J::U(1)], ANTHROPIC)?,
+            "presence_penalty" | "frequency_penalty" => jdefault_only(v, k, &[J::U(0)], ANTHROPIC)?,
+            "logprobs" | "store" => jdefault_only(v, k, &[J::Bool(false)], ANTHROPIC)?,
             other => return Err(no_counterpart(other, ANTHROPIC)),
         }
     }
@@ -205,9 +254,9 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
     };
     let (system, turns) = chat_messages_to_anthropic(messages)?;
     if let Some(s) = system {
-        out.insert("system".into(), s);
+        set(&mut out, "system", s);
     }
-    out.insert("messages".into(), Value::Array(turns));
+    set(&mut out, "messages", J::Arr(turns));
     let mut max_tokens = max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     if let Some(e) = effort {
         match EFFORT_BUDGETS.iter().find(|(n, _)| *n == e) {
@@ -217,9 +266,10 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
                 if max_tokens <= *budget {
                     max_tokens += budget;
                 }
-                out.insert(
-                    "thinking".into(),
-                    json!({"type": "enabled", "budget_tokens": budget}),
+                set(
+                    &mut out,
+                    "thinking",
+                    jo! {"type" => "enabled", "budget_tokens" => *budget},
                 );
             }
             None if e == "none" || e == "minimal" => {}
@@ -231,22 +281,23 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
             }
         }
     }
-    out.insert("max_tokens".into(), json!(max_tokens));
+    set(&mut out, "max_tokens", J::U(max_tokens));
     if let Some(tc) = tool_choice_to_anthropic(tool_choice, parallel)? {
-        out.insert("tool_choice".into(), tc);
+        set(&mut out, "tool_choice", tc);
     }
     if !metadata.is_empty() {
-        out.insert("metadata".into(), Value::Object(metadata));
+        set(&mut out, "metadata", J::Obj(metadata));
     }
-    Ok((out, include_usage))
+    Ok((J::Obj(out), include_usage))
 }
 
-fn tools_to_anthropic(v: &Value) -> Result<Value, Refused> {
-    let mut out = Vec::new();
-    for (i, t) in want_array(v, "tools")?.iter().enumerate() {
+fn tools_to_anthropic<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
+    let list = jwant_array(v, "tools")?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
         let at = |f: &str| format!("tools[{i}].{f}");
-        let t = want_object(t, &format!("tools[{i}]"))?;
-        match t.get("type").and_then(Value::as_str) {
+        let t = jwant_object(t, &format!("tools[{i}]"))?;
+        match member(t, "type").as_str() {
             Some("function") => {}
             _ => {
                 return Err(Refused::new(
@@ -255,76 +306,71 @@ fn tools_to_anthropic(v: &Value) -> Result<Value, Refused> {
                 ));
             }
         }
-        let f = want_object(t.get("function").unwrap_or(&Value::Null), &at("function"))?;
-        let mut tool = Obj::new();
+        let f = jwant_object(member(t, "function"), &at("function"))?;
+        let mut tool: Pairs<'a> = Vec::with_capacity(4);
         for (k, v) in f {
-            match k.as_str() {
+            match &**k {
                 "name" => {
-                    tool.insert("name".into(), json!(want_str(v, &at("function.name"))?));
+                    jwant_str(v, &at("function.name"))?;
+                    set(&mut tool, "name", v.clone());
                 }
                 "description" if !v.is_null() => {
-                    tool.insert("description".into(), v.clone());
+                    set(&mut tool, "description", v.clone());
                 }
                 "parameters" if !v.is_null() => {
-                    tool.insert("input_schema".into(), v.clone());
+                    set(&mut tool, "input_schema", v.clone());
                 }
-                "strict" => default_only(v, &at("function.strict"), &[json!(false)], ANTHROPIC)?,
+                "strict" => jdefault_only(v, &at("function.strict"), &[J::Bool(false)], ANTHROPIC)?,
                 "description" | "parameters" => {}
                 other => return Err(no_counterpart(&at(&format!("function.{other}")), ANTHROPIC)),
             }
         }
-        if !tool.contains_key("name") {
+        if !tool.iter().any(|(k, _)| k == "name") {
             return Err(Refused::new(at("function.name"), "is required"));
         }
-        tool.entry("input_schema")
-            .or_insert_with(|| json!({"type": "object", "properties": {}}));
-        if let Some(cc) = t.get("cache_control") {
-            tool.insert("cache_control".into(), cc.clone());
+        if !tool.iter().any(|(k, _)| k == "input_schema") {
+            set(
+                &mut tool,
+                "input_schema",
+                jo! {"type" => "object", "properties" => J::Obj(Vec::new())},
+            );
         }
-        out.push(Value::Object(tool));
+        let cc = member(t, "cache_control");
+        if !cc.is_null() {
+            set(&mut tool, "cache_control", cc.clone());
+        }
+        out.push(J::Obj(tool));
     }
-    Ok(Value::Array(out))
+    Ok(J::Arr(out))
 }
 
-fn tool_choice_to_anthropic(
-    choice: Option<&Value>,
+fn tool_choice_to_anthropic<'a>(
+    choice: Option<&J<'a>>,
     parallel: Option<bool>,
-) -> Result<Option<Value>, Refused> {
+) -> Result<Option<J<'a>>, Refused> {
+    let refuse = || Refused::new("tool_choice", "must be auto, none, required or a function");
     let mut tc = match choice {
         None => None,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => Some(json!({"type": "auto"})),
-            "none" => Some(json!({"type": "none"})),
-            "required" => Some(json!({"type": "any"})),
-            _ => {
-                return Err(Refused::new(
-                    "tool_choice",
-                    "must be auto, none, required or a function",
-                ));
-            }
+        Some(J::Str(s)) => match s.as_ref() {
+            "auto" => Some(jo! {"type" => "auto"}),
+            "none" => Some(jo! {"type" => "none"}),
+            "required" => Some(jo! {"type" => "any"}),
+            _ => return Err(refuse()),
         },
         Some(v) => {
-            let name = v
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .and_then(Value::as_str);
-            match (v.get("type").and_then(Value::as_str), name) {
-                (Some("function"), Some(n)) => Some(json!({"type": "tool", "name": n})),
-                _ => {
-                    return Err(Refused::new(
-                        "tool_choice",
-                        "must be auto, none, required or a function",
-                    ));
+            let name = v.get("function").and_then(|f| f.get("name"));
+            match (v.get("type").and_then(J::as_str), name) {
+                (Some("function"), Some(n @ J::Str(_))) => {
+                    Some(jo! {"type" => "tool", "name" => n.clone()})
                 }
+                _ => return Err(refuse()),
             }
         }
     };
     if parallel == Some(false) {
-        let t = tc.get_or_insert_with(|| json!({"type": "auto"}));
-        if t["type"] != "none"
-            && let Some(o) = t.as_object_mut()
-        {
-            o.insert("disable_parallel_tool_use".into(), json!(true));
+        let t = tc.get_or_insert_with(|| jo! {"type" => "auto"});
+        if t.at("type").as_str() != Some("none") {
+            t.insert("disable_parallel_tool_use", J::Bool(true));
         }
     }
     Ok(tc)
@@ -338,21 +384,35 @@ fn data_url(url: &str) -> Option<(&str, &str)> {
     Some((media, data))
 }
 
+/// A sub-slice of a borrowed string as a borrowed string (an owned one is copied).
+fn sub<'a>(whole: &J<'a>, part: &str) -> J<'a> {
+    match whole {
+        J::Str(std::borrow::Cow::Borrowed(s)) => {
+            let start = part.as_ptr() as usize - s.as_ptr() as usize;
+            J::from(&s[start..start + part.len()])
+        }
+        _ => J::from(part.to_owned()),
+    }
+}
+
 /// An OpenAI user content part as an Anthropic content block.
-fn part_to_block(part: &Value, at: &str) -> Result<Value, Refused> {
-    let p = want_object(part, at)?;
-    let mut block = match p.get("type").and_then(Value::as_str) {
+fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+    let p = jwant_object(part, at)?;
+    let mut block = match member(p, "type").as_str() {
         Some("text") => {
-            json!({"type": "text", "text": want_str(p.get("text").unwrap_or(&Value::Null), &format!("{at}.text"))?})
+            let t = member(p, "text");
+            jwant_str(t, &format!("{at}.text"))?;
+            jo! {"type" => "text", "text" => t.clone()}
         }
         Some("image_url") => {
-            let iu = p.get("image_url").unwrap_or(&Value::Null);
+            let iu = member(p, "image_url");
+            let url_j = match iu {
+                J::Str(_) => iu,
+                _ => iu.at("url"),
+            };
             let url = match iu {
-                Value::String(s) => s.as_str(),
-                _ => want_str(
-                    iu.get("url").unwrap_or(&Value::Null),
-                    &format!("{at}.image_url.url"),
-                )?,
+                J::Str(s) => &**s,
+                _ => jwant_str(url_j, &format!("{at}.image_url.url"))?,
             };
             if url.starts_with("data:") {
                 let Some((media, data)) = data_url(url) else {
@@ -361,9 +421,10 @@ fn part_to_block(part: &Value, at: &str) -> Result<Value, Refused> {
                         "a data URL must be base64 (data:<type>;base64,…)",
                     ));
                 };
-                json!({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+                let source = jo! {"type" => "base64", "media_type" => sub(url_j, media), "data" => sub(url_j, data)};
+                jo! {"type" => "image", "source" => source}
             } else {
-                json!({"type": "image", "source": {"type": "url", "url": url}})
+                jo! {"type" => "image", "source" => jo!{"type" => "url", "url" => url_j.clone()}}
             }
         }
         _ => {
@@ -373,21 +434,22 @@ fn part_to_block(part: &Value, at: &str) -> Result<Value, Refused> {
             ));
         }
     };
-    if let (Some(cc), Some(b)) = (p.get("cache_control"), block.as_object_mut()) {
-        b.insert("cache_control".into(), cc.clone());
+    let cc = member(p, "cache_control");
+    if p.iter().any(|(k, _)| k == "cache_control") {
+        block.insert("cache_control", cc.clone());
     }
     Ok(block)
 }
 
 /// Text-only content (system prompts, tool results) as Anthropic blocks, or a string.
-fn text_content(v: &Value, at: &str) -> Result<Value, Refused> {
+fn text_content<'a>(v: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
     match v {
-        Value::String(_) => Ok(v.clone()),
-        Value::Array(parts) => {
+        J::Str(_) => Ok(v.clone()),
+        J::Arr(parts) => {
             let mut blocks = Vec::with_capacity(parts.len());
             for (j, p) in parts.iter().enumerate() {
                 let at = format!("{at}[{j}]");
-                if p.get("type").and_then(Value::as_str) != Some("text") {
+                if p.get("type").and_then(J::as_str) != Some("text") {
                     return Err(Refused::new(
                         format!("{at}.type"),
                         "only text parts are accepted here",
@@ -395,36 +457,37 @@ fn text_content(v: &Value, at: &str) -> Result<Value, Refused> {
                 }
                 blocks.push(part_to_block(p, &at)?);
             }
-            Ok(Value::Array(blocks))
+            Ok(J::Arr(blocks))
         }
         _ => Err(Refused::new(at, "must be a string or an array of parts")),
     }
 }
 
 /// OpenAI `messages` → Anthropic (`system`, `messages`).
-fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), Refused> {
-    let msgs = want_array(v, "messages")?;
-    let mut system: Vec<Value> = Vec::new();
-    let mut system_string: Option<String> = None;
+fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>>), Refused> {
+    let msgs = jwant_array(v, "messages")?;
+    let mut system: Vec<J<'a>> = Vec::new();
+    let mut system_string: Option<J<'a>> = None;
     let mut system_count = 0usize;
-    let mut turns: Vec<Value> = Vec::new();
+    let mut turns: Vec<J<'a>> = Vec::with_capacity(msgs.len());
     // Whether the last turn is a user turn built from tool results (more results, and a
     // following user message, join it: Anthropic wants them in one user turn).
     let mut last_is_results = false;
     for (i, m) in msgs.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");
-        let m = want_object(m, &format!("messages[{i}]"))?;
-        let role = want_str(m.get("role").unwrap_or(&Value::Null), &at("role"))?;
-        for k in m.keys() {
-            let known = matches!(k.as_str(), "role" | "content")
+        let m = jwant_object(m, &format!("messages[{i}]"))?;
+        let role = jwant_str(member(m, "role"), &at("role"))?;
+        for (k, v) in m {
+            let k: &str = k;
+            let known = matches!(k, "role" | "content")
                 || (role == "assistant"
-                    && matches!(k.as_str(), "tool_calls" | "reasoning_content" | "refusal"))
+                    && matches!(k, "tool_calls" | "reasoning_content" | "refusal"))
                 || (role == "tool" && k == "tool_call_id");
-            if !known && !m[k].is_null() {
+            if !known && !v.is_null() {
                 return Err(no_counterpart(&at(k), ANTHROPIC));
             }
         }
-        let content = m.get("content").unwrap_or(&Value::Null);
+        let content = member(m, "content");
         match role {
             "system" | "developer" => {
                 if !turns.is_empty() {
@@ -435,11 +498,11 @@ fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), 
                 }
                 system_count += 1;
                 match text_content(content, &at("content"))? {
-                    Value::String(s) => {
-                        system_string = Some(s.clone());
-                        system.push(json!({"type": "text", "text": s}));
+                    s @ J::Str(_) => {
+                        system.push(jo! {"type" => "text", "text" => s.clone()});
+                        system_string = Some(s);
                     }
-                    Value::Array(blocks) => {
+                    J::Arr(blocks) => {
                         system_string = None;
                         system.extend(blocks);
                     }
@@ -448,40 +511,40 @@ fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), 
             }
             "user" => {
                 let c = match content {
-                    Value::String(_) => content.clone(),
-                    Value::Array(parts) => {
+                    J::Str(_) => content.clone(),
+                    J::Arr(parts) => {
                         let mut blocks = Vec::with_capacity(parts.len());
                         for (j, p) in parts.iter().enumerate() {
                             blocks.push(part_to_block(p, &format!("messages[{i}].content[{j}]"))?);
                         }
-                        Value::Array(blocks)
+                        J::Arr(blocks)
                     }
                     _ => return Err(Refused::new(at("content"), "must be a string or an array")),
                 };
                 if last_is_results
-                    && let Some(Value::Array(blocks)) =
+                    && let Some(J::Arr(blocks)) =
                         turns.last_mut().and_then(|t| t.get_mut("content"))
                 {
                     match c {
-                        Value::String(s) => blocks.push(json!({"type": "text", "text": s})),
-                        Value::Array(more) => blocks.extend(more),
+                        s @ J::Str(_) => blocks.push(jo! {"type" => "text", "text" => s}),
+                        J::Arr(more) => blocks.extend(more),
                         _ => {}
                     }
                 } else {
-                    turns.push(json!({"role": "user", "content": c}));
+                    turns.push(jo! {"role" => "user", "content" => c});
                 }
                 last_is_results = false;
             }
             "assistant" => {
-                let mut blocks: Vec<Value> = Vec::new();
-                let mut as_string: Option<&str> = None;
+                let mut blocks: Vec<J<'a>> = Vec::new();
+                let mut as_string: Option<&J<'a>> = None;
                 match content {
-                    Value::Null => {}
-                    Value::String(s) => as_string = Some(s),
-                    Value::Array(parts) => {
+                    J::Null => {}
+                    J::Str(_) => as_string = Some(content),
+                    J::Arr(parts) => {
                         for (j, p) in parts.iter().enumerate() {
                             let pat = format!("messages[{i}].content[{j}]");
-                            if p.get("type").and_then(Value::as_str) != Some("text") {
+                            if p.get("type").and_then(J::as_str) != Some("text") {
                                 return Err(Refused::new(
                                     format!("{pat}.type"),
                                     "an assistant turn carries only text parts",
@@ -497,13 +560,14 @@ fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), 
                         ));
                     }
                 }
-                if let Some(r) = m.get("refusal").filter(|r| !r.is_null()) {
-                    let r = want_str(r, &at("refusal"))?;
-                    blocks.push(json!({"type": "text", "text": r}));
+                let r = member(m, "refusal");
+                if !r.is_null() {
+                    jwant_str(r, &at("refusal"))?;
+                    blocks.push(jo! {"type" => "text", "text" => r.clone()});
                 }
-                let calls = match m.get("tool_calls") {
-                    None | Some(Value::Null) => &[][..],
-                    Some(v) => want_array(v, &at("tool_calls"))?.as_slice(),
+                let calls = match member(m, "tool_calls") {
+                    J::Null => &[][..],
+                    v => jwant_array(v, &at("tool_calls"))?.as_slice(),
                 };
                 for (j, c) in calls.iter().enumerate() {
                     blocks.push(tool_call_to_tool_use(
@@ -512,31 +576,30 @@ fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), 
                     )?);
                 }
                 let c = match as_string {
-                    Some(s) if blocks.is_empty() => json!(s),
+                    Some(s) if blocks.is_empty() => s.clone(),
                     Some(s) => {
-                        if !s.is_empty() {
-                            blocks.insert(0, json!({"type": "text", "text": s}));
+                        if s.as_str().is_some_and(|s| !s.is_empty()) {
+                            blocks.insert(0, jo! {"type" => "text", "text" => s.clone()});
                         }
-                        Value::Array(blocks)
+                        J::Arr(blocks)
                     }
-                    None => Value::Array(blocks),
+                    None => J::Arr(blocks),
                 };
-                turns.push(json!({"role": "assistant", "content": c}));
+                turns.push(jo! {"role" => "assistant", "content" => c});
                 last_is_results = false;
             }
             "tool" => {
-                let id = want_str(
-                    m.get("tool_call_id").unwrap_or(&Value::Null),
-                    &at("tool_call_id"),
-                )?;
+                let id = member(m, "tool_call_id");
+                jwant_str(id, &at("tool_call_id"))?;
                 let c = match content {
-                    Value::Null => json!(""),
+                    J::Null => J::from(""),
                     _ => text_content(content, &at("content"))?,
                 };
-                let block = json!({"type": "tool_result", "tool_use_id": id, "content": c});
+                let block =
+                    jo! {"type" => "tool_result", "tool_use_id" => id.clone(), "content" => c};
                 match turns.last_mut().and_then(|t| t.get_mut("content")) {
-                    Some(Value::Array(blocks)) if last_is_results => blocks.push(block),
-                    _ => turns.push(json!({"role": "user", "content": [block]})),
+                    Some(J::Arr(blocks)) if last_is_results => blocks.push(block),
+                    _ => turns.push(jo! {"role" => "user", "content" => vec![block]}),
                 }
                 last_is_results = true;
             }
@@ -550,32 +613,29 @@ fn chat_messages_to_anthropic(v: &Value) -> Result<(Option<Value>, Vec<Value>), 
     }
     let system = match (system_count, system_string) {
         (0, _) => None,
-        (1, Some(s)) => Some(json!(s)),
-        _ => Some(Value::Array(system)),
+        (1, Some(s)) => Some(s),
+        _ => Some(J::Arr(system)),
     };
     Ok((system, turns))
 }
 
-fn tool_call_to_tool_use(c: &Value, at: &str) -> Result<Value, Refused> {
-    let c = want_object(c, at)?;
-    let id = want_str(c.get("id").unwrap_or(&Value::Null), &format!("{at}.id"))?;
-    let f = want_object(
-        c.get("function").unwrap_or(&Value::Null),
-        &format!("{at}.function"),
-    )?;
-    let name = want_str(
-        f.get("name").unwrap_or(&Value::Null),
-        &format!("{at}.function.name"),
-    )?;
-    let args = match f.get("arguments") {
-        None | Some(Value::Null) => "",
-        Some(a) => want_str(a, &format!("{at}.function.arguments"))?,
+fn tool_call_to_tool_use<'a>(c: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+    let c = jwant_object(c, at)?;
+    let id = member(c, "id");
+    jwant_str(id, &format!("{at}.id"))?;
+    let f = jwant_object(member(c, "function"), &format!("{at}.function"))?;
+    let name = member(f, "name");
+    jwant_str(name, &format!("{at}.function.name"))?;
+    let args = match member(f, "arguments") {
+        J::Null => "",
+        a => jwant_str(a, &format!("{at}.function.arguments"))?,
     };
-    let input: Value = if args.trim().is_empty() {
-        json!({})
+    let input: J<'a> = if args.trim().is_empty() {
+        J::Obj(Vec::new())
     } else {
-        match serde_json::from_str::<Value>(args) {
-            Ok(v @ Value::Object(_)) => v,
+        // The arguments are a string holding JSON: parsed (owned: they were escaped).
+        match serde_json::from_str::<J<'_>>(args) {
+            Ok(J::Obj(p)) => owned(J::Obj(p)),
             _ => {
                 return Err(Refused::new(
                     format!("{at}.function.arguments"),
@@ -584,7 +644,23 @@ fn tool_call_to_tool_use(c: &Value, at: &str) -> Result<Value, Refused> {
             }
         }
     };
-    Ok(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+    Ok(jo! {"type" => "tool_use", "id" => id.clone(), "name" => name.clone(), "input" => input})
+}
+
+/// The tree with every string owned (free of the buffer it was read from).
+fn owned(j: J<'_>) -> J<'static> {
+    use std::borrow::Cow;
+    let own = |c: Cow<'_, str>| -> Cow<'static, str> { Cow::Owned(c.into_owned()) };
+    match j {
+        J::Null => J::Null,
+        J::Bool(b) => J::Bool(b),
+        J::U(n) => J::U(n),
+        J::I(n) => J::I(n),
+        J::F(n) => J::F(n),
+        J::Str(s) => J::Str(own(s)),
+        J::Arr(a) => J::Arr(a.into_iter().map(owned).collect()),
+        J::Obj(p) => J::Obj(p.into_iter().map(|(k, v)| (own(k), owned(v))).collect()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------

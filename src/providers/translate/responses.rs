@@ -204,7 +204,12 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
         None => return Err(Refused::new("input", "is required")),
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) => input_items(items, anthropic, &mut messages)?,
-        Some(_) => return Err(Refused::new("input", "must be a string or an array of items")),
+        Some(_) => {
+            return Err(Refused::new(
+                "input",
+                "must be a string or an array of items",
+            ));
+        }
     }
     out.insert("messages".into(), Value::Array(messages));
     Ok((out, echo))
@@ -501,9 +506,8 @@ fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> R
                     _ => false,
                 };
                 if !joined {
-                    messages.push(
-                        json!({"role": "assistant", "content": null, "tool_calls": [call]}),
-                    );
+                    messages
+                        .push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
                 }
             }
             "function_call_output" => {
@@ -762,8 +766,14 @@ pub fn completion_to_response(c: &Value, echo: &Echo, created: u64) -> Vec<u8> {
 
 #[derive(Debug)]
 enum Item {
-    Reasoning { id: String, text: String },
-    Message { id: String, text: String },
+    Reasoning {
+        id: String,
+        text: String,
+    },
+    Message {
+        id: String,
+        text: String,
+    },
     Call {
         /// The chat tool-call index.
         index: u64,

@@ -31,6 +31,21 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
+/// Appends `n` in decimal.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
 fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
 }
@@ -733,11 +748,18 @@ impl ToMessages {
         i
     }
 
+    /// One `content_block_delta`, written piece by piece (no formatting machinery: this
+    /// runs once per streamed token).
     fn delta(&self, out: &mut Vec<u8>, index: u64, kind: &str, field: &str, value: &str) {
-        let _ = write!(
-            out,
-            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":{index},\"delta\":{{\"type\":\"{kind}\",\"{field}\":"
+        out.extend_from_slice(
+            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
         );
+        push_u64(out, index);
+        out.extend_from_slice(b",\"delta\":{\"type\":\"");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\",\"");
+        out.extend_from_slice(field.as_bytes());
+        out.extend_from_slice(b"\":");
         push_str(out, value);
         out.extend_from_slice(b"}}\n\n");
     }

@@ -895,11 +895,20 @@ mod responses {
         assert_eq!(m["messages"][0]["content"][1]["type"], "image");
         assert_eq!(m["messages"][1]["content"][1]["type"], "tool_use");
         assert_eq!(m["messages"][1]["content"][1]["id"], "call_1");
-        assert_eq!(m["messages"][1]["content"][1]["input"], json!({"cmd": "ls"}));
+        assert_eq!(
+            m["messages"][1]["content"][1]["input"],
+            json!({"cmd": "ls"})
+        );
         assert_eq!(m["messages"][2]["content"][0]["type"], "tool_result");
         assert_eq!(m["messages"][2]["content"][0]["tool_use_id"], "call_1");
-        assert_eq!(m["messages"][2]["content"][1], json!({"type": "text", "text": "Thanks"}));
-        assert_eq!(m["thinking"], json!({"type": "enabled", "budget_tokens": 4096}));
+        assert_eq!(
+            m["messages"][2]["content"][1],
+            json!({"type": "text", "text": "Thanks"})
+        );
+        assert_eq!(
+            m["thinking"],
+            json!({"type": "enabled", "budget_tokens": 4096})
+        );
         assert_eq!(m["max_tokens"], 5096);
         assert_eq!(
             m["tool_choice"],
@@ -936,7 +945,10 @@ mod responses {
                 "tools[0].type"
             );
             assert_eq!(
-                refused(with("include", json!(["file_search_call.results"])), anthropic),
+                refused(
+                    with("include", json!(["file_search_call.results"])),
+                    anthropic
+                ),
                 "include[0]"
             );
             assert_eq!(
@@ -964,10 +976,16 @@ mod responses {
                 "input[0].call_id"
             );
             assert_eq!(
-                refused(with("reasoning", json!({"effort": "low", "mode": "x"})), anthropic),
+                refused(
+                    with("reasoning", json!({"effort": "low", "mode": "x"})),
+                    anthropic
+                ),
                 "reasoning.mode"
             );
-            assert_eq!(refused(with("top_logprobs", json!(2)), anthropic), "top_logprobs");
+            assert_eq!(
+                refused(with("top_logprobs", json!(2)), anthropic),
+                "top_logprobs"
+            );
         }
         // What only an Anthropic provider cannot honour.
         let strict = json!([{"type": "function", "name": "f", "strict": true}]);
@@ -976,13 +994,20 @@ mod responses {
         let json_mode = json!({"format": {"type": "json_object"}});
         assert_eq!(refused(with("text", json_mode.clone()), false), "accepted");
         assert_eq!(refused(with("text", json_mode), true), "text.format");
-        assert_eq!(refused(with("temperature", json!(1.5)), true), "temperature");
+        assert_eq!(
+            refused(with("temperature", json!(1.5)), true),
+            "temperature"
+        );
         assert_eq!(
             refused(with("reasoning", json!({"effort": "xhigh"})), true),
             "reasoning.effort"
         );
-        let late_system = json!([{"role": "user", "content": "a"}, {"role": "developer", "content": "b"}]);
-        assert_eq!(refused(with("input", late_system.clone()), false), "accepted");
+        let late_system =
+            json!([{"role": "user", "content": "a"}, {"role": "developer", "content": "b"}]);
+        assert_eq!(
+            refused(with("input", late_system.clone()), false),
+            "accepted"
+        );
         assert_eq!(refused(with("input", late_system), true), "input[1].role");
     }
 
@@ -1094,7 +1119,10 @@ mod responses {
         }
         let (last, done) = events.last().cloned().unwrap_or_default();
         assert_eq!(last, "response.completed");
-        let output = done["response"]["output"].as_array().cloned().unwrap_or_default();
+        let output = done["response"]["output"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         assert_eq!(output.len(), added.len());
         for (a, o) in added.iter().zip(&output) {
             assert_eq!(a["id"], o["id"]);
