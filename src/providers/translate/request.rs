@@ -3,7 +3,7 @@
 //! default the target assumes anyway, dropped by a rule `docs/translation.md` states, or
 //! refused with a [`Refused`] naming its JSON path.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::Refused;
 use super::json::{J, Pairs, jo, set};
@@ -54,26 +54,6 @@ fn no_counterpart(field: &str, target: &str) -> Refused {
 
 const ANTHROPIC: &str = "the Anthropic Messages API";
 const OPENAI: &str = "the OpenAI Chat Completions API";
-
-fn want_u64(v: &Value, field: &str) -> Result<u64, Refused> {
-    v.as_u64()
-        .ok_or_else(|| Refused::new(field, "must be a non-negative integer"))
-}
-
-fn want_str<'v>(v: &'v Value, field: &str) -> Result<&'v str, Refused> {
-    v.as_str()
-        .ok_or_else(|| Refused::new(field, "must be a string"))
-}
-
-fn want_array<'v>(v: &'v Value, field: &str) -> Result<&'v Vec<Value>, Refused> {
-    v.as_array()
-        .ok_or_else(|| Refused::new(field, "must be an array"))
-}
-
-fn want_object<'v>(v: &'v Value, field: &str) -> Result<&'v Obj, Refused> {
-    v.as_object()
-        .ok_or_else(|| Refused::new(field, "must be an object"))
-}
 
 // ---------------------------------------------------------------------------------------
 // Chat Completions → Messages
@@ -667,25 +647,36 @@ fn owned(j: J<'_>) -> J<'static> {
 // Messages → Chat Completions
 // ---------------------------------------------------------------------------------------
 
-/// An Anthropic Messages request as an OpenAI Chat Completions request for `model`.
+/// An Anthropic Messages request as an OpenAI Chat Completions request for `model`, read
+/// into and written from a borrowing tree ([`J`]) as [`chat_to_messages`].
 pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let req = parse_object(body)?;
-    let out = messages_to_chat_obj(&req, model)?;
+    let req = match J::parse(body) {
+        Ok(j @ J::Obj(_)) => j,
+        Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
+        Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
+    };
+    let out = messages_to_chat_j(&req, model)?;
     Ok(Translated {
-        body: to_bytes(&out),
+        body: out.to_vec(),
         include_usage: false,
     })
 }
 
-/// The object form of [`messages_to_chat`].
+/// The object form of [`messages_to_chat`] (for the round-trip tests).
+#[cfg(test)]
 pub fn messages_to_chat_obj(req: &Obj, model: &str) -> Result<Obj, Refused> {
-    let mut out = Obj::new();
-    out.insert("model".into(), json!(model));
-    let mut system: Option<&Value> = None;
-    let mut messages: Option<&Value> = None;
-    let mut tool_choice: Option<&Value> = None;
-    for (k, v) in req {
-        let k = k.as_str();
+    let t = messages_to_chat(&to_bytes(req), model)?;
+    parse_object(&t.body)
+}
+
+fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused> {
+    let mut out: Pairs<'a> = Vec::with_capacity(12);
+    set(&mut out, "model", J::from(model));
+    let mut system: Option<&J<'a>> = None;
+    let mut messages: Option<&J<'a>> = None;
+    let mut tool_choice: Option<&J<'a>> = None;
+    for (k, v) in req.as_object().into_iter().flatten() {
+        let k: &str = k;
         if v.is_null() {
             continue;
         }
@@ -694,34 +685,40 @@ pub fn messages_to_chat_obj(req: &Obj, model: &str) -> Result<Obj, Refused> {
             "system" => system = Some(v),
             "messages" => messages = Some(v),
             "max_tokens" => {
-                out.insert("max_tokens".into(), json!(want_u64(v, k)?));
+                set(&mut out, "max_tokens", J::U(jwant_u64(v, k)?));
             }
-            "temperature" | "top_p" => {
+            "temperature" => {
                 v.as_f64()
                     .ok_or_else(|| Refused::new(k, "must be a number"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "temperature", v.clone());
+            }
+            "top_p" => {
+                v.as_f64()
+                    .ok_or_else(|| Refused::new(k, "must be a number"))?;
+                set(&mut out, "top_p", v.clone());
             }
             "stop_sequences" => {
-                for (i, s) in want_array(v, k)?.iter().enumerate() {
-                    want_str(s, &format!("stop_sequences[{i}]"))?;
+                for (i, s) in jwant_array(v, k)?.iter().enumerate() {
+                    jwant_str(s, &format!("stop_sequences[{i}]"))?;
                 }
-                out.insert("stop".into(), v.clone());
+                set(&mut out, "stop", v.clone());
             }
             "stream" => {
                 let b = v
                     .as_bool()
                     .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
-                out.insert("stream".into(), json!(b));
+                set(&mut out, "stream", J::Bool(b));
                 if b {
                     // The usage chunk feeds the translated message_delta's usage.
-                    out.insert("stream_options".into(), json!({"include_usage": true}));
+                    set(&mut out, "stream_options", jo! {"include_usage" => true});
                 }
             }
             "metadata" => {
-                for (mk, mv) in want_object(v, k)? {
-                    match mk.as_str() {
+                for (mk, mv) in jwant_object(v, k)? {
+                    match &**mk {
                         "user_id" if !mv.is_null() => {
-                            out.insert("user".into(), json!(want_str(mv, "metadata.user_id")?));
+                            jwant_str(mv, "metadata.user_id")?;
+                            set(&mut out, "user", mv.clone());
                         }
                         "user_id" => {}
                         other => return Err(no_counterpart(&format!("metadata.{other}"), OPENAI)),
@@ -729,18 +726,20 @@ pub fn messages_to_chat_obj(req: &Obj, model: &str) -> Result<Obj, Refused> {
                 }
             }
             "tools" => {
-                out.insert("tools".into(), tools_to_openai(v)?);
+                set(&mut out, "tools", tools_to_openai(v)?);
             }
             "tool_choice" => tool_choice = Some(v),
             "thinking" => {
-                let t = want_object(v, k)?;
-                match t.get("type").and_then(Value::as_str) {
+                let t = jwant_object(v, k)?;
+                match member(t, "type").as_str() {
                     Some("enabled") => {
-                        let budget = want_u64(
-                            t.get("budget_tokens").unwrap_or(&Value::Null),
-                            "thinking.budget_tokens",
-                        )?;
-                        out.insert("reasoning_effort".into(), json!(effort_of_budget(budget)));
+                        let budget =
+                            jwant_u64(member(t, "budget_tokens"), "thinking.budget_tokens")?;
+                        set(
+                            &mut out,
+                            "reasoning_effort",
+                            J::from(effort_of_budget(budget)),
+                        );
                     }
                     Some("disabled") => {}
                     _ => return Err(Refused::new("thinking.type", "must be enabled or disabled")),
@@ -749,26 +748,29 @@ pub fn messages_to_chat_obj(req: &Obj, model: &str) -> Result<Obj, Refused> {
             other => return Err(no_counterpart(other, OPENAI)),
         }
     }
-    let mut turns: Vec<Value> = Vec::new();
+    let mut turns: Vec<J<'a>> = Vec::new();
     if let Some(s) = system {
-        turns.push(json!({"role": "system", "content": system_to_openai(s)?}));
+        turns.push(jo! {"role" => "system", "content" => system_to_openai(s)?});
     }
     let Some(messages) = messages else {
         return Err(Refused::new("messages", "is required"));
     };
-    for (i, m) in want_array(messages, "messages")?.iter().enumerate() {
+    let messages = jwant_array(messages, "messages")?;
+    turns.reserve(messages.len());
+    for (i, m) in messages.iter().enumerate() {
         anthropic_turn_to_openai(m, i, &mut turns)?;
     }
-    out.insert("messages".into(), Value::Array(turns));
+    set(&mut out, "messages", J::Arr(turns));
     if let Some(tc) = tool_choice {
-        let tc = want_object(tc, "tool_choice")?;
-        let choice = match tc.get("type").and_then(Value::as_str) {
-            Some("auto") => json!("auto"),
-            Some("any") => json!("required"),
-            Some("none") => json!("none"),
+        let tc = jwant_object(tc, "tool_choice")?;
+        let choice = match member(tc, "type").as_str() {
+            Some("auto") => J::from("auto"),
+            Some("any") => J::from("required"),
+            Some("none") => J::from("none"),
             Some("tool") => {
-                let n = want_str(tc.get("name").unwrap_or(&Value::Null), "tool_choice.name")?;
-                json!({"type": "function", "function": {"name": n}})
+                let n = member(tc, "name");
+                jwant_str(n, "tool_choice.name")?;
+                jo! {"type" => "function", "function" => jo!{"name" => n.clone()}}
             }
             _ => {
                 return Err(Refused::new(
@@ -777,19 +779,19 @@ pub fn messages_to_chat_obj(req: &Obj, model: &str) -> Result<Obj, Refused> {
                 ));
             }
         };
-        out.insert("tool_choice".into(), choice);
-        if tc.get("disable_parallel_tool_use") == Some(&json!(true)) {
-            out.insert("parallel_tool_calls".into(), json!(false));
+        set(&mut out, "tool_choice", choice);
+        if member(tc, "disable_parallel_tool_use") == &J::Bool(true) {
+            set(&mut out, "parallel_tool_calls", J::Bool(false));
         }
     }
-    Ok(out)
+    Ok(J::Obj(out))
 }
 
 /// Anthropic `system` (a string or text blocks) → the OpenAI system message content.
-fn system_to_openai(v: &Value) -> Result<Value, Refused> {
+fn system_to_openai<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
     match v {
-        Value::String(_) => Ok(v.clone()),
-        Value::Array(blocks) => text_blocks_to_parts(blocks, "system"),
+        J::Str(_) => Ok(v.clone()),
+        J::Arr(blocks) => text_blocks_to_parts(blocks, "system"),
         _ => Err(Refused::new(
             "system",
             "must be a string or an array of text blocks",
@@ -797,53 +799,46 @@ fn system_to_openai(v: &Value) -> Result<Value, Refused> {
     }
 }
 
-fn text_blocks_to_parts(blocks: &[Value], at: &str) -> Result<Value, Refused> {
+fn text_blocks_to_parts<'a>(blocks: &[J<'a>], at: &str) -> Result<J<'a>, Refused> {
     let mut parts = Vec::with_capacity(blocks.len());
     for (j, b) in blocks.iter().enumerate() {
         let bat = format!("{at}[{j}]");
-        if b.get("type").and_then(Value::as_str) != Some("text") {
+        if b.get("type").and_then(J::as_str) != Some("text") {
             return Err(Refused::new(
                 format!("{bat}.type"),
                 "only text blocks can be carried here to an OpenAI provider",
             ));
         }
-        let text = want_str(
-            b.get("text").unwrap_or(&Value::Null),
-            &format!("{bat}.text"),
-        )?;
-        parts.push(json!({"type": "text", "text": text}));
+        let text = b.at("text");
+        jwant_str(text, &format!("{bat}.text"))?;
+        parts.push(jo! {"type" => "text", "text" => text.clone()});
     }
-    Ok(Value::Array(parts))
+    Ok(J::Arr(parts))
 }
 
-fn block_to_part(b: &Value, at: &str) -> Result<Value, Refused> {
-    match b.get("type").and_then(Value::as_str) {
+fn block_to_part<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+    match b.get("type").and_then(J::as_str) {
         Some("text") => {
-            let text = want_str(b.get("text").unwrap_or(&Value::Null), &format!("{at}.text"))?;
-            Ok(json!({"type": "text", "text": text}))
+            let text = b.at("text");
+            jwant_str(text, &format!("{at}.text"))?;
+            Ok(jo! {"type" => "text", "text" => text.clone()})
         }
         Some("image") => {
-            let src = want_object(
-                b.get("source").unwrap_or(&Value::Null),
-                &format!("{at}.source"),
-            )?;
-            let url = match src.get("type").and_then(Value::as_str) {
+            let src = jwant_object(b.at("source"), &format!("{at}.source"))?;
+            let url = match member(src, "type").as_str() {
                 Some("base64") => {
-                    let media = want_str(
-                        src.get("media_type").unwrap_or(&Value::Null),
+                    let media = jwant_str(
+                        member(src, "media_type"),
                         &format!("{at}.source.media_type"),
                     )?;
-                    let data = want_str(
-                        src.get("data").unwrap_or(&Value::Null),
-                        &format!("{at}.source.data"),
-                    )?;
-                    format!("data:{media};base64,{data}")
+                    let data = jwant_str(member(src, "data"), &format!("{at}.source.data"))?;
+                    J::from(format!("data:{media};base64,{data}"))
                 }
-                Some("url") => want_str(
-                    src.get("url").unwrap_or(&Value::Null),
-                    &format!("{at}.source.url"),
-                )?
-                .to_owned(),
+                Some("url") => {
+                    let u = member(src, "url");
+                    jwant_str(u, &format!("{at}.source.url"))?;
+                    u.clone()
+                }
                 _ => {
                     return Err(Refused::new(
                         format!("{at}.source.type"),
@@ -851,7 +846,7 @@ fn block_to_part(b: &Value, at: &str) -> Result<Value, Refused> {
                     ));
                 }
             };
-            Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+            Ok(jo! {"type" => "image_url", "image_url" => jo!{"url" => url}})
         }
         _ => Err(Refused::new(
             format!("{at}.type"),
@@ -860,51 +855,57 @@ fn block_to_part(b: &Value, at: &str) -> Result<Value, Refused> {
     }
 }
 
-fn anthropic_turn_to_openai(m: &Value, i: usize, turns: &mut Vec<Value>) -> Result<(), Refused> {
+fn anthropic_turn_to_openai<'a>(
+    m: &J<'a>,
+    i: usize,
+    turns: &mut Vec<J<'a>>,
+) -> Result<(), Refused> {
     let at = |f: &str| format!("messages[{i}].{f}");
-    let m = want_object(m, &format!("messages[{i}]"))?;
-    for k in m.keys() {
-        if !matches!(k.as_str(), "role" | "content") {
+    let m = jwant_object(m, &format!("messages[{i}]"))?;
+    for (k, _) in m {
+        if !matches!(&**k, "role" | "content") {
             return Err(no_counterpart(&at(k), OPENAI));
         }
     }
-    let role = want_str(m.get("role").unwrap_or(&Value::Null), &at("role"))?;
-    let content = m.get("content").unwrap_or(&Value::Null);
+    let role = jwant_str(member(m, "role"), &at("role"))?;
+    let content = member(m, "content");
     match (role, content) {
-        ("user" | "assistant", Value::String(_)) => {
-            turns.push(json!({"role": role, "content": content}));
+        ("user" | "assistant", J::Str(_)) => {
+            let role = member(m, "role").clone();
+            turns.push(jo! {"role" => role, "content" => content.clone()});
         }
-        ("user", Value::Array(blocks)) => {
+        ("user", J::Arr(blocks)) => {
             let mut parts = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
                 let bat = format!("messages[{i}].content[{j}]");
-                if b.get("type").and_then(Value::as_str) == Some("tool_result") {
+                if b.get("type").and_then(J::as_str) == Some("tool_result") {
                     turns.push(tool_result_to_openai(b, &bat)?);
                 } else {
                     parts.push(block_to_part(b, &bat)?);
                 }
             }
             if !parts.is_empty() {
-                turns.push(json!({"role": "user", "content": parts}));
+                turns.push(jo! {"role" => "user", "content" => parts});
             }
         }
-        ("assistant", Value::Array(blocks)) => {
+        ("assistant", J::Arr(blocks)) => {
             let mut parts = Vec::new();
             let mut calls = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
                 let bat = format!("messages[{i}].content[{j}]");
-                match b.get("type").and_then(Value::as_str) {
+                match b.get("type").and_then(J::as_str) {
                     Some("text") => parts.push(block_to_part(b, &bat)?),
                     Some("tool_use") => {
-                        let id =
-                            want_str(b.get("id").unwrap_or(&Value::Null), &format!("{bat}.id"))?;
-                        let name = want_str(
-                            b.get("name").unwrap_or(&Value::Null),
-                            &format!("{bat}.name"),
-                        )?;
-                        let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                        calls.push(json!({"id": id, "type": "function",
-                            "function": {"name": name, "arguments": input.to_string()}}));
+                        let id = b.at("id");
+                        jwant_str(id, &format!("{bat}.id"))?;
+                        let name = b.at("name");
+                        jwant_str(name, &format!("{bat}.name"))?;
+                        let arguments = match b.get("input") {
+                            Some(input) => String::from_utf8(input.to_vec()).unwrap_or_default(),
+                            None => "{}".to_owned(),
+                        };
+                        calls.push(jo! {"id" => id.clone(), "type" => "function",
+                        "function" => jo!{"name" => name.clone(), "arguments" => arguments}});
                     }
                     // Earlier turns' reasoning is not sent back (see docs/translation.md).
                     Some("thinking" | "redacted_thinking") => {}
@@ -916,20 +917,16 @@ fn anthropic_turn_to_openai(m: &Value, i: usize, turns: &mut Vec<Value>) -> Resu
                     }
                 }
             }
-            let mut turn = Obj::new();
-            turn.insert("role".into(), json!("assistant"));
-            turn.insert(
-                "content".into(),
-                if parts.is_empty() {
-                    Value::Null
-                } else {
-                    Value::Array(parts)
-                },
-            );
+            let content = if parts.is_empty() {
+                J::Null
+            } else {
+                J::Arr(parts)
+            };
+            let mut turn = jo! {"role" => "assistant", "content" => content};
             if !calls.is_empty() {
-                turn.insert("tool_calls".into(), Value::Array(calls));
+                turn.insert("tool_calls", J::Arr(calls));
             }
-            turns.push(Value::Object(turn));
+            turns.push(turn);
         }
         ("user" | "assistant", _) => {
             return Err(Refused::new(
@@ -942,34 +939,33 @@ fn anthropic_turn_to_openai(m: &Value, i: usize, turns: &mut Vec<Value>) -> Resu
     Ok(())
 }
 
-fn tool_result_to_openai(b: &Value, at: &str) -> Result<Value, Refused> {
-    let b = want_object(b, at)?;
-    let id = want_str(
-        b.get("tool_use_id").unwrap_or(&Value::Null),
-        &format!("{at}.tool_use_id"),
-    )?;
-    let content = match b.get("content") {
-        None | Some(Value::Null) => json!(""),
-        Some(v @ Value::String(_)) => v.clone(),
-        Some(Value::Array(blocks)) => text_blocks_to_parts(blocks, &format!("{at}.content"))?,
-        Some(_) => {
+fn tool_result_to_openai<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+    let b = jwant_object(b, at)?;
+    let id = member(b, "tool_use_id");
+    jwant_str(id, &format!("{at}.tool_use_id"))?;
+    let content = match member(b, "content") {
+        J::Null => J::from(""),
+        v @ J::Str(_) => v.clone(),
+        J::Arr(blocks) => text_blocks_to_parts(blocks, &format!("{at}.content"))?,
+        _ => {
             return Err(Refused::new(
                 format!("{at}.content"),
                 "must be a string or an array of blocks",
             ));
         }
     };
-    Ok(json!({"role": "tool", "tool_call_id": id, "content": content}))
+    Ok(jo! {"role" => "tool", "tool_call_id" => id.clone(), "content" => content})
 }
 
-fn tools_to_openai(v: &Value) -> Result<Value, Refused> {
-    let mut out = Vec::new();
-    for (i, t) in want_array(v, "tools")?.iter().enumerate() {
-        let t = want_object(t, &format!("tools[{i}]"))?;
-        let mut f = Obj::new();
+fn tools_to_openai<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
+    let list = jwant_array(v, "tools")?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let t = jwant_object(t, &format!("tools[{i}]"))?;
+        let mut f: Pairs<'a> = Vec::with_capacity(3);
         for (k, v) in t {
-            match k.as_str() {
-                "type" if v.is_null() || v == "custom" => {}
+            match &**k {
+                "type" if v.is_null() || v.as_str() == Some("custom") => {}
                 "type" => {
                     return Err(Refused::new(
                         format!("tools[{i}].type"),
@@ -977,25 +973,23 @@ fn tools_to_openai(v: &Value) -> Result<Value, Refused> {
                     ));
                 }
                 "name" => {
-                    f.insert(
-                        "name".into(),
-                        json!(want_str(v, &format!("tools[{i}].name"))?),
-                    );
+                    jwant_str(v, &format!("tools[{i}].name"))?;
+                    set(&mut f, "name", v.clone());
                 }
                 "description" if !v.is_null() => {
-                    f.insert("description".into(), v.clone());
+                    set(&mut f, "description", v.clone());
                 }
                 "input_schema" => {
-                    f.insert("parameters".into(), v.clone());
+                    set(&mut f, "parameters", v.clone());
                 }
                 "description" | "cache_control" => {}
                 other => return Err(no_counterpart(&format!("tools[{i}].{other}"), OPENAI)),
             }
         }
-        if !f.contains_key("name") {
+        if !f.iter().any(|(k, _)| k == "name") {
             return Err(Refused::new(format!("tools[{i}].name"), "is required"));
         }
-        out.push(json!({"type": "function", "function": f}));
+        out.push(jo! {"type" => "function", "function" => J::Obj(f)});
     }
-    Ok(Value::Array(out))
+    Ok(J::Arr(out))
 }
