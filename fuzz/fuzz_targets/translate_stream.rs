@@ -1,5 +1,5 @@
-//! The stream translator on arbitrary bytes, both ways (the first byte picks the direction
-//! and the split): never a panic, and the output does not depend on how the input is split.
+//! The stream translator on arbitrary bytes, all four ways (the first byte picks the
+//! direction and the split): never a panic, and the output does not depend on how the input is split.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -20,10 +20,11 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, input)) = data.split_first() else {
         return;
     };
-    let t = if selector & 1 == 0 {
-        Translation::ChatToMessages
-    } else {
-        Translation::MessagesToChat
+    let t = match selector % 4 {
+        0 => Translation::ChatToMessages,
+        1 => Translation::MessagesToChat,
+        2 => Translation::ResponsesToChat,
+        _ => Translation::ResponsesToMessages,
     };
     let whole = run(t, &[input]);
     assert!(whole.1, "finish always ends the client's stream");
