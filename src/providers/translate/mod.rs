@@ -12,6 +12,7 @@
 //!
 //! `docs/translation.md` is the field map.
 
+mod chunk;
 pub mod error;
 mod json;
 pub mod request;

@@ -12,7 +12,7 @@ use std::io::Write;
 
 use serde_json::{Map, Value, json};
 
-use super::stream::OChunk;
+use super::chunk::OChunk;
 use super::{Refused, request, response};
 use crate::sse::Event;
 
