@@ -78,4 +78,3 @@ pub(super) struct ODetails {
     #[serde(default)]
     pub(super) cache_creation_tokens: Option<u64>,
 }
-

@@ -22,8 +22,8 @@ use std::io::Write;
 use serde::Deserialize;
 
 use super::Translation;
-use super::response::{finish_reason_of, stop_reason_of};
 use super::chunk::{OChunk, OToolDelta};
+use super::response::{finish_reason_of, stop_reason_of};
 use super::responses::{Echo, ToResponses};
 use crate::sse::{Event, Scanner};
 
