@@ -82,24 +82,45 @@ pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refus
     Ok((out, t.include_usage))
 }
 
-fn jwant_u64(v: &J<'_>, field: &str) -> Result<u64, Refused> {
+/// A field's path, formatted only when a refusal names it (building every path up front
+/// cost more than the translation itself).
+trait FieldPath {
+    fn path(self) -> String;
+}
+
+impl FieldPath for &str {
+    fn path(self) -> String {
+        self.to_owned()
+    }
+}
+
+/// A path made on demand.
+struct P<F>(F);
+
+impl<F: FnOnce() -> String> FieldPath for P<F> {
+    fn path(self) -> String {
+        (self.0)()
+    }
+}
+
+fn jwant_u64(v: &J<'_>, field: impl FieldPath) -> Result<u64, Refused> {
     v.as_u64()
-        .ok_or_else(|| Refused::new(field, "must be a non-negative integer"))
+        .ok_or_else(|| Refused::new(field.path(), "must be a non-negative integer"))
 }
 
-fn jwant_str<'v>(v: &'v J<'_>, field: &str) -> Result<&'v str, Refused> {
+fn jwant_str<'v>(v: &'v J<'_>, field: impl FieldPath) -> Result<&'v str, Refused> {
     v.as_str()
-        .ok_or_else(|| Refused::new(field, "must be a string"))
+        .ok_or_else(|| Refused::new(field.path(), "must be a string"))
 }
 
-fn jwant_array<'v, 'a>(v: &'v J<'a>, field: &str) -> Result<&'v Vec<J<'a>>, Refused> {
+fn jwant_array<'v, 'a>(v: &'v J<'a>, field: impl FieldPath) -> Result<&'v Vec<J<'a>>, Refused> {
     v.as_array()
-        .ok_or_else(|| Refused::new(field, "must be an array"))
+        .ok_or_else(|| Refused::new(field.path(), "must be an array"))
 }
 
-fn jwant_object<'v, 'a>(v: &'v J<'a>, field: &str) -> Result<&'v Pairs<'a>, Refused> {
+fn jwant_object<'v, 'a>(v: &'v J<'a>, field: impl FieldPath) -> Result<&'v Pairs<'a>, Refused> {
     v.as_object()
-        .ok_or_else(|| Refused::new(field, "must be an object"))
+        .ok_or_else(|| Refused::new(field.path(), "must be an object"))
 }
 
 /// The member `key` of `pairs`, or `null`.
@@ -169,7 +190,7 @@ fn chat_to_messages_j<'a>(req: &J<'a>, model: &'a str) -> Result<(J<'a>, bool), 
                     J::Str(_) => vec![v.clone()],
                     J::Arr(a) => {
                         for (i, s) in a.iter().enumerate() {
-                            jwant_str(s, &format!("stop[{i}]"))?;
+                            jwant_str(s, P(|| format!("stop[{i}]")))?;
                         }
                         a.clone()
                     }
@@ -276,7 +297,7 @@ fn tools_to_anthropic<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let at = |f: &str| format!("tools[{i}].{f}");
-        let t = jwant_object(t, &format!("tools[{i}]"))?;
+        let t = jwant_object(t, P(|| format!("tools[{i}]")))?;
         match member(t, "type").as_str() {
             Some("function") => {}
             _ => {
@@ -286,12 +307,12 @@ fn tools_to_anthropic<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
                 ));
             }
         }
-        let f = jwant_object(member(t, "function"), &at("function"))?;
+        let f = jwant_object(member(t, "function"), P(|| at("function")))?;
         let mut tool: Pairs<'a> = Vec::with_capacity(4);
         for (k, v) in f {
             match &**k {
                 "name" => {
-                    jwant_str(v, &at("function.name"))?;
+                    jwant_str(v, P(|| at("function.name")))?;
                     set(&mut tool, "name", v.clone());
                 }
                 "description" if !v.is_null() => {
@@ -381,7 +402,7 @@ fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
     let mut block = match member(p, "type").as_str() {
         Some("text") => {
             let t = member(p, "text");
-            jwant_str(t, &format!("{at}.text"))?;
+            jwant_str(t, P(|| format!("{at}.text")))?;
             jo! {"type" => "text", "text" => t.clone()}
         }
         Some("image_url") => {
@@ -392,7 +413,7 @@ fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
             };
             let url = match iu {
                 J::Str(s) => &**s,
-                _ => jwant_str(url_j, &format!("{at}.image_url.url"))?,
+                _ => jwant_str(url_j, P(|| format!("{at}.image_url.url")))?,
             };
             if url.starts_with("data:") {
                 let Some((media, data)) = data_url(url) else {
@@ -455,8 +476,8 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
     let mut last_is_results = false;
     for (i, m) in msgs.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");
-        let m = jwant_object(m, &format!("messages[{i}]"))?;
-        let role = jwant_str(member(m, "role"), &at("role"))?;
+        let m = jwant_object(m, P(|| format!("messages[{i}]")))?;
+        let role = jwant_str(member(m, "role"), P(|| at("role")))?;
         for (k, v) in m {
             let k: &str = k;
             let known = matches!(k, "role" | "content")
@@ -542,12 +563,12 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
                 }
                 let r = member(m, "refusal");
                 if !r.is_null() {
-                    jwant_str(r, &at("refusal"))?;
+                    jwant_str(r, P(|| at("refusal")))?;
                     blocks.push(jo! {"type" => "text", "text" => r.clone()});
                 }
                 let calls = match member(m, "tool_calls") {
                     J::Null => &[][..],
-                    v => jwant_array(v, &at("tool_calls"))?.as_slice(),
+                    v => jwant_array(v, P(|| at("tool_calls")))?.as_slice(),
                 };
                 for (j, c) in calls.iter().enumerate() {
                     blocks.push(tool_call_to_tool_use(
@@ -570,7 +591,7 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
             }
             "tool" => {
                 let id = member(m, "tool_call_id");
-                jwant_str(id, &at("tool_call_id"))?;
+                jwant_str(id, P(|| at("tool_call_id")))?;
                 let c = match content {
                     J::Null => J::from(""),
                     _ => text_content(content, &at("content"))?,
@@ -602,13 +623,13 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
 fn tool_call_to_tool_use<'a>(c: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
     let c = jwant_object(c, at)?;
     let id = member(c, "id");
-    jwant_str(id, &format!("{at}.id"))?;
-    let f = jwant_object(member(c, "function"), &format!("{at}.function"))?;
+    jwant_str(id, P(|| format!("{at}.id")))?;
+    let f = jwant_object(member(c, "function"), P(|| format!("{at}.function")))?;
     let name = member(f, "name");
-    jwant_str(name, &format!("{at}.function.name"))?;
+    jwant_str(name, P(|| format!("{at}.function.name")))?;
     let args = match member(f, "arguments") {
         J::Null => "",
-        a => jwant_str(a, &format!("{at}.function.arguments"))?,
+        a => jwant_str(a, P(|| format!("{at}.function.arguments")))?,
     };
     let input: J<'a> = if args.trim().is_empty() {
         J::Obj(Vec::new())
@@ -699,7 +720,7 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
             }
             "stop_sequences" => {
                 for (i, s) in jwant_array(v, k)?.iter().enumerate() {
-                    jwant_str(s, &format!("stop_sequences[{i}]"))?;
+                    jwant_str(s, P(|| format!("stop_sequences[{i}]")))?;
                 }
                 set(&mut out, "stop", v.clone());
             }
@@ -810,7 +831,7 @@ fn text_blocks_to_parts<'a>(blocks: &[J<'a>], at: &str) -> Result<J<'a>, Refused
             ));
         }
         let text = b.at("text");
-        jwant_str(text, &format!("{bat}.text"))?;
+        jwant_str(text, P(|| format!("{bat}.text")))?;
         parts.push(jo! {"type" => "text", "text" => text.clone()});
     }
     Ok(J::Arr(parts))
@@ -820,23 +841,23 @@ fn block_to_part<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
     match b.get("type").and_then(J::as_str) {
         Some("text") => {
             let text = b.at("text");
-            jwant_str(text, &format!("{at}.text"))?;
+            jwant_str(text, P(|| format!("{at}.text")))?;
             Ok(jo! {"type" => "text", "text" => text.clone()})
         }
         Some("image") => {
-            let src = jwant_object(b.at("source"), &format!("{at}.source"))?;
+            let src = jwant_object(b.at("source"), P(|| format!("{at}.source")))?;
             let url = match member(src, "type").as_str() {
                 Some("base64") => {
                     let media = jwant_str(
                         member(src, "media_type"),
-                        &format!("{at}.source.media_type"),
+                        P(|| format!("{at}.source.media_type")),
                     )?;
-                    let data = jwant_str(member(src, "data"), &format!("{at}.source.data"))?;
+                    let data = jwant_str(member(src, "data"), P(|| format!("{at}.source.data")))?;
                     J::from(format!("data:{media};base64,{data}"))
                 }
                 Some("url") => {
                     let u = member(src, "url");
-                    jwant_str(u, &format!("{at}.source.url"))?;
+                    jwant_str(u, P(|| format!("{at}.source.url")))?;
                     u.clone()
                 }
                 _ => {
@@ -861,13 +882,13 @@ fn anthropic_turn_to_openai<'a>(
     turns: &mut Vec<J<'a>>,
 ) -> Result<(), Refused> {
     let at = |f: &str| format!("messages[{i}].{f}");
-    let m = jwant_object(m, &format!("messages[{i}]"))?;
+    let m = jwant_object(m, P(|| format!("messages[{i}]")))?;
     for (k, _) in m {
         if !matches!(&**k, "role" | "content") {
             return Err(no_counterpart(&at(k), OPENAI));
         }
     }
-    let role = jwant_str(member(m, "role"), &at("role"))?;
+    let role = jwant_str(member(m, "role"), P(|| at("role")))?;
     let content = member(m, "content");
     match (role, content) {
         ("user" | "assistant", J::Str(_)) => {
@@ -897,9 +918,9 @@ fn anthropic_turn_to_openai<'a>(
                     Some("text") => parts.push(block_to_part(b, &bat)?),
                     Some("tool_use") => {
                         let id = b.at("id");
-                        jwant_str(id, &format!("{bat}.id"))?;
+                        jwant_str(id, P(|| format!("{bat}.id")))?;
                         let name = b.at("name");
-                        jwant_str(name, &format!("{bat}.name"))?;
+                        jwant_str(name, P(|| format!("{bat}.name")))?;
                         let arguments = match b.get("input") {
                             Some(input) => String::from_utf8(input.to_vec()).unwrap_or_default(),
                             None => "{}".to_owned(),
@@ -942,7 +963,7 @@ fn anthropic_turn_to_openai<'a>(
 fn tool_result_to_openai<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
     let b = jwant_object(b, at)?;
     let id = member(b, "tool_use_id");
-    jwant_str(id, &format!("{at}.tool_use_id"))?;
+    jwant_str(id, P(|| format!("{at}.tool_use_id")))?;
     let content = match member(b, "content") {
         J::Null => J::from(""),
         v @ J::Str(_) => v.clone(),
@@ -961,7 +982,7 @@ fn tools_to_openai<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
     let list = jwant_array(v, "tools")?;
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
-        let t = jwant_object(t, &format!("tools[{i}]"))?;
+        let t = jwant_object(t, P(|| format!("tools[{i}]")))?;
         let mut f: Pairs<'a> = Vec::with_capacity(3);
         for (k, v) in t {
             match &**k {
@@ -973,7 +994,7 @@ fn tools_to_openai<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
                     ));
                 }
                 "name" => {
-                    jwant_str(v, &format!("tools[{i}].name"))?;
+                    jwant_str(v, P(|| format!("tools[{i}].name")))?;
                     set(&mut f, "name", v.clone());
                 }
                 "description" if !v.is_null() => {
