@@ -273,9 +273,9 @@ pub(super) async fn continue_stream(
             continue;
         }
         // Spliced into the client's stream as it comes: same format only.
-        let format = shard.config().provider(target.provider).format;
+        let provider = shard.config().provider(target.provider);
         if walk.exhausted.rules_out(target.provider, *connection)
-            || Translation::between(request.endpoint, format).is_some()
+            || Translation::between(request.endpoint, provider).is_some()
         {
             continue;
         }
