@@ -177,3 +177,48 @@ fn breaker_transitions_are_logged_once_and_failovers_at_info() {
     assert!(logs.contains("trying the next candidate"), "{logs}");
     assert!(logs.contains(" INFO "), "{logs}");
 }
+
+#[test]
+fn model_lockout_transitions_are_logged_once_each() {
+    let mock = MockUpstream::start();
+    mock.on(CHAT, Reply::error(404, "The model `m1` does not exist"));
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    // A self-hosted provider: a 404 locks the model on the connection.
+    let cfg = one_upstream(&mock.base_url(), 2, "", "").replace(
+        "format = \"openai\"\n",
+        "format = \"openai\"\nauth = \"local\"\n",
+    );
+    let gw = Gateway::start(&cfg);
+    let first = Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    assert_ne!(first.status, 200, "{}", first.text());
+    eventually(secs(5), "the lock line", || {
+        gw.logs().contains("model locked for").then_some(())
+    });
+    // Requests refused by the lock log no transition.
+    for _ in 0..5 {
+        let r = Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+        assert_ne!(r.status, 200);
+    }
+    // An operator's clear lifts it: one more line.
+    let cleared = Client::connect(gw.addr()).request(
+        "DELETE",
+        "/api/resilience/model-cooldowns",
+        &[],
+        br#"{"provider":"up","model":"m1"}"#,
+    );
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    eventually(secs(5), "the lift line", || {
+        gw.logs().contains("model lock lifted").then_some(())
+    });
+    let logs = gw.logs();
+    assert_eq!(logs.matches("model locked for").count(), 1, "{logs}");
+    assert_eq!(logs.matches("model lock lifted").count(), 1, "{logs}");
+    let line = logs
+        .lines()
+        .find(|l| l.contains("model locked for"))
+        .unwrap();
+    assert!(
+        line.contains(" INFO ") && line.contains("m1") && line.contains("not_found"),
+        "{line}"
+    );
+}

@@ -101,6 +101,9 @@ pub struct ServerConfig {
     pub pool_idle_timeout_ms: u64,
     /// Idle upstream connections kept per (scheme, host, port) per shard.
     pub pool_max_idle_per_host: usize,
+    /// Hard cap on the model lockouts (and, apart, the failure states) each owner shard
+    /// holds; past it the entries written longest ago are dropped.
+    pub max_model_lockouts: usize,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_grace_ms: u64,
     /// Pin each shard thread to one CPU (off helps only on machines shared with other

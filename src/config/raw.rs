@@ -61,6 +61,7 @@ pub struct RawServer {
     pub request_timeout_ms: Option<u64>,
     pub pool_idle_timeout_ms: Option<u64>,
     pub pool_max_idle_per_host: Option<u32>,
+    pub max_model_lockouts: Option<u64>,
     pub shutdown_grace_ms: Option<u64>,
     pub pin_threads: Option<bool>,
     pub snapshot_interval_ms: Option<u64>,

@@ -104,6 +104,9 @@ pub const DEFAULT_BODY_IDLE_TIMEOUT_MS: u64 = 300_000;
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_POOL_IDLE_TIMEOUT_MS: u64 = 90_000;
 pub const DEFAULT_POOL_MAX_IDLE_PER_HOST: u64 = 1024;
+/// `server.max_model_lockouts`: per owner shard, for the locks and apart for the failure
+/// states of the model lockout table.
+pub const DEFAULT_MAX_MODEL_LOCKOUTS: u64 = 10_000;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 pub const DEFAULT_SNAPSHOT_INTERVAL_MS: u64 = 1_000;
 pub const MAX_WORKERS: u64 = 1_024;
@@ -129,6 +132,7 @@ impl Default for ServerConfig {
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
             pool_max_idle_per_host: DEFAULT_POOL_MAX_IDLE_PER_HOST as usize,
+            max_model_lockouts: DEFAULT_MAX_MODEL_LOCKOUTS as usize,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pin_threads: true,
             mesh_ring_capacity: super::DEFAULT_MESH_RING_CAPACITY,
@@ -416,6 +420,14 @@ impl Loader<'_> {
                 100_000,
             ))
             .unwrap_or(d.pool_max_idle_per_host),
+            max_model_lockouts: usize::try_from(self.bounded(
+                "server.max_model_lockouts",
+                raw.max_model_lockouts,
+                d.max_model_lockouts as u64,
+                1,
+                1_000_000,
+            ))
+            .unwrap_or(d.max_model_lockouts),
             shutdown_grace_ms: self.bounded(
                 "server.shutdown_grace_ms",
                 raw.shutdown_grace_ms,

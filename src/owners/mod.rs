@@ -336,6 +336,8 @@ impl App for Tidegate {
         run_owners(shard, shard.id(), |cx| {
             housekeeping_all(&shard.state().owners, cx);
         });
+        // The sweeps change the tables' sizes: published even when no message arrives.
+        shard.metrics().publish_flow(&shard.state().owners.gauges());
         health::owner::sweep_replicas(shard);
     }
 

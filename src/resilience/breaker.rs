@@ -132,10 +132,8 @@ pub const NETWORK_FAILURE_DEDUPE_MS: u64 = 10_000;
 /// Soft cap on breakers per table: only idle closed breakers are evicted to stay under it.
 pub const MAX_BREAKERS: usize = 500;
 /// The sweep removes idle closed breakers whose last failure is older than this (§1.5).
-#[cfg(test)]
 pub const IDLE_EVICT_AFTER_MS: u64 = 30 * crate::config::resilience::MINUTE_MS;
 /// How often the owner should call [`BreakerTable::sweep`] (§1.5).
-#[cfg(test)]
 pub const SWEEP_INTERVAL_MS: u64 = 5 * crate::config::resilience::MINUTE_MS;
 /// Longest `retry_after_ms` of a rejection while a half-open probe is in flight.
 pub const PROBE_BUSY_RETRY_AFTER_MS: u64 = 1_000;
@@ -1209,6 +1207,11 @@ impl BreakerTable {
         self.entries.len()
     }
 
+    /// How many breakers the table holds (`tidegate_owner_entries`).
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
@@ -1357,7 +1360,6 @@ impl BreakerTable {
     /// Removes idle breakers (closed, no failures) whose last failure is unknown or older
     /// than [`IDLE_EVICT_AFTER_MS`] (§1.5). Call every [`SWEEP_INTERVAL_MS`]. Returns the
     /// number removed.
-    #[cfg(test)]
     pub fn sweep(&mut self, now: Now) -> usize {
         let now_ms = mono_ms(now);
         let cutoff = now_ms.saturating_sub(ms_i64(IDLE_EVICT_AFTER_MS));

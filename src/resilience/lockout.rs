@@ -29,6 +29,13 @@
 //!   connection id) is `connection: None`.
 //! * **Eviction** past [`MAX_LOCK_ENTRIES`] drops every expired lock at once (never an
 //!   active one) rather than down to exactly the limit in insertion order.
+//! * **A hard cap** ([`LockoutTable::with_max_entries`], `[server] max_model_lockouts`,
+//!   default [`DEFAULT_MAX_ENTRIES`] per owner shard) on top of the spec's soft one: lock
+//!   keys carry client-chosen model names, so a client failing requests for ever-new
+//!   models could otherwise grow the table for as long as the locks last (until midnight
+//!   for a quota lock). Past the cap the entries written longest ago go first, active
+//!   locks included (a removal update tells the replicas); each is counted
+//!   ([`LockoutTable::evictions`]).
 //!
 //! The invariant the property tests hold: a lock written by
 //! [`LockoutTable::record_failure`] never ends later than its failure time plus the
@@ -58,6 +65,8 @@ pub const MAX_LOCK_ENTRIES: usize = 1_000;
 pub const MAX_FAILURE_STATES: usize = 1_000;
 /// How often the owner should call [`LockoutTable::sweep`].
 pub const SWEEP_INTERVAL_MS: u64 = 15_000;
+/// Default hard cap on the locks (and, separately, the failure states) of one owner table.
+pub const DEFAULT_MAX_ENTRIES: usize = crate::config::validate::DEFAULT_MAX_MODEL_LOCKOUTS as usize;
 /// Escalation reset window when the profile has no positive breaker reset timeout.
 pub const DEFAULT_RESET_AFTER_MS: u64 = 1_800_000;
 /// Exponent cap when the profile gives no `max_backoff_steps`.
@@ -585,18 +594,57 @@ pub struct LockListing {
 }
 
 /// The owner's lockout table. See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LockoutTable {
     locks: HashMap<LockKey, LockEntry>,
     failures: HashMap<LockKey, FailureState>,
     seq: u64,
     updates: Vec<LockUpdate>,
     utc_offset_ms: i64,
+    /// Hard cap on `locks` and on `failures` (each).
+    max_entries: usize,
+    /// Entries dropped by the hard cap, since start.
+    evictions: u64,
+}
+
+impl Default for LockoutTable {
+    fn default() -> Self {
+        Self::with_max_entries(DEFAULT_MAX_ENTRIES)
+    }
 }
 
 impl LockoutTable {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A table that holds at most `max` locks and `max` failure states (at least 1).
+    pub fn with_max_entries(max: usize) -> Self {
+        Self {
+            locks: HashMap::new(),
+            failures: HashMap::new(),
+            seq: 0,
+            updates: Vec::new(),
+            utc_offset_ms: 0,
+            max_entries: max.max(1),
+            evictions: 0,
+        }
+    }
+
+    /// Changes the hard cap (a reload); the next write enforces it.
+    pub fn set_max_entries(&mut self, max: usize) {
+        self.max_entries = max.max(1);
+    }
+
+    /// How many locks and failure states the table holds (expired ones until swept).
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.locks.len(), self.failures.len())
+    }
+
+    /// Entries the hard cap has dropped since start.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     /// The zone "next midnight" is computed in (ms east of UTC; default 0).
@@ -991,16 +1039,24 @@ impl LockoutTable {
         items
     }
 
-    /// The periodic cleanup (every [`SWEEP_INTERVAL_MS`]): expired locks and failure states
-    /// outside their window without a lock. Expiry needs no broadcast: replicas compare
-    /// deadlines themselves.
-    #[cfg(test)]
-    pub fn sweep(&mut self, now: Now) {
+    /// The periodic cleanup (every [`SWEEP_INTERVAL_MS`] or more often): expired locks and
+    /// failure states outside their window without a lock. Expiry needs no broadcast:
+    /// replicas compare deadlines themselves. Returns the keys whose lock expired (for the
+    /// transition log). Linear in the table, which the hard cap bounds.
+    pub fn sweep(&mut self, now: Now) -> Vec<LockKey> {
         let now_ms = now.mono_ms();
-        self.locks.retain(|_, e| e.until_ms > now_ms);
+        let mut expired = Vec::new();
+        self.locks.retain(|k, e| {
+            let live = e.until_ms > now_ms;
+            if !live {
+                expired.push(k.clone());
+            }
+            live
+        });
         let locks = &self.locks;
         self.failures
             .retain(|k, f| f.continues_at(now_ms) || locks.contains_key(k));
+        expired
     }
 
     fn evict(&mut self, now_ms: u64) {
@@ -1018,6 +1074,53 @@ impl LockoutTable {
             let excess = self.failures.len() - MAX_FAILURE_STATES;
             for (_, k) in unlocked.into_iter().take(excess) {
                 self.failures.remove(&k);
+            }
+        }
+        self.enforce_cap(now_ms);
+    }
+
+    /// The hard cap: past `max_entries` locks (or failure states), drops the entries
+    /// written longest ago — expired locks first, then live ones — down to 7/8 of the cap,
+    /// so a flood pays the sort once per `max/8` inserts. A dropped key loses its lock and
+    /// its failure state together; replicas hear of a dropped lock.
+    fn enforce_cap(&mut self, now_ms: u64) {
+        let max = self.max_entries;
+        if self.locks.len() <= max && self.failures.len() <= max {
+            return;
+        }
+        let target = (max - max / 8).max(1);
+        let mut victims: Vec<(bool, u64, LockKey)> = Vec::new();
+        if self.locks.len() > max {
+            let mut by_age: Vec<(bool, u64, LockKey)> = self
+                .locks
+                .iter()
+                .map(|(k, e)| (e.until_ms > now_ms, e.locked_at_ms, k.clone()))
+                .collect();
+            by_age.sort_unstable_by_key(|a| (a.0, a.1));
+            let excess = self.locks.len() - target;
+            victims.extend(by_age.into_iter().take(excess));
+        }
+        for (_, _, k) in victims.drain(..) {
+            self.evictions += 1;
+            self.failures.remove(&k);
+            if self.locks.remove(&k).is_some() {
+                self.push(k, None);
+            }
+        }
+        if self.failures.len() > max {
+            let mut by_age: Vec<(u64, LockKey)> = self
+                .failures
+                .iter()
+                .map(|(k, f)| (f.last_failure_at_ms, k.clone()))
+                .collect();
+            by_age.sort_unstable_by_key(|(at, _)| *at);
+            let excess = self.failures.len() - target;
+            for (_, k) in by_age.into_iter().take(excess) {
+                self.evictions += 1;
+                self.failures.remove(&k);
+                if self.locks.remove(&k).is_some() {
+                    self.push(k, None);
+                }
             }
         }
     }
@@ -1254,6 +1357,45 @@ mod tests {
             scope: None,
             exact_is_upstream_reset: false,
         }
+    }
+
+    #[test]
+    fn the_hard_cap_drops_the_oldest_entries_live_locks_included_and_counts_them() {
+        let c = clock();
+        let mut t = LockoutTable::with_max_entries(16);
+        for i in 0..40 {
+            let model = format!("m-{i}");
+            t.record_failure(&rec("local", &model, 404, LockReason::NotFound), c.now())
+                .expect("recorded");
+            c.advance_ms(1);
+            let (locks, failures) = t.sizes();
+            assert!(
+                locks <= 16 && failures <= 16,
+                "{locks} {failures} after {i}"
+            );
+        }
+        assert!(t.evictions() >= 24, "{}", t.evictions());
+        // The newest survive; the oldest went, each with a removal update for replicas.
+        assert!(t.is_locked("local", fam("local"), C1, "m-39", c.now()));
+        assert!(!t.is_locked("local", fam("local"), C1, "m-0", c.now()));
+        let removed = t
+            .drain_updates()
+            .iter()
+            .filter(|u| u.lock.is_none())
+            .count();
+        assert_eq!(removed as u64, t.evictions());
+    }
+
+    #[test]
+    fn sweep_reports_the_locks_that_expired() {
+        let c = clock();
+        let mut t = LockoutTable::new();
+        t.record_failure(&rec("local", "a", 404, LockReason::NotFound), c.now())
+            .expect("recorded");
+        assert!(t.sweep(c.now()).is_empty());
+        c.advance_ms(10 * MINUTE_MS);
+        assert_eq!(t.sweep(c.now()).len(), 1);
+        assert_eq!(t.sizes().0, 0);
     }
 
     #[test]

@@ -146,6 +146,11 @@ impl CooldownTracker {
         self.entries.len()
     }
 
+    /// How many entries the tracker holds (`tidegate_owner_entries`).
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

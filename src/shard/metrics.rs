@@ -127,7 +127,19 @@ pub struct FlowGauges {
     pub gate_waiters: usize,
     /// Requests in request queues, waiting or holding a slot.
     pub queue_requests: usize,
+    /// Entries of the owner tables, in [`OWNER_TABLES`] order.
+    pub owner_entries: [usize; OWNER_TABLES.len()],
+    /// Model lockout entries dropped by the table's hard cap (cumulative).
+    pub lockouts_evicted: u64,
 }
+
+/// The `table` labels of `tidegate_owner_entries`.
+pub const OWNER_TABLES: [&str; 4] = [
+    "breakers",
+    "model_lockouts",
+    "model_failures",
+    "cooldown_tracker",
+];
 
 /// Upper bounds (seconds) of every latency histogram's buckets; `+Inf` is implied.
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -372,6 +384,8 @@ pub struct ShardMetrics {
     pub gate_permits: AtomicU64,
     pub gate_waiters: AtomicU64,
     pub queue_requests: AtomicU64,
+    pub owner_entries: [AtomicU64; OWNER_TABLES.len()],
+    pub lockouts_evicted: AtomicU64,
     /// Batches this shard collected for the snapshot writer, and the longest one (ns).
     pub snapshot_collects: AtomicU64,
     pub snapshot_collect_max_ns: AtomicU64,
@@ -396,6 +410,11 @@ impl ShardMetrics {
         set(&self.gate_permits, g.gate_permits);
         set(&self.gate_waiters, g.gate_waiters);
         set(&self.queue_requests, g.queue_requests);
+        for (c, v) in self.owner_entries.iter().zip(g.owner_entries) {
+            set(c, v);
+        }
+        self.lockouts_evicted
+            .store(g.lockouts_evicted, Ordering::Relaxed);
     }
 }
 
@@ -660,6 +679,12 @@ pub fn render(
         sum(&|s| &s.queue_requests),
     );
     counter(
+        "tidegate_model_lockouts_evicted_total",
+        "Model lockout entries dropped by the per-shard cap (server.max_model_lockouts).",
+        "counter",
+        sum(&|s| &s.lockouts_evicted),
+    );
+    counter(
         "tidegate_usage_prompt_tokens_total",
         "Prompt (input) tokens the relayed streams reported in their usage blocks, counted once per request.",
         "counter",
@@ -689,6 +714,17 @@ pub fn render(
         "counter",
         sum(&|s| &s.streams_broken),
     );
+    let _ = writeln!(
+        out,
+        "# HELP tidegate_owner_entries Entries held by the owner tables (all shards), by table.\n# TYPE tidegate_owner_entries gauge"
+    );
+    for (i, table) in OWNER_TABLES.iter().enumerate() {
+        let v: u64 = shards
+            .iter()
+            .map(|s| s.owner_entries[i].load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(out, "tidegate_owner_entries{{table=\"{table}\"}} {v}");
+    }
     let _ = writeln!(
         out,
         "# HELP tidegate_responses_total Responses sent, by status class.\n# TYPE tidegate_responses_total counter"

@@ -10,7 +10,7 @@ use crate::config::{AuthKind, Config, ConnectionId, ProviderId};
 use crate::mesh::placement::owner_of;
 use crate::resilience::breaker::{
     Admission, BreakerKey, BreakerSettings, BreakerState, BreakerTable, Failure,
-    Transition as BreakerTransition,
+    SWEEP_INTERVAL_MS as BREAKER_SWEEP_INTERVAL_MS, Transition as BreakerTransition,
 };
 use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
@@ -23,6 +23,7 @@ use crate::resilience::tracker::{CooldownTracker, TrackerKey};
 use crate::resilience::{FallbackDecision, Reason};
 use crate::shard::HOUSEKEEPING_MS;
 use crate::shard::call::CallId;
+use crate::shard::metrics::FlowGauges;
 use crate::snapshot::state::{Delta, Records};
 
 use super::protocol::{
@@ -44,6 +45,8 @@ pub struct Health {
     tracker_sent: HashMap<TrackerKey, TrackerView>,
     /// Keys whose persisted record may have changed since the last snapshot delta.
     dirty: Dirty,
+    /// Housekeeping runs so far (the breaker sweep runs every few).
+    ticks: u64,
 }
 
 /// The keys a snapshot delta must re-read (see [`Health::take_delta`]).
@@ -112,10 +115,11 @@ impl Mechanism for Health {
         Self {
             breakers: BreakerTable::new(BreakerSettings::from_resilience(&config.resilience)),
             connections: ConnectionTable::new(),
-            lockouts: LockoutTable::new(),
+            lockouts: LockoutTable::with_max_entries(config.server.max_model_lockouts),
             tracker: CooldownTracker::new(config.resilience.provider_cooldown.clone()),
             tracker_sent: HashMap::new(),
             dirty: Dirty::default(),
+            ticks: 0,
         }
     }
 
@@ -167,6 +171,20 @@ impl Mechanism for Health {
         let sent = cx.sent().len();
         self.retune(cx);
         self.dirty.views(cx, sent);
+    }
+
+    fn gauges(&self, g: &mut FlowGauges) {
+        let (locks, failures) = self.lockouts.sizes();
+        let entries = [
+            self.breakers.entry_count(),
+            locks,
+            failures,
+            self.tracker.entry_count(),
+        ];
+        for (sum, n) in g.owner_entries.iter_mut().zip(entries) {
+            *sum += n;
+        }
+        g.lockouts_evicted += self.lockouts.evictions();
     }
 
     fn housekeeping(&mut self, cx: &mut Cx<'_>) {
@@ -276,6 +294,7 @@ impl Health {
                 cx.view(View::Connection { connection, view });
             }
         }
+        self.sweep_tables(cx);
         // The tracker forgets entries past their retention; replicas hear of it here.
         self.tracker.sweep(now);
         let keys: Vec<TrackerKey> = self.tracker_sent.keys().copied().collect();
@@ -291,6 +310,25 @@ impl Health {
 }
 
 impl Health {
+    /// The table sweeps, on every housekeeping run ([`HOUSEKEEPING_MS`]): expired model
+    /// locks and idle failure states every run (linear in the table, which
+    /// `server.max_model_lockouts` bounds), idle closed breakers every
+    /// [`BREAKER_SWEEP_INTERVAL_MS`] (§1.5). Expired locks are logged here, once each.
+    fn sweep_tables(&mut self, cx: &mut Cx<'_>) {
+        let now = cx.now;
+        self.ticks = self.ticks.wrapping_add(1);
+        self.lockouts
+            .set_max_entries(cx.config.server.max_model_lockouts);
+        for key in self.lockouts.sweep(now) {
+            log_lock(cx.config, &key, None, now);
+        }
+        let every = (BREAKER_SWEEP_INTERVAL_MS / HOUSEKEEPING_MS).max(1);
+        if self.ticks.is_multiple_of(every) {
+            self.breakers.sweep(now);
+        }
+        self.lockout_views(cx);
+    }
+
     /// The management API's requests (A §1.11, §4.8, §5.2): applied here, every change
     /// broadcast as a view like any other transition.
     fn admin(&mut self, cx: &mut Cx<'_>, request: AdminRequest) -> Reply {
@@ -456,9 +494,10 @@ impl Health {
         true
     }
 
-    /// Broadcasts the lockout changes of the last message.
+    /// Broadcasts (and logs) the lockout changes of the last message.
     fn lockout_views(&mut self, cx: &mut Cx<'_>) {
         for u in self.lockouts.drain_updates() {
+            log_lock(cx.config, &u.key, Some(u.lock), cx.now);
             cx.view(View::Lockout(Box::new(u)));
         }
     }
@@ -928,6 +967,34 @@ fn log_connection(config: &Config, t: &crate::resilience::connection::Transition
         tracing::warn!(connection = %name, cause = %cause, reason = ?c.reason, "connection cooling down for {secs} s");
     } else {
         tracing::info!(connection = %name, cause = %cause, "connection available again");
+    }
+}
+
+/// One line per model lockout transition, on its owner: INFO when a model is locked (or
+/// its lock extended), when a lock is lifted early (`change = Some(None)`: a success, a
+/// clear, the table's cap) and when the sweep finds it over (`change = None`).
+fn log_lock(
+    config: &Config,
+    key: &crate::resilience::lockout::LockKey,
+    change: Option<Option<crate::resilience::lockout::LockView>>,
+    now: Now,
+) {
+    let connection = key
+        .connection
+        .and_then(|c| config.connections.get(c.0 as usize))
+        .map_or("", |c| c.name.as_str());
+    let (provider, model) = (&key.provider, key.model_part());
+    match change {
+        Some(Some(lock)) => {
+            let secs = lock.until_ms.saturating_sub(now.mono_ms()).div_ceil(1000);
+            tracing::info!(provider = %provider, model = %model, connection = %connection, reason = lock.reason.as_str(), "model locked for {secs} s");
+        }
+        Some(None) => {
+            tracing::info!(provider = %provider, model = %model, connection = %connection, "model lock lifted");
+        }
+        None => {
+            tracing::info!(provider = %provider, model = %model, connection = %connection, "model lock expired");
+        }
     }
 }
 
