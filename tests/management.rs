@@ -500,3 +500,54 @@ fn a_patched_connection_cap_applies_to_the_next_request_on_either_shard() {
     assert_eq!(r.json()["maxConcurrent"], Value::Null);
     assert_eq!(ask(&gw).status, 200);
 }
+
+#[test]
+fn a_patched_cap_rise_admits_the_queued_requests_at_once() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on_always(
+        "/v1/chat/completions",
+        Reply::openai_chat("held").wait_for(&gate),
+    );
+    // One request at a time on c1; the others wait for its permit (the default 30 s queue
+    // budget outlasts the test).
+    let cfg = config(&mock, true).replace(
+        "provider = \"up\"\n",
+        "provider = \"up\"\nmax_concurrent = 1\n",
+    );
+    let gw = Gateway::start_with_env(&cfg, &[("TG_ADMIN", ADMIN)]);
+    let addr = gw.addr();
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            std::thread::spawn(move || {
+                Client::connect(addr).request(
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("authorization", &format!("Bearer {INFER_KEY}"))],
+                    br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+                )
+            })
+        })
+        .collect();
+    eventually(secs(10), "one request upstream, two queued", || {
+        (mock.current_in_flight() == 1 && metric(addr, "tidegate_gate_waiters") == 2).then_some(())
+    });
+    // Raise the cap while the first is still held: the two queued start now, none finished.
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"max_concurrent":3}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    eventually(secs(5), "the queued requests upstream", || {
+        (mock.current_in_flight() == 3).then_some(())
+    });
+    assert_eq!(metric(addr, "tidegate_gate_waiters"), 0);
+    assert_eq!(metric(addr, "tidegate_gate_permits"), 3);
+    gate.open();
+    for h in held {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}

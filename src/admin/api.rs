@@ -287,6 +287,7 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
         Ok(_) => {
             tracing::info!("management: resilience settings changed");
             shard.refresh();
+            crate::owners::gates::client::reconfigure_everywhere(shard);
             Ok(settings_json(shard.config(), Some(true)))
         }
         Err(PatchError::Json(_)) => Err(invalid(vec![("body".into(), "Invalid JSON body".into())])),
@@ -324,6 +325,7 @@ fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, Gat
         Ok(next) => {
             tracing::info!(connection = %conn.name, "management: connection settings changed");
             shard.refresh();
+            crate::owners::gates::client::reconfigure_everywhere(shard);
             let provider = &config.provider(conn.provider).name;
             let s = next
                 .connections

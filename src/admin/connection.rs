@@ -4,7 +4,9 @@
 //! be `null` to unset it. The result replaces the connection's settings in the runtime
 //! settings every shard adopts before its next request.
 //!
-//! A gate's capacity is read on each acquire, so a new cap applies to the next request.
+//! A gate's capacity is read on each acquire, so a new cap applies to the next request;
+//! after the change every gate home also applies it to its live gates at once, so a
+//! raised cap admits requests already queued on a busy gate without waiting for a release.
 //! Permits already held are returned to the gate home that granted them; when a change
 //! moves a gate's home (a provider or global gate turned on or off elsewhere), the old
 //! home drains as its permits come back while the new one grants from zero.

@@ -68,6 +68,29 @@ pub fn account_capacity(config: &Config, connection: ConnectionId) -> Option<u32
         .filter(|n| *n > 0)
 }
 
+/// The capacity the settings in force give gate `key` (`None`: no gate), as an acquire
+/// would name it: what a settings change applies to the live gates.
+pub fn gate_capacity(config: &Config, key: &GateKey) -> Option<u32> {
+    match key {
+        GateKey::Global => global_capacity(config),
+        GateKey::Provider(p) => provider_capacity(config, *p),
+        GateKey::Account(c) | GateKey::QuotaShare(c) => account_capacity(config, *c),
+        GateKey::Model(c, model) => model_capacity(config, *c, model),
+        GateKey::Combo(combo, c, _) => combo_capacity(config, usize::from(*combo), *c),
+    }
+}
+
+/// A round-robin combo's per-model semaphore on `connection` (B §2.2): the connection's
+/// account cap when it has one, else the combo's `concurrency_per_model` (at least 1).
+pub fn combo_capacity(config: &Config, combo: usize, connection: ConnectionId) -> Option<u32> {
+    let settings = &config.combos.get(combo)?.settings;
+    Some(
+        account_capacity(config, connection)
+            .unwrap_or(settings.concurrency_per_model)
+            .max(1),
+    )
+}
+
 /// `rate_limit_overrides.model_concurrency[model]` (exact upstream model id).
 pub fn model_capacity(config: &Config, connection: ConnectionId, model: &str) -> Option<u32> {
     config

@@ -20,10 +20,10 @@
 //! * **Capacity changes** (a PATCHed `max_concurrent` or a reload): every acquire carries
 //!   its gates' capacities, so idle gates take the new value with their next acquire. An
 //!   acquire naming a *lower* capacity applies it at once; one naming a *higher* capacity
-//!   applies it only to a gate without waiters (else the newcomer could pass them), so a
-//!   busy gate rises when its queue drains. Permits already granted are never revoked.
-//!   (`reconfigure`, which would apply a rise to live gates at once, is exercised by the
-//!   unit tests only: no request path calls it yet.)
+//!   applies it only to a gate without waiters (else the newcomer could pass them). When
+//!   the settings change, the gate home calls [`GateTable::reconfigure`], which applies
+//!   the new capacities to every live gate and grants, oldest first, the waiters a rise
+//!   lets in — so a busy gate rises at once. Permits already granted are never revoked.
 //! * **Leaving the queue** (timeout, cancel) frees no capacity, so it grants nobody: only
 //!   [`GateTable::release`] and capacity rises do.
 //! * **Temporary blocking** (§2.1 rule 7, [`GateTable::mark_blocked`]): a blocked gate admits
@@ -372,7 +372,6 @@ impl GateTable {
     /// (`capacity_of` reads the new settings; `None`/0 lifts a gate for the permits and
     /// waiters already on it) and grants the waiters a larger capacity lets in, oldest
     /// first. Idle gates are not kept, so later acquires name their capacity themselves.
-    #[cfg(test)]
     pub fn reconfigure(
         &mut self,
         capacity_of: impl Fn(&GateKey) -> Option<u32>,

@@ -117,6 +117,7 @@ mod gates {
         Release { serial },
         Block { connection, model @ name, until_ns },
         Tick,
+        Reconfigure,
     });
 }
 

@@ -221,3 +221,12 @@ fn timeout_error(
         ),
     )
 }
+
+/// After a settings change (a PATCH): tells every shard's gate homes to apply the new
+/// capacities to their live gates now. Each shard adopts the new settings before it
+/// handles the fact, so a rise admits that gate's waiters without waiting for a release.
+pub fn reconfigure_everywhere(shard: &Shard) {
+    for to in 0..shard.shards() {
+        shard.send_fact(to, Fact::Reconfigure.into());
+    }
+}

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use crate::config::{Config, ConnectionId};
-use crate::flow::admission::{account_capacity, gate_requirements, model_capacity};
+use crate::flow::admission::{
+    account_capacity, combo_capacity, gate_capacity, gate_requirements, model_capacity,
+};
 use crate::flow::gates::GateReq;
 use crate::flow::gates::{
     Acquire, AcquireRequest, GateError, GateKey, GateTable, Permit, QueueLimit, Wakeups,
@@ -125,7 +127,12 @@ impl Mechanism for Gates {
                 self.tick(cx);
                 self.arm(cx);
             }
+            Fact::Reconfigure => self.reconfigure(cx),
         }
+    }
+
+    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
+        self.reconfigure(cx);
     }
 
     fn cancel(&mut self, cx: &mut Cx<'_>, id: CallId) {
@@ -169,6 +176,18 @@ impl Gates {
         }
     }
 
+    /// Applies the capacities of the settings in force to every live gate: a rise grants
+    /// the waiters it lets in at once, oldest first (a drop only stops new grants; permits
+    /// held are kept).
+    fn reconfigure(&mut self, cx: &mut Cx<'_>) {
+        let config = cx.config;
+        let wakeups = self
+            .gates
+            .reconfigure(|key| gate_capacity(config, key), cx.now);
+        self.wake(cx, wakeups);
+        self.arm(cx);
+    }
+
     /// Sends grants and timeouts produced by a release or an expiry.
     fn wake(&mut self, cx: &mut Cx<'_>, wakeups: Wakeups) {
         for (id, permit) in wakeups.granted {
@@ -207,13 +226,13 @@ fn combo_gate(
     model: String,
 ) -> Option<(GateKey, u32, usize)> {
     let settings = &config.combos.get(combo)?.settings;
-    let capacity = account_capacity(config, connection).unwrap_or(settings.concurrency_per_model);
+    let capacity = combo_capacity(config, combo, connection)?;
     let key = GateKey::Combo(
         u16::try_from(combo).ok()?,
         connection,
         model.into_boxed_str(),
     );
-    Some((key, capacity.max(1), settings.queue_depth as usize))
+    Some((key, capacity, settings.queue_depth as usize))
 }
 
 #[cfg(test)]

@@ -50,4 +50,7 @@ pub enum Fact {
     },
     /// The gate timer: a waiter deadline or a block end is due.
     Tick,
+    /// The settings changed (a PATCH): apply the new capacities to the live gates now,
+    /// admitting the waiters a rise lets in. Sent to every shard by the writer.
+    Reconfigure,
 }
