@@ -122,7 +122,9 @@ fn real_providers_without_keys_are_disabled_not_fatal() {
 
 #[test]
 fn mock_failures_fail_over_and_the_last_answer_is_relayed() {
-    let gw = Gateway::start(&shipped(&[]));
+    // The locked model is answered at once, not after waiting the lock out.
+    let gw =
+        Gateway::start(&(shipped(&[]) + "\n[resilience.wait_for_cooldown]\nenabled = false\n"));
     let r = chat(&gw, "mock-faults/fail-503", false);
     assert_eq!(r.status, 503);
     assert_eq!(

@@ -145,7 +145,9 @@ fn when_every_connection_cools_the_gateway_answers_429_model_cooldown() {
         "/v1/chat/completions",
         Reply::error(429, "rate limited").header("retry-after", "30"),
     );
-    let gw = Gateway::start_with_env(&config(&mock, "up", true), KEYS);
+    // Answered at once, not after waiting the 30 s out (`wait_for_cooldown` off).
+    let cfg = config(&mock, "up", true) + "\n[resilience.wait_for_cooldown]\nenabled = false\n";
+    let gw = Gateway::start_with_env(&cfg, KEYS);
     let r = ask(&gw, "up/m1");
     assert_eq!(r.status, 429);
     assert!(
@@ -243,5 +245,109 @@ fn agentrouters_quota_403_reaches_the_client_as_429_with_retry_after_60() {
     assert!(
         r.text().contains("额度不足"),
         "the upstream's body is relayed"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// `wait_for_cooldown` (B §3.3): a direct request whose only connection cools briefly waits
+// it out instead of answering 429 at once.
+
+/// One connection `c1` on a mock whose first answer is `first`, every later one 200.
+fn one_connection(first: Reply) -> (MockUpstream, Gateway) {
+    let mock = MockUpstream::start();
+    mock.on("/v1/chat/completions", first);
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("after the wait"));
+    let gw = Gateway::start_with_env(&config(&mock, "up", false), KEYS);
+    (mock, gw)
+}
+
+#[test]
+fn a_direct_request_waits_out_a_short_rate_limit_cooldown_and_is_served() {
+    let (mock, gw) = one_connection(Reply::error(429, "rate limited").header("retry-after", "1"));
+    // The 429 itself is relayed (something was attempted) and cools c1 for about 1 s.
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 429, "{}", r.text());
+    // Now every credential is cooling: the request waits for c1 and is served by it.
+    let started = Instant::now();
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "after the wait"
+    );
+    assert_eq!(served_by(&r), "c1");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(mock.hits("/v1/chat/completions"), 2);
+    assert!(
+        gw.logs()
+            .contains("waiting for the earliest (wait_for_cooldown)")
+    );
+}
+
+#[test]
+fn a_quota_exhausted_lock_is_never_waited_on() {
+    // A self-hosted provider (limits per model): a quota 429 with `Retry-After: 1` locks
+    // the model for that second with reason `quota_exhausted` — short enough to wait, but
+    // a quota is never waited on.
+    let mock = MockUpstream::start();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::error(429, "Monthly usage limit reached").header("retry-after", "1"),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("after the wait"));
+    let cfg = config(&mock, "up", false)
+        .replace("format = \"openai\"\n", "format = \"openai\"\nauth = \"local\"\n")
+        + "\n[resilience.connection_cooldown.local]\nuse_upstream_retry_hints = true\n";
+    let gw = Gateway::start_with_env(&cfg, KEYS);
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 429, "{}", r.text());
+    let r = ask(&gw, "up/m1");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-error"), Some("model_cooldown"), "{}", r.text());
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry <= 2, "a short lock, within the wait cap: retry-after {retry}");
+    assert_eq!(mock.hits("/v1/chat/completions"), 1, "answered without a retry");
+    assert!(!gw.logs().contains("wait_for_cooldown"), "{}", gw.logs());
+    let listed = Client::connect(gw.addr())
+        .request("GET", "/api/resilience/model-cooldowns", &[], b"")
+        .json();
+    assert_eq!(listed["items"][0]["reason"], "quota_exhausted", "{listed}");
+}
+
+#[test]
+fn a_client_that_hangs_up_during_the_wait_costs_nothing_upstream() {
+    let (mock, gw) = one_connection(Reply::error(429, "rate limited").header("retry-after", "5"));
+    assert_eq!(ask(&gw, "up/m1").status, 429);
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    eventually(secs(5), "the request to wait", || {
+        gw.logs()
+            .contains("waiting for the earliest (wait_for_cooldown)")
+            .then_some(())
+    });
+    drop(c);
+    let phase = "tidegate_requests_abandoned_total{phase=\"admission\"}";
+    eventually(secs(5), "the hang-up to be seen", || {
+        (metric(gw.addr(), phase) == 1).then_some(())
+    });
+    assert!(gw.logs().contains("client hung up during a cooldown wait"));
+    assert_eq!(
+        mock.hits("/v1/chat/completions"),
+        1,
+        "nothing sent upstream"
+    );
+    assert_eq!(
+        metric(gw.addr(), "tidegate_requests_in_flight"),
+        1,
+        "only this scrape"
     );
 }

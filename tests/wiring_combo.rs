@@ -93,6 +93,9 @@ name = "duo"
 strategy = "priority"
 targets = ["p/a", "p/b"]
 {LONG_TRANSIENT}
+# The direct request below is answered from the lock, not after waiting it out.
+[resilience.wait_for_cooldown]
+enabled = false
 "#,
             provider = provider("p", &mock.base_url(), &["a", "b"]),
         ),

@@ -211,6 +211,10 @@ models = ["m1"]
 id = "c1"
 provider = "openai-compatible-acme"
 api_key_env = "TG_C1"
+
+# Answered from the lock, not after waiting it out.
+[resilience.wait_for_cooldown]
+enabled = false
 "#,
             mock.base_url()
         ),

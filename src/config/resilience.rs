@@ -462,7 +462,6 @@ pub struct ProviderErrorRule {
 /// `docs/configuration.md`).
 pub const NOT_ACTIVE_YET: &[&str] = &[
     "quota_preflight",
-    "wait_for_cooldown",
     "token_refresh_breaker",
     "credential_health_check",
 ];
@@ -1810,9 +1809,8 @@ mod tests {
         assert_eq!(problems, vec![]);
         assert!(!s.combo_cooldown_wait.enabled);
         assert!(!s.wait_for_cooldown.enabled);
-        // Two forced flags, then wait_for_cooldown's "accepted but not active yet" (the combo
-        // cooldown wait is active).
-        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        // Two forced flags (both waits are active).
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(warnings[0].starts_with("resilience.wait_for_cooldown.enabled:"));
         assert!(warnings[1].starts_with("resilience.combo_cooldown_wait.enabled:"));
 

@@ -162,57 +162,89 @@ pub async fn run(
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
-    for (i, (target, connection)) in plan.candidates.iter().enumerate() {
-        if walk.exhausted.rules_out(target.provider, *connection) {
-            continue;
-        }
-        let combo = plan.combo.map(|_| ComboAttempt {
-            next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
-        });
-        let mut reopened = false;
-        let end = loop {
-            let end = attempt(
-                shard,
-                &request,
-                target,
-                *connection,
-                combo,
-                &mut walk,
-                &mut downstream,
-            )
-            .await;
+    let mut cooldown_waits = CooldownWaits::default();
+    loop {
+        for (i, (target, connection)) in plan.candidates.iter().enumerate() {
+            if walk.exhausted.rules_out(target.provider, *connection) {
+                continue;
+            }
+            let combo = plan.combo.map(|_| ComboAttempt {
+                next_same_provider: next_target_provider(&plan.candidates, i)
+                    == Some(target.provider),
+            });
+            let mut reopened = false;
+            let end = loop {
+                let end = attempt(
+                    shard,
+                    &request,
+                    target,
+                    *connection,
+                    combo,
+                    &mut walk,
+                    &mut downstream,
+                )
+                .await;
+                match end {
+                    AttemptEnd::Early(failure) if !reopened && walk.may_retry_early(shard) => {
+                        reopened = true;
+                        walk.early_retries += 1;
+                        last = Some(failure);
+                    }
+                    end => break end,
+                }
+            };
             match end {
-                AttemptEnd::Early(failure) if !reopened && walk.may_retry_early(shard) => {
-                    reopened = true;
-                    walk.early_retries += 1;
+                AttemptEnd::Done(after) => {
+                    // A stream cut after its first byte: the candidates after this one may
+                    // continue it.
+                    if downstream.splice.as_ref().is_some_and(|s| s.cut_pending()) {
+                        return continue_stream(shard, &request, i, &mut walk, &mut downstream)
+                            .await;
+                    }
+                    return after;
+                }
+                AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
+                    note_budget(shard, &mut budget_spent, target, &failure);
+                    if let LastFailure::Gateway(e) = &failure {
+                        observe::fallback(shard.metrics(), None, e.kind);
+                    }
                     last = Some(failure);
                 }
-                end => break end,
-            }
-        };
-        match end {
-            AttemptEnd::Done(after) => {
-                // A stream cut after its first byte: the candidates after this one may
-                // continue it.
-                if downstream.splice.as_ref().is_some_and(|s| s.cut_pending()) {
-                    return continue_stream(shard, &request, i, &mut walk, &mut downstream).await;
+                AttemptEnd::Skipped(e) => excluded.push(e),
+                AttemptEnd::Stop(failure) => {
+                    note_budget(shard, &mut budget_spent, target, &failure);
+                    last = Some(failure);
+                    break;
                 }
-                return after;
-            }
-            AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
-                note_budget(shard, &mut budget_spent, target, &failure);
-                if let LastFailure::Gateway(e) = &failure {
-                    observe::fallback(shard.metrics(), None, e.kind);
-                }
-                last = Some(failure);
-            }
-            AttemptEnd::Skipped(e) => excluded.push(e),
-            AttemptEnd::Stop(failure) => {
-                note_budget(shard, &mut budget_spent, target, &failure);
-                last = Some(failure);
-                break;
             }
         }
+        // A direct request whose every candidate was skipped for a short, waitable cooldown
+        // waits for the earliest one and walks the candidates again (`wait_for_cooldown`).
+        if plan.combo.is_some() || last.is_some() || excluded.is_empty() {
+            break;
+        }
+        let Some(ms) = cooldown_waits.next(shard, &excluded, request.deadline) else {
+            break;
+        };
+        tracing::info!(
+            model = %plan.peek.model,
+            wait_ms = ms,
+            "every credential of the model is cooling: waiting for the earliest (wait_for_cooldown)"
+        );
+        let sleep = monoio::time::sleep(std::time::Duration::from_millis(ms));
+        if unless_client_gone(downstream.client, downstream.pending, sleep)
+            .await
+            .is_none()
+        {
+            shard.metrics().abandoned(Abandoned::Admission);
+            tracing::info!(
+                model = %plan.peek.model,
+                "client hung up during a cooldown wait (499): nothing sent upstream"
+            );
+            return After::Close;
+        }
+        cooldown_waits.waited(ms);
+        excluded.clear();
     }
     // Nothing answered because the connections are known to be out of credits: the same
     // spent budget.
@@ -353,6 +385,48 @@ fn refused_prefill(down: &Downstream<'_>, failure: &LastFailure) -> bool {
     match (down.splice.as_deref(), failure) {
         (Some(s), LastFailure::Upstream(b)) => s.wants_replay(b.status, &b.body),
         _ => false,
+    }
+}
+
+/// The single-model cooldown wait of one request (`wait_for_cooldown`, B §3.3): how many
+/// waits it made and how long they took.
+#[derive(Default)]
+struct CooldownWaits {
+    waits: u32,
+    waited_ms: u64,
+}
+
+impl CooldownWaits {
+    /// The wait before the next walk over the candidates, if one is allowed: the time until
+    /// the earliest waitable cooldown among the skipped candidates (no margin), at most
+    /// `max_retry_wait_sec`, within what is left of `budget_ms` and of the request deadline,
+    /// and only `max_retries` times.
+    fn next(
+        &self,
+        shard: &Shard,
+        excluded: &[Excluded],
+        deadline: Option<Deadline>,
+    ) -> Option<u64> {
+        let (config, now) = (shard.config(), shard.now());
+        let w = &config.resilience.wait_for_cooldown;
+        if !w.enabled || w.max_retries == 0 || self.waits >= w.max_retries {
+            return None;
+        }
+        let views = shard.state().views.borrow();
+        let wait = excluded
+            .iter()
+            .filter_map(|e| select::waitable_ms(&views, config, e, now))
+            .min()?
+            .max(1);
+        let budget_left = w.budget_ms.saturating_sub(self.waited_ms);
+        let before_deadline = deadline
+            .is_none_or(|d| now.mono_ns.saturating_add(wait.saturating_mul(1_000_000)) < d.at_ns);
+        (wait <= w.max_retry_wait_ms() && wait <= budget_left && before_deadline).then_some(wait)
+    }
+
+    fn waited(&mut self, ms: u64) {
+        self.waits += 1;
+        self.waited_ms = self.waited_ms.saturating_add(ms);
     }
 }
 

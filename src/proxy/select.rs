@@ -16,6 +16,7 @@ use crate::owners::health::views::Views;
 use crate::resilience::Reason;
 use crate::resilience::breaker::{BreakerKey, ViewGate};
 use crate::resilience::connection::{Routability, Terminal};
+use crate::resilience::lockout::LockReason;
 use crate::routing::resolve::Target;
 
 /// Why a candidate was skipped.
@@ -73,6 +74,37 @@ pub enum Gate {
     NeedProbe(Vec<BreakerKey>),
     /// Skip, for this reason, until about `retry_after_ms` from now (if known).
     Skip(Exclusion, Option<u64>),
+}
+
+/// How long until a skipped candidate may be tried again, when its cooldown is one a
+/// request may wait out (`wait_for_cooldown`, B §3.3): a connection cooling for a rate
+/// limit or a server error, or a model lock whose reason is on the combo wait's allow-list
+/// (`rate_limit`, `rate_limited`, `server_error`) or is a plain rate limit. Never a quota
+/// (it lasts until the reset), an auth, not-found or terminal state, an open breaker or an
+/// unreachable host.
+pub fn waitable_ms(views: &Views, config: &Config, e: &Excluded, now: Now) -> Option<u64> {
+    match e.reason {
+        Exclusion::ConnectionCooldown => match views.connections.routability(e.connection, now) {
+            Routability::NotUntil {
+                until_ms,
+                reason: Reason::RateLimitExceeded | Reason::ServerError,
+            } => Some(until_ms.saturating_sub(now.wall_ms)),
+            _ => None,
+        },
+        Exclusion::ModelLockout => {
+            let p = config.provider(e.provider);
+            let lock = views.lockouts.lock_of(
+                &p.name,
+                p.quirks.quota_family,
+                Some(e.connection),
+                &e.model,
+                now,
+            )?;
+            (lock.reason.is_waitable() || lock.reason == LockReason::RateLimitExceeded)
+                .then(|| lock.until_ms.saturating_sub(now.mono_ms()))
+        }
+        _ => None,
+    }
 }
 
 /// The pure part of selection: reads the views only, allocates nothing on the pass path.
