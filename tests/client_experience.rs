@@ -266,7 +266,9 @@ fn a_cooling_model_on_messages_is_anthropics_rate_limit_error() {
         )
         .header("retry-after", "30"),
     );
-    let gw = Gateway::start_with_env(&config(&mock), ENV);
+    // Answered from the cooldown at once, not after waiting the 30 s out.
+    let cfg = config(&mock) + "\n[resilience.wait_for_cooldown]\nenabled = false\n";
+    let gw = Gateway::start_with_env(&cfg, ENV);
     let body =
         r#"{"model":"claude/c1","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
     // The upstream's own 429 is relayed as it came; then the model cools and the gateway
