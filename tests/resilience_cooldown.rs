@@ -299,18 +299,31 @@ fn a_quota_exhausted_lock_is_never_waited_on() {
         Reply::error(429, "Monthly usage limit reached").header("retry-after", "1"),
     );
     mock.on_always("/v1/chat/completions", Reply::openai_chat("after the wait"));
-    let cfg = config(&mock, "up", false)
-        .replace("format = \"openai\"\n", "format = \"openai\"\nauth = \"local\"\n")
-        + "\n[resilience.connection_cooldown.local]\nuse_upstream_retry_hints = true\n";
+    let cfg = config(&mock, "up", false).replace(
+        "format = \"openai\"\n",
+        "format = \"openai\"\nauth = \"local\"\n",
+    ) + "\n[resilience.connection_cooldown.local]\nuse_upstream_retry_hints = true\n";
     let gw = Gateway::start_with_env(&cfg, KEYS);
     let r = ask(&gw, "up/m1");
     assert_eq!(r.status, 429, "{}", r.text());
     let r = ask(&gw, "up/m1");
     assert_eq!(r.status, 429, "{}", r.text());
-    assert_eq!(r.header("x-tidegate-error"), Some("model_cooldown"), "{}", r.text());
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("model_cooldown"),
+        "{}",
+        r.text()
+    );
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
-    assert!(retry <= 2, "a short lock, within the wait cap: retry-after {retry}");
-    assert_eq!(mock.hits("/v1/chat/completions"), 1, "answered without a retry");
+    assert!(
+        retry <= 2,
+        "a short lock, within the wait cap: retry-after {retry}"
+    );
+    assert_eq!(
+        mock.hits("/v1/chat/completions"),
+        1,
+        "answered without a retry"
+    );
     assert!(!gw.logs().contains("wait_for_cooldown"), "{}", gw.logs());
     let listed = Client::connect(gw.addr())
         .request("GET", "/api/resilience/model-cooldowns", &[], b"")

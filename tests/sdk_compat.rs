@@ -107,7 +107,10 @@ fn sdks_type_the_gateways_own_errors() {
         .header("retry-after", "60"),
     );
     let openai = MockUpstream::start();
-    let gw = Gateway::start(&two_providers(&openai, &anthropic));
+    // The cooling model is answered at once, not after waiting the 60 s out.
+    let cfg =
+        two_providers(&openai, &anthropic) + "\n[resilience.wait_for_cooldown]\nenabled = false\n";
+    let gw = Gateway::start(&cfg);
     let body =
         br#"{"model":"an/claude-x","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
     let ask = || {
