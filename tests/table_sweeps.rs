@@ -61,12 +61,13 @@ fn entries(gw: &Gateway, table: &str) -> u64 {
 fn lockouts_for_ever_new_model_names_are_swept_once_expired_and_idle() {
     let mock = MockUpstream::start();
     mock.on_always(CHAT, Reply::error(404, "The model does not exist"));
-    // Short lock (the local profile's base cooldown) and a short escalation window (the
-    // breaker reset timeout), so the entries idle out within a few housekeeping runs.
+    // A 10 s lock (the local profile's base cooldown: long enough that every lock is seen
+    // live before any expires, even on a loaded machine) and a short escalation window (the
+    // breaker reset timeout), so the entries idle out a few housekeeping runs later.
     let gw = Gateway::start(&selfhosted(
         &mock.base_url(),
         "",
-        "[resilience.connection_cooldown.local]\nbase_cooldown_ms = 200\n\
+        "[resilience.connection_cooldown.local]\nbase_cooldown_ms = 10000\n\
          [resilience.provider_breaker.local]\nreset_timeout_ms = 1000\n",
     ));
     const N: u64 = 24;
@@ -80,7 +81,7 @@ fn lockouts_for_ever_new_model_names_are_swept_once_expired_and_idle() {
     });
     assert!(gw.logs().contains("model locked for"), "{}", gw.logs());
     // After the lock expires and the failure state's window passes, the sweep forgets both.
-    eventually(secs(20), "the swept tables", || {
+    eventually(secs(40), "the swept tables", || {
         (entries(&gw, "model_lockouts") == 0 && entries(&gw, "model_failures") == 0).then_some(())
     });
     let logs = gw.logs();
