@@ -25,6 +25,7 @@ use crate::owners::{Msg, Shard};
 use crate::routing::resolve::RouteTable;
 use crate::shard::Shared;
 use crate::shard::metrics::SnapshotMetrics;
+use crate::shard::settings::SettingsCell;
 use crate::snapshot::state::Records;
 use crate::snapshot::store;
 use crate::snapshot::writer::{DeltaSink, ToWriter, WriteReport, Writer};
@@ -184,7 +185,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         .and_then(Option::as_ref)
         .map(|end| end.stats().clone());
     let snapshot_metrics = Arc::new(SnapshotMetrics::default());
-    let (writer, restored) = open_snapshot(&config, snapshot_metrics.clone())?;
+    let (writer, restored, runtime) = open_snapshot(&config, snapshot_metrics.clone())?;
     let shared = Arc::new(Shared {
         snapshot: snapshot_metrics,
         mesh_stats,
@@ -196,9 +197,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
             .collect(),
         shards,
         driver: driver.as_str(),
-        runtime: Arc::new(crate::shard::settings::SettingsCell::new(
-            crate::config::runtime::RuntimeSettings::from_config(&config),
-        )),
+        runtime,
         started_wall_ms: {
             use crate::clock::Clock as _;
             crate::clock::MonoClock.now().wall_ms
@@ -467,10 +466,13 @@ struct Stop {
 /// Opens `state_dir`: the newest valid snapshot slot becomes the records every shard
 /// adopts its share of, and the writer continues from it. Untrusted files were moved
 /// aside and logged by the store; only a directory that cannot be used stops start-up.
+/// The runtime settings (PATCHes) the snapshot kept are put back onto the file's.
+type Opened = (Writer, Arc<Records>, Arc<SettingsCell>);
+
 fn open_snapshot(
     config: &Arc<Config>,
     metrics: Arc<SnapshotMetrics>,
-) -> Result<(Writer, Arc<Records>), StartError> {
+) -> Result<Opened, StartError> {
     use crate::clock::Clock;
     let dir = &config.server.state_dir;
     let now = crate::clock::MonoClock.now();
@@ -516,18 +518,44 @@ fn open_snapshot(
                 breakers = records.breakers.len(),
                 connections = records.connections.len(),
                 provider_cooldowns = records.trackers.len(),
+                affinity_pins = records.pins.len(),
+                connection_overrides = records.connection_overrides.len(),
+                settings_patched = !records.settings_patch.is_empty(),
                 "snapshot restored"
             );
             records
         }
         None => Records::default(),
     };
+    let mut records = records;
+    let (settings, dropped) = crate::admin::patch::restore(config, &records);
+    for line in &dropped {
+        tracing::warn!("snapshot entry not restored: {line}");
+    }
+    // The writer starts from what is in force: a PATCH refused now is not written back.
+    records
+        .settings_patch
+        .clone_from(&settings.resilience_patch);
+    records
+        .connection_overrides
+        .clone_from(&settings.connections);
+    let runtime = Arc::new(SettingsCell::new(settings));
     let on_write = Box::new(move |r: WriteReport| {
         metrics.record_write(r.ok, r.duration_ns, r.bytes, r.generation)
     });
-    let writer = Writer::spawn(config.clone(), opened.store, records.clone(), on_write)
-        .map_err(|e| StartError(format!("cannot start the snapshot writer: {e}")))?;
-    Ok((writer, Arc::new(records)))
+    let poll = {
+        let runtime = runtime.clone();
+        Box::new(move |seen: u64| (runtime.generation() != seen).then(|| runtime.current()))
+    };
+    let writer = Writer::spawn(
+        config.clone(),
+        opened.store,
+        records.clone(),
+        poll,
+        on_write,
+    )
+    .map_err(|e| StartError(format!("cannot start the snapshot writer: {e}")))?;
+    Ok((writer, Arc::new(records), runtime))
 }
 
 /// What a shard needs of the snapshot: where to send its deltas, what to adopt.
@@ -550,10 +578,13 @@ struct ShardStart {
 /// pending. The time it took is the longest a snapshot holds this shard's loop.
 fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
     let start = shard.now().mono_ns;
-    let delta = crate::owners::health::owner::snapshot_delta(shard, SNAPSHOT_BATCH);
-    let more = delta.as_ref().is_some_and(|d| d.len() >= SNAPSHOT_BATCH);
-    if let Some(d) = delta {
-        let _ = sink.send(ToWriter::Delta(d));
+    let mut delta =
+        crate::owners::health::owner::snapshot_delta(shard, SNAPSHOT_BATCH).unwrap_or_default();
+    let room = SNAPSHOT_BATCH.saturating_sub(delta.len());
+    delta.pins = crate::owners::affinity::owner::snapshot_delta(shard, room);
+    let more = delta.len() >= SNAPSHOT_BATCH;
+    if !delta.is_empty() {
+        let _ = sink.send(ToWriter::Delta(delta));
         let took = shard.now().mono_ns.saturating_sub(start);
         shard.metrics().snapshot_collected(took);
     }
@@ -626,6 +657,7 @@ async fn shard_main(
     // The keys this shard owns under the current shard count, and replicas of the rest,
     // from the snapshot — before the pump and the first request.
     crate::owners::health::owner::restore(&shard, &persist.restored);
+    crate::owners::affinity::owner::restore(&shard, &persist.restored);
     drop(persist.restored);
     shard.start(receiver);
     {

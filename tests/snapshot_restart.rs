@@ -1,7 +1,8 @@
-//! The snapshot across restarts of the real binary: an open breaker, a cooling connection
-//! and a banned one survive SIGTERM and a start with another `workers` count — shown by
-//! `tidegate snapshot inspect` and by traffic (nothing reaches the upstreams that the
-//! restored state rules out). A `kill -9` loop under load never leaves a slot that fails
+//! The snapshot across restarts of the real binary: an open breaker, a cooling connection,
+//! a banned one, session pins, PATCHed resilience settings and a PATCHed connection survive
+//! SIGTERM and a start with another `workers` count — shown by `tidegate snapshot
+//! inspect`, by the management API and by traffic (nothing reaches the upstreams that the
+//! restored state rules out; a pinned session keeps its connection). A `kill -9` loop under load never leaves a slot that fails
 //! validation, and never loses a write the gateway reported done.
 
 #![allow(
@@ -27,9 +28,18 @@ const KEYS: &[(&str, &str)] = &[
     ("TG_K3", "key-three"),
 ];
 
-/// Provider `down` (one connection `d1`, never cooled, so its 503s reach the breaker) and
-/// provider `up` with `c1`, `c2`, `c3` in priority order.
-fn config(down: &MockUpstream, up: &MockUpstream, workers: usize, state_dir: &Path) -> String {
+/// The mocks behind the three providers.
+struct Upstreams {
+    down: MockUpstream,
+    up: MockUpstream,
+    pair: MockUpstream,
+}
+
+/// Provider `down` (one connection `d1`, never cooled, so its 503s reach the breaker),
+/// provider `up` with `c1`, `c2`, `c3` in priority order, and provider `pair` with two
+/// healthy connections `x1`, `x2` for session pins.
+fn config(u: &Upstreams, workers: usize, state_dir: &Path) -> String {
+    let (down, up) = (&u.down, &u.up);
     format!(
         r#"
 [server]
@@ -73,6 +83,25 @@ provider = "up"
 priority = 3
 api_key_env = "TG_K3"
 
+[[providers]]
+id = "pair"
+format = "openai"
+base_url = "{}"
+models = ["m1"]
+
+[[connections]]
+id = "x1"
+provider = "pair"
+priority = 1
+
+[[connections]]
+id = "x2"
+provider = "pair"
+priority = 2
+
+[resilience]
+session_affinity_ttl_ms = 600000
+
 [resilience.provider_breaker.apikey]
 failure_threshold = 3
 degradation_threshold = 2
@@ -80,8 +109,59 @@ reset_timeout_ms = 120000
 "#,
         state_dir.display(),
         down.base_url(),
-        up.base_url()
+        up.base_url(),
+        u.pair.base_url()
     )
+}
+
+/// A request of session `session` to `pair/m1`: the connection that served it.
+fn ask_session(gw: &Gateway, session: &str) -> String {
+    let r = Client::connect(gw.addr()).request(
+        "POST",
+        "/v1/chat/completions",
+        &[("x-session-id", session)],
+        br#"{"model":"pair/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-omniroute-selected-connection-id")
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn management(gw: &Gateway, method: &str, path: &str, body: &[u8]) -> serde_json::Value {
+    let r = Client::connect(gw.addr()).request(
+        method,
+        path,
+        &[("content-type", "application/json")],
+        body,
+    );
+    assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
+    serde_json::from_str(&r.text()).unwrap()
+}
+
+/// What the management API shows of the pins (as many as `pins`, of `sessions` distinct
+/// sessions) and the PATCHed settings.
+fn assert_runtime_state_served(gw: &Gateway, pins: usize, sessions: usize) {
+    let health = management(gw, "GET", "/api/monitoring/health", b"");
+    let s = &health["sessions"];
+    assert_eq!(s["stickyBoundCount"], pins, "{health:#}");
+    assert_eq!(s["activeCount"], sessions, "{health:#}");
+    let by_shard: u64 = s["byShard"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(by_shard as usize, pins, "{health:#}");
+    let settings = management(gw, "GET", "/api/resilience", b"");
+    assert_eq!(
+        settings["requestQueue"]["maxWaitMs"], 4321,
+        "the PATCHed setting is in force: {settings:#}"
+    );
+    assert_eq!(
+        settings["providerBreaker"]["apikey"]["failureThreshold"], 3,
+        "settings no PATCH named keep the file's value"
+    );
 }
 
 fn ask(gw: &Gateway, model: &str) -> Response {
@@ -116,8 +196,10 @@ fn stop(mut gw: Gateway) -> String {
     gw.logs()
 }
 
-/// What the restored state must look like, in the file.
-fn assert_state_in_file(dir: &Path) {
+/// What the restored state must look like, in the file. Returns how many pins it holds
+/// and of how many distinct sessions (the `up` requests pin a session too: their first
+/// message is a session key).
+fn assert_state_in_file(dir: &Path) -> (usize, usize) {
     let j = inspect(dir);
     let state = &j["state"];
     let breaker = state["breakers"]
@@ -159,14 +241,48 @@ fn assert_state_in_file(dir: &Path) {
     for slot in j["slots"].as_array().unwrap() {
         assert_ne!(slot["status"], "invalid", "{j:#}");
     }
+    let patch = state["runtimeSettings"][0]["patchJson"].as_str().unwrap();
+    let patch: serde_json::Value = serde_json::from_str(patch).unwrap();
+    assert_eq!(
+        patch,
+        serde_json::json!({"requestQueue": {"maxWaitMs": 4321}}),
+        "only what was PATCHed: {j:#}"
+    );
+    let o = &state["connectionOverrides"];
+    assert_eq!(o.as_array().unwrap().len(), 1, "{j:#}");
+    assert_eq!(o[0]["connection"], "c3");
+    assert_eq!(o[0]["maxConcurrent"], 7);
+    assert_eq!(o[0]["rlModelConcurrency"][0]["model"], "m1");
+    assert_eq!(o[0]["rlModelConcurrency"][0]["cap"], 2);
+    let pins = state["affinityPins"].as_array().unwrap();
+    let mut pinned: Vec<&str> = pins
+        .iter()
+        .filter(|p| p["provider"] == "pair")
+        .map(|p| p["connection"].as_str().unwrap())
+        .collect();
+    pinned.sort_unstable();
+    assert_eq!(pinned, vec!["x1", "x2"], "{j:#}");
+    let mut sessions = std::collections::BTreeSet::new();
+    for p in pins {
+        let digest = p["session"].as_str().unwrap();
+        assert_eq!(digest.len(), 64, "a digest, never the key");
+        sessions.insert(digest.to_owned());
+    }
+    (pins.len(), sessions.len())
 }
 
 #[test]
 fn breakers_cooldowns_and_bans_survive_a_restart_with_any_worker_count() {
     let state = TempDir::new("snapshot-restart");
-    let down = MockUpstream::start();
+    let u = Upstreams {
+        down: MockUpstream::start(),
+        up: MockUpstream::start(),
+        pair: MockUpstream::start(),
+    };
+    let (down, up) = (&u.down, &u.up);
     down.on_always("/v1/chat/completions", Reply::error(503, "overloaded"));
-    let up = MockUpstream::start();
+    u.pair
+        .on_always("/v1/chat/completions", Reply::openai_chat("ok"));
     up.on(
         "/v1/chat/completions",
         Reply::error(429, "rate limited").header("retry-after", "300"),
@@ -180,7 +296,7 @@ fn breakers_cooldowns_and_bans_survive_a_restart_with_any_worker_count() {
     );
     up.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
 
-    let gw = Gateway::start_with_env(&config(&down, &up, 2, state.path()), KEYS);
+    let gw = Gateway::start_with_env(&config(&u, 2, state.path()), KEYS);
     // One request walks c1 (429: cools), c2 (403: banned) and is served by c3.
     let r = ask(&gw, "up/m1");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -191,16 +307,43 @@ fn breakers_cooldowns_and_bans_survive_a_restart_with_any_worker_count() {
     eventually(Duration::from_secs(3), "the breaker to open", || {
         is_open(&ask(&gw, "down/m1")).then_some(())
     });
+    // Two sessions pinned: the first to the best priority, the second to the other.
+    assert_eq!(ask_session(&gw, "s-first"), "x1");
+    assert_eq!(ask_session(&gw, "s-second"), "x2");
+    management(
+        &gw,
+        "PATCH",
+        "/api/resilience",
+        br#"{"requestQueue":{"maxWaitMs":4321}}"#,
+    );
+    management(
+        &gw,
+        "PATCH",
+        "/api/providers/c3",
+        br#"{"max_concurrent":7,"rateLimitOverrides":{"modelConcurrency":{"m1":2}}}"#,
+    );
+    let health = management(&gw, "GET", "/api/monitoring/health", b"");
+    assert!(
+        health["sessions"]["stickyBoundCount"].as_u64().unwrap() >= 2,
+        "{health:#}"
+    );
     let down_hits = down.hits("/v1/chat/completions");
     let logs = stop(gw);
     assert!(!logs.contains("not trusted"), "{logs}");
-    assert_state_in_file(state.path());
+    let mut in_file = assert_state_in_file(state.path());
 
     for workers in [2, 3, 1] {
         let up_hits = up.hits("/v1/chat/completions");
-        let gw = Gateway::start_with_env(&config(&down, &up, workers, state.path()), KEYS);
+        let gw = Gateway::start_with_env(&config(&u, workers, state.path()), KEYS);
         assert_eq!(gw.shards(), workers);
         assert!(gw.logs().contains("snapshot restored"), "{}", gw.logs());
+        assert_runtime_state_served(&gw, in_file.0, in_file.1);
+        // The second session first: a fresh pick would take x1 (never used, or used
+        // longest ago, and first by priority); its restored pin says x2.
+        for _ in 0..4 {
+            assert_eq!(ask_session(&gw, "s-second"), "x2", "workers={workers}");
+            assert_eq!(ask_session(&gw, "s-first"), "x1", "workers={workers}");
+        }
         // Whichever shard a request lands on knows all of it from the first request.
         for _ in 0..6 {
             let r = ask(&gw, "down/m1");
@@ -227,7 +370,7 @@ fn breakers_cooldowns_and_bans_survive_a_restart_with_any_worker_count() {
         assert_eq!(keys, vec!["Bearer key-three"; 6], "workers={workers}");
         let logs = stop(gw);
         assert!(!logs.contains("not trusted"), "{logs}");
-        assert_state_in_file(state.path());
+        in_file = assert_state_in_file(state.path());
     }
 }
 

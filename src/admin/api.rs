@@ -212,6 +212,19 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
     let sum = |f: fn(&crate::shard::metrics::ShardMetrics) -> u64| -> u64 {
         metrics.iter().map(|m| f(m)).sum()
     };
+    // Session affinity pins, from every shard's owner (a session's pins all live on its
+    // owner shard, so the per-shard session counts add up). An owner that does not answer
+    // leaves the spec's empty default.
+    let pins = crate::owners::affinity::client::count_all(shard)
+        .await
+        .unwrap_or_default();
+    let sessions = json!({
+        "activeCount": pins.iter().map(|(_, s)| u64::from(*s)).sum::<u64>(),
+        "stickyBoundCount": pins.iter().map(|(p, _)| u64::from(*p)).sum::<u64>(),
+        "byApiKey": {},
+        "top": [],
+        "byShard": pins.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+    });
     use std::sync::atomic::Ordering::Relaxed;
     let uptime_ms = now.wall_ms.saturating_sub(shard.shared().started_wall_ms);
     Ok(json!({
@@ -229,6 +242,7 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         "connectionHealth": connection_health,
         "terminalConnections": terminal,
         "lockouts": lockouts_json(config, &status),
+        "sessions": sessions,
         "queue": {
             "requests": sum(|m| m.queue_requests.load(Relaxed)),
         },
@@ -281,6 +295,10 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
         let resilience = patch::apply(&current.resilience, body)?;
         let mut next = current.clone();
         next.resilience = resilience;
+        // Kept for the snapshot: what was PATCHed, re-applied onto the file at start-up.
+        if let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(body) {
+            patch::merge(&mut next.resilience_patch, &o);
+        }
         Ok(next)
     });
     match updated {

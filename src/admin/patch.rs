@@ -312,6 +312,67 @@ pub fn apply(current: &ResilienceSettings, body: &[u8]) -> Result<ResilienceSett
     Ok(s)
 }
 
+/// Merges an accepted PATCH body into the bodies accepted before it, the way [`apply`]
+/// reads them: objects merge key by key, any other value replaces the earlier one, and a
+/// provider's `providerQuotaOverrides` entry replaces that provider's earlier entry whole
+/// (as [`apply`] does). Applying the merged object onto the file's settings gives what
+/// applying every body in turn gave.
+pub fn merge(into: &mut Map<String, Value>, body: &Map<String, Value>) {
+    merge_at(into, body, "");
+}
+
+fn merge_at(into: &mut Map<String, Value>, body: &Map<String, Value>, path: &str) {
+    for (k, v) in body {
+        let here = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        let whole = path == "providerQuotaOverrides";
+        match (into.get_mut(k), v) {
+            (Some(Value::Object(old)), Value::Object(new)) if !whole => merge_at(old, new, &here),
+            _ => {
+                into.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// The runtime settings at start-up: the file's, with the PATCHes a snapshot kept put
+/// back — the merged resilience body applied like a PATCH (the file's bounds and
+/// cross-field rules against the file as it is now) and the per-connection settings of
+/// connections the file still has. One line per thing not restored.
+pub fn restore(
+    config: &crate::config::Config,
+    records: &crate::snapshot::state::Records,
+) -> (crate::config::runtime::RuntimeSettings, Vec<String>) {
+    let mut out = crate::config::runtime::RuntimeSettings::from_config(config);
+    let mut dropped = Vec::new();
+    if !records.settings_patch.is_empty() {
+        let body = Value::Object(records.settings_patch.clone()).to_string();
+        match apply(&config.resilience, body.as_bytes()) {
+            Ok(s) => {
+                out.resilience = s;
+                out.resilience_patch = records.settings_patch.clone();
+            }
+            Err(e) => dropped.push(format!(
+                "PATCHed resilience settings not restored (the file keeps its values): {}",
+                match e {
+                    PatchError::Json(j) => j,
+                    PatchError::Invalid(p) =>
+                        p.into_iter().map(|(_, m)| m).collect::<Vec<_>>().join("; "),
+                }
+            )),
+        }
+    }
+    for (name, o) in &records.connection_overrides {
+        if config.connections.iter().any(|c| &c.name == name) {
+            out.connections.insert(name.clone(), o.clone());
+        }
+    }
+    (out, dropped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,6 +436,34 @@ mod tests {
             );
         }
         assert!(matches!(apply(&cur, b"{nope"), Err(PatchError::Json(_))));
+    }
+
+    #[test]
+    fn merged_bodies_apply_like_the_bodies_in_turn() {
+        let bodies = [
+            &br#"{"providerBreaker":{"apikey":{"failureThreshold":3,"degradationThreshold":2}}}"#[..],
+            br#"{"providerBreaker":{"apikey":{"failureThreshold":4}},"requestQueue":{"maxWaitMs":900}}"#,
+            br#"{"providerQuotaOverrides":{"x":{"rpm":5}}}"#,
+            br#"{"providerQuotaOverrides":{"x":{"concurrency":2}}}"#,
+        ];
+        let mut in_turn = ResilienceSettings::default();
+        let mut merged = Map::new();
+        for b in bodies {
+            in_turn = apply(&in_turn, b).unwrap_or_else(|e| panic!("{e:?}"));
+            let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(b) else {
+                panic!("not an object")
+            };
+            merge(&mut merged, &o);
+        }
+        let once = Value::Object(merged).to_string();
+        let at_once = apply(&ResilienceSettings::default(), once.as_bytes())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(at_once, in_turn);
+        assert_eq!(at_once.provider_breaker.apikey.failure_threshold, 4);
+        assert_eq!(
+            at_once.provider_quota_overrides.get("x").map(|o| o.rpm),
+            Some(None)
+        );
     }
 
     #[test]

@@ -19,6 +19,12 @@ pub struct RuntimeSettings {
     /// connection's configured id (ids survive a reordered file; indexes do not). Each
     /// entry replaces the file's values for that connection whole.
     pub connections: BTreeMap<String, ConnectionSettings>,
+    /// The `PATCH /api/resilience` bodies accepted since the file was read, merged into one
+    /// camelCase object (a later value replaces an earlier one; see
+    /// `admin::patch::merge`). The snapshot keeps this rather than `resilience`, so a
+    /// restart re-applies what was PATCHed onto the file as it is then — a setting the
+    /// file changed and no PATCH named takes the file's new value.
+    pub resilience_patch: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A connection's concurrency and rate-limit settings.
@@ -35,6 +41,7 @@ impl RuntimeSettings {
         Self {
             resilience: config.resilience.clone(),
             connections: BTreeMap::new(),
+            resilience_patch: serde_json::Map::new(),
         }
     }
 

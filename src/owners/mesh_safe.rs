@@ -156,7 +156,10 @@ mod affinity {
 
     mesh_safe!(copy: Reply, Eligible);
     // The session is its key's SHA-256 digest (32 bytes), never the key.
-    mesh_safe!(enum Request { Choose { provider, session @ copy, eligible, ttl_ms } });
+    mesh_safe!(enum Request {
+        Choose { provider, session @ copy, eligible, ttl_ms },
+        Count,
+    });
     mesh_safe!(enum Fact {
         Drop { provider, session @ copy, connection },
         Used { connection, at_ms },

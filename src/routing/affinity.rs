@@ -148,7 +148,6 @@ impl PinTable {
     }
 
     /// The pin of `session` for `provider`, if any (expired ones included).
-    #[cfg(test)]
     pub fn pin(&self, provider: ProviderId, session: SessionDigest) -> Option<Pin> {
         self.pins.get(&(provider, session)).copied()
     }
@@ -156,6 +155,28 @@ impl PinTable {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pins.is_empty()
+    }
+
+    /// Puts back a pin a snapshot kept (start-up), counting its last use for the
+    /// least-recently-used pick. Ignored when the table is full.
+    pub fn adopt(&mut self, provider: ProviderId, session: SessionDigest, pin: Pin) {
+        if self.pins.len() < MAX_PINS {
+            self.pins.insert((provider, session), pin);
+        }
+        self.note_use(pin.connection, pin.last_used_ms);
+    }
+
+    /// Live pins at `now_ms`, and the distinct sessions they belong to.
+    pub fn live_counts(&self, now_ms: u64) -> (usize, usize) {
+        let mut sessions = std::collections::HashSet::new();
+        let mut pins = 0;
+        for ((_, session), p) in &self.pins {
+            if p.expires_ms > now_ms {
+                pins += 1;
+                sessions.insert(*session);
+            }
+        }
+        (pins, sessions.len())
     }
 
     /// Deletes expired pins when [`SWEEP_INTERVAL_MS`] has passed since the last sweep.

@@ -64,6 +64,7 @@ mod tests {
         let cell = SettingsCell::new(RuntimeSettings {
             resilience: ResilienceSettings::default(),
             connections: Default::default(),
+            resilience_patch: Default::default(),
         });
         assert_eq!(cell.generation(), 0);
         let r: Result<_, ()> = cell.update(|s| {

@@ -29,8 +29,9 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
 use super::schema::{
-    self, BREAKERS_VERSION, BreakersSection, CONNECTIONS_VERSION, ConnectionsSection, Contents,
-    PROVIDER_COOLDOWNS_VERSION, ProviderCooldownsSection, SkippedSection, tag,
+    self, AFFINITY_PINS_VERSION, BREAKERS_VERSION, CONNECTION_OVERRIDES_VERSION,
+    CONNECTIONS_VERSION, Contents, PROVIDER_COOLDOWNS_VERSION, RUNTIME_SETTINGS_VERSION, Section,
+    SkippedSection, tag,
 };
 
 /// First bytes of every snapshot file.
@@ -167,9 +168,10 @@ fn push_section(out: &mut Vec<u8>, tag: u32, version: u32, body: &[u8]) {
     out.resize(pad16(out.len()), 0);
 }
 
-fn archive<T>(value: &T) -> Result<AlignedVec, EncodeError>
+/// One section's archive: `entries` as a [`Section`].
+fn archive<T>(entries: Vec<T>) -> Result<AlignedVec, EncodeError>
 where
-    T: for<'a> rkyv::Serialize<
+    Section<T>: for<'a> rkyv::Serialize<
             rkyv::api::high::HighSerializer<
                 AlignedVec,
                 rkyv::ser::allocator::ArenaHandle<'a>,
@@ -177,7 +179,7 @@ where
             >,
         >,
 {
-    rkyv::to_bytes::<rancor::Error>(value).map_err(|e| EncodeError(e.to_string()))
+    rkyv::to_bytes::<rancor::Error>(&Section { entries }).map_err(|e| EncodeError(e.to_string()))
 }
 
 /// A whole file: header and every section of `contents` (skipped sections are not
@@ -187,22 +189,32 @@ pub fn encode(
     written_at_wall_ms: u64,
     contents: Contents,
 ) -> Result<Vec<u8>, EncodeError> {
-    let breakers = archive(&BreakersSection {
-        breakers: contents.breakers,
-    })?;
-    let connections = archive(&ConnectionsSection {
-        connections: contents.connections,
-    })?;
-    let cooldowns = archive(&ProviderCooldownsSection {
-        entries: contents.provider_cooldowns,
-    })?;
-    let sections: [(u32, u32, &[u8]); 3] = [
-        (tag::BREAKERS, BREAKERS_VERSION, &breakers),
-        (tag::CONNECTIONS, CONNECTIONS_VERSION, &connections),
+    let sections: [(u32, u32, AlignedVec); 6] = [
+        (tag::BREAKERS, BREAKERS_VERSION, archive(contents.breakers)?),
+        (
+            tag::CONNECTIONS,
+            CONNECTIONS_VERSION,
+            archive(contents.connections)?,
+        ),
         (
             tag::PROVIDER_COOLDOWNS,
             PROVIDER_COOLDOWNS_VERSION,
-            &cooldowns,
+            archive(contents.provider_cooldowns)?,
+        ),
+        (
+            tag::RUNTIME_SETTINGS,
+            RUNTIME_SETTINGS_VERSION,
+            archive(contents.runtime_settings)?,
+        ),
+        (
+            tag::CONNECTION_OVERRIDES,
+            CONNECTION_OVERRIDES_VERSION,
+            archive(contents.connection_overrides)?,
+        ),
+        (
+            tag::AFFINITY_PINS,
+            AFFINITY_PINS_VERSION,
+            archive(contents.affinity_pins)?,
         ),
     ];
     let payload_len: usize = sections
@@ -216,8 +228,8 @@ pub fn encode(
     }
     let mut out = Vec::with_capacity(HEADER_BYTES + payload_len);
     out.resize(HEADER_BYTES, 0);
-    for (t, v, body) in sections {
-        push_section(&mut out, t, v, body);
+    for (t, v, body) in &sections {
+        push_section(&mut out, *t, *v, body);
     }
     let payload_sum = xxh3(&out[HEADER_BYTES..]);
     let mut h = [0u8; HEADER_BYTES];
@@ -327,13 +339,13 @@ pub fn sections<'a>(bytes: &'a [u8], header: &Header) -> Result<Vec<RawSection<'
     Ok(out)
 }
 
-/// Validates a section's archive with rkyv and deserializes it. A body that is not
-/// 16-aligned in memory (a buffer that was not mapped) is copied into one that is.
-fn read_section<T>(t: u32, body: &[u8]) -> Result<T, Problem>
+/// Validates a section's archive with rkyv and deserializes its entries. A body that is
+/// not 16-aligned in memory (a buffer that was not mapped) is copied into one that is.
+fn read_section<T>(t: u32, body: &[u8]) -> Result<Vec<T>, Problem>
 where
-    T: rkyv::Archive,
-    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
-        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+    Section<T>: rkyv::Archive,
+    <Section<T> as rkyv::Archive>::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<Section<T>, rkyv::api::high::HighDeserializer<rancor::Error>>,
 {
     let err = |e: rancor::Error| Problem::Archive {
         tag: t,
@@ -348,8 +360,11 @@ where
         copy = v;
         &copy
     };
-    let archived = rkyv::access::<T::Archived, rancor::Error>(aligned).map_err(err)?;
-    rkyv::deserialize::<T, rancor::Error>(archived).map_err(err)
+    let archived = rkyv::access::<<Section<T> as rkyv::Archive>::Archived, rancor::Error>(aligned)
+        .map_err(err)?;
+    let section: Section<T> =
+        rkyv::deserialize::<Section<T>, rancor::Error>(archived).map_err(err)?;
+    Ok(section.entries)
 }
 
 /// A whole file, checked and decoded.
@@ -357,18 +372,23 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Contents), Problem> {
     let header = check_header(bytes)?;
     let mut contents = Contents::default();
     for s in sections(bytes, &header)? {
+        let (t, body) = (s.tag, s.body);
         match (s.tag, s.version) {
-            (tag::BREAKERS, BREAKERS_VERSION) => {
-                let b: BreakersSection = read_section(s.tag, s.body)?;
-                contents.breakers = b.breakers;
-            }
+            (tag::BREAKERS, BREAKERS_VERSION) => contents.breakers = read_section(t, body)?,
             (tag::CONNECTIONS, CONNECTIONS_VERSION) => {
-                let c: ConnectionsSection = read_section(s.tag, s.body)?;
-                contents.connections = c.connections;
+                contents.connections = read_section(t, body)?;
             }
             (tag::PROVIDER_COOLDOWNS, PROVIDER_COOLDOWNS_VERSION) => {
-                let p: ProviderCooldownsSection = read_section(s.tag, s.body)?;
-                contents.provider_cooldowns = p.entries;
+                contents.provider_cooldowns = read_section(t, body)?;
+            }
+            (tag::RUNTIME_SETTINGS, RUNTIME_SETTINGS_VERSION) => {
+                contents.runtime_settings = read_section(t, body)?;
+            }
+            (tag::CONNECTION_OVERRIDES, CONNECTION_OVERRIDES_VERSION) => {
+                contents.connection_overrides = read_section(t, body)?;
+            }
+            (tag::AFFINITY_PINS, AFFINITY_PINS_VERSION) => {
+                contents.affinity_pins = read_section(t, body)?;
             }
             (t, v) => contents.skipped_sections.push(SkippedSection {
                 tag: t,
@@ -384,7 +404,10 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Contents), Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::schema::{BreakerEntry, ConnectionEntry, TrackerEntry};
+    use crate::snapshot::schema::{
+        BreakerEntry, ConnectionEntry, ConnectionOverrideEntry, ModelCapEntry, PinEntry,
+        SettingsPatchEntry, TrackerEntry,
+    };
 
     pub(crate) fn sample() -> Contents {
         Contents {
@@ -422,6 +445,31 @@ mod tests {
                 failure_count: 2,
                 retention_ms: 1_800_000,
                 failure_timestamps_wall_ms: vec![900, 1_000],
+            }],
+            runtime_settings: vec![SettingsPatchEntry {
+                patch_json: r#"{"providerBreaker":{"apikey":{"failureThreshold":3}}}"#.into(),
+            }],
+            connection_overrides: vec![ConnectionOverrideEntry {
+                connection: "c".into(),
+                provider: "p".into(),
+                max_concurrent: Some(4),
+                rl_max_concurrent: None,
+                rl_model_concurrency: vec![ModelCapEntry {
+                    model: "m".into(),
+                    cap: 2,
+                }],
+                rl_max_wait_ms: Some(1_000),
+                rl_execution_max_wait_ms: None,
+                rl_requests_per_minute: Some(60),
+                rl_min_time_between_requests_ms: None,
+            }],
+            affinity_pins: vec![PinEntry {
+                provider: "p".into(),
+                session: "ab".repeat(32),
+                connection: "c".into(),
+                created_wall_ms: 1,
+                last_used_wall_ms: 2,
+                expires_wall_ms: 3,
             }],
             skipped_sections: Vec::new(),
         }

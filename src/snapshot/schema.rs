@@ -17,15 +17,20 @@ use serde::Serialize;
 
 /// Section tags. A tag is never reused for another meaning.
 pub mod tag {
-    /// [`super::BreakersSection`].
+    /// [`super::BreakerEntry`].
     pub const BREAKERS: u32 = 1;
-    /// [`super::ConnectionsSection`].
+    /// [`super::ConnectionEntry`].
     pub const CONNECTIONS: u32 = 2;
-    /// [`super::ProviderCooldownsSection`].
+    /// [`super::TrackerEntry`].
     pub const PROVIDER_COOLDOWNS: u32 = 3;
-    // Reserved for the state ARCHITECTURE §3 also persists, added as they land:
-    // 4 runtime resilience settings (PATCH /api/resilience), 5 per-connection overrides
-    // (PATCH /api/providers/{id}), 6 session affinity pins, 7 exclusive leases.
+    /// [`super::SettingsPatchEntry`]: the resilience settings PATCHed at run time.
+    pub const RUNTIME_SETTINGS: u32 = 4;
+    /// [`super::ConnectionOverrideEntry`]: `PATCH /api/providers/{id}`.
+    pub const CONNECTION_OVERRIDES: u32 = 5;
+    /// [`super::PinEntry`]: session affinity pins.
+    pub const AFFINITY_PINS: u32 = 6;
+    // Reserved for the state ARCHITECTURE §3 also persists, added as it lands:
+    // 7 exclusive leases.
 
     /// The name `inspect` shows for a tag.
     pub fn name(tag: u32) -> &'static str {
@@ -33,9 +38,9 @@ pub mod tag {
             BREAKERS => "breakers",
             CONNECTIONS => "connections",
             PROVIDER_COOLDOWNS => "providerCooldowns",
-            4 => "runtimeSettings",
-            5 => "connectionOverrides",
-            6 => "affinityPins",
+            RUNTIME_SETTINGS => "runtimeSettings",
+            CONNECTION_OVERRIDES => "connectionOverrides",
+            AFFINITY_PINS => "affinityPins",
             7 => "leases",
             _ => "unknown",
         }
@@ -46,6 +51,28 @@ pub mod tag {
 pub const BREAKERS_VERSION: u32 = 1;
 pub const CONNECTIONS_VERSION: u32 = 1;
 pub const PROVIDER_COOLDOWNS_VERSION: u32 = 1;
+pub const RUNTIME_SETTINGS_VERSION: u32 = 1;
+pub const CONNECTION_OVERRIDES_VERSION: u32 = 1;
+pub const AFFINITY_PINS_VERSION: u32 = 1;
+
+/// The body of every section: its records in a list. One generic type (rather than a
+/// struct per section) so every section is framed, archived and validated the same way;
+/// the archive of `Section<T>` is the archive of a struct with one `Vec<T>` field, which is
+/// what the first releases wrote for breakers, connections and provider cooldowns.
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+pub struct Section<T> {
+    pub entries: Vec<T>,
+}
 
 /// One circuit breaker: a provider's, or one connection's (`connection` set).
 #[derive(
@@ -68,21 +95,6 @@ pub struct BreakerEntry {
     pub quota_exhausted_failures: u32,
     /// Set when `state` is `OPEN`.
     pub open_until_wall_ms: Option<u64>,
-}
-
-#[derive(
-    Clone,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    rkyv::Archive,
-    rkyv::Serialize,
-    rkyv::Deserialize,
-)]
-pub struct BreakersSection {
-    pub breakers: Vec<BreakerEntry>,
 }
 
 /// The request-rejected streak of a connection.
@@ -129,21 +141,6 @@ pub struct ConnectionEntry {
     pub expired_strikes: Option<StrikesEntry>,
 }
 
-#[derive(
-    Clone,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    rkyv::Archive,
-    rkyv::Serialize,
-    rkyv::Deserialize,
-)]
-pub struct ConnectionsSection {
-    pub connections: Vec<ConnectionEntry>,
-}
-
 /// One entry of the provider cooldown tracker: the provider's window (`connection` unset)
 /// or one connection's exponential cooldown.
 #[derive(
@@ -160,19 +157,60 @@ pub struct TrackerEntry {
     pub failure_timestamps_wall_ms: Vec<u64>,
 }
 
+/// The resilience settings changed through `PATCH /api/resilience` since the process
+/// started from the file (or was last reloaded): the accepted bodies merged into one
+/// camelCase object, as JSON text. At start-up it is applied onto the file's settings like
+/// a PATCH (same bounds, same cross-field rules), so a setting the file changed since and
+/// the PATCH did not name keeps the file's value. A section holds at most one.
 #[derive(
-    Clone,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    rkyv::Archive,
-    rkyv::Serialize,
-    rkyv::Deserialize,
+    Clone, Debug, PartialEq, Eq, Serialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
 )]
-pub struct ProviderCooldownsSection {
-    pub entries: Vec<TrackerEntry>,
+#[serde(rename_all = "camelCase")]
+pub struct SettingsPatchEntry {
+    pub patch_json: String,
+}
+
+/// A model's concurrency cap of a connection override.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Serialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct ModelCapEntry {
+    pub model: String,
+    pub cap: u32,
+}
+
+/// One connection's settings set by `PATCH /api/providers/{id}` (they replace the file's
+/// values for that connection whole).
+#[derive(
+    Clone, Debug, PartialEq, Eq, Serialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionOverrideEntry {
+    pub connection: String,
+    pub provider: String,
+    pub max_concurrent: Option<u32>,
+    /// `rateLimitOverrides`.
+    pub rl_max_concurrent: Option<u32>,
+    pub rl_model_concurrency: Vec<ModelCapEntry>,
+    pub rl_max_wait_ms: Option<u64>,
+    pub rl_execution_max_wait_ms: Option<u64>,
+    pub rl_requests_per_minute: Option<u32>,
+    pub rl_min_time_between_requests_ms: Option<u64>,
+}
+
+/// One session's pin to a connection of a provider. The session is the SHA-256 digest of
+/// its key (hex), never the key; instants are wall-clock ms.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Serialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PinEntry {
+    pub provider: String,
+    pub session: String,
+    pub connection: String,
+    pub created_wall_ms: u64,
+    pub last_used_wall_ms: u64,
+    pub expires_wall_ms: u64,
 }
 
 /// Everything one snapshot holds, owned (decoded from a file or about to be encoded).
@@ -182,6 +220,9 @@ pub struct Contents {
     pub breakers: Vec<BreakerEntry>,
     pub connections: Vec<ConnectionEntry>,
     pub provider_cooldowns: Vec<TrackerEntry>,
+    pub runtime_settings: Vec<SettingsPatchEntry>,
+    pub connection_overrides: Vec<ConnectionOverrideEntry>,
+    pub affinity_pins: Vec<PinEntry>,
     /// Sections this release does not read (a later release wrote them): tag and version.
     pub skipped_sections: Vec<SkippedSection>,
 }

@@ -8,7 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::config::{Config, ConnectionId, ProviderId};
+use crate::config::runtime::ConnectionSettings;
+use crate::config::{Config, ConnectionId, ProviderId, RateLimitOverrides};
 use crate::resilience::Reason;
 use crate::resilience::breaker::{
     BreakerKey, BreakerRecord, BreakerState, FailureKind, KindCounts,
@@ -18,10 +19,24 @@ use crate::resilience::connection::{
     TestStatus, parse_reason,
 };
 use crate::resilience::tracker::{TrackerKey, TrackerRecord};
+use crate::routing::session::SessionDigest;
 
 use super::schema::{
-    BreakerEntry, ConnectionEntry, Contents, StreakEntry, StrikesEntry, TrackerEntry,
+    BreakerEntry, ConnectionEntry, ConnectionOverrideEntry, Contents, ModelCapEntry, PinEntry,
+    SettingsPatchEntry, StreakEntry, StrikesEntry, TrackerEntry,
 };
+
+/// A session's pin for one provider: `(provider, session digest)`.
+pub type PinKey = (ProviderId, SessionDigest);
+
+/// A session pin as persisted: instants in wall-clock ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinRecord {
+    pub connection: ConnectionId,
+    pub created_wall_ms: u64,
+    pub last_used_wall_ms: u64,
+    pub expires_wall_ms: u64,
+}
 
 /// Every persisted record, by key. Clean records are absent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +44,12 @@ pub struct Records {
     pub breakers: BTreeMap<BreakerKey, BreakerRecord>,
     pub connections: BTreeMap<ConnectionId, ConnectionState>,
     pub trackers: BTreeMap<TrackerKey, TrackerRecord>,
+    pub pins: BTreeMap<PinKey, PinRecord>,
+    /// The `PATCH /api/resilience` bodies accepted since start (or the last reload),
+    /// merged (`RuntimeSettings::resilience_patch`); empty when none.
+    pub settings_patch: serde_json::Map<String, serde_json::Value>,
+    /// `PATCH /api/providers/{id}` settings, by connection id (the configured name).
+    pub connection_overrides: BTreeMap<String, ConnectionSettings>,
 }
 
 /// What changed on one owner shard since its last report: each key's record now, or
@@ -38,15 +59,16 @@ pub struct Delta {
     pub breakers: Vec<(BreakerKey, Option<BreakerRecord>)>,
     pub connections: Vec<(ConnectionId, Option<ConnectionState>)>,
     pub trackers: Vec<(TrackerKey, Option<TrackerRecord>)>,
+    pub pins: Vec<(PinKey, Option<PinRecord>)>,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.breakers.is_empty() && self.connections.is_empty() && self.trackers.is_empty()
+        self.len() == 0
     }
 
     pub fn len(&self) -> usize {
-        self.breakers.len() + self.connections.len() + self.trackers.len()
+        self.breakers.len() + self.connections.len() + self.trackers.len() + self.pins.len()
     }
 }
 
@@ -63,7 +85,12 @@ fn put<K: Ord, V>(map: &mut BTreeMap<K, V>, key: K, value: Option<V>) {
 
 impl Records {
     pub fn is_empty(&self) -> bool {
-        self.breakers.is_empty() && self.connections.is_empty() && self.trackers.is_empty()
+        self.breakers.is_empty()
+            && self.connections.is_empty()
+            && self.trackers.is_empty()
+            && self.pins.is_empty()
+            && self.settings_patch.is_empty()
+            && self.connection_overrides.is_empty()
     }
 
     /// Applies an owner's report.
@@ -76,6 +103,9 @@ impl Records {
         }
         for (k, v) in delta.trackers {
             put(&mut self.trackers, k, v);
+        }
+        for (k, v) in delta.pins {
+            put(&mut self.pins, k, v);
         }
     }
 
@@ -124,6 +154,34 @@ impl Records {
                 failure_count: r.failure_count,
                 retention_ms: r.retention_ms,
                 failure_timestamps_wall_ms: r.failure_timestamps_wall_ms.clone(),
+            });
+        }
+        if !self.settings_patch.is_empty() {
+            contents.runtime_settings.push(SettingsPatchEntry {
+                patch_json: serde_json::Value::Object(self.settings_patch.clone()).to_string(),
+            });
+        }
+        for (name, o) in &self.connection_overrides {
+            let Some(conn) = config.connections.iter().find(|c| &c.name == name) else {
+                continue;
+            };
+            contents.connection_overrides.push(override_entry(
+                name.clone(),
+                provider(conn.provider),
+                o,
+            ));
+        }
+        for ((p, session), pin) in &self.pins {
+            let Some(conn) = connection(pin.connection) else {
+                continue;
+            };
+            contents.affinity_pins.push(PinEntry {
+                provider: provider(*p),
+                session: hex::encode(session),
+                connection: conn.name.clone(),
+                created_wall_ms: pin.created_wall_ms,
+                last_used_wall_ms: pin.last_used_wall_ms,
+                expires_wall_ms: pin.expires_wall_ms,
             });
         }
         contents
@@ -213,7 +271,95 @@ impl Records {
                 )),
             }
         }
+        for e in &contents.runtime_settings {
+            match serde_json::from_str::<serde_json::Value>(&e.patch_json) {
+                Ok(serde_json::Value::Object(m)) => r.settings_patch = m,
+                _ => dropped.push("runtime settings: not a JSON object".to_owned()),
+            }
+        }
+        for e in &contents.connection_overrides {
+            match connection(&e.connection, &e.provider) {
+                Some(_) => {
+                    r.connection_overrides
+                        .insert(e.connection.clone(), override_settings(e));
+                }
+                None => dropped.push(format!(
+                    "connection override {} ({}): not in the config",
+                    e.connection, e.provider
+                )),
+            }
+        }
+        for e in &contents.affinity_pins {
+            let session = hex::decode(&e.session)
+                .ok()
+                .and_then(|b| SessionDigest::try_from(b.as_slice()).ok());
+            let key = provider(&e.provider).zip(session);
+            match (key, connection(&e.connection, &e.provider)) {
+                (Some(k), Some(c)) => {
+                    r.pins.insert(
+                        k,
+                        PinRecord {
+                            connection: c,
+                            created_wall_ms: e.created_wall_ms,
+                            last_used_wall_ms: e.last_used_wall_ms,
+                            expires_wall_ms: e.expires_wall_ms,
+                        },
+                    );
+                }
+                (None, _) if provider(&e.provider).is_some() => {
+                    dropped.push(format!("affinity pin ({}): bad session digest", e.provider));
+                }
+                _ => dropped.push(format!(
+                    "affinity pin {} ({}): not in the config",
+                    e.connection, e.provider
+                )),
+            }
+        }
         (r, dropped)
+    }
+}
+
+fn override_entry(
+    connection: String,
+    provider: String,
+    o: &ConnectionSettings,
+) -> ConnectionOverrideEntry {
+    let r = &o.rate_limit_overrides;
+    ConnectionOverrideEntry {
+        connection,
+        provider,
+        max_concurrent: o.max_concurrent,
+        rl_max_concurrent: r.max_concurrent,
+        rl_model_concurrency: r
+            .model_concurrency
+            .iter()
+            .map(|(model, cap)| ModelCapEntry {
+                model: model.clone(),
+                cap: *cap,
+            })
+            .collect(),
+        rl_max_wait_ms: r.max_wait_ms,
+        rl_execution_max_wait_ms: r.execution_max_wait_ms,
+        rl_requests_per_minute: r.requests_per_minute,
+        rl_min_time_between_requests_ms: r.min_time_between_requests_ms,
+    }
+}
+
+fn override_settings(e: &ConnectionOverrideEntry) -> ConnectionSettings {
+    ConnectionSettings {
+        max_concurrent: e.max_concurrent,
+        rate_limit_overrides: RateLimitOverrides {
+            max_concurrent: e.rl_max_concurrent,
+            model_concurrency: e
+                .rl_model_concurrency
+                .iter()
+                .map(|m| (m.model.clone(), m.cap))
+                .collect(),
+            max_wait_ms: e.rl_max_wait_ms,
+            execution_max_wait_ms: e.rl_execution_max_wait_ms,
+            requests_per_minute: e.rl_requests_per_minute,
+            min_time_between_requests_ms: e.rl_min_time_between_requests_ms,
+        },
     }
 }
 
@@ -410,6 +556,27 @@ mod tests {
                 failure_timestamps_wall_ms: vec![],
             },
         );
+        r.pins.insert(
+            (ProviderId(0), [9; 32]),
+            PinRecord {
+                connection: ConnectionId(1),
+                created_wall_ms: 1,
+                last_used_wall_ms: 2,
+                expires_wall_ms: 3,
+            },
+        );
+        r.settings_patch
+            .insert("requestQueue".into(), serde_json::json!({"maxWaitMs": 10}));
+        r.connection_overrides.insert(
+            "a".into(),
+            ConnectionSettings {
+                max_concurrent: Some(3),
+                rate_limit_overrides: RateLimitOverrides {
+                    model_concurrency: vec![("m".into(), 2)],
+                    ..RateLimitOverrides::default()
+                },
+            },
+        );
         r
     }
 
@@ -432,6 +599,10 @@ mod tests {
             moved
                 .trackers
                 .contains_key(&TrackerKey::Connection(ProviderId(0), ConnectionId(1)))
+        );
+        assert_eq!(
+            moved.pins[&(ProviderId(0), [9; 32])].connection,
+            ConnectionId(0)
         );
     }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, MonoClock};
 use crate::config::Config;
+use crate::config::runtime::RuntimeSettings;
 
 use super::state::{Delta, Records};
 use super::store::Store;
@@ -39,6 +40,11 @@ pub struct Writer {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The runtime settings when they changed: called with the generation the writer last
+/// saw, it returns the newer generation and value, or `None`. The writer polls it each
+/// round, so a PATCH reaches the file within two intervals without any shard's help.
+pub type RuntimePoll = Box<dyn Fn(u64) -> Option<(u64, Arc<RuntimeSettings>)> + Send>;
+
 /// Where shards send their deltas: std's unbounded channel, whose send takes no lock (a
 /// writer thread descheduled mid-receive never holds a shard up).
 pub type DeltaSink = mpsc::Sender<ToWriter>;
@@ -50,13 +56,21 @@ impl Writer {
         config: Arc<Config>,
         store: Store,
         records: Records,
+        runtime: RuntimePoll,
         on_write: Box<dyn Fn(WriteReport) + Send>,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel();
         let interval = Duration::from_millis(config.server.snapshot_interval_ms.max(1));
         let thread = std::thread::Builder::new()
             .name("tidegate-snapshot".into())
-            .spawn(move || run(&config, store, records, &rx, interval, &*on_write))?;
+            .spawn(move || {
+                let inputs = Inputs {
+                    rx: &rx,
+                    runtime: &*runtime,
+                    on_write: &*on_write,
+                };
+                run(&config, store, records, &inputs, interval);
+            })?;
         Ok(Writer {
             tx,
             thread: Some(thread),
@@ -77,23 +91,36 @@ impl Writer {
     }
 }
 
+/// What the writer listens to and reports to.
+struct Inputs<'a> {
+    rx: &'a mpsc::Receiver<ToWriter>,
+    runtime: &'a dyn Fn(u64) -> Option<(u64, Arc<RuntimeSettings>)>,
+    on_write: &'a dyn Fn(WriteReport),
+}
+
 fn run(
     config: &Config,
     mut store: Store,
     mut records: Records,
-    rx: &mpsc::Receiver<ToWriter>,
+    io: &Inputs<'_>,
     interval: Duration,
-    on_write: &dyn Fn(WriteReport),
 ) {
+    let (rx, on_write) = (io.rx, io.on_write);
     let clock = MonoClock;
+    // The runtime settings the records hold: those loaded (generation 0 of the cell).
+    let mut runtime_seen = 0u64;
     let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
     let mut dirty = false;
     // Failing writes are logged once until one succeeds again.
     let mut failing = false;
     // The last write's monotonic instant; the first write may happen at once.
     let mut last_write_ns: Option<u64> = None;
-    let mut write = |records: &Records, last_write_ns: &mut Option<u64>| -> bool {
+    let mut write = |records: &mut Records, last_write_ns: &mut Option<u64>| -> bool {
         let start = clock.now();
+        // Pins past their expiry are never restored; their owner sweeps them silently.
+        records
+            .pins
+            .retain(|_, p| p.expires_wall_ms > start.wall_ms);
         let contents = records.to_contents(config);
         let result = store.write(contents, start.wall_ms);
         let end = clock.now().mono_ns;
@@ -153,6 +180,20 @@ fn run(
             Ok(ToWriter::Finish) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
             Err(mpsc::RecvTimeoutError::Timeout) => false,
         };
+        if let Some((generation, settings)) = (io.runtime)(runtime_seen) {
+            runtime_seen = generation;
+            if records.settings_patch != settings.resilience_patch
+                || records.connection_overrides != settings.connections
+            {
+                records
+                    .settings_patch
+                    .clone_from(&settings.resilience_patch);
+                records
+                    .connection_overrides
+                    .clone_from(&settings.connections);
+                dirty = true;
+            }
+        }
         if finishing {
             while let Ok(m) = rx.try_recv() {
                 if let ToWriter::Delta(d) = m {
@@ -161,13 +202,13 @@ fn run(
                 }
             }
             if dirty {
-                write(&records, &mut last_write_ns);
+                write(&mut records, &mut last_write_ns);
             }
             return;
         }
         let now = clock.now().mono_ns;
         let due = last_write_ns.is_none_or(|t| now.saturating_sub(t) >= interval_ns);
-        if dirty && due && write(&records, &mut last_write_ns) {
+        if dirty && due && write(&mut records, &mut last_write_ns) {
             dirty = false;
         }
     }

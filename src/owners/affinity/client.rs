@@ -56,8 +56,28 @@ pub async fn choose(
     };
     let bound = Duration::from_millis(CHOOSE_REPLY_TIMEOUT_MS);
     let owner = shard.owner(&session);
-    let Reply::Use(pinned) = shard.call::<Affinity>(owner, request, bound).await.ok()?;
-    pinned
+    match shard.call::<Affinity>(owner, request, bound).await.ok()? {
+        Reply::Use(pinned) => pinned,
+        Reply::Count { .. } => None,
+    }
+}
+
+/// Live pins and the sessions they pin, summed over every shard's owner (`None`: an owner
+/// did not answer).
+pub async fn count_all(shard: &Shard) -> Option<Vec<(u32, u32)>> {
+    let bound = Duration::from_millis(CHOOSE_REPLY_TIMEOUT_MS);
+    let mut out = Vec::with_capacity(shard.shards());
+    for owner in 0..shard.shards() {
+        match shard
+            .call::<Affinity>(owner, Request::Count, bound)
+            .await
+            .ok()?
+        {
+            Reply::Count { pins, sessions } => out.push((pins, sessions)),
+            Reply::Use(_) => return None,
+        }
+    }
+    Some(out)
 }
 
 /// The pinned connection failed and the request moved on (after a 429): forget the pin.

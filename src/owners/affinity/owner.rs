@@ -1,16 +1,120 @@
-//! The session-affinity owner: the pins of the sessions this shard owns.
+//! The session-affinity owner: the pins of the sessions this shard owns, and what the
+//! snapshot keeps of them (pins changed since the last collection; start-up adoption of
+//! the pins this shard owns under the current shard count).
 
-use crate::config::Config;
-use crate::routing::affinity::{Choice, PinTable};
+use std::collections::BTreeSet;
+
+use crate::clock::Now;
+use crate::config::{Config, ProviderId};
+use crate::routing::affinity::{Choice, Pin, PinTable};
+use crate::routing::session::SessionDigest;
 use crate::shard::call::CallId;
+use crate::snapshot::state::{PinKey, PinRecord, Records};
 
+use super::client::Session;
 use super::protocol::{Fact, Reply, Request};
-use crate::owners::{Cx, Mechanism};
+use crate::owners::{Cx, Mechanism, Shard};
 
 /// The pins of the sessions this shard owns.
 #[derive(Debug, Default)]
 pub struct Affinity {
     pub pins: PinTable,
+    /// Pins made, touched or dropped since the snapshot last collected them.
+    dirty: BTreeSet<PinKey>,
+}
+
+impl Affinity {
+    fn touched(&mut self, provider: ProviderId, session: SessionDigest) {
+        self.dirty.insert((provider, session));
+    }
+
+    /// Up to `max` changed pins, as the snapshot keeps them (instants in wall-clock ms).
+    fn take_delta(&mut self, now: Now, max: usize) -> Vec<(PinKey, Option<PinRecord>)> {
+        let now_ms = now.mono_ms();
+        let wall = |mono_ms: u64| {
+            if mono_ms >= now_ms {
+                now.wall_ms.saturating_add(mono_ms - now_ms)
+            } else {
+                now.wall_ms.saturating_sub(now_ms - mono_ms)
+            }
+        };
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(key) = self.dirty.pop_first() else {
+                break;
+            };
+            let record = self
+                .pins
+                .pin(key.0, key.1)
+                .filter(|p| p.expires_ms > now_ms)
+                .map(|p| PinRecord {
+                    connection: p.connection,
+                    created_wall_ms: wall(p.created_ms),
+                    last_used_wall_ms: wall(p.last_used_ms),
+                    expires_wall_ms: wall(p.expires_ms),
+                });
+            out.push((key, record));
+        }
+        out
+    }
+
+    /// Adopts the live pins of `records` for which `keep(session)` holds; the last uses of
+    /// every pin count for the least-recently-used pick either way.
+    fn restore(&mut self, now: Now, records: &Records, keep: &dyn Fn(SessionDigest) -> bool) {
+        let now_ms = now.mono_ms();
+        let mono = |wall_ms: u64| {
+            if wall_ms >= now.wall_ms {
+                now_ms.saturating_add(wall_ms - now.wall_ms)
+            } else {
+                now_ms.saturating_sub(now.wall_ms - wall_ms)
+            }
+        };
+        for (&(provider, session), r) in &records.pins {
+            if r.expires_wall_ms <= now.wall_ms {
+                continue;
+            }
+            if keep(session) {
+                let pin = Pin {
+                    connection: r.connection,
+                    created_ms: mono(r.created_wall_ms),
+                    last_used_ms: mono(r.last_used_wall_ms),
+                    expires_ms: mono(r.expires_wall_ms),
+                };
+                self.pins.adopt(provider, session, pin);
+                // Re-reported, so the writer's copy follows this owner from now on.
+                self.touched(provider, session);
+            } else {
+                self.pins.note_use(r.connection, mono(r.last_used_wall_ms));
+            }
+        }
+    }
+}
+
+/// Collects up to `max` changed pins of this shard for the snapshot writer.
+pub fn snapshot_delta(shard: &Shard, max: usize) -> Vec<(PinKey, Option<PinRecord>)> {
+    let now = shard.now();
+    shard
+        .state()
+        .owners
+        .affinity
+        .borrow_mut()
+        .take_delta(now, max)
+}
+
+/// Start-up: this shard adopts the pins of the sessions it owns under the current shard
+/// count.
+pub fn restore(shard: &Shard, records: &Records) {
+    if records.pins.is_empty() {
+        return;
+    }
+    let me = shard.id();
+    let keep = |session: SessionDigest| shard.owner(&Session(session)) == me;
+    shard
+        .state()
+        .owners
+        .affinity
+        .borrow_mut()
+        .restore(shard.now(), records, &keep);
 }
 
 impl Mechanism for Affinity {
@@ -24,13 +128,28 @@ impl Mechanism for Affinity {
     }
 
     fn call(&mut self, cx: &mut Cx<'_>, id: CallId, request: Request) {
-        let Request::Choose {
-            provider,
-            session,
-            eligible,
-            ttl_ms,
-        } = request;
         let now_ms = cx.now.mono_ms();
+        let (provider, session, eligible, ttl_ms) = match request {
+            Request::Choose {
+                provider,
+                session,
+                eligible,
+                ttl_ms,
+            } => (provider, session, eligible, ttl_ms),
+            Request::Count => {
+                let (pins, sessions) = self.pins.live_counts(now_ms);
+                let n = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+                cx.reply(
+                    id,
+                    Reply::Count {
+                        pins: n(pins),
+                        sessions: n(sessions),
+                    },
+                );
+                return;
+            }
+        };
+        self.touched(provider, session);
         let choice = self
             .pins
             .choose(provider, session, &eligible, ttl_ms, now_ms);
@@ -54,7 +173,9 @@ impl Mechanism for Affinity {
                 session,
                 connection,
             } => {
-                self.pins.drop_pin(provider, session, connection);
+                if self.pins.drop_pin(provider, session, connection) {
+                    self.touched(provider, session);
+                }
             }
             Fact::Used { connection, at_ms } => self.pins.note_use(connection, at_ms),
         }

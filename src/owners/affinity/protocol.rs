@@ -14,12 +14,16 @@ pub enum Request {
         eligible: Vec<Eligible>,
         ttl_ms: u64,
     },
+    /// How many live pins this shard holds (`GET /api/monitoring/health`).
+    Count,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reply {
     /// The connection to try first, if any is eligible.
     Use(Option<ConnectionId>),
+    /// Live pins, and the distinct sessions they pin.
+    Count { pins: u32, sessions: u32 },
 }
 
 pub enum Fact {
