@@ -550,4 +550,55 @@ fn a_patched_cap_rise_admits_the_queued_requests_at_once() {
         let r = h.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
     }
+
+/// `sessions` in the health answer counts the session affinity pins of every owner shard:
+/// 12 sessions pinned over many client connections (both shards serve and own some) are
+/// 12 live pins of 12 sessions, split over the shards; a session asked again adds none.
+#[test]
+fn health_counts_session_pins_of_every_shard() {
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    // Pins are made when a provider has more than one connection to choose from.
+    let toml = format!(
+        "{}\n[[connections]]\nid = \"c2\"\nprovider = \"up\"\n\n[resilience]\nsession_affinity_ttl_ms = 600000\n",
+        config(&mock, true)
+    );
+    let gw = Gateway::start_with_env(&toml, &[("TG_ADMIN", ADMIN)]);
+    let health = |gw: &Gateway| -> Value {
+        let r = admin(gw, "GET", "/api/monitoring/health", b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+        serde_json::from_str::<Value>(&r.text()).unwrap()["sessions"].clone()
+    };
+    let empty = health(&gw);
+    assert_eq!(
+        empty,
+        json!({"activeCount": 0, "stickyBoundCount": 0, "byApiKey": {}, "top": [], "byShard": [0, 0]})
+    );
+    let pin = |session: &str| {
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", &format!("Bearer {INFER_KEY}")),
+                ("x-session-id", session),
+            ],
+            br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    for i in 0..12 {
+        pin(&format!("session-{i}"));
+    }
+    pin("session-0");
+    let s = health(&gw);
+    assert_eq!(s["activeCount"], 12, "{s:#}");
+    assert_eq!(s["stickyBoundCount"], 12, "{s:#}");
+    let by_shard: Vec<u64> = s["byShard"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(by_shard.len(), 2);
+    assert_eq!(by_shard.iter().sum::<u64>(), 12);
 }
