@@ -3,6 +3,14 @@
 //! through a read-only memory map and [`file::decode`]. The newest valid slot wins; a slot
 //! that fails any check is moved aside (renamed `<slot>.rejected-<wall ms>`), logged once,
 //! and never read again — never trusted, never fatal.
+//!
+//! One writer per directory: the store writes only while it holds an exclusive advisory
+//! lock on [`LOCK_FILE`] (`flock`, released by the kernel when the process exits, however
+//! it exits). During a zero-downtime handover (`server.allow_shared_listen`) the new
+//! instance starts while the old one still drains and writes; the new one reads the slots
+//! but writes nothing until the old one has written its last snapshot and exited, then
+//! takes the lock, reads the slots' generations again and continues above them
+//! ([`Store::take_over`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -15,6 +23,8 @@ use super::schema::Contents;
 pub const SLOT_FILES: [&str; 2] = ["snapshot-a.tgsnap", "snapshot-b.tgsnap"];
 /// Suffix of a slot's temporary file while it is being written.
 pub const TEMP_SUFFIX: &str = ".tmp";
+/// The file whose advisory lock makes one process the directory's writer.
+pub const LOCK_FILE: &str = "writer.lock";
 
 /// A slot that decoded.
 #[derive(Clone, Debug)]
@@ -100,12 +110,51 @@ pub struct Opened {
     pub rejected: Vec<Rejected>,
 }
 
-/// Writes the slots alternately.
+/// Writes the slots alternately, while it holds the directory's lock.
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
     next_generation: u64,
     next_slot: usize,
+    /// The lock file, once this process holds its lock (`None`: another process does).
+    lock: Option<File>,
+}
+
+/// Takes the directory's writer lock if no other process holds it: `Some(file)` holds it
+/// until dropped (or the process exits). A file system without advisory locks counts as
+/// held: there is nothing to wait for.
+fn try_lock(dir: &Path) -> io::Result<Option<File>> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(f)),
+        Err(fs::TryLockError::WouldBlock) => Ok(None),
+        Err(fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => Ok(Some(f)),
+        Err(fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// Removes the temporary files an interrupted write left (only the lock's holder may:
+/// another writer's file could be in flight).
+fn remove_temp_files(dir: &Path) {
+    for name in SLOT_FILES {
+        let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
+        if tmp.exists() {
+            // A write interrupted before its rename: never a slot, never read.
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+}
+
+/// Where the next write goes: above the newest generation on disk, into the other slot.
+fn next_after(newest: Option<(u64, usize)>) -> (u64, usize) {
+    match newest {
+        Some((generation, slot)) => (generation.saturating_add(1), 1 - slot),
+        None => (1, 0),
+    }
 }
 
 /// One completed write.
@@ -121,12 +170,9 @@ pub struct Written {
 /// slot. Only a directory that cannot be created is an error.
 pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
     fs::create_dir_all(dir)?;
-    for name in SLOT_FILES {
-        let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
-        if tmp.exists() {
-            // A write interrupted before its rename: never a slot, never read.
-            let _ = fs::remove_file(&tmp);
-        }
+    let lock = try_lock(dir)?;
+    if lock.is_some() {
+        remove_temp_files(dir);
     }
     let mut valid: Vec<Loaded> = Vec::new();
     let mut rejected = Vec::new();
@@ -136,8 +182,11 @@ pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
             SlotRead::Valid(l) => valid.push(*l),
             SlotRead::Invalid(problem) => {
                 let path = dir.join(name);
-                let aside = dir.join(format!("{name}.rejected-{now_wall_ms}"));
-                let moved_to = fs::rename(&path, &aside).ok().map(|()| aside);
+                // Moved aside by the directory's writer only; otherwise just not read.
+                let moved_to = lock.as_ref().and_then(|_| {
+                    let aside = dir.join(format!("{name}.rejected-{now_wall_ms}"));
+                    fs::rename(&path, &aside).ok().map(|()| aside)
+                });
                 rejected.push(Rejected {
                     path,
                     problem,
@@ -148,11 +197,9 @@ pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
     }
     valid.sort_by_key(|l| l.header.generation);
     let loaded = valid.pop();
-    let (next_generation, next_slot) = match &loaded {
-        Some(l) => (l.header.generation.saturating_add(1), 1 - l.slot),
-        None => (1, 0),
-    };
-    if rejected.is_empty() {
+    let (next_generation, next_slot) =
+        next_after(loaded.as_ref().map(|l| (l.header.generation, l.slot)));
+    if rejected.is_empty() && lock.is_some() {
         fsync_dir(dir)?;
     }
     Ok(Opened {
@@ -160,6 +207,7 @@ pub fn open(dir: &Path, now_wall_ms: u64) -> io::Result<Opened> {
             dir: dir.to_path_buf(),
             next_generation,
             next_slot,
+            lock,
         },
         loaded,
         rejected,
@@ -175,10 +223,42 @@ impl Store {
         &self.dir
     }
 
+    /// Makes this process the directory's writer if it is not yet: takes the lock when the
+    /// process holding it has exited, then places the next write above the newest
+    /// generation on disk (the previous holder's last write). `Ok(false)`: another process
+    /// still holds it.
+    pub fn take_over(&mut self) -> io::Result<bool> {
+        if self.lock.is_some() {
+            return Ok(true);
+        }
+        let Some(lock) = try_lock(&self.dir)? else {
+            return Ok(false);
+        };
+        remove_temp_files(&self.dir);
+        let newest = (0..SLOT_FILES.len())
+            .filter_map(|slot| match read_slot(&self.dir, slot) {
+                SlotRead::Valid(l) => Some((l.header.generation, slot)),
+                _ => None,
+            })
+            .max();
+        let (generation, slot) = next_after(newest);
+        self.next_generation = generation.max(self.next_generation);
+        self.next_slot = slot;
+        self.lock = Some(lock);
+        Ok(true)
+    }
+
     /// Writes `contents` into the older slot: temp file, fsync, rename, fsync of the
     /// directory. A crash at any point leaves the previous slot intact, and the slot being
     /// written either intact (old) or complete (new).
+    /// Refused while another process holds the directory (see [`Self::take_over`]).
     pub fn write(&mut self, contents: Contents, now_wall_ms: u64) -> io::Result<Written> {
+        if self.lock.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "another Tidegate instance is the state_dir's writer",
+            ));
+        }
         let bytes = file::encode(self.next_generation, now_wall_ms, contents)
             .map_err(|e| io::Error::other(e.0))?;
         let name = SLOT_FILES[self.next_slot % SLOT_FILES.len()];
@@ -244,7 +324,10 @@ mod tests {
         o.store.write(contents(1), 10).unwrap();
         o.store.write(contents(2), 20).unwrap();
         o.store.write(contents(3), 30).unwrap();
+        // Each store below is dropped before the next open: one writer per directory.
+        drop(o);
         let o = open(&d, 2).unwrap();
+        drop(o.store);
         let l = o.loaded.unwrap();
         assert_eq!(l.header.generation, 3);
         assert_eq!(l.contents, contents(3));
@@ -259,6 +342,31 @@ mod tests {
         let mut store = o.store;
         let w = store.write(contents(4), 40).unwrap();
         assert_eq!(w.generation, 3);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_second_store_on_the_directory_waits_then_continues_above_the_first() {
+        let d = tmpdir("handover");
+        let mut first = open(&d, 1).unwrap().store;
+        first.write(contents(1), 10).unwrap();
+        let mut second = open(&d, 2).unwrap();
+        assert_eq!(second.loaded.as_ref().unwrap().header.generation, 1);
+        let mut second = second.store;
+        assert!(!second.take_over().unwrap());
+        assert!(
+            second.write(contents(9), 20).is_err(),
+            "no write while the first holds it"
+        );
+        // The first keeps writing, then goes away (its lock with it).
+        first.write(contents(2), 30).unwrap();
+        first.write(contents(3), 40).unwrap();
+        drop(first);
+        assert!(second.take_over().unwrap());
+        let w = second.write(contents(4), 50).unwrap();
+        assert_eq!(w.generation, 4, "above the first's last write");
+        let o = open(&d, 3).unwrap();
+        assert_eq!(o.loaded.unwrap().contents, contents(4));
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -115,8 +115,34 @@ fn run(
     let mut failing = false;
     // The last write's monotonic instant; the first write may happen at once.
     let mut last_write_ns: Option<u64> = None;
+    // Another instance held `state_dir` at the last attempt (a handover); logged once.
+    let mut waiting = false;
     let mut write = |records: &mut Records, last_write_ns: &mut Option<u64>| -> bool {
         let start = clock.now();
+        match store.take_over() {
+            Ok(true) if waiting => {
+                waiting = false;
+                tracing::info!(
+                    dir = %store.dir().display(),
+                    "snapshot: the previous instance released state_dir; writing from here on"
+                );
+            }
+            Ok(true) => {}
+            Ok(false) => {
+                if !waiting {
+                    tracing::info!(
+                        dir = %store.dir().display(),
+                        "snapshot: another instance still writes state_dir (a handover); \
+                         writing waits until it exits"
+                    );
+                }
+                waiting = true;
+                *last_write_ns = Some(clock.now().mono_ns);
+                return false;
+            }
+            // Not fatal: the write below reports why it cannot write.
+            Err(e) => tracing::debug!("cannot take the state_dir lock: {e}"),
+        }
         // Pins past their expiry are never restored; their owner sweeps them silently.
         records
             .pins
