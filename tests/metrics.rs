@@ -249,3 +249,53 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
     }
     assert!(names > 10);
 }
+
+/// Fallbacks inside a combo are counted like a direct request's: a target whose upstream
+/// cannot be reached (a gateway-made failure) moves the combo to its next target and
+/// counts one `tidegate_fallbacks_total{cause="gateway"}`; the attempts of both targets are
+/// counted too.
+#[test]
+fn fallbacks_inside_a_combo_are_counted() {
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
+    // A port nothing listens on: connecting is refused at once.
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tail = format!(
+        "{}[[connections]]\nid = \"d1\"\nprovider = \"dead\"\ndisable_cooling = true\n\n\
+         [[combos]]\nname = \"team\"\ntargets = [\"dead/m1\", \"up/m1\"]\n",
+        support::config::provider("dead", &format!("http://127.0.0.1:{dead_port}/v1"), &["m1"]),
+    );
+    let gw = Gateway::start(&one_upstream(&mock.base_url(), 2, "", &tail));
+    let gateway_fallbacks = |m: &Value| -> f64 {
+        let family = if m.get("tidegate_fallbacks_total").is_some() {
+            "tidegate_fallbacks_total"
+        } else {
+            "tidegate_fallbacks"
+        };
+        m[family]["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s[1]["cause"] == "gateway")
+            .map(|s| s[2].as_f64().unwrap())
+            .sum()
+    };
+    let before = gateway_fallbacks(&scrape(&gw));
+    let r = Client::connect(gw.addr()).request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        br#"{"model":"team","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(mock.hits("/v1/chat/completions"), 1);
+    let after = scrape(&gw);
+    assert!(
+        gateway_fallbacks(&after) >= before + 1.0,
+        "the combo's move past the unreachable target is a fallback"
+    );
+}

@@ -555,6 +555,11 @@ impl Runner<'_, '_> {
             // A failure before the first client byte: the combo's own retries decide
             // whether the target is tried again (no separate early-recovery reopen).
             AttemptEnd::MoveOn(f) | AttemptEnd::Early(f) => {
+                // Counted like the direct walk's: a gateway-made failure here (an upstream
+                // answer's was counted where it was classified, in `relay::open`).
+                if let LastFailure::Gateway(e) = &f {
+                    super::observe::fallback(self.shard.metrics(), None, e.kind);
+                }
                 self.last = Some(f);
                 self.last_target = Some(target.clone());
                 let Some(note) = note else {
