@@ -167,3 +167,55 @@ fn a_stream_the_client_hangs_up_on_counts_what_it_reported_once() {
     assert_eq!(tokens(addr), (5, 9));
     assert_eq!(flow_held(addr), 0);
 }
+
+/// Usage is counted for every kind of answer, not only same-format streams: a whole JSON
+/// answer (read from its last bytes as it is relayed), a whole answer translated from the
+/// other format, and a translated stream (the upstream's own usage events) — each once.
+#[test]
+fn whole_answers_and_translated_streams_count_their_usage_once() {
+    // Same format, not streamed: the mock's chat completion reports 3 + 2.
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = Gateway::start(&config(&mock, "openai"));
+    let addr = gw.addr();
+    for round in 1..=2u64 {
+        let r = Client::connect(addr).request(
+            "POST",
+            CHAT,
+            &[],
+            br#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        eventually(Duration::from_secs(5), "usage counted", || {
+            (tokens(addr) == (3 * round, 2 * round)).then_some(())
+        });
+    }
+    drop(gw);
+
+    // An OpenAI client, an Anthropic upstream: whole (3 + 2), then streamed (3 + 2 pieces).
+    let mock = MockUpstream::start();
+    mock.on(MESSAGES, Reply::anthropic_message("ok"));
+    mock.on(MESSAGES, Reply::anthropic_stream(&["Hel", "lo"]));
+    let gw = Gateway::start(&config(&mock, "anthropic"));
+    let addr = gw.addr();
+    let r = Client::connect(addr).request(
+        "POST",
+        CHAT,
+        &[],
+        br#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("x-tidegate-translated").is_some(), "translated");
+    eventually(Duration::from_secs(5), "whole translated usage", || {
+        (tokens(addr) == (3, 2)).then_some(())
+    });
+    let mut c = Client::connect(addr);
+    start(&mut c, CHAT);
+    let r = c.read_response();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("lo"), "{}", r.text());
+    eventually(Duration::from_secs(5), "translated stream usage", || {
+        (tokens(addr) == (6, 4)).then_some(())
+    });
+    assert_eq!(flow_held(addr), 0);
+}

@@ -31,6 +31,7 @@ use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
 use crate::providers::Endpoint;
 use crate::shard::metrics::{Abandoned, bump};
+use crate::sse::usage::{AnswerTail, Usage};
 
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
@@ -174,6 +175,9 @@ pub async fn commit(
     active: Option<Deadline>,
     mut splice: Option<&mut Splice>,
 ) -> (After, Ended) {
+    // A whole JSON answer's usage is read from its last bytes (streams': by the watchdog).
+    let mut tail =
+        (wd.is_none() && (200..300).contains(&up.head.status())).then(AnswerTail::default);
     let ended = relay_answer(
         shard,
         client_head,
@@ -188,6 +192,7 @@ pub async fn commit(
         idle,
         endpoint,
         &mut wd,
+        &mut tail,
         log,
         active,
         splice.as_deref_mut(),
@@ -202,17 +207,26 @@ pub async fn commit(
             }
         }
         _ => {
-            if let Some(w) = &wd {
-                let usage = w.usage();
-                let m = shard.metrics();
-                m.usage_prompt_tokens
-                    .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
-                m.usage_completion_tokens
-                    .fetch_add(usage.completion_tokens, Ordering::Relaxed);
-            }
+            let usage = match (&wd, &tail) {
+                (Some(w), _) => Some(w.usage()),
+                (None, Some(t)) => t.usage(),
+                (None, None) => None,
+            };
+            count_usage(shard, usage);
         }
     }
     ended
+}
+
+/// Adds what an answer reported about its tokens to the usage counters (once per answer).
+pub fn count_usage(shard: &Shard, usage: Option<Usage>) {
+    if let Some(usage) = usage {
+        let m = shard.metrics();
+        m.usage_prompt_tokens
+            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+        m.usage_completion_tokens
+            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+    }
 }
 
 /// Every wait for the next piece is raced against the client hanging up (the upstream
@@ -233,6 +247,7 @@ async fn relay_answer(
     idle: Duration,
     endpoint: Endpoint,
     wd: &mut Option<Watchdog>,
+    tail: &mut Option<AnswerTail>,
     log: &AccessLog,
     active: Option<Deadline>,
     mut splice: Option<&mut Splice>,
@@ -299,6 +314,9 @@ async fn relay_answer(
     let mut done = match first {
         None => true,
         Some(piece) => {
+            if let Some(t) = tail.as_mut() {
+                t.feed(&piece);
+            }
             emit(&mut out, &piece, chunked, splice.as_deref_mut());
             gather(
                 shard,
@@ -307,6 +325,7 @@ async fn relay_answer(
                 chunked,
                 wd.as_mut(),
                 splice.as_deref_mut(),
+                tail.as_mut(),
             )
         }
     };
@@ -378,6 +397,9 @@ async fn relay_answer(
                 return (after, Ended::StreamStall);
             }
         };
+        if let Some(t) = tail.as_mut() {
+            t.feed(&piece);
+        }
         let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES && splice.is_none() {
             log.sent(piece.len());
             write_all(client, piece).await.map(|_| ())
@@ -391,6 +413,7 @@ async fn relay_answer(
                 chunked,
                 wd.as_mut(),
                 splice.as_deref_mut(),
+                tail.as_mut(),
             );
             done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
             if done && chunked {
@@ -430,6 +453,7 @@ fn gather(
     chunked: bool,
     mut wd: Option<&mut Watchdog>,
     mut splice: Option<&mut Splice>,
+    mut tail: Option<&mut AnswerTail>,
 ) -> bool {
     // One clock reading for everything already here.
     let mut now_ns = None;
@@ -443,6 +467,9 @@ fn gather(
                         // The throughput watchdog ended the stream: the next read reports it.
                         return false;
                     }
+                }
+                if let Some(t) = tail.as_deref_mut() {
+                    t.feed(&p);
                 }
                 emit(out, &p, chunked, splice.as_deref_mut())
             }

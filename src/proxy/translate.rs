@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::access::AccessLog;
 use super::deadline::{self, Deadline};
-use super::stream::{Buffered, break_stream, put_piece, relayed_never};
+use super::stream::{self, Buffered, break_stream, put_piece, relayed_never};
 use super::upstream::Up;
 use super::watchdog::{self, Watchdog};
 use super::{After, respond};
@@ -25,6 +25,7 @@ use crate::providers::translate::responses::{self, Echo};
 use crate::providers::translate::stream::StreamTranslator;
 use crate::providers::translate::{Refused, Translation, error, request, response};
 use crate::shard::metrics::{Abandoned, bump};
+use crate::sse::usage::Usage;
 
 /// Longest complete (non-stream) answer read for translation.
 const MAX_TRANSLATED_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -118,12 +119,14 @@ fn dialect(t: Translation) -> Dialect {
     }
 }
 
-/// Relays a 2xx answer from a provider of the other format, translated.
+/// Relays a 2xx answer from a provider of the other format, translated, and finalizes
+/// once however it ended: the usage the upstream reported (in its own format, read by the
+/// watchdog for a stream, from the whole body otherwise) goes into the token counters.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
     shard: &Shard,
     client_head: &RequestHead,
-    mut up: Up,
+    up: Up,
     first: Option<Bytes>,
     tr: Translated<'_>,
     client: &mut ClientStream,
@@ -138,6 +141,38 @@ pub async fn commit(
     if !up.head.is_event_stream() {
         return commit_whole(shard, up, first, &tr, client, keep_alive, created, log).await;
     }
+    let io = (client, pending);
+    let ended = commit_stream(
+        shard,
+        client_head,
+        up,
+        first,
+        tr,
+        io,
+        keep_alive,
+        &mut wd,
+        log,
+        active,
+    )
+    .await;
+    stream::count_usage(shard, wd.as_ref().map(Watchdog::usage));
+    ended
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn commit_stream(
+    shard: &Shard,
+    client_head: &RequestHead,
+    mut up: Up,
+    first: Option<Bytes>,
+    tr: Translated<'_>,
+    (client, pending): (&mut ClientStream, &mut BytesMut),
+    keep_alive: bool,
+    wd: &mut Option<Watchdog>,
+    log: &AccessLog,
+    active: Option<Deadline>,
+) -> (After, Ended) {
+    let created = shard.now().wall_ms / 1000;
     let status = up.head.status();
     let t = tr.translation;
     let http11 = client_head.minor_version() == 1;
@@ -326,6 +361,7 @@ async fn commit_whole(
         return (after, Ended::StreamStall);
     };
     up.finish(shard);
+    stream::count_usage(shard, Usage::of_answer(&body));
     let attempts_s = tr.attempts.to_string();
     let mut out = BytesMut::with_capacity(512 + translated.len());
     {
