@@ -350,7 +350,7 @@ mod tests {
         let d = tmpdir("handover");
         let mut first = open(&d, 1).unwrap().store;
         first.write(contents(1), 10).unwrap();
-        let mut second = open(&d, 2).unwrap();
+        let second = open(&d, 2).unwrap();
         assert_eq!(second.loaded.as_ref().unwrap().header.generation, 1);
         let mut second = second.store;
         assert!(!second.take_over().unwrap());
