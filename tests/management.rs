@@ -602,3 +602,75 @@ fn health_counts_session_pins_of_every_shard() {
     assert_eq!(by_shard.len(), 2);
     assert_eq!(by_shard.iter().sum::<u64>(), 12);
 }
+
+/// A PATCH that moves a connection's gate home (a provider gate turned on puts its gates
+/// on the provider's owner shard) drains the old home rather than migrating permits: a
+/// permit held across the PATCH goes back to the home that granted it (nothing leaks,
+/// every gauge returns to 0), and from then on the new home enforces the cap on either
+/// shard.
+#[test]
+fn a_patch_that_moves_a_gate_home_drains_the_old_home() {
+    let mock = MockUpstream::start();
+    let first = Gate::new();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("held").wait_for(&first),
+    );
+    mock.on_always("/v1/chat/completions", Reply::openai_chat("quick"));
+    let gw = start(&mock, true);
+    let addr = gw.addr();
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"max_concurrent":1,"rateLimitOverrides":{"maxWaitMs":50}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let hold = move || {
+        std::thread::spawn(move || {
+            Client::connect(addr).request(
+                "POST",
+                "/v1/chat/completions",
+                &[("authorization", &format!("Bearer {INFER_KEY}"))],
+                br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+            )
+        })
+    };
+    // A permit taken at the connection's own gate home…
+    let held = hold();
+    mock.wait_for_hits("/v1/chat/completions", 1, Duration::from_secs(5));
+    assert_eq!(metric(addr, "tidegate_gate_permits"), 1);
+    // …then the home moves: the provider gets a gate of its own.
+    let r = admin(
+        &gw,
+        "PATCH",
+        "/api/resilience",
+        br#"{"providerQuotaOverrides":{"up":{"providerConcurrency":1}}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    first.open();
+    assert_eq!(held.join().unwrap().status, 200);
+    eventually(Duration::from_secs(5), "the old home drained", || {
+        (flow_held(addr) == 0).then_some(())
+    });
+
+    // The new home enforces the cap of one, whichever shard a request lands on.
+    let second = Gate::new();
+    mock.on(
+        "/v1/chat/completions",
+        Reply::openai_chat("held again").wait_for(&second),
+    );
+    let hits = mock.hits("/v1/chat/completions");
+    let held = hold();
+    mock.wait_for_hits("/v1/chat/completions", hits + 1, Duration::from_secs(5));
+    for _ in 0..6 {
+        let r = ask(&gw);
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("semaphore_timeout"));
+    }
+    second.open();
+    assert_eq!(held.join().unwrap().status, 200);
+    eventually(Duration::from_secs(5), "every permit back", || {
+        (flow_held(addr) == 0).then_some(())
+    });
+}
