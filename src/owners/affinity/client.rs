@@ -6,29 +6,17 @@ use std::time::Duration;
 
 use crate::config::{ConnectionId, ProviderId};
 use crate::http1::RequestHead;
-use crate::mesh::placement::{DOMAIN_GLOBAL, OwnerKey, mix64};
 use crate::owners::Shard;
 use crate::routing::affinity::Eligible;
-use crate::routing::session::{SessionDigest, digest, session_key};
+use crate::routing::session::{digest, session_key};
 
 use super::Affinity;
+pub use super::protocol::Session;
 use super::protocol::{Fact, Reply, Request};
 
 /// How long an asker waits for the pin's owner before keeping the plan's order (a lost
 /// reply; the owner answers at once).
 const CHOOSE_REPLY_TIMEOUT_MS: u64 = 1_000;
-
-/// A session, placed by its digest (its own domain, apart from ids).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Session(pub SessionDigest);
-
-impl OwnerKey for Session {
-    fn owner_hash(&self) -> u64 {
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&self.0[..8]);
-        mix64(u64::from_le_bytes(first) ^ (DOMAIN_GLOBAL | 0x5e55))
-    }
-}
 
 /// The session of a request when session affinity is on (`session_affinity_ttl_ms` > 0).
 pub fn session_of(shard: &Shard, head: &RequestHead, body: &[u8]) -> Option<Session> {

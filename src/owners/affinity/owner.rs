@@ -11,8 +11,7 @@ use crate::routing::session::SessionDigest;
 use crate::shard::call::CallId;
 use crate::snapshot::state::{PinKey, PinRecord, Records};
 
-use super::client::Session;
-use super::protocol::{Fact, Reply, Request};
+use super::protocol::{Fact, Reply, Request, Session};
 use crate::owners::{Cx, Mechanism, Shard};
 
 /// The pins of the sessions this shard owns.

@@ -2,8 +2,21 @@
 //! to drop a pin. Only the session key's digest travels, never the key.
 
 use crate::config::{ConnectionId, ProviderId};
+use crate::mesh::placement::{DOMAIN_GLOBAL, OwnerKey, mix64};
 use crate::routing::affinity::Eligible;
 use crate::routing::session::SessionDigest;
+
+/// A session, placed by its digest (its own domain, apart from ids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session(pub SessionDigest);
+
+impl OwnerKey for Session {
+    fn owner_hash(&self) -> u64 {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.0[..8]);
+        mix64(u64::from_le_bytes(first) ^ (DOMAIN_GLOBAL | 0x5e55))
+    }
+}
 
 pub enum Request {
     /// Which of `eligible` (in the plan's order) session `session` uses for `provider`;
