@@ -93,7 +93,7 @@ fn the_new_instance_writes_state_dir_only_after_the_old_one_has_exited() {
         br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    let before = eventually(secs(5), "the old instance's snapshot of the ban", || {
+    let before = eventually(secs(20), "the old instance's snapshot of the ban", || {
         let j = inspect(state.path());
         banned(&j, "c1").then(|| j["generation"].as_u64().unwrap())
     });
@@ -109,15 +109,24 @@ fn the_new_instance_writes_state_dir_only_after_the_old_one_has_exited() {
     old.terminate();
     let status = old.wait_exit(secs(20)).expect("the old instance exits");
     assert!(status.success(), "{}", old.logs());
-    let last_of_old = inspect(state.path())["generation"].as_u64().unwrap();
-    assert!(last_of_old >= before);
+    let after_old = inspect(state.path())["generation"].as_u64().unwrap();
+    assert!(after_old >= before);
 
-    // Then the new one takes over, above the old one's last write.
+    // Then the new one takes over (its first write may already be on disk) and writes
+    // what changes from now on above everything before it: c2 is banned on the new one.
     new.wait_for_log("released state_dir; writing from here on", secs(5));
-    let j = eventually(secs(5), "the new instance's first write", || {
+    up.on(CHAT, Reply::error(403, "Your account has been suspended"));
+    let _ = Client::connect(new.addr()).request(
+        "POST",
+        CHAT,
+        &[],
+        br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let j = eventually(secs(20), "the new instance's write of c2's ban", || {
         let j = inspect(state.path());
-        (j["generation"].as_u64().unwrap() > last_of_old).then_some(j)
+        banned(&j, "c2").then_some(j)
     });
+    assert!(j["generation"].as_u64().unwrap() > after_old, "{j:#}");
     assert!(banned(&j, "c1"), "{j:#}");
     for slot in j["slots"].as_array().unwrap() {
         assert_ne!(slot["status"], "invalid", "{j:#}");
