@@ -577,7 +577,7 @@ struct ShardStart {
 /// Sends one batch of this shard's changed records to the writer; true when more are
 /// pending. The time it took is the longest a snapshot holds this shard's loop.
 fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
-    let cpu_start = thread_cpu_ns();
+    let switches = preemptions();
     let start = shard.now().mono_ns;
     let mut delta =
         crate::owners::health::owner::snapshot_delta(shard, SNAPSHOT_BATCH).unwrap_or_default();
@@ -587,21 +587,23 @@ fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
     if !delta.is_empty() {
         let _ = sink.send(ToWriter::Delta(delta));
         let took = shard.now().mono_ns.saturating_sub(start);
-        let cpu = cpu_start
-            .zip(thread_cpu_ns())
-            .map(|(a, b)| b.saturating_sub(a));
-        shard.metrics().snapshot_collected(took, cpu);
+        let preempted = switches.zip(preemptions()).map(|(a, b)| b != a);
+        shard.metrics().snapshot_collected(took, preempted);
     }
     more
 }
 
-/// The CPU time this thread has used, in ns, from `/proc/thread-self/schedstat` (its first
-/// field; the second is the time it waited to run). It tells a collection step's own work
-/// from the time the OS ran something else in the middle of it. `None` off Linux or
-/// without scheduler statistics.
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
+/// How often the OS has switched this thread out involuntarily
+/// (`nonvoluntary_ctxt_switches` of `/proc/thread-self/status`): read around a collection
+/// step, it tells the step's own time from a step the OS interrupted to run another
+/// process (the step itself never blocks). `None` off Linux.
+fn preemptions() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn run_shard(

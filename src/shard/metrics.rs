@@ -391,10 +391,12 @@ pub struct ShardMetrics {
     pub snapshot_collect_max_ns: AtomicU64,
     /// Batches that took longer than [`SNAPSHOT_COLLECT_BUDGET_NS`].
     pub snapshot_collects_over_budget: AtomicU64,
-    /// The most CPU time one collection step used (the thread's own, preemption excluded).
-    pub snapshot_collect_cpu_max_ns: AtomicU64,
-    /// Steps whose own CPU time exceeded [`SNAPSHOT_COLLECT_BUDGET_NS`].
-    pub snapshot_collects_cpu_over_budget: AtomicU64,
+    /// Steps during which the OS switched the shard's thread out (involuntarily).
+    pub snapshot_collects_preempted: AtomicU64,
+    /// The longest step the OS did not interrupt: the step's own work.
+    pub snapshot_collect_unpreempted_max_ns: AtomicU64,
+    /// Steps not interrupted that still took longer than [`SNAPSHOT_COLLECT_BUDGET_NS`].
+    pub snapshot_collects_unpreempted_over_budget: AtomicU64,
     gateway_errors: PerKind,
     upstream_errors: [AtomicU64; UPSTREAM_ERROR_SLOTS],
 }
@@ -424,21 +426,25 @@ impl ShardMetrics {
 
 impl ShardMetrics {
     /// One snapshot batch collected on this shard in `took_ns`.
-    /// One collection step took `took_ns` of wall-clock time, `cpu_ns` of it on the CPU
-    /// (`None`: the thread's CPU time is not readable here).
-    pub fn snapshot_collected(&self, took_ns: u64, cpu_ns: Option<u64>) {
+    /// One collection step took `took_ns` of wall-clock time; `preempted`: whether the OS
+    /// switched the thread out in the middle (`None`: not known here).
+    pub fn snapshot_collected(&self, took_ns: u64, preempted: Option<bool>) {
         bump(&self.snapshot_collects);
         if took_ns > SNAPSHOT_COLLECT_BUDGET_NS {
             bump(&self.snapshot_collects_over_budget);
         }
         self.snapshot_collect_max_ns
             .fetch_max(took_ns, Ordering::Relaxed);
-        if let Some(cpu) = cpu_ns {
-            if cpu > SNAPSHOT_COLLECT_BUDGET_NS {
-                bump(&self.snapshot_collects_cpu_over_budget);
+        match preempted {
+            Some(true) => bump(&self.snapshot_collects_preempted),
+            Some(false) => {
+                if took_ns > SNAPSHOT_COLLECT_BUDGET_NS {
+                    bump(&self.snapshot_collects_unpreempted_over_budget);
+                }
+                self.snapshot_collect_unpreempted_max_ns
+                    .fetch_max(took_ns, Ordering::Relaxed);
             }
-            self.snapshot_collect_cpu_max_ns
-                .fetch_max(cpu, Ordering::Relaxed);
+            None => {}
         }
     }
 }
@@ -482,15 +488,15 @@ impl SnapshotMetrics {
             .map(|s| load(&s.snapshot_collect_max_ns))
             .max()
             .unwrap_or(0);
-        let max_cpu = shards
+        let max_own = shards
             .iter()
-            .map(|s| load(&s.snapshot_collect_cpu_max_ns))
+            .map(|s| load(&s.snapshot_collect_unpreempted_max_ns))
             .max()
             .unwrap_or(0);
-        let over_cpu: u64 = shards
-            .iter()
-            .map(|s| load(&s.snapshot_collects_cpu_over_budget))
-            .sum();
+        let sum =
+            |f: fn(&ShardMetrics) -> &AtomicU64| -> u64 { shards.iter().map(|s| load(f(s))).sum() };
+        let preempted = sum(|s| &s.snapshot_collects_preempted);
+        let over_own = sum(|s| &s.snapshot_collects_unpreempted_over_budget);
         let collects: u64 = shards.iter().map(|s| load(&s.snapshot_collects)).sum();
         let over: u64 = shards
             .iter()
@@ -572,16 +578,22 @@ impl SnapshotMetrics {
             secs(max_collect).to_string(),
         );
         line(
-            "tidegate_snapshot_collect_cpu_max_seconds",
-            "Most CPU time one snapshot collection step used on its shard's thread (OS preemption excluded; 0 where the thread's CPU time is not readable).",
-            "gauge",
-            secs(max_cpu).to_string(),
+            "tidegate_snapshot_collects_preempted_total",
+            "Snapshot collection steps during which the OS switched the shard's thread out (their time includes other processes' turns).",
+            "counter",
+            preempted.to_string(),
         );
         line(
-            "tidegate_snapshot_collects_cpu_over_1ms_total",
-            "Snapshot collection steps whose own CPU time exceeded 1 ms.",
+            "tidegate_snapshot_collect_unpreempted_max_seconds",
+            "Longest snapshot collection step the OS did not interrupt: the step's own work.",
+            "gauge",
+            secs(max_own).to_string(),
+        );
+        line(
+            "tidegate_snapshot_collects_unpreempted_over_1ms_total",
+            "Snapshot collection steps not interrupted by the OS that still held the shard's loop longer than 1 ms.",
             "counter",
-            over_cpu.to_string(),
+            over_own.to_string(),
         );
     }
 }
