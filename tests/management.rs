@@ -550,6 +550,7 @@ fn a_patched_cap_rise_admits_the_queued_requests_at_once() {
         let r = h.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
     }
+}
 
 /// `sessions` in the health answer counts the session affinity pins of every owner shard:
 /// 12 sessions pinned over many client connections (both shards serve and own some) are
