@@ -6,8 +6,9 @@
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 OHA=$(command -v oha || echo /opt/oha/bin/oha)
 [ -x "$OHA" ] || { cargo install oha --locked --root /opt/oha -q; OHA=/opt/oha/bin/oha; }
-cargo build --release --bins -q
-BIN=${CARGO_TARGET_DIR:-target}/release
+# TIDEGATE_BIN=DIR runs prebuilt binaries from DIR (e.g. a copy of an earlier build) instead.
+[ -n "${TIDEGATE_BIN:-}" ] || cargo build --release --bins -q
+BIN=${TIDEGATE_BIN:-${CARGO_TARGET_DIR:-target}/release}
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
