@@ -334,6 +334,14 @@ fn stages(c: &mut Criterion) {
     g.bench_function("parse_head/naive", |b| {
         b.iter(|| black_box(Naive::parse(black_box(&head))))
     });
+    // The floor: httparse alone into a stack array (no spans kept, no framing checks).
+    g.bench_function("parse_head/httparse_only", |b| {
+        b.iter(|| {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut headers);
+            black_box(req.parse(black_box(&head)).is_ok())
+        })
+    });
 
     buf.clear();
     buf.extend_from_slice(&head);

@@ -95,6 +95,11 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// proxy auth fields) that a proxy must not forward. The encoder itself drops only the
 /// framing fields; callers filter with this.
 pub fn is_hop_by_hop(name: &str) -> bool {
+    is_hop_by_hop_name(name.as_bytes())
+}
+
+/// [`is_hop_by_hop`] for a name as bytes.
+pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
     const HOP: [&str; 9] = [
         "connection",
         "keep-alive",
@@ -106,7 +111,7 @@ pub fn is_hop_by_hop(name: &str) -> bool {
         "transfer-encoding",
         "upgrade",
     ];
-    HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
+    HOP.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Writes `HTTP/1.1 <status> <reason>`, the fields, the framing field, `Connection: close`
@@ -134,7 +139,11 @@ pub fn write_response_head<'a>(
     dst.put_u8(b' ');
     dst.put_slice(reason_phrase(status).as_bytes());
     dst.put_slice(b"\r\n");
-    put_fields(dst, headers, false);
+    put_fields(
+        dst,
+        headers.into_iter().map(|(n, v)| (n.as_bytes(), &b""[..], v)),
+        false,
+    );
     match framing {
         Framing::Length(n) => put_content_length(dst, n),
         Framing::Chunked => dst.put_slice(b"Transfer-Encoding: chunked\r\n"),
@@ -146,15 +155,9 @@ pub fn write_response_head<'a>(
     dst.put_slice(b"\r\n");
 }
 
-/// Writes `<METHOD> <target> HTTP/1.1`, `Host: <host>`, the fields (dropping as in
-/// [`write_response_head`], and `Host` too), the framing field and the empty line. Upstream
-/// connections are always keep-alive, so no `Connection` field is written.
-///
-/// Nothing here can split the request line: bytes of `method` that are not `tchar` and bytes
-/// of `host` outside visible ASCII are skipped, and bytes of `target` outside visible ASCII
-/// are percent-encoded (an empty target is `/`). A request has no close-delimited body:
-/// [`Framing::Close`] is treated as [`Framing::NoBody`], which for POST, PUT and PATCH writes
-/// `Content-Length: 0` (RFC 9110 §8.6).
+/// [`write_request_head_parts`] with the target in one piece, the host without a port and
+/// every field value in one piece.
+#[cfg(test)]
 pub fn write_request_head<'a>(
     dst: &mut BytesMut,
     method: &str,
@@ -163,28 +166,78 @@ pub fn write_request_head<'a>(
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     framing: Framing,
 ) {
-    dst.reserve(256 + target.len());
+    write_request_head_parts(
+        dst,
+        method,
+        &[target],
+        host,
+        None,
+        headers.into_iter().map(|(n, v)| (n.as_bytes(), &b""[..], v)),
+        framing,
+    );
+}
+
+/// Writes `<METHOD> <target> HTTP/1.1`, `Host: <host>[:<port>]`, the fields (dropping as in
+/// [`write_response_head`], and `Host` too), the framing field and the empty line. Upstream
+/// connections are always keep-alive, so no `Connection` field is written.
+///
+/// The target is the concatenation of `target`'s pieces and each field's value is its two
+/// pieces `(name, prefix, value)` one after the other, so callers never join strings first;
+/// a field is checked (and dropped) as the whole value.
+///
+/// Nothing here can split the request line: bytes of `method` that are not `tchar` and bytes
+/// of `host` outside visible ASCII are skipped, and bytes of `target` outside visible ASCII
+/// are percent-encoded (an empty target is `/`). A request has no close-delimited body:
+/// [`Framing::Close`] is treated as [`Framing::NoBody`], which for POST, PUT and PATCH writes
+/// `Content-Length: 0` (RFC 9110 §8.6).
+pub fn write_request_head_parts<'a>(
+    dst: &mut BytesMut,
+    method: &str,
+    target: &[&str],
+    host: &str,
+    port: Option<u16>,
+    headers: impl IntoIterator<Item = (&'a [u8], &'a [u8], &'a [u8])>,
+    framing: Framing,
+) {
+    let target_len: usize = target.iter().map(|t| t.len()).sum();
+    dst.reserve(256 + target_len);
     for &b in method.as_bytes() {
         if is_tchar(b) {
             dst.put_u8(b);
         }
     }
     dst.put_u8(b' ');
-    if target.is_empty() {
+    if target_len == 0 {
         dst.put_u8(b'/');
     }
-    for &b in target.as_bytes() {
-        if (b'!'..=b'~').contains(&b) {
-            dst.put_u8(b);
-        } else {
-            put_percent(dst, b);
+    for part in target {
+        let part = part.as_bytes();
+        if part.iter().all(|b| (b'!'..=b'~').contains(b)) {
+            dst.put_slice(part);
+            continue;
+        }
+        for &b in part {
+            if (b'!'..=b'~').contains(&b) {
+                dst.put_u8(b);
+            } else {
+                put_percent(dst, b);
+            }
         }
     }
     dst.put_slice(b" HTTP/1.1\r\nHost: ");
-    for &b in host.as_bytes() {
-        if (b'!'..=b'~').contains(&b) {
-            dst.put_u8(b);
+    let host = host.as_bytes();
+    if host.iter().all(|b| (b'!'..=b'~').contains(b)) {
+        dst.put_slice(host);
+    } else {
+        for &b in host {
+            if (b'!'..=b'~').contains(&b) {
+                dst.put_u8(b);
+            }
         }
+    }
+    if let Some(port) = port {
+        dst.put_u8(b':');
+        put_decimal(dst, u64::from(port));
     }
     dst.put_slice(b"\r\n");
     put_fields(dst, headers, true);
@@ -220,26 +273,42 @@ pub fn write_last_chunk(dst: &mut BytesMut) {
 
 fn put_fields<'a>(
     dst: &mut BytesMut,
-    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    headers: impl IntoIterator<Item = (&'a [u8], &'a [u8], &'a [u8])>,
     drop_host: bool,
 ) {
-    for (name, value) in headers {
-        let droppable = name.eq_ignore_ascii_case("content-length")
-            || name.eq_ignore_ascii_case("transfer-encoding")
-            || name.eq_ignore_ascii_case("connection")
-            || (drop_host && name.eq_ignore_ascii_case("host"));
-        let valid = !name.is_empty()
-            && name.bytes().all(is_tchar)
-            && value.iter().all(|&b| is_field_value_byte(b));
-        if droppable || !valid {
+    for (name, prefix, value) in headers {
+        if droppable(name, drop_host)
+            || name.is_empty()
+            || !all_bytes(name, is_tchar)
+            || !all_bytes(prefix, is_field_value_byte)
+            || !all_bytes(value, is_field_value_byte)
+        {
             continue;
         }
-        dst.reserve(name.len() + value.len() + 4);
-        dst.put_slice(name.as_bytes());
+        dst.reserve(name.len() + prefix.len() + value.len() + 4);
+        dst.put_slice(name);
         dst.put_slice(b": ");
+        dst.put_slice(prefix);
         dst.put_slice(value);
         dst.put_slice(b"\r\n");
     }
+}
+
+/// The framing fields (and `Host` in a request) are only ever written by the encoder itself.
+fn droppable(name: &[u8], drop_host: bool) -> bool {
+    match name.len() {
+        4 => drop_host && name.eq_ignore_ascii_case(b"host"),
+        10 => name.eq_ignore_ascii_case(b"connection"),
+        14 => name.eq_ignore_ascii_case(b"content-length"),
+        17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
+        _ => false,
+    }
+}
+
+/// Does every byte pass `ok`? Without an early exit, so the loop vectorises: fields are
+/// short and almost always valid.
+fn all_bytes(bytes: &[u8], ok: impl Fn(u8) -> bool) -> bool {
+    bytes.iter().fold(true, |all, &b| all & ok(b))
 }
 
 fn put_content_length(dst: &mut BytesMut, n: u64) {

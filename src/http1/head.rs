@@ -214,6 +214,14 @@ impl Fields {
             .map(move |f| (f.name.get_str(raw), f.value.get(raw)))
     }
 
+    /// As [`iter`](Self::iter), names as bytes (they are tokens: no UTF-8 check needed).
+    pub(crate) fn iter_bytes<'a>(
+        &'a self,
+        raw: &'a [u8],
+    ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
+        self.0.iter().map(move |f| (f.name.get(raw), f.value.get(raw)))
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.0.len()

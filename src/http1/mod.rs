@@ -37,9 +37,11 @@ mod tests;
 use std::fmt;
 
 pub use body::{BodyDecoder, BodyEvent};
+#[cfg(test)]
+pub use encode::write_request_head;
 pub use encode::{
-    CONTINUE_100, Framing, is_hop_by_hop, write_chunk, write_last_chunk, write_request_head,
-    write_response_head,
+    CONTINUE_100, Framing, is_hop_by_hop, is_hop_by_hop_name, write_chunk, write_last_chunk,
+    write_request_head_parts, write_response_head,
 };
 pub use request::{RequestHead, decode_request_head};
 pub use response::{ResponseHead, decode_response_head};

@@ -66,10 +66,20 @@ impl RequestHead {
         self.fields.iter(&self.raw)
     }
 
+    /// All fields in order, names as sent, as bytes (names are tokens, so ASCII).
+    pub fn header_fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields.iter_bytes(&self.raw)
+    }
+
     /// Number of header fields.
     #[cfg(test)]
     pub fn header_count(&self) -> usize {
         self.fields.len()
+    }
+
+    /// Length of the head in bytes (request line through the final CRLF CRLF).
+    pub fn head_len(&self) -> usize {
+        self.raw.len()
     }
 
     /// `Empty`, `Length(n)` or `Chunked`; never `CloseDelimited`.

@@ -64,36 +64,58 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Beta flag Anthropic requires for OAuth (subscription) bearer tokens.
 pub const ANTHROPIC_OAUTH_BETA: &str = "oauth-2025-04-20";
 
-/// Headers that present the connection's credentials upstream. `client_has_version`
-/// says whether the client already sent `anthropic-version` (it is passed through).
-pub fn auth_headers(
+/// One credential field for the upstream request: its value is `prefix` then `value`
+/// (`Bearer ` and the key), written straight into the request head, never joined first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthField<'a> {
+    pub name: &'static str,
+    pub prefix: &'static str,
+    pub value: &'a str,
+}
+
+impl<'a> AuthField<'a> {
+    fn new(name: &'static str, prefix: &'static str, value: &'a str) -> Option<Self> {
+        Some(Self {
+            name,
+            prefix,
+            value,
+        })
+    }
+}
+
+/// Headers that present the connection's credentials upstream (at most three, in this
+/// order). `client_has_version` says whether the client already sent `anthropic-version`
+/// (it is passed through).
+pub fn auth_headers<'a>(
     provider: &Provider,
-    conn: &Connection,
+    conn: &'a Connection,
     client_has_version: bool,
-    out: &mut Vec<(&'static str, String)>,
-) {
+) -> [Option<AuthField<'a>>; 3] {
     let key = conn.api_key.as_deref();
     match provider.format {
-        ProviderFormat::Openai => {
-            if let Some(k) = key {
-                out.push(("authorization", format!("Bearer {k}")));
-            }
-        }
+        ProviderFormat::Openai => [
+            key.and_then(|k| AuthField::new("authorization", "Bearer ", k)),
+            None,
+            None,
+        ],
         ProviderFormat::Anthropic => {
+            let version = if client_has_version {
+                None
+            } else {
+                AuthField::new("anthropic-version", "", ANTHROPIC_VERSION)
+            };
             match (provider.auth, key) {
-                (AuthKind::OAuth, Some(k)) => {
-                    out.push(("authorization", format!("Bearer {k}")));
-                    out.push(("anthropic-beta", ANTHROPIC_OAUTH_BETA.to_owned()));
-                }
+                (AuthKind::OAuth, Some(k)) => [
+                    AuthField::new("authorization", "Bearer ", k),
+                    AuthField::new("anthropic-beta", "", ANTHROPIC_OAUTH_BETA),
+                    version,
+                ],
                 (AuthKind::ApiKey | AuthKind::Local, Some(k)) => {
-                    out.push(("x-api-key", k.to_owned()))
+                    [AuthField::new("x-api-key", "", k), version, None]
                 }
-                (_, None) => {}
-            }
-            if !client_has_version {
-                out.push(("anthropic-version", ANTHROPIC_VERSION.to_owned()));
+                (_, None) => [version, None, None],
             }
         }
-        ProviderFormat::Mock => {}
+        ProviderFormat::Mock => [None, None, None],
     }
 }

@@ -5,7 +5,7 @@
 use bytes::BytesMut;
 
 use crate::config::{BaseUrl, Connection, Provider, Scheme};
-use crate::http1::{Framing, RequestHead, is_hop_by_hop, write_request_head};
+use crate::http1::{Framing, RequestHead, is_hop_by_hop_name, write_request_head_parts};
 use crate::providers::{Endpoint, auth_headers};
 
 /// Client fields never forwarded upstream besides the hop-by-hop ones
@@ -28,37 +28,40 @@ pub const STRIPPED_HEADERS: &[&str] = &[
     "x-omniroute-lease-generation",
 ];
 
-fn listed_in_connection(head: &RequestHead, name: &str) -> bool {
-    head.header("connection").is_some_and(|v| {
-        v.split(|b| *b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
-    })
-}
-
-/// Is this client header forwarded?
-pub fn forwarded(head: &RequestHead, name: &str) -> bool {
-    !is_hop_by_hop(name)
+/// Is this client header forwarded? `connection` is the client's `Connection` field (the
+/// names it lists are hop-by-hop for this request).
+fn forwarded(connection: Option<&[u8]>, name: &[u8]) -> bool {
+    !is_hop_by_hop_name(name)
         && !STRIPPED_HEADERS
             .iter()
-            .any(|s| s.eq_ignore_ascii_case(name))
-        && !listed_in_connection(head, name)
+            .any(|s| s.as_bytes().eq_ignore_ascii_case(name))
+        && !connection.is_some_and(|v| {
+            v.split(|b| *b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+        })
 }
 
-/// The `Host` header value for a base URL (port only when not the scheme's default).
-pub fn host_header(base: &BaseUrl) -> String {
-    let default = matches!(
-        (base.scheme, base.port),
-        (Scheme::Http, 80) | (Scheme::Https, 443)
-    );
-    // IPv6 literals keep their brackets in `BaseUrl.host`.
-    if default {
-        base.host.clone()
-    } else {
-        format!("{}:{}", base.host, base.port)
+/// The port of the `Host` header for a base URL: only when not the scheme's default.
+fn host_port(base: &BaseUrl) -> Option<u16> {
+    match (base.scheme, base.port) {
+        (Scheme::Http, 80) | (Scheme::Https, 443) => None,
+        (_, port) => Some(port),
     }
 }
 
-/// Encodes the upstream request head for a body of `body_len` bytes.
+/// Room for the upstream head of `client` (its own head plus what the gateway adds), so
+/// the head and a small body can share one buffer without growing it.
+pub fn head_capacity(client: &RequestHead, provider: &Provider, base: &BaseUrl) -> usize {
+    let extra: usize = provider
+        .headers
+        .iter()
+        .map(|(n, v)| n.len() + v.len() + 4)
+        .sum();
+    client.head_len() + base.host.len() + base.path.len() + extra + 256
+}
+
+/// Encodes the upstream request head for a body of `body_len` bytes into `dst`, directly:
+/// no intermediate strings.
 pub fn encode_head(
     dst: &mut BytesMut,
     client: &RequestHead,
@@ -68,40 +71,46 @@ pub fn encode_head(
     endpoint: Endpoint,
     body_len: usize,
 ) {
-    let mut target = String::with_capacity(base.path.len() + 32);
-    target.push_str(&base.path);
-    target.push_str(endpoint.upstream_suffix());
-    if let Some(q) = client.query() {
-        target.push('?');
-        target.push_str(q);
-    }
-    let mut injected: Vec<(&'static str, String)> = Vec::with_capacity(4);
-    auth_headers(
+    let query = client.query();
+    let target = [
+        base.path.as_str(),
+        endpoint.upstream_suffix(),
+        if query.is_some() { "?" } else { "" },
+        query.unwrap_or_default(),
+    ];
+    let auth = auth_headers(
         provider,
         conn,
         client.header("anthropic-version").is_some(),
-        &mut injected,
     );
-    let overridden = |name: &str| {
+    let auth = auth.iter().flatten();
+    let connection = client.header("connection");
+    let overridden = |name: &[u8]| {
         provider
             .headers
             .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case(name))
-            || injected.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+            .any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+            || auth
+                .clone()
+                .any(|f| f.name.as_bytes().eq_ignore_ascii_case(name))
     };
     let client_headers = client
-        .headers()
-        .filter(|(n, _)| forwarded(client, n) && !overridden(n));
+        .header_fields()
+        .filter(|(n, _)| forwarded(connection, n) && !overridden(n))
+        .map(|(n, v)| (n, &b""[..], v));
     let extra = provider
         .headers
         .iter()
-        .map(|(n, v)| (n.as_str(), v.as_bytes()));
-    let auth = injected.iter().map(|(n, v)| (*n, v.as_bytes()));
-    write_request_head(
+        .map(|(n, v)| (n.as_bytes(), &b""[..], v.as_bytes()));
+    let auth = auth
+        .clone()
+        .map(|f| (f.name.as_bytes(), f.prefix.as_bytes(), f.value.as_bytes()));
+    write_request_head_parts(
         dst,
         client.method_str(),
         &target,
-        &host_header(base),
+        &base.host,
+        host_port(base),
         client_headers.chain(extra).chain(auth),
         Framing::Length(body_len as u64),
     );
