@@ -206,12 +206,47 @@ pub struct Response {
     pub body: BodyReader,
 }
 
-/// Sends one request (`head` already encoded, `body` framed by its Content-Length) and
-/// waits for the response head within `header_budget`.
+/// A request ready for the wire: the encoded head with a small body already behind it (one
+/// write), and the rest of the body, if any, written apart. Cloning it (for a retry on a
+/// fresh connection) copies no bytes.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    wire: Bytes,
+    rest: Bytes,
+}
+
+impl Outgoing {
+    /// Bytes `head` should have room for beyond its own, so a body of `body_len` bytes can be
+    /// appended to it without growing the buffer.
+    pub fn body_room(body_len: usize) -> usize {
+        if body_len <= COALESCE_BODY_BYTES {
+            body_len
+        } else {
+            0
+        }
+    }
+
+    /// `head` already encoded; `body` framed by its Content-Length.
+    pub fn new(mut head: BytesMut, body: Bytes) -> Self {
+        if body.len() <= COALESCE_BODY_BYTES {
+            head.extend_from_slice(&body);
+            Self {
+                wire: head.freeze(),
+                rest: Bytes::new(),
+            }
+        } else {
+            Self {
+                wire: head.freeze(),
+                rest: body,
+            }
+        }
+    }
+}
+
+/// Sends one request and waits for the response head within `header_budget`.
 pub async fn exchange(
     mut conn: UpConn,
-    mut head: BytesMut,
-    body: Bytes,
+    request: Outgoing,
     header_budget: Duration,
 ) -> Result<Response, ExchangeError> {
     let reused = conn.reused;
@@ -220,16 +255,11 @@ pub async fn exchange(
         reused,
         got_response_bytes: got,
     };
-    if body.len() <= COALESCE_BODY_BYTES {
-        head.extend_from_slice(&body);
-        write_all(&mut conn.io, head)
-            .await
-            .map_err(|e| io_err(e, false))?;
-    } else {
-        write_all(&mut conn.io, head)
-            .await
-            .map_err(|e| io_err(e, false))?;
-        write_all(&mut conn.io, body)
+    write_all(&mut conn.io, request.wire)
+        .await
+        .map_err(|e| io_err(e, false))?;
+    if !request.rest.is_empty() {
+        write_all(&mut conn.io, request.rest)
             .await
             .map_err(|e| io_err(e, false))?;
     }

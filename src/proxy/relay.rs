@@ -1055,7 +1055,10 @@ pub(super) async fn open<'s>(
         ),
     };
     let sent_ns = shard.now().mono_ns;
-    let open = upstream::open(
+    // Boxed once here: the wrappers below (timeouts, deadline, client watch) each take the
+    // future by value, and a future of several KiB moved through every layer was the top
+    // `memmove` of the request path (perf/RESULTS.md, issue 14).
+    let open = Box::pin(upstream::open(
         shard,
         req.head,
         provider,
@@ -1065,7 +1068,7 @@ pub(super) async fn open<'s>(
         req.plan.peek.stream,
         body,
         &req.budgets,
-    );
+    ));
     let execution_budget = queue_slot.as_ref().and_then(|q| q.execution_budget);
     let open_budget = walk.open_budget.take();
     let open = async {

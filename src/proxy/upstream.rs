@@ -177,8 +177,13 @@ async fn open_net(
             format!("provider {} has no base_url", provider.name),
         ));
     };
-    let mut req = BytesMut::with_capacity(1024);
+    // Head and (small) body in one buffer, sized up front: encoded once, written once,
+    // and a retry on a fresh connection re-sends the same bytes without copying them.
+    let room = super::forward::head_capacity(head, provider, base)
+        + upstream::Outgoing::body_room(body.len());
+    let mut req = BytesMut::with_capacity(room);
     super::forward::encode_head(&mut req, head, provider, base, conn, endpoint, body.len());
+    let req = upstream::Outgoing::new(req, body);
     // A pooled connection may have been closed by the upstream while idle: if it fails
     // before any response byte, try once more on a fresh connection.
     let mut fresh = false;
@@ -197,12 +202,21 @@ async fn open_net(
             None => {
                 bump(&shard.metrics().upstream_connects);
                 let tls = shard.shared().tls.for_provider(provider.id);
-                upstream::connect(shard.dns(), &key, Some(tls), budgets.connect, now.mono_ms())
-                    .await?
+                // Boxed: the connect future (DNS, TCP, TLS handshake) is large, and inline it
+                // would make every request's future that much bigger (and moved) even when
+                // the pool has a connection — the common case.
+                Box::pin(upstream::connect(
+                    shard.dns(),
+                    &key,
+                    Some(tls),
+                    budgets.connect,
+                    now.mono_ms(),
+                ))
+                .await?
             }
         };
         let reused = c.reused();
-        match upstream::exchange(c, req.clone(), body.clone(), budgets.header).await {
+        match upstream::exchange(c, req.clone(), budgets.header).await {
             Ok(resp) => {
                 return Ok(Up {
                     head: UpHead::Net(resp.head),
