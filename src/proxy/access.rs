@@ -44,6 +44,9 @@ pub struct AccessLog {
     /// matched its `Origin`).
     pub cors_origin: Option<String>,
     start_ns: u64,
+    /// The `access` target is on: the line will be written, so the fields below are kept
+    /// (when it is off, as by default, a request builds none of their strings).
+    on: bool,
     /// Client key id (`None`: no key, or not identified).
     key: RefCell<Option<String>>,
     model: RefCell<Option<String>>,
@@ -73,6 +76,7 @@ impl AccessLog {
             id,
             cors_origin: cors_origin(shard, head),
             start_ns: now.mono_ns,
+            on: tracing::enabled!(target: "access", tracing::Level::INFO),
             key: RefCell::new(None),
             model: RefCell::new(None),
             combo: RefCell::new(None),
@@ -99,18 +103,24 @@ impl AccessLog {
     }
 
     pub fn key(&self, id: &str) {
-        *self.key.borrow_mut() = Some(id.to_owned());
+        if self.on {
+            *self.key.borrow_mut() = Some(id.to_owned());
+        }
     }
 
     pub fn model(&self, model: &str, combo: Option<&str>) {
-        *self.model.borrow_mut() = Some(model.to_owned());
-        *self.combo.borrow_mut() = combo.map(str::to_owned);
+        if self.on {
+            *self.model.borrow_mut() = Some(model.to_owned());
+            *self.combo.borrow_mut() = combo.map(str::to_owned);
+        }
     }
 
     /// The answer comes from `provider`/`connection` after `attempts` upstream attempts.
     pub fn upstream(&self, provider: &str, connection: &str, attempts: usize) {
-        *self.provider.borrow_mut() = Some(provider.to_owned());
-        *self.connection.borrow_mut() = Some(connection.to_owned());
+        if self.on {
+            *self.provider.borrow_mut() = Some(provider.to_owned());
+            *self.connection.borrow_mut() = Some(connection.to_owned());
+        }
         self.attempts.set(attempts);
     }
 
@@ -139,7 +149,7 @@ impl AccessLog {
 
     /// Writes the line (target `access`, level INFO).
     pub fn emit(&self, shard: &Shard, head: &RequestHead) {
-        if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+        if !self.on {
             return;
         }
         let now = shard.now().mono_ns;
