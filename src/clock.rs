@@ -42,18 +42,58 @@ fn process_epoch() -> Instant {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MonoClock;
 
+/// How long a wall-clock reading is extended by the monotonic clock before the wall clock
+/// is read again. A request reads the time many times within a few microseconds; reading
+/// both clocks each time cost two clock reads per `now()`. Within this window the wall
+/// time is the last reading plus the monotonic time since (the two clocks run at the same
+/// rate to within NTP's slew), so `wall_ms` is exact to the millisecond and a step of the
+/// wall clock is seen within 1 ms.
+const WALL_REREAD_NS: u64 = 1_000_000;
+/// Most monotonic time between the two readings of a pair that is kept.
+const WALL_PAIR_SLACK_NS: u64 = 20_000;
+
+fn mono_now() -> u64 {
+    u64::try_from(process_epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+thread_local! {
+    /// This thread's last wall-clock reading: (monotonic ns when taken, wall ns).
+    static WALL: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((u64::MAX, 0)) };
+}
+
+fn wall_ms_at(mono_ns: u64) -> u64 {
+    WALL.with(|last| {
+        let (at, wall_ns) = last.get();
+        if let Some(since) = mono_ns.checked_sub(at)
+            && since < WALL_REREAD_NS
+        {
+            return wall_ns.saturating_add(since) / 1_000_000;
+        }
+        let wall_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        // Kept only when the two readings are close (the thread was not preempted between
+        // them), so the pair is off by at most half that gap.
+        let after = mono_now();
+        if after.saturating_sub(mono_ns) <= WALL_PAIR_SLACK_NS {
+            last.set((mono_ns + after.saturating_sub(mono_ns) / 2, wall_ns));
+        }
+        wall_ns / 1_000_000
+    })
+}
+
 impl Clock for MonoClock {
     fn now(&self) -> Now {
-        let mono_ns = u64::try_from(process_epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let wall_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        Now { mono_ns, wall_ms }
+        let mono_ns = mono_now();
+        Now {
+            mono_ns,
+            wall_ms: wall_ms_at(mono_ns),
+        }
     }
 
     fn mono_ns(&self) -> u64 {
-        u64::try_from(process_epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+        mono_now()
     }
 }
 
@@ -113,6 +153,27 @@ mod tests {
         shared.advance_ms(250);
         assert_eq!(c.now().mono_ms(), 250);
         assert_eq!(c.now().wall_ms, 1_250);
+    }
+
+    #[test]
+    fn mono_clock_wall_time_matches_the_system_clock() {
+        let c = MonoClock;
+        for _ in 0..1000 {
+            let before = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap();
+            let now = c.now();
+            let after = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap();
+            // Extended readings are off by at most the pair's slack: one ms either side.
+            assert!(
+                before <= now.wall_ms + 1 && now.wall_ms <= after + 1,
+                "{before} {now:?} {after}"
+            );
+        }
     }
 
     #[test]
