@@ -995,7 +995,8 @@ pub(super) async fn open<'s>(
     // returned when their guards drop. A client that hangs up meanwhile ends the request
     // here: it never reaches the upstream.
     let admission_started = shard.now().mono_ns;
-    let admission = async {
+    // Boxed, as the upstream open below: see there.
+    let admission = Box::pin(async {
         let qs_slot = match req.plan.quota_share {
             Some(combo) => gates::client::quota_share_slot(shard, combo, connection).await,
             None => None,
@@ -1003,7 +1004,7 @@ pub(super) async fn open<'s>(
         let queue_slot = queue::client::acquire(shard, connection, &target.model).await?;
         let gate = gates::client::acquire(shard, connection, &target.model).await?;
         Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
-    };
+    });
     let admission = deadline::within(shard, req.deadline, admission);
     let (qs_slot, mut queue_slot, gate) = match watch(&mut client, admission).await {
         Some(Ok(Ok(admitted))) => {
@@ -1157,7 +1158,12 @@ pub(super) async fn open<'s>(
     if status >= 400 {
         // An error answer: read it whole (bounded), restate, classify, record, and either
         // move on or relay it.
-        let read = stream::buffer_error(&mut up, provider, conn, req.budgets.idle);
+        let read = Box::pin(stream::buffer_error(
+            &mut up,
+            provider,
+            conn,
+            req.budgets.idle,
+        ));
         let read = watch(&mut client, deadline::within(shard, bound, read)).await;
         let mut buffered = match read {
             Some(r) => match r.and_then(|r| r) {
@@ -1247,7 +1253,13 @@ pub(super) async fn open<'s>(
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
     let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
     let hold = super::watchdog::HoldBack::of(shard);
-    let first = super::watchdog::first_bytes(shard, &mut up, req.budgets.idle, wd.as_mut(), hold);
+    let first = Box::pin(super::watchdog::first_bytes(
+        shard,
+        &mut up,
+        req.budgets.idle,
+        wd.as_mut(),
+        hold,
+    ));
     let first = match watch(&mut client, deadline::within(shard, bound, first)).await {
         Some(r) => r.and_then(|r| r),
         None => {
