@@ -141,7 +141,9 @@ pub fn write_response_head<'a>(
     dst.put_slice(b"\r\n");
     put_fields(
         dst,
-        headers.into_iter().map(|(n, v)| (n.as_bytes(), &b""[..], v)),
+        headers
+            .into_iter()
+            .map(|(n, v)| (n.as_bytes(), &b""[..], v)),
         false,
     );
     match framing {
@@ -172,7 +174,9 @@ pub fn write_request_head<'a>(
         &[target],
         host,
         None,
-        headers.into_iter().map(|(n, v)| (n.as_bytes(), &b""[..], v)),
+        headers
+            .into_iter()
+            .map(|(n, v)| (n.as_bytes(), &b""[..], v)),
         framing,
     );
 }

@@ -219,7 +219,9 @@ impl Fields {
         &'a self,
         raw: &'a [u8],
     ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
-        self.0.iter().map(move |f| (f.name.get(raw), f.value.get(raw)))
+        self.0
+            .iter()
+            .map(move |f| (f.name.get(raw), f.value.get(raw)))
     }
 
     #[cfg(test)]

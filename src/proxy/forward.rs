@@ -78,11 +78,7 @@ pub fn encode_head(
         if query.is_some() { "?" } else { "" },
         query.unwrap_or_default(),
     ];
-    let auth = auth_headers(
-        provider,
-        conn,
-        client.header("anthropic-version").is_some(),
-    );
+    let auth = auth_headers(provider, conn, client.header("anthropic-version").is_some());
     let auth = auth.iter().flatten();
     let connection = client.header("connection");
     let overridden = |name: &[u8]| {
