@@ -62,6 +62,7 @@ impl RequestHead {
     }
 
     /// All fields in order, names as sent.
+    #[cfg(any(test, fuzzing))]
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.fields.iter(&self.raw)
     }
