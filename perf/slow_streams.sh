@@ -3,11 +3,15 @@
 #
 #   perf/slow_streams.sh [N] [SECONDS]            N streams (default 10000), sampled SECONDS (60)
 #   MODE=net perf/slow_streams.sh 9000            upstream over loopback (tidegate-mock)
+#   BIN_DIR=/some/dir perf/slow_streams.sh ...    use those binaries, build nothing
 #
-# MODE=inproc (default): the upstream is the in-process `mock` provider (model `drip-1000`,
-# one word a second for ~150 s), so Tidegate holds one socket per stream. MODE=net: the
-# upstream is `tidegate-mock` on loopback, two sockets per stream; this container's hard
-# open-files limit (20000 per process) caps that run below 10 000 streams.
+# Every stream asks for model `drip-1000`: one word a second for ~150 s.
+# MODE=inproc (default): the upstream is the in-process `mock` provider, so Tidegate holds
+# one socket per stream, and its RSS includes the mock's state per stream. MODE=net: the
+# upstream is `tidegate-mock` on loopback (which plays the drip too: one chunk a second),
+# so Tidegate's RSS is the gateway's alone, with two sockets per stream (client and
+# upstream). The open-files limit is raised to the hard limit; this container's is 20000
+# per process, so MODE=net reaches 9 000 streams, not 10 000.
 # Tidegate runs with workers = 2, unpinned (the machine is shared). Prints one JSON line
 # (perf/slow_streams.py) and keeps it in perf/out/slow_streams-<mode>-<N>.json.
 set -euo pipefail
@@ -18,8 +22,12 @@ MODE=${MODE:-inproc}
 OUT=perf/out
 mkdir -p "$OUT"
 ulimit -n "$(ulimit -Hn)"
-cargo build --release --bins -q
-BIN=${CARGO_TARGET_DIR:-target}/release
+if [ -n "${BIN_DIR:-}" ]; then
+  BIN=$BIN_DIR
+else
+  cargo build --release --bins -q
+  BIN=${CARGO_TARGET_DIR:-target}/release
+fi
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -56,7 +64,7 @@ provider = "perf"
 TOML
 
 LOG="$OUT/slow_streams-tidegate.log"
-"$BIN/tidegate" serve --config "$CFG" > "$LOG" 2>&1 &
+TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$CFG" > "$LOG" 2>&1 &
 TG=$!
 pids+=($TG)
 for _ in $(seq 100); do grep -q "listening on" "$LOG" && break; sleep 0.1; done

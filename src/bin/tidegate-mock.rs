@@ -1,11 +1,16 @@
 //! `tidegate-mock`: a fast standalone mock LLM upstream for load tests (`perf/`).
 //! Thread-per-core like the gateway, built from the same codec, answering
 //! `POST /v1/chat/completions` (and `/v1/messages`) with the in-process mock provider's
-//! replies, streamed (chunked SSE) when the body says `"stream":true`.
+//! replies, streamed (chunked SSE) when the body says `"stream":true`. The request's
+//! `model` picks the behaviour as in the in-process provider (`providers::mock`):
+//! `slow-<ms>` delays the head, `drip-<ms>` spaces the stream's frames (one chunk per
+//! frame), `stall` never answers (or, streamed, goes silent after its first frame),
+//! `fail-<status>` answers that status; anything else is answered at once in one write.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use clap::Parser;
@@ -81,6 +86,13 @@ use tidegate::http1::{BodyDecoder, BodyEvent, Decoded, Framing};
 use tidegate::net::io::{READ_BUF_BYTES, read_more, write_all};
 use tidegate::net::listener::bind_shards;
 use tidegate::providers::{Endpoint, mock};
+
+/// The only request field the mock reads itself (the plan reads the rest).
+#[derive(serde::Deserialize)]
+struct Model {
+    #[serde(default)]
+    model: String,
+}
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
@@ -173,35 +185,87 @@ async fn serve(mut s: TcpStream) {
         let endpoint = Endpoint::from_path(head.path()).unwrap_or(Endpoint::ChatCompletions);
         let stream = memchr::memmem::find(&body, b"\"stream\":true").is_some()
             || memchr::memmem::find(&body, b"\"stream\": true").is_some();
-        let plan = mock::plan(endpoint, "mock-model", stream, &body, seq, 0);
-        let mut out = BytesMut::with_capacity(2048);
-        let ct: [(&str, &[u8]); 1] = [("content-type", plan.content_type.as_bytes())];
-        if plan.streamed {
-            http1::write_response_head(
-                &mut out,
-                plan.status,
-                ct,
-                Framing::Chunked,
-                head.keep_alive(),
-            );
-            for f in &plan.frames {
-                http1::write_chunk(&mut out, f);
-            }
-            http1::write_last_chunk(&mut out);
-        } else {
-            let len: usize = plan.frames.iter().map(Bytes::len).sum();
-            http1::write_response_head(
-                &mut out,
-                plan.status,
-                ct,
-                Framing::Length(len as u64),
-                head.keep_alive(),
-            );
-            for f in &plan.frames {
-                out.extend_from_slice(f);
+        let model = serde_json::from_slice::<Model>(&body)
+            .map(|m| m.model)
+            .unwrap_or_default();
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let plan = mock::plan(endpoint, &model, stream, &body, seq, now_s);
+        if !play(&mut s, &mut buf, plan, head.keep_alive()).await || !head.keep_alive() {
+            return;
+        }
+    }
+}
+
+/// Plays `plan` on the connection; false when the connection is done (failed, or left
+/// silent by a stall until the client hung up).
+async fn play(s: &mut TcpStream, buf: &mut BytesMut, plan: mock::Plan, keep_alive: bool) -> bool {
+    if plan.stall_before_head {
+        wait_for_hang_up(s, buf).await;
+        return false;
+    }
+    if plan.head_delay_ms > 0 {
+        monoio::time::sleep(Duration::from_millis(plan.head_delay_ms)).await;
+    }
+    let mut out = BytesMut::with_capacity(2048);
+    let mut fields: Vec<(&str, &[u8])> = vec![("content-type", plan.content_type.as_bytes())];
+    fields.extend(plan.extra_headers.iter().map(|(n, v)| (*n, v.as_bytes())));
+    if !plan.streamed {
+        let len: usize = plan.frames.iter().map(Bytes::len).sum();
+        http1::write_response_head(
+            &mut out,
+            plan.status,
+            fields,
+            Framing::Length(len as u64),
+            keep_alive,
+        );
+        for f in &plan.frames {
+            out.extend_from_slice(f);
+        }
+        return write_all(s, out).await.is_ok();
+    }
+    http1::write_response_head(&mut out, plan.status, fields, Framing::Chunked, keep_alive);
+    let gap = Duration::from_millis(plan.frame_delay_ms);
+    let mut frames = plan.frames.iter();
+    if gap.is_zero() {
+        // Everything in one write: the load tests' fast path.
+        for f in frames.by_ref() {
+            http1::write_chunk(&mut out, f);
+        }
+    } else if let Some(f) = frames.next() {
+        // The head and the first frame at once, then one chunk per gap.
+        http1::write_chunk(&mut out, f);
+        if write_all(s, out).await.is_err() {
+            return false;
+        }
+        for f in frames.by_ref() {
+            monoio::time::sleep(gap).await;
+            let mut piece = BytesMut::with_capacity(f.len() + 16);
+            http1::write_chunk(&mut piece, f);
+            if write_all(s, piece).await.is_err() {
+                return false;
             }
         }
-        if write_all(&mut s, out).await.is_err() || !head.keep_alive() {
+        out = BytesMut::with_capacity(8);
+    }
+    if plan.stall_after_frames {
+        if write_all(s, out).await.is_ok() {
+            wait_for_hang_up(s, buf).await;
+        }
+        return false;
+    }
+    http1::write_last_chunk(&mut out);
+    write_all(s, out).await.is_ok()
+}
+
+/// A stalled answer: silence until the client hangs up (whatever it sends is dropped).
+async fn wait_for_hang_up(s: &mut TcpStream, buf: &mut BytesMut) {
+    loop {
+        buf.clear();
+        let (res, b) = read_more(s, std::mem::take(buf), READ_BUF_BYTES).await;
+        *buf = b;
+        if !matches!(res, Ok(n) if n > 0) {
             return;
         }
     }

@@ -1,0 +1,124 @@
+//! The standalone `tidegate-mock` binary (the load tests' loopback upstream, `perf/`) plays
+//! the in-process mock provider's timed behaviours by model name: `drip-<ms>` spaces a
+//! stream's frames, `slow-<ms>` delays the head. Without that, `MODE=net
+//! perf/slow_streams.sh` measured streams that ended at once.
+// Test code: a failed unwrap is a failed test, in helpers as in `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Client, Piece};
+
+const MOCK_BIN: &str = env!("CARGO_BIN_EXE_tidegate-mock");
+
+/// A running `tidegate-mock` on a loopback port; killed (by its own handle) on drop.
+struct Mock {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Mock {
+    fn start() -> Mock {
+        let mut child = Command::new(MOCK_BIN)
+            .args(["--listen", "127.0.0.1:0", "--workers", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .strip_prefix("tidegate-mock listening on ")
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no ready line: {line:?}"))
+            .parse()
+            .unwrap();
+        Mock { child, addr }
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chat(client: &mut Client, model: &str, stream: bool) {
+    let body = serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "one two three four"}],
+    })
+    .to_string();
+    client.start_request(
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.as_bytes(),
+    );
+}
+
+#[test]
+fn a_drip_model_streams_its_frames_one_gap_apart() {
+    let mock = Mock::start();
+    let mut c = Client::connect(mock.addr);
+    chat(&mut c, "drip-150", true);
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
+    // Role frame, four words, the stop frame and [DONE]: seven frames, six gaps.
+    let mut arrivals = Vec::new();
+    let mut body = Vec::new();
+    loop {
+        match c.next_body_piece(Duration::from_secs(10)) {
+            Piece::Data(d) => {
+                arrivals.push(Instant::now());
+                body.extend_from_slice(&d);
+            }
+            Piece::End => break,
+            other => panic!("stream did not end cleanly: {other:?}"),
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(text.matches("\"content\":\"").count(), 5, "{text}");
+    assert!(
+        arrivals.len() >= 5,
+        "frames should arrive spaced, not together: {} reads",
+        arrivals.len()
+    );
+    let spread = arrivals[arrivals.len() - 1] - arrivals[0];
+    assert!(
+        spread >= Duration::from_millis(5 * 150),
+        "six 150 ms gaps took {spread:?}"
+    );
+    // The connection stays usable for the next request.
+    chat(&mut c, "echo", false);
+    assert_eq!(c.read_response().status, 200);
+}
+
+#[test]
+fn a_slow_model_delays_the_head() {
+    let mock = Mock::start();
+    let mut c = Client::connect(mock.addr);
+    let t0 = Instant::now();
+    chat(&mut c, "slow-400", false);
+    let r = c.read_response();
+    assert_eq!(r.status, 200);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "one two three four"
+    );
+}
