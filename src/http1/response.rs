@@ -36,6 +36,13 @@ impl ResponseHead {
         self.minor_version
     }
 
+    /// Gives the head bytes an allocation of their own. Decoded, they share the read
+    /// buffer they were split from, which then cannot be reused in place: the next read
+    /// into it would allocate a second buffer, and a long answer would hold both.
+    pub fn detach(&mut self) {
+        self.raw = Bytes::copy_from_slice(&self.raw);
+    }
+
     /// The first value of the field `name` (ASCII case-insensitive).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.fields.get(&self.raw, name)

@@ -4,6 +4,7 @@
 //! from the same buffer and so answered in order. Bad input gets its typed response
 //! and closes the connection; nothing here panics.
 
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -89,7 +90,10 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             }
             Err(None) => break,
         };
-        let after = handler.handle(&head, body, &mut stream, &mut buf).await;
+        // The request's future lives on the heap while it runs: the connection's own task
+        // stays small (an idle keep-alive connection holds only this loop's state), and
+        // the request's size is paid only while a request is served.
+        let after = Box::pin(handler.handle(&head, body, &mut stream, &mut buf)).await;
         if after == After::Close || handler.is_draining() {
             break;
         }
@@ -115,13 +119,13 @@ pub const MAX_PENDING_WHILE_WAITING: usize = 64 * 1024;
 /// up first (`None`), so a request whose client is gone never reaches the upstream and
 /// gives its place back. `wait` is polled first: one that is ready at once costs no
 /// readiness poll. Bytes the client pipelines meanwhile are appended to `pending` (the
-/// connection's read buffer), where the keep-alive loop finds them.
+/// connection's read buffer), where the keep-alive loop finds them. `wait` is pinned by the
+/// caller, in place (taken by value, it would be stored twice: `proxy::deadline::within`).
 pub async fn unless_client_gone<F: std::future::Future>(
     client: &mut ClientStream,
     pending: &mut BytesMut,
-    wait: F,
+    mut wait: Pin<&mut F>,
 ) -> Option<F::Output> {
-    let mut wait = std::pin::pin!(wait);
     loop {
         if pending.len() >= MAX_PENDING_WHILE_WAITING {
             return Some(wait.await);

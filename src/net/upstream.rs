@@ -117,7 +117,8 @@ pub async fn connect(
     budget: Duration,
     now_ms: u64,
 ) -> Result<UpConn, GatewayError> {
-    let fut = async {
+    // Pinned in place: `timeout` then holds it by reference, not as a second copy.
+    let fut = std::pin::pin!(async {
         let addrs = dns
             .resolve(&key.host, key.port, now_ms)
             .await
@@ -175,7 +176,7 @@ pub async fn connect(
             key: key.clone(),
             reused: false,
         })
-    };
+    });
     match monoio::time::timeout(budget, fut).await {
         Ok(r) => r,
         Err(_) => Err(GatewayError::new(
@@ -300,7 +301,7 @@ pub async fn exchange(
             }
         }
     };
-    let head = match monoio::time::timeout(header_budget, read_head).await {
+    let mut head = match monoio::time::timeout(header_budget, read_head).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(ExchangeError {
@@ -316,6 +317,9 @@ pub async fn exchange(
             });
         }
     };
+    // The body is read into the same buffer: a head that kept sharing it would make the
+    // first body read allocate another one, held for as long as the answer streams.
+    head.detach();
     let keep_alive = head.keep_alive();
     let decoder = BodyDecoder::new(head.body_kind());
     Ok(Response {

@@ -220,7 +220,7 @@ impl Runner<'_, '_> {
             Some(left) if left < ms => (left, false),
             _ => (ms, true),
         };
-        let sleep = monoio::time::sleep(Duration::from_millis(ms));
+        let sleep = std::pin::pin!(monoio::time::sleep(Duration::from_millis(ms)));
         match unless_client_gone(down.client, down.pending, sleep).await {
             Some(()) => Ok(whole),
             None => {
@@ -646,32 +646,39 @@ impl Runner<'_, '_> {
             open_budget: Some(self.open_budget()),
             ..Walk::default()
         };
-        let race = async {
-            let mut a = std::pin::pin!(open(shard, req, ta, *ca, Some(combo_a), &mut wa, None));
-            monoio::select! {
-                r = &mut a => return Race::Alone(r),
-                () = monoio::time::sleep(delay) => {}
-            }
-            tracing::debug!("hedging: no answer after hedge_delay_ms, starting the next target");
-            let mut b = std::pin::pin!(open(shard, req, tb, *cb, Some(combo_b), &mut wb, None));
-            monoio::select! {
-                r = &mut a => {
-                    if matches!(r, Opened::Ready(_)) {
-                        return Race::A(r);
-                    }
-                    let rb = b.await;
-                    Race::Both(r, rb)
+        let race = {
+            let race = std::pin::pin!(async {
+                // Each attempt on the heap: two of them inline would double every combo
+                // request's future (`relay::attempt` boxes its one too).
+                let mut a = Box::pin(open(shard, req, ta, *ca, Some(combo_a), &mut wa, None));
+                monoio::select! {
+                    r = &mut a => return Race::Alone(r),
+                    () = monoio::time::sleep(delay) => {}
                 }
-                r = &mut b => {
-                    if matches!(r, Opened::Ready(_)) {
-                        return Race::B(r);
+                tracing::debug!(
+                    "hedging: no answer after hedge_delay_ms, starting the next target"
+                );
+                let mut b = Box::pin(open(shard, req, tb, *cb, Some(combo_b), &mut wb, None));
+                monoio::select! {
+                    r = &mut a => {
+                        if matches!(r, Opened::Ready(_)) {
+                            return Race::A(r);
+                        }
+                        let rb = b.await;
+                        Race::Both(r, rb)
                     }
-                    let ra = a.await;
-                    Race::Both(ra, r)
+                    r = &mut b => {
+                        if matches!(r, Opened::Ready(_)) {
+                            return Race::B(r);
+                        }
+                        let ra = a.await;
+                        Race::Both(ra, r)
+                    }
                 }
-            }
+            });
+            unless_client_gone(down.client, down.pending, race).await
         };
-        let Some(race) = unless_client_gone(down.client, down.pending, race).await else {
+        let Some(race) = race else {
             // The hedged attempts are dropped with the race: an upstream request either
             // had sent is cancelled, their guards record a client abort.
             let phase = if wa.attempts + wb.attempts > 0 {
@@ -1282,17 +1289,28 @@ impl<'a> Runner<'a, '_> {
         if skipped {
             return Ok(Slot::Free);
         }
-        let take = gates::client::combo_slot(shard, self.combo, *connection, &target.model);
-        let bounded = async {
-            match self.remaining_ms() {
-                Some(left) => monoio::time::timeout(Duration::from_millis(left), take)
-                    .await
-                    .unwrap_or(Err(GateError::Timeout)),
-                None => take.await,
-            }
+        // Pinned in place, each wrapper holding the one inside by reference
+        // (`deadline::within` says why).
+        let waited = {
+            let take = std::pin::pin!(gates::client::combo_slot(
+                shard,
+                self.combo,
+                *connection,
+                &target.model
+            ));
+            let bounded = std::pin::pin!(async {
+                match self.remaining_ms() {
+                    Some(left) => monoio::time::timeout(Duration::from_millis(left), take)
+                        .await
+                        .unwrap_or(Err(GateError::Timeout)),
+                    None => take.await,
+                }
+            });
+            let bounded =
+                std::pin::pin!(super::deadline::within(shard, self.req.deadline, bounded));
+            unless_client_gone(down.client, down.pending, bounded).await
         };
-        let bounded = super::deadline::within(shard, self.req.deadline, bounded);
-        match unless_client_gone(down.client, down.pending, bounded).await {
+        match waited {
             Some(Ok(Ok(permit))) => Ok(Slot::Held(permit)),
             // The request's own deadline passed while it waited: the attempt's admission
             // answers it at once (504 `request_timeout`); nothing is sent upstream.

@@ -6,6 +6,7 @@
 //! they are read; these race whatever wait is running when they pass.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
@@ -73,11 +74,15 @@ pub fn earliest(a: Option<Deadline>, b: Option<Deadline>) -> Option<Deadline> {
 }
 
 /// Runs `wait` until `deadline` passes (forever without one); the deadline's error when it
-/// passes first (`wait` is dropped, cancelling what it was doing).
+/// passes first (the caller drops `wait`, cancelling what it was doing).
+///
+/// `wait` is pinned by the caller, in place: an `async fn` keeps a future it takes by value
+/// both as its argument and as the value it awaits, so every by-value wrapper doubled the
+/// size of what it wrapped (and of every request's task) — see `docs/architecture.md`.
 pub async fn within<F: Future>(
     shard: &Shard,
     deadline: Option<Deadline>,
-    wait: F,
+    wait: Pin<&mut F>,
 ) -> Result<F::Output, GatewayError> {
     let Some(d) = deadline else {
         return Ok(wait.await);

@@ -8,6 +8,8 @@
 //! execution budget → classify an error answer (restatement, verdict, gate block, queue
 //! learning) → relay. Its outcome is recorded exactly once by the [`Attempted`] guard.
 
+use std::pin::{Pin, pin};
+
 use crate::net::io::ClientStream;
 use bytes::{Bytes, BytesMut};
 use serde_json::json;
@@ -231,7 +233,7 @@ pub async fn run(
             wait_ms = ms,
             "every credential of the model is cooling: waiting for the earliest (wait_for_cooldown)"
         );
-        let sleep = monoio::time::sleep(std::time::Duration::from_millis(ms));
+        let sleep = pin!(monoio::time::sleep(std::time::Duration::from_millis(ms)));
         if unless_client_gone(downstream.client, downstream.pending, sleep)
             .await
             .is_none()
@@ -258,7 +260,9 @@ pub async fn run(
             });
     }
     if let Some(from) = budget_spent
-        && let Some(after) = emergency(shard, &request, &from, &mut walk, &mut downstream).await
+        // Boxed: a rare path whose state every request's future would otherwise make room for.
+        && let Some(after) =
+            Box::pin(emergency(shard, &request, &from, &mut walk, &mut downstream)).await
     {
         return after;
     }
@@ -809,7 +813,9 @@ pub(super) async fn attempt(
     walk: &mut Walk,
     down: &mut Downstream<'_>,
 ) -> AttemptEnd {
-    let opened = open(
+    // On the heap while it runs: an answer streaming for minutes (`deliver`) then holds
+    // only its own state, not room for the admission and forwarding that came before.
+    let opened = Box::pin(open(
         shard,
         req,
         target,
@@ -817,7 +823,7 @@ pub(super) async fn attempt(
         combo,
         walk,
         Some((&mut *down.client, &mut *down.pending)),
-    )
+    ))
     .await;
     match opened {
         Opened::End(end) => end,
@@ -995,18 +1001,23 @@ pub(super) async fn open<'s>(
     // returned when their guards drop. A client that hangs up meanwhile ends the request
     // here: it never reaches the upstream.
     let admission_started = shard.now().mono_ns;
-    // Boxed, as the upstream open below: see there.
-    let admission = Box::pin(async {
-        let qs_slot = match req.plan.quota_share {
-            Some(combo) => gates::client::quota_share_slot(shard, combo, connection).await,
-            None => None,
-        };
-        let queue_slot = queue::client::acquire(shard, connection, &target.model).await?;
-        let gate = gates::client::acquire(shard, connection, &target.model).await?;
-        Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
-    });
-    let admission = deadline::within(shard, req.deadline, admission);
-    let (qs_slot, mut queue_slot, gate) = match watch(&mut client, admission).await {
+    // Every wait below is pinned where it is made and handed on by reference (a wrapper
+    // taking a future by value stores it twice: `deadline::within`), inside a block, so
+    // it is dropped — and what it was doing cancelled — as soon as it ends.
+    let admitted = {
+        let admission = pin!(async {
+            let qs_slot = match req.plan.quota_share {
+                Some(combo) => gates::client::quota_share_slot(shard, combo, connection).await,
+                None => None,
+            };
+            let queue_slot = queue::client::acquire(shard, connection, &target.model).await?;
+            let gate = gates::client::acquire(shard, connection, &target.model).await?;
+            Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
+        });
+        let admission = pin!(deadline::within(shard, req.deadline, admission));
+        watch(&mut client, admission).await
+    };
+    let (qs_slot, mut queue_slot, gate) = match admitted {
         Some(Ok(Ok(admitted))) => {
             let waited = shard.now().mono_ns.saturating_sub(admission_started);
             observe::admitted(shard.metrics(), target.provider, waited);
@@ -1056,54 +1067,55 @@ pub(super) async fn open<'s>(
         ),
     };
     let sent_ns = shard.now().mono_ns;
-    // Boxed once here: the wrappers below (timeouts, deadline, client watch) each take the
-    // future by value, and a future of several KiB moved through every layer was the top
-    // `memmove` of the request path (perf/RESULTS.md, issue 14).
-    let open = Box::pin(upstream::open(
-        shard,
-        req.head,
-        provider,
-        conn,
-        translation.map_or(req.endpoint, Translation::upstream_endpoint),
-        &target.model,
-        req.plan.peek.stream,
-        body,
-        &req.budgets,
-    ));
     let execution_budget = queue_slot.as_ref().and_then(|q| q.execution_budget);
     let open_budget = walk.open_budget.take();
-    let open = async {
-        match open_budget {
-            Some(b) => match monoio::time::timeout(b, open).await {
-                Ok(r) => r,
-                Err(_) => Err(GatewayError::new(
-                    ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
-                    format!(
-                        "no response head within the combo's target timeout ({} ms)",
-                        b.as_millis()
-                    ),
-                )),
-            },
-            None => open.await,
-        }
-    };
-    let opened = async {
-        match execution_budget {
-            Some(b) => match monoio::time::timeout(b, open).await {
-                Ok(r) => r,
-                Err(_) => Err(queue::client::error(
-                    QueueError::ExecutionTimeout {
-                        execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
-                    },
-                    &queue::client::target_name(shard, connection, &target.model),
-                )),
-            },
-            None => open.await,
-        }
-    };
     // A client that hangs up while the upstream thinks cancels the upstream request (its
     // connection is dropped with the future).
-    let opened = match watch(&mut client, deadline::within(shard, bound, opened)).await {
+    let opened = {
+        let open = pin!(upstream::open(
+            shard,
+            req.head,
+            provider,
+            conn,
+            translation.map_or(req.endpoint, Translation::upstream_endpoint),
+            &target.model,
+            req.plan.peek.stream,
+            body,
+            &req.budgets,
+        ));
+        let open = pin!(async {
+            match open_budget {
+                Some(b) => match monoio::time::timeout(b, open).await {
+                    Ok(r) => r,
+                    Err(_) => Err(GatewayError::new(
+                        ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
+                        format!(
+                            "no response head within the combo's target timeout ({} ms)",
+                            b.as_millis()
+                        ),
+                    )),
+                },
+                None => open.await,
+            }
+        });
+        let opened = pin!(async {
+            match execution_budget {
+                Some(b) => match monoio::time::timeout(b, open).await {
+                    Ok(r) => r,
+                    Err(_) => Err(queue::client::error(
+                        QueueError::ExecutionTimeout {
+                            execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
+                        },
+                        &queue::client::target_name(shard, connection, &target.model),
+                    )),
+                },
+                None => open.await,
+            }
+        });
+        let opened = pin!(deadline::within(shard, bound, opened));
+        watch(&mut client, opened).await
+    };
+    let opened = match opened {
         Some(r) => r.and_then(|r| r),
         None => return Opened::End(hung_up(attempted, Abandoned::Response).await),
     };
@@ -1158,13 +1170,16 @@ pub(super) async fn open<'s>(
     if status >= 400 {
         // An error answer: read it whole (bounded), restate, classify, record, and either
         // move on or relay it.
-        let read = Box::pin(stream::buffer_error(
-            &mut up,
-            provider,
-            conn,
-            req.budgets.idle,
-        ));
-        let read = watch(&mut client, deadline::within(shard, bound, read)).await;
+        let read = {
+            let read = pin!(stream::buffer_error(
+                &mut up,
+                provider,
+                conn,
+                req.budgets.idle
+            ));
+            let read = pin!(deadline::within(shard, bound, read));
+            watch(&mut client, read).await
+        };
         let mut buffered = match read {
             Some(r) => match r.and_then(|r| r) {
                 Ok(b) => b,
@@ -1253,14 +1268,18 @@ pub(super) async fn open<'s>(
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
     let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
     let hold = super::watchdog::HoldBack::of(shard);
-    let first = Box::pin(super::watchdog::first_bytes(
-        shard,
-        &mut up,
-        req.budgets.idle,
-        wd.as_mut(),
-        hold,
-    ));
-    let first = match watch(&mut client, deadline::within(shard, bound, first)).await {
+    let first = {
+        let first = pin!(super::watchdog::first_bytes(
+            shard,
+            &mut up,
+            req.budgets.idle,
+            wd.as_mut(),
+            hold
+        ));
+        let first = pin!(deadline::within(shard, bound, first));
+        watch(&mut client, first).await
+    };
+    let first = match first {
         Some(r) => r.and_then(|r| r),
         None => {
             drop(up);
@@ -1307,7 +1326,7 @@ pub(super) async fn open<'s>(
 /// attempt has none: its caller watches the client); `None` when the client went away.
 async fn watch<F: std::future::Future>(
     client: &mut Option<(&mut ClientStream, &mut BytesMut)>,
-    wait: F,
+    wait: Pin<&mut F>,
 ) -> Option<F::Output> {
     match client {
         Some((client, pending)) => unless_client_gone(client, pending, wait).await,

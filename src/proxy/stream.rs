@@ -6,6 +6,7 @@
 //! holds is visibly incomplete. An error answer is read whole (bounded) first, so the
 //! attempt loop can still move on, and relayed as it came when nothing better does.
 
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -348,15 +349,19 @@ async fn relay_answer(
             let after = break_stream(shard, conn, &e, chunked, true, endpoint, client).await;
             return (after, Ended::StreamStall);
         }
-        let wait = watchdog::next(shard, &mut up, idle, wd.as_mut());
-        let wait = deadline::within(shard, active, unless_client_gone(client, pending, wait));
-        let got = monoio::select! {
-            biased;
-            () = &mut cut => Ok(Some(Err(GatewayError::new(
-                ErrorKind::ShuttingDown,
-                "the gateway is shutting down: the stream did not finish within the grace period",
-            )))),
-            got = wait => got,
+        // Pinned in place, each wrapper holding the one inside by reference
+        // (`deadline::within` says why).
+        let got = {
+            let wait = pin!(watchdog::next(shard, &mut up, idle, wd.as_mut()));
+            let wait = pin!(unless_client_gone(client, pending, wait));
+            monoio::select! {
+                biased;
+                () = &mut cut => Ok(Some(Err(GatewayError::new(
+                    ErrorKind::ShuttingDown,
+                    "the gateway is shutting down: the stream did not finish within the grace period",
+                )))),
+                got = deadline::within(shard, active, wait) => got,
+            }
         };
         let got = match got {
             Ok(Some(got)) => got,

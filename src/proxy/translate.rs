@@ -4,6 +4,7 @@
 //! watchdog scans the upstream's own events; a failure after the first byte ends the stream
 //! with an in-band error in the client's shape, as for untranslated streams.
 
+use std::pin::pin;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -235,9 +236,12 @@ async fn commit_stream(
         }
         // Each wait raced against the client hanging up and the attempt's hard deadline,
         // as an untranslated stream's (proxy::stream::commit).
-        let next = watchdog::next(shard, &mut up, tr.idle, wd.as_mut());
-        let next = deadline::within(shard, active, unless_client_gone(client, pending, next));
-        let next = match next.await {
+        let next = {
+            let next = pin!(watchdog::next(shard, &mut up, tr.idle, wd.as_mut()));
+            let next = pin!(unless_client_gone(client, pending, next));
+            deadline::within(shard, active, next).await
+        };
+        let next = match next {
             Ok(Some(next)) => next,
             Ok(None) => return client_gone(shard, up),
             Err(e) => Err(e),
