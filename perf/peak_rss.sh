@@ -7,6 +7,7 @@
 # served. Every process started here is ended by PID.
 #
 #   perf/peak_rss.sh [DURATION_S] [CONNS]        (defaults 10 s, 256 connections)
+#   BIN_DIR=/some/dir perf/peak_rss.sh            use those binaries, build nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
@@ -16,8 +17,12 @@ OUT=perf/out
 mkdir -p "$OUT"
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 ulimit -n "$(ulimit -Hn)"
-cargo build --release --bins -q
-BIN=${CARGO_TARGET_DIR:-target}/release
+if [ -n "${BIN_DIR:-}" ]; then
+  BIN=$BIN_DIR
+else
+  cargo build --release --bins -q
+  BIN=${CARGO_TARGET_DIR:-target}/release
+fi
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
