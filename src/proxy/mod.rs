@@ -360,9 +360,13 @@ async fn inference(
         };
         let mut work = std::pin::pin!(async move {
             match plan.combo {
-                // A combo runs by its settings (retries, failover order, timeouts, waits).
+                // A combo runs by its settings (retries, failover order, timeouts, waits);
+                // boxed, so a direct request's future holds no room for a combo's runner.
                 Some(combo) => {
-                    combo::serve(shard, head, endpoint, body, plan, combo, downstream).await
+                    Box::pin(combo::serve(
+                        shard, head, endpoint, body, plan, combo, downstream,
+                    ))
+                    .await
                 }
                 None => relay::run(shard, head, endpoint, body, plan, downstream).await,
             }
