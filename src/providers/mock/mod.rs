@@ -153,8 +153,12 @@ pub fn plan(
     plan.streamed = true;
     plan.content_type = "text/event-stream";
     plan.stall_after_frames = behavior == Behavior::Stall;
-    let sse = |v: Value| Bytes::from(format!("data: {v}\n\n"));
-    let named = |event: &str, v: Value| Bytes::from(format!("event: {event}\ndata: {v}\n\n"));
+    // Each frame in an allocation of its own size (a `format!` string's capacity can be
+    // twice its length): a drip stream keeps its frames for minutes.
+    let sse = |v: Value| Bytes::copy_from_slice(format!("data: {v}\n\n").as_bytes());
+    let named = |event: &str, v: Value| {
+        Bytes::copy_from_slice(format!("event: {event}\ndata: {v}\n\n").as_bytes())
+    };
     match endpoint {
         // Streams only where `Endpoint::streams`: these two never get here.
         Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::CountTokens => {
@@ -295,6 +299,7 @@ pub fn plan(
             ));
         }
     }
+    plan.frames.shrink_to_fit();
     plan
 }
 
