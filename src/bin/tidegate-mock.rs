@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use clap::Parser;
@@ -188,10 +188,7 @@ async fn serve(mut s: TcpStream) {
         let model = serde_json::from_slice::<Model>(&body)
             .map(|m| m.model)
             .unwrap_or_default();
-        let now_s = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let plan = mock::plan(endpoint, &model, stream, &body, seq, now_s);
+        let plan = mock::plan(endpoint, &model, stream, &body, seq, 0);
         if !play(&mut s, &mut buf, plan, head.keep_alive()).await || !head.keep_alive() {
             return;
         }
