@@ -115,6 +115,32 @@ fn a_429_with_retry_after_is_retried_on_the_primary_no_sooner_than_asked() {
 }
 
 #[test]
+fn a_retry_delay_ends_at_the_request_deadline() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on(CHAT, Reply::error(500, "boom"));
+    p.on_always(CHAT, Reply::openai_chat("from p"));
+    q.on_always(CHAT, Reply::openai_chat("from q"));
+    // The primary is to be retried after 5 s, but the request has 1 s in all: the wait
+    // ends with the deadline and the answer is the deadline's, not a retry 5 s later.
+    let config = two(
+        &p,
+        &q,
+        "failover_before_retry = false\nmax_retries = 2\nretry_delay_ms = 5000",
+        "",
+    )
+    .replace("workers = 2\n", "workers = 2\nrequest_timeout_ms = 1000\n");
+    let gw = Gateway::start(&config);
+    let clock = Stopwatch::start();
+    let r = ask(gw.addr(), "duo");
+    let took = clock.elapsed();
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "request_timeout", "{}", r.text());
+    assert!(took >= ms(900) && took < ms(4000), "{took:?}");
+    assert_eq!(p.hits(CHAT), 1, "no retry after the deadline");
+    assert_eq!(q.hits(CHAT), 0, "nothing sent after the deadline");
+}
+
+#[test]
 fn a_500_then_200_primary_is_retried_once_and_serves() {
     let (p, q) = (MockUpstream::start(), MockUpstream::start());
     p.on(CHAT, Reply::error(500, "boom"));

@@ -220,6 +220,16 @@ impl Runner<'_, '_> {
             Some(left) if left < ms => (left, false),
             _ => (ms, true),
         };
+        // Nor past the request's own deadline (`[server] request_timeout_ms`): the wait ends
+        // with it, and the next attempt's admission answers 504 `request_timeout` at once
+        // (nothing is sent upstream).
+        let ms = match self.req.deadline {
+            Some(d) => {
+                let left_ns = d.at_ns.saturating_sub(self.shard.now().mono_ns);
+                ms.min(left_ns.div_ceil(1_000_000))
+            }
+            None => ms,
+        };
         let sleep = std::pin::pin!(monoio::time::sleep(Duration::from_millis(ms)));
         match unless_client_gone(down.client, down.pending, sleep).await {
             Some(()) => Ok(whole),
