@@ -211,7 +211,8 @@ impl Runner<'_, '_> {
     }
 
     /// Waits `ms` unless the client hangs up (`Err`: the request is over, nothing more
-    /// goes upstream) or the combo's budget ends first (`Ok(false)`).
+    /// goes upstream) or the combo's budget or the request's deadline ends first
+    /// (`Ok(false)`).
     async fn pause(&self, ms: u64, down: &mut Downstream<'_>) -> Result<bool, After> {
         if ms == 0 {
             return Ok(true);
@@ -221,14 +222,21 @@ impl Runner<'_, '_> {
             _ => (ms, true),
         };
         // Nor past the request's own deadline (`[server] request_timeout_ms`): the wait ends
-        // with it, and the next attempt's admission answers 504 `request_timeout` at once
-        // (nothing is sent upstream).
-        let ms = match self.req.deadline {
+        // with it (`Ok(false)`; the answer is then the deadline's 504 `request_timeout`,
+        // see `answer`), and nothing more is sent upstream.
+        let (ms, whole) = match self.req.deadline {
             Some(d) => {
-                let left_ns = d.at_ns.saturating_sub(self.shard.now().mono_ns);
-                ms.min(left_ns.div_ceil(1_000_000))
+                let left = d
+                    .at_ns
+                    .saturating_sub(self.shard.now().mono_ns)
+                    .div_ceil(1_000_000);
+                if left < ms {
+                    (left, false)
+                } else {
+                    (ms, whole)
+                }
             }
-            None => ms,
+            None => (ms, whole),
         };
         let sleep = std::pin::pin!(monoio::time::sleep(Duration::from_millis(ms)));
         match unless_client_gone(down.client, down.pending, sleep).await {
@@ -852,7 +860,11 @@ impl Runner<'_, '_> {
         let shard = self.shard;
         let err = match ended {
             Ended::Stop | Ended::ShapeStreak => None,
-            Ended::Timeout => Some(self.timeout_error()),
+            // A pause cut short by the request's own deadline rather than the combo's.
+            Ended::Timeout => Some(match self.req.deadline {
+                Some(d) if !self.timed_out() => d.error(),
+                _ => self.timeout_error(),
+            }),
             Ended::AttemptCap => Some(self.diagnosed(
                 GatewayError::new(
                     ErrorKind::MaxAttemptsExceeded,
