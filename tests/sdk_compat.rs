@@ -226,18 +226,30 @@ fn the_openai_sdk_is_served_by_an_anthropic_format_upstream() {
     assert_eq!(openai.total_hits(), 0);
 }
 
+/// A whole Chat Completions answer from `model` (9 prompt and 4 completion tokens).
+fn chat_completion(model: &str, message: serde_json::Value, finish: &str) -> Reply {
+    Reply::json(
+        200,
+        serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
+            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+    )
+}
+
+/// One Chat Completions stream chunk from `model`.
+fn chat_chunk(model: &str, delta: serde_json::Value, finish: Option<&str>) -> Chunk {
+    Chunk::json(
+        serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+        "created": 1, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+    )
+}
+
 #[test]
 fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let completion = |message: serde_json::Value, finish: &str| {
-        Reply::json(
-            200,
-            serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
-                "model": "gpt-x", "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
-        )
-    };
+    let completion = |message, finish| chat_completion("gpt-x", message, finish);
     openai.on(
         "/v1/chat/completions",
         completion(
@@ -254,13 +266,7 @@ fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
             "stop",
         ),
     );
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        Chunk::json(
-            serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
-            "created": 1, "model": "gpt-x",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-        )
-    };
+    let chunk = |delta, finish| chat_chunk("gpt-x", delta, finish);
     openai.on(
         "/v1/chat/completions",
         Reply::sse(vec![
@@ -322,14 +328,7 @@ fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
 fn the_openai_sdk_responses_api_is_served_by_a_chat_completions_only_upstream() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let completion = |message: serde_json::Value, finish: &str| {
-        Reply::json(
-            200,
-            serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
-                "model": "gpt-c", "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
-        )
-    };
+    let completion = |message, finish| chat_completion("gpt-c", message, finish);
     // In the order sdk_translate.py makes its calls.
     openai.on(
         "/v1/chat/completions",
@@ -347,13 +346,7 @@ fn the_openai_sdk_responses_api_is_served_by_a_chat_completions_only_upstream() 
             "stop",
         ),
     );
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        Chunk::json(
-            serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
-            "created": 1, "model": "gpt-c",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-        )
-    };
+    let chunk = |delta, finish| chat_chunk("gpt-c", delta, finish);
     openai.on(
         "/v1/chat/completions",
         Reply::sse(vec![
