@@ -6,13 +6,7 @@
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 OHA=$(command -v oha || echo /opt/oha/bin/oha)
 [ -x "$OHA" ] || { cargo install oha --locked --root /opt/oha -q; OHA=/opt/oha/bin/oha; }
-# TIDEGATE_BIN=DIR runs prebuilt binaries from DIR (e.g. a copy of an earlier build) instead.
-[ -n "${TIDEGATE_BIN:-}" ] || cargo build --release --bins -q
-BIN=${TIDEGATE_BIN:-${CARGO_TARGET_DIR:-target}/release}
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+. perf/binaries.sh   # $BIN (TIDEGATE_BIN=DIR: prebuilt), pids, cleanup
 
 MOCK_PORT=$((20000 + RANDOM % 20000))
 "$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/mock.log" 2>&1 &

@@ -7,7 +7,7 @@
 # served. Every process started here is ended by PID.
 #
 #   perf/peak_rss.sh [DURATION_S] [CONNS]        (defaults 10 s, 256 connections)
-#   BIN_DIR=/some/dir perf/peak_rss.sh            use those binaries, build nothing
+#   TIDEGATE_BIN=/some/dir perf/peak_rss.sh       use those binaries, build nothing (or BIN_DIR=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
@@ -17,16 +17,7 @@ OUT=perf/out
 mkdir -p "$OUT"
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 ulimit -n "$(ulimit -Hn)"
-if [ -n "${BIN_DIR:-}" ]; then
-  BIN=$BIN_DIR
-else
-  cargo build --release --bins -q
-  BIN=${CARGO_TARGET_DIR:-target}/release
-fi
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+. perf/binaries.sh
 
 MOCK_PORT=$((20000 + RANDOM % 20000))
 "$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/peak_rss-mock.log" 2>&1 &

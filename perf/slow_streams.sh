@@ -3,7 +3,7 @@
 #
 #   perf/slow_streams.sh [N] [SECONDS]            N streams (default 10000), sampled SECONDS (60)
 #   MODE=net perf/slow_streams.sh 9000            upstream over loopback (tidegate-mock)
-#   BIN_DIR=/some/dir perf/slow_streams.sh ...    use those binaries, build nothing
+#   TIDEGATE_BIN=/some/dir perf/slow_streams.sh … use those binaries, build nothing (or BIN_DIR=)
 #
 # Every stream asks for model `drip-1000`: one word a second for ~150 s.
 # MODE=inproc (default): the upstream is the in-process `mock` provider, so Tidegate holds
@@ -22,16 +22,7 @@ MODE=${MODE:-inproc}
 OUT=perf/out
 mkdir -p "$OUT"
 ulimit -n "$(ulimit -Hn)"
-if [ -n "${BIN_DIR:-}" ]; then
-  BIN=$BIN_DIR
-else
-  cargo build --release --bins -q
-  BIN=${CARGO_TARGET_DIR:-target}/release
-fi
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+. perf/binaries.sh
 
 CFG="$OUT/slow_streams.toml"
 if [ "$MODE" = net ]; then
