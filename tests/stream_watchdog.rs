@@ -410,3 +410,43 @@ fn the_budget_comes_from_the_environment_and_zero_disables_it() {
         frames.concat()
     );
 }
+
+#[test]
+fn a_stall_cools_the_account_only_with_stream_stall_cooldown_enabled() {
+    // a: a role-only delta and then nothing; b answers at once.
+    let fast = [
+        openai_role(),
+        openai_delta("Hi"),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    for (enabled, a_hits_after_two) in [(false, 2), (true, 1)] {
+        let a = MockUpstream::start();
+        let b = MockUpstream::start();
+        a.on_always(CHAT, Reply::sse(vec![raw(&openai_role()), Chunk::stall()]));
+        b.on_always(CHAT, Reply::sse(fast.iter().map(|s| raw(s)).collect()));
+        let cfg = format!(
+            "{}\n[resilience.stream_stall_cooldown]\nenabled = {enabled}\n",
+            config("openai", &a.base_url(), Some(&b.base_url()))
+        );
+        let gw = Gateway::start(&cfg);
+        for round in 1..=2 {
+            let mut c = Client::connect(gw.addr());
+            start(&mut c, CHAT);
+            let resp = c.read_response();
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            assert_eq!(
+                resp.header("x-omniroute-selected-connection-id"),
+                Some("second")
+            );
+            assert_eq!(String::from_utf8(resp.body.clone()).unwrap(), fast.concat());
+            // The first request always tries `a` first and fails over on its stall.
+            if round == 1 {
+                assert_eq!(resp.header("x-tidegate-attempts"), Some("2"));
+            }
+        }
+        // Off (the default): the stall recorded an error only, so the second request tried
+        // `a` again. On: the stall cooled `a`, so the second request went straight to `b`.
+        assert_eq!(a.hits(CHAT), a_hits_after_two, "enabled = {enabled}");
+        assert_eq!(b.hits(CHAT), 2, "enabled = {enabled}");
+    }
+}
