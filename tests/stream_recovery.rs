@@ -123,3 +123,72 @@ fn a_stall_before_the_first_byte_reopens_the_same_account_once() {
     assert_eq!(a.hits(CHAT), 2);
     assert_eq!(b.hits(CHAT), 0);
 }
+
+#[test]
+fn a_cut_after_the_hold_back_window_reaches_the_client() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    // a: the role chunk and a token, then after 1.2 s (past the 750 ms window) another
+    // token, then the cut. The window ends with the first piece after 750 ms, so the cut
+    // comes after the first client byte.
+    let mut chunks = openai_stream_chunks(&["Hel", "lo"]);
+    chunks.truncate(3);
+    chunks.insert(2, Chunk::delay_ms(1_200));
+    chunks.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(chunks));
+    b.on_always(CHAT, Reply::openai_stream(&["never"]));
+    // A stall budget longer than the gap, so only the window decides.
+    let gw = Gateway::start(
+        &config(&a, &b, true).replace("stall_timeout_ms = 400", "stall_timeout_ms = 5000"),
+    );
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        CHAT,
+        &[],
+        br#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
+    assert_eq!(
+        head.header("x-omniroute-selected-connection-id"),
+        Some("first")
+    );
+    let raw = String::from_utf8_lossy(&c.read_until_close(std::time::Duration::from_secs(10)))
+        .into_owned();
+    // a's tokens as they came, then the in-band error; no clean end, nothing of b.
+    assert!(raw.contains("Hel") && raw.contains("lo"), "{raw}");
+    assert!(raw.contains("data: {\"error\":"), "{raw}");
+    assert!(!raw.contains("never") && !raw.contains("[DONE]"), "{raw}");
+    assert!(!raw.ends_with("0\r\n\r\n"), "{raw}");
+    assert_eq!(a.hits(CHAT), 1);
+    assert_eq!(b.hits(CHAT), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
+}
+
+#[test]
+fn at_most_four_early_retries_per_request() {
+    // Five providers, one connection each, every answer a head and then silence: a stall
+    // before the first client byte, which does not cool the connection.
+    let mocks: Vec<MockUpstream> = (0..5).map(|_| MockUpstream::start()).collect();
+    for m in &mocks {
+        m.on_always(CHAT, Reply::stall());
+    }
+    let mut cfg =
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n".to_owned();
+    for (i, m) in mocks.iter().enumerate() {
+        cfg.push_str(&provider(&format!("p{i}"), &m.base_url(), &["m1"]));
+        cfg.push_str(&connection(&format!("c{i}"), &format!("p{i}")));
+    }
+    cfg.push_str(
+        "[resilience.stream_watchdog]\nstall_timeout_ms = 300\n\n\
+         [resilience.stream_recovery]\nenabled = true\n",
+    );
+    let gw = Gateway::start(&cfg);
+    let r = ask(gw.addr());
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-error"), Some("stream_content_stall"));
+    // The first four candidates are reopened once each (4 early retries), the fifth is not.
+    let hits: Vec<usize> = mocks.iter().map(|m| m.hits(CHAT)).collect();
+    assert_eq!(hits, vec![2, 2, 2, 2, 1]);
+}
