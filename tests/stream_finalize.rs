@@ -1,7 +1,7 @@
 //! Finalize once (issue 11 item 9): however a stream ends — normally, broken by a watchdog,
 //! or by the client hanging up — the usage it reported reaches `/metrics` exactly once
-//! (`tidegate_usage_prompt_tokens_total`, `tidegate_usage_completion_tokens_total`), and
-//! every permit comes back.
+//! (`tidegate_usage_prompt_tokens_total`, `tidegate_usage_completion_tokens_total`), its
+//! access-log line is written exactly once, and every permit comes back.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -32,12 +32,42 @@ fn tokens(addr: std::net::SocketAddr) -> (u64, u64) {
 }
 
 fn start(c: &mut Client, path: &str) {
+    start_as(c, path, None);
+}
+
+/// `start` with the client's `x-request-id`, to find the request's access-log line.
+fn start_as(c: &mut Client, path: &str, request_id: Option<&str>) {
+    let headers: &[(&str, &str)] = match request_id {
+        Some(id) => &[("x-request-id", id)],
+        None => &[],
+    };
     let body = if path == MESSAGES {
         r#"{"model":"m1","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
     } else {
         r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#
     };
-    c.start_request("POST", path, &[], body.as_bytes());
+    c.start_request("POST", path, headers, body.as_bytes());
+}
+
+/// How many access-log lines the gateway wrote for `request_id`.
+fn access_lines(gw: &Gateway, request_id: &str) -> usize {
+    let needle = format!("request_id={request_id} ");
+    gw.logs()
+        .lines()
+        .filter(|l| l.contains("access") && l.contains(&needle))
+        .count()
+}
+
+/// Waits for the request's access-log line, then for a settled gateway (every permit
+/// back, one more scrape), and says how many lines it wrote.
+fn access_lines_once_settled(gw: &Gateway, request_id: &str) -> usize {
+    eventually(Duration::from_secs(5), "the access-log line", || {
+        (access_lines(gw, request_id) > 0).then_some(())
+    });
+    eventually(Duration::from_secs(5), "permits back", || {
+        (flow_held(gw.addr()) == 0).then_some(())
+    });
+    access_lines(gw, request_id)
 }
 
 fn anthropic(name: &str, v: serde_json::Value) -> Chunk {
@@ -61,13 +91,15 @@ fn a_completed_stream_counts_its_usage_once() {
     assert_eq!(tokens(addr), (0, 0));
     for round in 1..=2u64 {
         let mut c = Client::connect(addr);
-        start(&mut c, CHAT);
+        let id = format!("done-{round}");
+        start_as(&mut c, CHAT, Some(&id));
         let r = c.read_response();
         assert_eq!(r.status, 200);
         assert!(r.text().contains("\"total_tokens\":13"), "{}", r.text());
         eventually(Duration::from_secs(5), "usage counted", || {
             (tokens(addr) == (11 * round, 2 * round)).then_some(())
         });
+        assert_eq!(access_lines_once_settled(&gw, &id), 1, "{}", gw.logs());
     }
     assert_eq!(flow_held(addr), 0);
 }
@@ -95,10 +127,11 @@ fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
     let gw = Gateway::start(&config(&mock, "anthropic"));
     let addr = gw.addr();
     let mut c = Client::connect(addr);
-    start(&mut c, MESSAGES);
+    start_as(&mut c, MESSAGES, Some("stalled"));
     assert_eq!(c.read_head().status, 200);
     let raw = String::from_utf8_lossy(&c.read_until_close(Duration::from_secs(10))).into_owned();
     assert!(raw.contains("event: error"), "{raw}");
+    assert_eq!(access_lines_once_settled(&gw, "stalled"), 1, "{}", gw.logs());
     eventually(Duration::from_secs(5), "usage counted", || {
         (tokens(addr) == (7, 1)).then_some(())
     });
@@ -108,6 +141,7 @@ fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
     // Still once, later.
     assert_eq!(metric(addr, "tidegate_streams_broken_total"), 1);
     assert_eq!(tokens(addr), (7, 1));
+    assert_eq!(access_lines(&gw, "stalled"), 1, "{}", gw.logs());
 }
 
 #[test]
@@ -141,7 +175,7 @@ fn a_stream_the_client_hangs_up_on_counts_what_it_reported_once() {
     );
     let addr = gw.addr();
     let mut c = Client::connect(addr);
-    start(&mut c, MESSAGES);
+    start_as(&mut c, MESSAGES, Some("gone"));
     assert_eq!(c.read_head().status, 200);
     let mut got = Vec::new();
     while !String::from_utf8_lossy(&got).contains("message_delta") {
@@ -164,6 +198,7 @@ fn a_stream_the_client_hangs_up_on_counts_what_it_reported_once() {
         ),
         1
     );
+    assert_eq!(access_lines_once_settled(&gw, "gone"), 1, "{}", gw.logs());
     assert_eq!(tokens(addr), (5, 9));
     assert_eq!(flow_held(addr), 0);
 }
