@@ -222,3 +222,99 @@ fn model_lockout_transitions_are_logged_once_each() {
         "{line}"
     );
 }
+
+/// `c1` (priority 1) and `c2` on one upstream, told apart by their keys.
+fn two_connections(base_url: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}\
+         [[connections]]\nid = \"c1\"\nprovider = \"up\"\npriority = 1\napi_key_env = \"TG_K1\"\n\n\
+         [[connections]]\nid = \"c2\"\nprovider = \"up\"\npriority = 2\napi_key_env = \"TG_K2\"\n",
+        provider("up", base_url, &["m1"])
+    )
+}
+
+fn served_by(gw: &Gateway) -> String {
+    let r = Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-omniroute-selected-connection-id")
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[test]
+fn connection_cooldowns_and_terminal_states_are_logged_once_per_transition() {
+    let mock = MockUpstream::start();
+    // c1's first answer: a rate limit for 30 s (a cooldown); c2 serves meanwhile.
+    mock.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "30"),
+    )
+    .on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = Gateway::start_with_env(
+        &two_connections(&mock.base_url()),
+        &[("TG_K1", "key-one"), ("TG_K2", "key-two")],
+    );
+    assert_eq!(served_by(&gw), "c2");
+    // Requests that skip the cooling connection log no transition.
+    for _ in 0..5 {
+        assert_eq!(served_by(&gw), "c2");
+    }
+    let cooling = |logs: &str| {
+        logs.lines()
+            .filter(|l| l.contains("connection cooling down for") && l.contains("c1"))
+            .count()
+    };
+    eventually(secs(5), "the cooldown line", || {
+        (cooling(&gw.logs()) > 0).then_some(())
+    });
+    // An operator's clear ends it: one line, and c1 serves again.
+    let cleared = Client::connect(gw.addr()).request(
+        "POST",
+        "/api/resilience/cooldowns",
+        &[],
+        br#"{"connectionIds":["c1"]}"#,
+    );
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    let available = |logs: &str| {
+        logs.lines()
+            .filter(|l| l.contains("connection available again") && l.contains("c1"))
+            .count()
+    };
+    eventually(secs(5), "the available line", || {
+        (available(&gw.logs()) > 0).then_some(())
+    });
+    assert_eq!(served_by(&gw), "c1");
+
+    // c1 is then banned: a terminal state, logged once at WARN; later requests skip it
+    // without another line.
+    mock.on(
+        CHAT,
+        Reply::error(
+            403,
+            "Your account has been suspended for violating our terms",
+        ),
+    );
+    assert_eq!(served_by(&gw), "c2");
+    for _ in 0..5 {
+        assert_eq!(served_by(&gw), "c2");
+    }
+    let terminal = |logs: &str| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains("connection terminal") && l.contains("c1"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let line = eventually(secs(5), "the terminal line", || {
+        terminal(&gw.logs()).into_iter().next()
+    });
+    assert!(line.contains(" WARN "), "{line}");
+    let logs = gw.logs();
+    assert_eq!(cooling(&logs), 1, "{logs}");
+    assert_eq!(available(&logs), 1, "{logs}");
+    assert_eq!(terminal(&logs).len(), 1, "{logs}");
+    let cooling_line = logs
+        .lines()
+        .find(|l| l.contains("connection cooling down for"))
+        .unwrap();
+    assert!(cooling_line.contains(" WARN "), "{cooling_line}");
+}

@@ -346,6 +346,10 @@ impl Health {
             AdminRequest::ClearConnection(connection) => {
                 let (outcome, t) = self.connections.clear_transient(connection, now);
                 if let Some(t) = t {
+                    // An operator's clear is a transition like any other: one line.
+                    if t.view_changed {
+                        log_connection(cx.config, &t, now);
+                    }
                     cx.view(View::Connection {
                         connection,
                         view: t.view,
