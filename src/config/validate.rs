@@ -1130,7 +1130,19 @@ impl Loader<'_> {
             let strategy = match c.strategy.as_deref() {
                 None => ComboStrategy::Priority,
                 Some(s) => match parse_strategy(s) {
-                    Ok(s) => s,
+                    Ok(strategy) => {
+                        if let Some(why) = strategy_order_not_built(strategy) {
+                            self.warn(
+                                &format!("{key}.strategy"),
+                                format_args!(
+                                    "{s:?} {why}: combo {:?} runs its targets in the order \
+                                     written",
+                                    name
+                                ),
+                            );
+                        }
+                        strategy
+                    }
                     Err(message) => {
                         self.problem(format!("{key}.strategy"), message);
                         ComboStrategy::Priority
@@ -1585,6 +1597,25 @@ fn parse_strategy(s: &str) -> Result<ComboStrategy, String> {
             ));
         }
     })
+}
+
+/// What a strategy whose own ordering is not built yet lacks (`None`: it is built).
+/// `priority` is the written order; `quota-share` orders every dispatch; `round-robin`
+/// takes its per-model semaphore but not yet its rotation.
+fn strategy_order_not_built(s: ComboStrategy) -> Option<&'static str> {
+    match s {
+        ComboStrategy::Priority | ComboStrategy::QuotaShare => None,
+        ComboStrategy::RoundRobin => {
+            Some("takes its per-model semaphore, but its rotation is not built yet")
+        }
+        ComboStrategy::Weighted
+        | ComboStrategy::Random
+        | ComboStrategy::LeastUsed
+        | ComboStrategy::CostOptimized
+        | ComboStrategy::StrictRandom
+        | ComboStrategy::Auto
+        | ComboStrategy::Fill => Some("is accepted, but its ordering is not built yet"),
+    }
 }
 
 const SUPPORTED_STRATEGIES: &str = "priority, weighted, round-robin, random, least-used, \
@@ -2468,6 +2499,44 @@ mod exposure_tests {
     const MOCK: &str = "[[providers]]\nid = \"m\"\nformat = \"mock\"\n\
                         [[connections]]\nid = \"m1\"\nprovider = \"m\"\n";
     const KEY: &str = "[[client_keys]]\nid = \"k\"\nkey = \"tidegate-dev-key\"\n";
+
+    #[test]
+    fn a_strategy_whose_ordering_is_not_built_warns_once_naming_the_combo() {
+        let combo = |strategy: &str| {
+            format!(
+                "{MOCK}[[combos]]\nname = \"c\"\nstrategy = \"{strategy}\"\n\
+                 targets = [\"m/a\", \"m/b\"]\n"
+            )
+        };
+        let about = |w: Vec<String>| -> Vec<String> {
+            w.into_iter()
+                .filter(|l| l.starts_with("combos[0].strategy"))
+                .collect()
+        };
+        for built in ["priority", "quota-share"] {
+            assert_eq!(about(warns(&combo(built), &[])), Vec::<String>::new());
+        }
+        assert_eq!(
+            about(warns(&combo("weighted"), &[])),
+            vec![
+                "combos[0].strategy: \"weighted\" is accepted, but its ordering is not built \
+                 yet: combo \"c\" runs its targets in the order written"
+            ]
+        );
+        let w = about(warns(&combo("round-robin"), &[]));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("semaphore") && w[0].contains("order written"), "{w:?}");
+        for name in [
+            "random",
+            "least-used",
+            "cost-optimized",
+            "strict-random",
+            "auto",
+            "fill-first",
+        ] {
+            assert_eq!(about(warns(&combo(name), &[])).len(), 1, "{name}");
+        }
+    }
 
     #[test]
     fn blank_files_and_files_with_no_usable_connection_warn() {
