@@ -1,6 +1,10 @@
 //! Every shell example in README.md and docs/ that starts with `curl` or `tidegate` runs
 //! against the shipped config (`config/tidegate.toml`, on a free port instead of 8787) and
-//! succeeds: exit 0 (`curl` with `--fail-with-body`, so an HTTP error fails too).
+//! succeeds: exit 0 (`curl` with `--fail-with-body`, so an HTTP error fails too). That is
+//! every such command in a fenced shell block, and every inline `` `curl …` `` span of the
+//! prose and tables (run with `TG` and `AUTH` set as `docs/operations.md` defines them).
+//! The docs cite only what a reader of the repository can open: no section numbers of the
+//! OmniRoute spec or of the shared design notes, which are not part of the repository.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -29,7 +33,9 @@ fn documents() -> Vec<PathBuf> {
 }
 
 /// The commands in fenced `sh`/`bash`/`shell`/unlabelled blocks that start with `curl` or
-/// `tidegate`, continuation lines joined: (document, command).
+/// `tidegate`, continuation lines joined, and the inline code spans outside fenced blocks
+/// that start with `curl ` (`tidegate …` spans are synopses such as `tidegate check
+/// [--config PATH]`): (document, command).
 fn examples() -> Vec<(String, String)> {
     let mut out = Vec::new();
     for doc in documents() {
@@ -48,6 +54,12 @@ fn examples() -> Vec<(String, String)> {
                     in_block = true;
                     in_shell = matches!(lang.trim(), "" | "sh" | "bash" | "shell" | "console");
                 }
+                continue;
+            }
+            if !in_block {
+                out.extend(
+                    inline_curl_spans(line).map(|command| (name.clone(), command.to_owned())),
+                );
                 continue;
             }
             if !in_shell {
@@ -69,6 +81,14 @@ fn examples() -> Vec<(String, String)> {
     out
 }
 
+/// The inline code spans of one line of prose that hold a `curl` command.
+fn inline_curl_spans(line: &str) -> impl Iterator<Item = &str> {
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| span.starts_with("curl "))
+}
+
 #[test]
 fn every_curl_and_tidegate_example_in_the_docs_runs_against_the_shipped_config() {
     let shipped = std::fs::read_to_string(Path::new(REPO).join("config/tidegate.toml")).unwrap();
@@ -79,6 +99,13 @@ fn every_curl_and_tidegate_example_in_the_docs_runs_against_the_shipped_config()
     assert!(
         examples.len() >= 3,
         "fewer examples than expected: {examples:?}"
+    );
+    // The inline table commands of docs/operations.md are among them.
+    assert!(
+        examples
+            .iter()
+            .any(|(doc, c)| doc.ends_with("operations.md") && c.contains("$TG/api/resilience/reset")),
+        "{examples:?}"
     );
     let mut failures = Vec::new();
     for (doc, command) in &examples {
@@ -97,7 +124,10 @@ fn every_curl_and_tidegate_example_in_the_docs_runs_against_the_shipped_config()
             .arg("-c")
             .arg(&run)
             .current_dir(REPO)
-            .env_remove("TIDEGATE_CONFIG");
+            .env_remove("TIDEGATE_CONFIG")
+            // As `docs/operations.md` defines them for its table of calls.
+            .env("TG", format!("http://{addr}"))
+            .env("AUTH", "Authorization: Bearer tidegate-dev-key");
         let out = run_bounded(cmd, secs(60));
         if out.code != 0 {
             failures.push(format!(
@@ -107,4 +137,27 @@ fn every_curl_and_tidegate_example_in_the_docs_runs_against_the_shipped_config()
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Section numbers of files outside the repository (the OmniRoute spec's "A §3.8", "B §7",
+/// the shared design notes' `ARCHITECTURE.md`) mean nothing to a reader of `docs/`: a page
+/// cites another page of `docs/` or says what the rule is.
+#[test]
+fn the_docs_cite_only_what_a_reader_of_the_repository_can_open() {
+    let mut found = Vec::new();
+    for doc in documents() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        let name = doc.strip_prefix(REPO).unwrap().display().to_string();
+        for (i, line) in text.lines().enumerate() {
+            let cites_spec = line.match_indices(" §").any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                let after = line[at + " §".len()..].chars().next();
+                matches!(before, Some('A' | 'B')) && after.is_some_and(|c| c.is_ascii_digit())
+            });
+            if cites_spec || line.contains("ARCHITECTURE") || line.contains("spec/") {
+                found.push(format!("{name}:{}: {line}", i + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }
