@@ -280,3 +280,31 @@ fn failure_demos_leave_mock_echo_serving() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-tidegate-provider"), Some("mock"));
 }
+
+/// README, "Failure demos": the fault connections' breakers follow a mock's `local` profile
+/// (2 failures, open 15 s), so a second `fail-503` request opens both and every
+/// `mock-faults/*` model then answers 503 `provider_circuit_open` with `Retry-After`, while
+/// `mock/echo` serves as before.
+#[test]
+fn two_fail_503_requests_open_the_fault_breakers_and_leave_mock_echo_serving() {
+    let gw = Gateway::start(&shipped(&[]));
+    for _ in 0..2 {
+        let r = chat(&gw, "mock-faults/fail-503", false);
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    }
+    for model in ["mock-faults/fail-429", "mock-faults/fail-503"] {
+        let r = chat(&gw, model, false);
+        assert_eq!(r.status, 503, "{model}: {}", r.text());
+        assert_eq!(
+            r.header("x-tidegate-error"),
+            Some("provider_circuit_open"),
+            "{model}"
+        );
+        let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=15).contains(&retry), "{retry}");
+    }
+    let r = chat(&gw, "mock/echo", false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("1"));
+}
