@@ -3,7 +3,7 @@
 //! runtime requires it of every application message type (`shard::App`), so a message
 //! that could carry a body does not compile.
 //!
-//! The mark is never written by hand for a type with fields: [`mesh_safe!`] implements it
+//! The mark is never written by hand for a type with fields: [`mesh_safe!`](crate::mesh_safe) implements it
 //! and, in the same breath, destructures the type exhaustively (every field of every
 //! variant, no `..`), checking each field is itself `MeshSafe`, or a `Copy` type (which
 //! owns no heap data, so no text and no list), or a `String` marked `@ name` (a model,
@@ -48,13 +48,13 @@
 /// ```
 pub trait MeshSafe {}
 
-/// Compile-time check that a field is mesh-safe (used by [`mesh_safe!`]).
+/// Compile-time check that a field is mesh-safe (used by [`mesh_safe!`](crate::mesh_safe)).
 pub fn is_mesh_safe<T: MeshSafe + ?Sized>(_: &T) {}
 
-/// Compile-time check that a field is `Copy`: it owns no heap data (used by [`mesh_safe!`]).
+/// Compile-time check that a field is `Copy`: it owns no heap data (used by [`mesh_safe!`](crate::mesh_safe)).
 pub fn is_copy<T: Copy>(_: &T) {}
 
-/// Compile-time check that a field is a name (used by [`mesh_safe!`] for `@ name` fields).
+/// Compile-time check that a field is a name (used by [`mesh_safe!`](crate::mesh_safe) for `@ name` fields).
 #[allow(clippy::ptr_arg)] // exactly a `String` field, not any text
 pub fn is_name(_: &String) {}
 

@@ -4,7 +4,7 @@
 //! with the RAII guard that returns what it holds). `docs/architecture.md` walks through
 //! adding one.
 //!
-//! This file registers them: the [`mechanisms!`] list below generates the closed enums that
+//! This file registers them: the `mechanisms!` list below generates the closed enums that
 //! carry each mechanism's messages inside the shard envelope, the owner tables of a shard,
 //! and the dispatch from the pump to each mechanism. Adding a mechanism is a folder and one
 //! line in that list.

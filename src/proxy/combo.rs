@@ -1,5 +1,5 @@
 //! The combo runner (spec B §3.1, §3.3, §3.4): how a request for a combo walks its
-//! targets. The relay's [`attempt`] does one (target, connection) attempt; this module
+//! targets. The relay's `attempt` does one (target, connection) attempt; this module
 //! decides which attempt comes next and when, and what the client is told when none
 //! serves.
 //!
@@ -16,7 +16,7 @@
 //! against the client hanging up (nothing more is sent upstream then). `target_timeout_ms`
 //! bounds each attempt up to its response head, `combo_timeout_ms` the whole request
 //! (504 `COMBO_TIMEOUT`). With `hedging`, a first try that has no answer after
-//! `hedge_delay_ms` races the next target's (see [`Runner::hedged`]).
+//! `hedge_delay_ms` races the next target's (see `Runner::hedged`).
 
 use std::time::Duration;
 

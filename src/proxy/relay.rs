@@ -1,12 +1,12 @@
 //! The attempt loop: try the plan's candidates in order until one answer reaches the
-//! client. Each [`attempt`] ends in a closed [`AttemptEnd`]; until the first body byte is
+//! client. Each `attempt` ends in a closed `AttemptEnd`; until the first body byte is
 //! written to the client, a failure moves on to the next candidate.
 //!
 //! One attempt runs, in order: select (the local views; a half-open breaker's probe permit
 //! from its owner) → admit (quota-share slot, request-queue slot with its queue-wait budget,
 //! gate permits; the wait raced against the client hanging up) → forward within the
 //! execution budget → classify an error answer (restatement, verdict, gate block, queue
-//! learning) → relay. Its outcome is recorded exactly once by the [`Attempted`] guard.
+//! learning) → relay. Its outcome is recorded exactly once by the `Attempted` guard.
 
 use std::pin::{Pin, pin};
 

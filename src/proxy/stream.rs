@@ -60,7 +60,7 @@ pub struct Buffered {
 /// Longest upstream error body read for classification and relaying.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
-/// Reads an upstream error answer whole (up to [`MAX_ERROR_BODY_BYTES`]).
+/// Reads an upstream error answer whole (up to `MAX_ERROR_BODY_BYTES`).
 pub async fn buffer_error(
     up: &mut Up,
     provider: &Provider,
@@ -153,7 +153,7 @@ pub async fn relay_buffered(
 }
 
 /// Writes the response head and the first piece, then streams the rest (see
-/// [`relay_answer`]), and finalizes once, however the relay ended (completed, broken, cut
+/// `relay_answer`), and finalizes once, however the relay ended (completed, broken, cut
 /// by a watchdog or a deadline, or the client gone): the usage the stream reported goes
 /// into the token counters. The caller records the outcome (its `Attempted` guard) and the
 /// permits go back as their guards drop.

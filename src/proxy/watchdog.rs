@@ -242,7 +242,7 @@ impl HoldBack {
 
 /// Reads the first bytes to relay. Without a watchdog: the first piece. With one: pieces
 /// are held back until one carries model output, the body ends, or the held bytes pass
-/// [`HOLD_BACK_MAX_BYTES`]; a stall meanwhile is an error while nothing has reached the
+/// `HOLD_BACK_MAX_BYTES`; a stall meanwhile is an error while nothing has reached the
 /// client, so the attempt can fail over. `None` for an empty body.
 pub async fn first_bytes(
     shard: &Shard,

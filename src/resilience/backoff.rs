@@ -55,7 +55,7 @@ pub const RETRY_INFO_CAP_MS: u64 = DAY_MS;
 pub const JSON_HINT_CAP_MS: u64 = 30 * DAY_MS;
 /// Cap of a "please retry in N s" prose hint.
 pub const TEXT_RETRY_IN_CAP_MS: u64 = DAY_MS;
-/// Cap of the "reset after 1h2m3s" / "reset in N days" / "try again at <ISO>" prose hints.
+/// Cap of the "reset after 1h2m3s" / "reset in N days" / "try again at `<ISO>`" prose hints.
 pub const TEXT_RESET_CAP_MS: u64 = 30 * DAY_MS;
 /// Cap of a header hint (Tidegate's; the spec has none — see the module docs).
 pub const HEADER_HINT_CAP_MS: u64 = 30 * DAY_MS;

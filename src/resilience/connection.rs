@@ -20,7 +20,7 @@
 //! [`Change`]; the table only applies it. Per-model lockout branches do not touch the
 //! lockout table: the decision carries a [`LockoutCommand`] for the lockout owner (keep
 //! lockouts of a connection on its owner shard so both happen in one step), and
-//! [`MarkDecision::settle_lockout`] puts the lock's cooldown into the answer.
+//! `MarkDecision::settle_lockout` puts the lock's cooldown into the answer.
 //!
 //! **Time.** The cooldown deadline is persisted, so it is wall-clock milliseconds
 //! (`now.wall_ms`, ARCHITECTURE §5): a connection is cooling while
@@ -44,7 +44,7 @@
 //! * **A success never clears a terminal state** (`clearAccountError` would rewrite any
 //!   non-active status; selection hides terminal connections, but a request in flight when
 //!   the state was written could still succeed). Terminal states clear only through
-//!   [`ConnectionTable::reset`] (credential update, re-test, reconnect).
+//!   `ConnectionTable::reset` (credential update, re-test, reconnect).
 //! * **Ban and credits verdicts apply during a cooldown.** The spec returns before looking
 //!   at a failure when the connection is cooling (step 5); a failure that proves the account
 //!   banned or out of credits is a fact about the account, not a timing signal, so it is
@@ -601,7 +601,7 @@ pub struct MarkDecision {
     pub effect: MarkEffect,
     pub change: Option<Change>,
     pub lockout: Option<LockoutCommand>,
-    /// The answer's cooldown is the lock's: call [`MarkDecision::settle_lockout`] with
+    /// The answer's cooldown is the lock's: call `MarkDecision::settle_lockout` with
     /// what the lockout table returned.
     pub cooldown_from_lockout: bool,
     /// The egress-bucketed lock cooled the connection (step 11): its siblings behind the

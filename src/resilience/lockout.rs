@@ -23,7 +23,7 @@
 //!   ([`FailureRecord::combo`]); OmniRoute validates that setting but uses the provider's
 //!   `connectionCooldown.maxBackoffSteps` (A §4.5 note). Per-model lockouts recorded by
 //!   connection state keep the provider profile, as the spec says.
-//! * **"Local midnight" is the table's configured zone** ([`LockoutTable::set_utc_offset_ms`],
+//! * **"Local midnight" is the table's configured zone** (`LockoutTable::set_utc_offset_ms`,
 //!   default UTC): the gateway does not read the host's time zone.
 //! * **Connections are typed**: a combo lock "for every connection" (OmniRoute's empty
 //!   connection id) is `connection: None`.

@@ -385,7 +385,7 @@ pub fn opencode_model_unavailable_match(
         .find(|m| m.scope == RuleScope::Model && m.reason == ErrorReason::ModelCapacity)
 }
 
-/// The first "reset in N <unit>" / "resets in N <unit>" of a lower-cased text, N > 0 and the
+/// The first "reset in N `<unit>`" / "resets in N `<unit>`" of a lower-cased text, N > 0 and the
 /// unit one of day(s), hour(s), minute(s), second(s), as milliseconds (not capped).
 pub fn parse_reset_countdown_ms(lower: &str) -> Option<u64> {
     lower.match_indices("reset").find_map(|(i, m)| {

@@ -285,7 +285,7 @@ impl CooldownTracker {
     }
 
     /// Removes entries whose latest failure is older than their retention. Call every
-    /// [`SWEEP_INTERVAL_MS`]. Returns the number removed.
+    /// `SWEEP_INTERVAL_MS`. Returns the number removed.
     pub fn sweep(&mut self, now: Now) -> usize {
         let now_ms = mono_ms(now);
         let before = self.entries.len();

@@ -2,7 +2,7 @@
 //!
 //! A shard asks a key's owner with [`Shard::call`]`::<P>(owner, request, bound)` and gets
 //! `P::Reply` or a [`CallError`]. Every outstanding call of a shard sits in one waiter
-//! table ([`Calls`]), keyed by an id unique across shards (the asking shard in its top 16
+//! table (`Calls`), keyed by an id unique across shards (the asking shard in its top 16
 //! bits, so an owner knows where to answer). Giving up — the bound passes, or the caller's
 //! future is dropped because its client hung up — abandons the waiter: for protocols whose
 //! owner may hold a call ([`Protocol::HOLDS`], e.g. a gate waiter) the owner is told to

@@ -60,7 +60,7 @@ const OPENAI: &str = "the OpenAI Chat Completions API";
 // ---------------------------------------------------------------------------------------
 
 /// An OpenAI Chat Completions request as an Anthropic Messages request for `model`. The
-/// body is read into a borrowing tree ([`J`]) and the answer written from one: no string
+/// body is read into a borrowing tree (`J`) and the answer written from one: no string
 /// of the conversation is copied on the way.
 pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
     let req = match J::parse(body) {
@@ -669,7 +669,7 @@ fn owned(j: J<'_>) -> J<'static> {
 // ---------------------------------------------------------------------------------------
 
 /// An Anthropic Messages request as an OpenAI Chat Completions request for `model`, read
-/// into and written from a borrowing tree ([`J`]) as [`chat_to_messages`].
+/// into and written from a borrowing tree (`J`) as [`chat_to_messages`].
 pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
     let req = match J::parse(body) {
         Ok(j @ J::Obj(_)) => j,
