@@ -289,3 +289,32 @@ fn a_cooling_model_on_messages_is_anthropics_rate_limit_error() {
     assert_anthropic(&r, 429, "rate_limit_error", &code);
     assert!(r.header("retry-after").is_some());
 }
+
+#[test]
+fn an_open_breaker_on_messages_is_anthropics_overloaded_error() {
+    let mock = MockUpstream::start();
+    mock.on_always(
+        "/v1/messages",
+        Reply::json(
+            500,
+            serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "boom"}}),
+        ),
+    );
+    // Two failures open the provider's breaker; the connection itself never cools.
+    let cfg = config(&mock).replace(
+        "provider = \"claude\"\n",
+        "provider = \"claude\"\ndisable_cooling = true\n",
+    ) + "\n[resilience.provider_breaker.apikey]\nfailure_threshold = 2\ndegradation_threshold = 1\n";
+    let gw = Gateway::start_with_env(&cfg, ENV);
+    let body =
+        r#"{"model":"claude/c1","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..2 {
+        let r = messages(&gw, &[ANTHROPIC_KEY], body);
+        assert_eq!(r.status, 500, "the upstream's own answer: {}", r.text());
+        assert!(r.header("x-tidegate-error").is_none());
+    }
+    let r = messages(&gw, &[ANTHROPIC_KEY], body);
+    assert_anthropic(&r, 503, "overloaded_error", "provider_circuit_open");
+    assert!(r.header("retry-after").is_some(), "{}", r.text());
+    assert_eq!(mock.hits("/v1/messages"), 2, "the open breaker sends nothing");
+}
