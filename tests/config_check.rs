@@ -373,3 +373,68 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
     );
     assert_eq!(ok.status, 200, "{}", ok.text());
 }
+
+/// The example of `docs/configuration.md` ("How a file is read") is what `check` prints for
+/// a file with those five problems, line for line.
+#[test]
+fn the_problem_lines_are_the_ones_docs_configuration_md_shows() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    let start = doc.find("every problem is reported at once").unwrap();
+    let block = &doc[start..];
+    let block = &block[block.find("```\n").unwrap() + 4..];
+    let block = &block[..block.find("```").unwrap()];
+    let documented: Vec<&str> = block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(documented.len(), 5, "{block}");
+    let file = r#"
+[server]
+listen = "localhost"
+
+[[providers]]
+id = "openai"
+format = "openai"
+base_url = "https://api.openai.com/v1"
+models = ["gpt-4.1"]
+
+[[connections]]
+id = "a"
+provider = "openai"
+
+[[connections]]
+id = "b"
+provider = "openai"
+
+[[connections]]
+id = "c"
+provider = "opnai"
+
+[[combos]]
+name = "x"
+targets = ["openai/gpt-4.1", "openai/gpt-5"]
+
+[resilience.provider_breaker.apikey]
+failure_threshold = 5
+degradation_threshold = 7
+"#;
+    let dir = TempDir::new("doc-problems");
+    dir.write("tidegate.toml", file);
+    let mut cmd = std::process::Command::new(support::gateway::TIDEGATE_BIN);
+    cmd.args(["check", "--config", "tidegate.toml"])
+        .current_dir(dir.path())
+        .env_remove("TIDEGATE_CONFIG")
+        .env("RATE_LIMIT_MAX_WAIT_MS", "abc");
+    let out = support::gateway::run_bounded(cmd, support::secs(30));
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let mut printed = problem_lines(&out.stderr);
+    printed.sort_unstable();
+    let mut documented = documented;
+    documented.sort_unstable();
+    assert_eq!(printed, documented);
+}
