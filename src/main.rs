@@ -278,6 +278,10 @@ fn environment_help() -> String {
          TIDEGATE_CONFIG   configuration file when --config is not given\n  \
          TIDEGATE_LOG      log filter (error, warn, info, debug; default info)\n  \
          TIDEGATE_DRIVER   auto (default), io_uring or epoll\n\n\
+         Set by systemd (either one set: the default configuration file is \
+         /etc/tidegate/tidegate.toml instead of config/tidegate.toml):\n  \
+         NOTIFY_SOCKET     where READY=1 / RELOADING=1 / STOPPING=1 go (Type=notify)\n  \
+         INVOCATION_ID     the unit's invocation\n\n\
          Resilience overrides (under the file's values; docs/configuration.md):\n",
     );
     for var in config::resilience::env_variables() {
@@ -285,6 +289,9 @@ fn environment_help() -> String {
         out.push_str(var);
         out.push('\n');
     }
+    out.push_str("  ");
+    out.push_str(config::EMERGENCY_FALLBACK_ENV);
+    out.push_str("   false turns [emergency_fallback] off\n");
     out.push_str(
         "\nSecrets, read from the variables the file names: connections.api_key_env \
          (OPENAI_API_KEY, ANTHROPIC_API_KEY, OPENROUTER_API_KEY in the shipped file), \

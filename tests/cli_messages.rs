@@ -13,9 +13,16 @@ fn help_lists_every_environment_variable() {
     for args in [&["--help"][..], &["serve", "--help"], &["check", "--help"]] {
         let out = run_tidegate(args, &[]);
         assert_eq!(out.code, 0, "{}", out.stderr);
-        let vars = ["TIDEGATE_CONFIG", "TIDEGATE_LOG", "TIDEGATE_DRIVER"]
-            .into_iter()
-            .chain(tidegate::config::resilience::env_variables());
+        let vars = [
+            "TIDEGATE_CONFIG",
+            "TIDEGATE_LOG",
+            "TIDEGATE_DRIVER",
+            "INVOCATION_ID",
+            tidegate::notify::NOTIFY_SOCKET_ENV,
+            tidegate::config::EMERGENCY_FALLBACK_ENV,
+        ]
+        .into_iter()
+        .chain(tidegate::config::resilience::env_variables());
         for var in vars {
             assert!(
                 out.stdout
