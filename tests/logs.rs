@@ -318,3 +318,60 @@ fn connection_cooldowns_and_terminal_states_are_logged_once_per_transition() {
         .unwrap();
     assert!(cooling_line.contains(" WARN "), "{cooling_line}");
 }
+
+#[test]
+fn a_breaker_that_opens_and_closes_again_logs_each_transition_once() {
+    let mock = MockUpstream::start();
+    mock.on(CHAT, Reply::error(503, "overloaded"))
+        .on(CHAT, Reply::error(503, "overloaded"))
+        .on_always(CHAT, Reply::openai_chat("ok"));
+    // One connection that never cools, its breaker opening at 2 failures for 1 s (the least).
+    let gw = Gateway::start(&one_upstream(
+        &mock.base_url(),
+        1,
+        "disable_cooling = true",
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = 2\ndegradation_threshold = 1\n\
+         reset_timeout_ms = 1000\n\n[resilience.wait_for_cooldown]\nenabled = false\n",
+    ));
+    let ask = || Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    for _ in 0..2 {
+        assert_eq!(ask().status, 503);
+    }
+    // Open: refused without a line per request.
+    for _ in 0..5 {
+        let r = ask();
+        assert_eq!(r.header("x-tidegate-error"), Some("provider_circuit_open"), "{}", r.text());
+    }
+    // After the reset timeout one probe goes through, succeeds and closes the breaker.
+    let served = eventually(secs(5), "a request served after the reset timeout", || {
+        let r = ask();
+        (r.status == 200).then_some(r)
+    });
+    assert_eq!(served.json()["choices"][0]["message"]["content"], "ok");
+    let line = eventually(secs(5), "the close line", || {
+        gw.logs()
+            .lines()
+            .find(|l| l.contains("circuit breaker closed"))
+            .map(str::to_owned)
+    });
+    assert!(line.contains(" INFO "), "{line}");
+    for _ in 0..3 {
+        assert_eq!(ask().status, 200);
+    }
+    let logs = gw.logs();
+    assert_eq!(logs.matches("circuit breaker opened").count(), 1, "{logs}");
+    assert_eq!(logs.matches("circuit breaker closed").count(), 1, "{logs}");
+    assert_eq!(logs.matches("circuit breaker halfopen").count(), 1, "{logs}");
+    // The refused requests have their access lines, and nothing more: no WARN line each.
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("provider_circuit_open"))
+        .collect();
+    assert!(refused.len() >= 5, "{logs}");
+    assert!(
+        refused.iter().all(|l| l.contains(" access ")),
+        "a line per refused request:\n{logs}"
+    );
+    // The connection never cooled (disable_cooling), so it never became "available again".
+    assert!(!logs.contains("connection available again"), "{logs}");
+}

@@ -7,7 +7,7 @@ use bytes::BytesMut;
 use serde_json::json;
 
 use super::access::AccessLog;
-use crate::error::{Dialect, GatewayError};
+use crate::error::{Dialect, ErrorKind, GatewayError};
 use crate::http1::{Framing, write_response_head};
 use crate::net::downstream::After;
 use crate::net::io::write_all;
@@ -173,9 +173,64 @@ pub fn keep_alive_now(shard: &Shard, requested: bool) -> bool {
 pub(super) fn note_error(shard: &Shard, err: &GatewayError) {
     shard.metrics().response(err.kind.status());
     shard.metrics().gateway_error(err.kind);
-    if err.kind.status() >= 500 {
+    if err.kind.status() >= 500 && !is_state_refusal(err.kind) {
         tracing::warn!(code = err.kind.code(), "{}", err.message);
     } else {
         tracing::debug!(code = err.kind.code(), "{}", err.message);
+    }
+}
+
+/// A refusal the routing state decided (a breaker open, every connection cooling, locked,
+/// terminal or disabled, the drain): not logged per request — the state's transitions are
+/// logged once by their owners (`docs/operator-guide.md`), and each refused request has its
+/// access-log line with the code. Logging every one at WARN would flood exactly when an
+/// upstream is down.
+fn is_state_refusal(kind: ErrorKind) -> bool {
+    match kind {
+        ErrorKind::ProviderCircuitOpen
+        | ErrorKind::ModelCooldown
+        | ErrorKind::AllTargetsCoolingDown
+        | ErrorKind::AllConnectionsTerminal
+        | ErrorKind::NoExecutableTargets
+        | ErrorKind::AllTargetsSkipped
+        | ErrorKind::AllTargetsSkippedRateLimited
+        | ErrorKind::NoConnection
+        | ErrorKind::ShuttingDown => true,
+        ErrorKind::MalformedRequest
+        | ErrorKind::HeadTimeout
+        | ErrorKind::HeadTooLarge
+        | ErrorKind::BodyTooLarge
+        | ErrorKind::InvalidJson
+        | ErrorKind::MissingModel
+        | ErrorKind::UnsupportedTransferEncoding
+        | ErrorKind::Unauthorized
+        | ErrorKind::Forbidden
+        | ErrorKind::RouteNotFound
+        | ErrorKind::MethodNotAllowed
+        | ErrorKind::ModelNotFound
+        | ErrorKind::EndpointNotSupported
+        | ErrorKind::UntranslatableRequest
+        | ErrorKind::UnknownConnection
+        | ErrorKind::ConnectionNotUsable
+        | ErrorKind::UpstreamConnect
+        | ErrorKind::UpstreamTimeout(_)
+        | ErrorKind::RequestTimeout
+        | ErrorKind::UpstreamProtocol
+        | ErrorKind::StreamContentStall
+        | ErrorKind::StreamThroughputTooLow
+        | ErrorKind::AllAccountsInactive
+        | ErrorKind::AllAccountsInactiveRateLimited
+        | ErrorKind::ComboTimeout
+        | ErrorKind::MaxAttemptsExceeded
+        | ErrorKind::AllTargetsFailed
+        | ErrorKind::UpstreamUnreachable
+        | ErrorKind::MeshUnavailable
+        | ErrorKind::SemaphoreTimeout
+        | ErrorKind::SemaphoreQueueFull
+        | ErrorKind::RateLimitQueueFull
+        | ErrorKind::RateLimitQueueTimeout
+        | ErrorKind::RateLimitExecutionTimeout
+        | ErrorKind::RateLimitQueueWedged
+        | ErrorKind::Internal => false,
     }
 }

@@ -14,7 +14,7 @@ use crate::resilience::breaker::{
 };
 use crate::resilience::classify::{CooldownProfile, DailyReset};
 use crate::resilience::connection::{
-    ClearOutcome, ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect,
+    Cause, ClearOutcome, ConnectionPolicy, ConnectionTable, Failure as ConnFailure, MarkEffect,
     MarkOptions, Routability,
 };
 use crate::resilience::egress::{FailingConnection, SiblingView, egress_siblings};
@@ -969,6 +969,11 @@ fn log_connection(config: &Config, t: &crate::resilience::connection::Transition
     } else if let Some(c) = &t.view.cooldown {
         let secs = c.until_ms.saturating_sub(now.wall_ms).div_ceil(1000);
         tracing::warn!(connection = %name, cause = %cause, reason = ?c.reason, "connection cooling down for {secs} s");
+    } else if matches!(t.cause, Cause::Failure | Cause::StreamStall) {
+        // A failure that changed only the backoff level (a connection with
+        // `disable_cooling`, or a stall without `stream_stall_cooldown`): it was available
+        // and stays so.
+        tracing::debug!(connection = %name, cause = %cause, backoff_level = t.view.backoff_level, "connection backoff level changed");
     } else {
         tracing::info!(connection = %name, cause = %cause, "connection available again");
     }
