@@ -13,7 +13,10 @@
 # provider, an OpenAI-format provider, and an OpenAI-format provider that speaks only Chat
 # Completions, so the client's requests are forwarded as they are or translated. The mock
 # answers with the last user message, so the prompt's marker in the client's answer, and
-# a status-200 access-log line for the run's model, show the round trip.
+# a status-200 access-log line for the run's model, show the round trip. Claude Code and
+# Codex also run one tool round trip each through an Anthropic-format and an OpenAI
+# (Chat Completions) provider served by scripts/verify_clients_upstream.py: the model has
+# the client run `echo <marker>-tool` and answers with the tool's output.
 #
 # A client whose install fails is skipped with a message (no registry reachable, say);
 # a client that runs and fails makes the script exit 1. The gateway's access log and each
@@ -136,6 +139,10 @@ done
 pids+=($!)
 upstream=$(listening_addr "$work/mock.out")
 
+python3 scripts/verify_clients_upstream.py >"$work/tool-upstream.out" 2>&1 &
+pids+=($!)
+tool_upstream=$(listening_addr "$work/tool-upstream.out")
+
 key="verify-$RANDOM$RANDOM"
 cat >"$work/tidegate.toml" <<EOF
 [server]
@@ -166,6 +173,29 @@ id = "up-chat"
 format = "openai"
 base_url = "http://$upstream/v1"
 responses_api = false
+
+# The scripted tool round trip (scripts/verify_clients_upstream.py): Chat Completions and
+# Messages only, so Codex's Responses requests to either are translated.
+[[providers]]
+id = "tool-openai"
+format = "openai"
+base_url = "http://$tool_upstream/v1"
+responses_api = false
+
+[[providers]]
+id = "tool-anthropic"
+format = "anthropic"
+base_url = "http://$tool_upstream/v1"
+
+[[connections]]
+id = "tool-openai-1"
+provider = "tool-openai"
+api_key_env = "VERIFY_UPSTREAM_KEY"
+
+[[connections]]
+id = "tool-anthropic-1"
+provider = "tool-anthropic"
+api_key_env = "VERIFY_UPSTREAM_KEY"
 
 [[connections]]
 id = "mock-1"
@@ -198,7 +228,8 @@ run_claude() { # MODEL PROMPT HOME
     HOME=$3 ANTHROPIC_BASE_URL="http://$gateway" ANTHROPIC_AUTH_TOKEN="$key" \
         ANTHROPIC_MODEL=$1 ANTHROPIC_SMALL_FAST_MODEL=$1 ANTHROPIC_DEFAULT_HAIKU_MODEL=$1 \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
-        timeout "$CLIENT_TIMEOUT_S" "$cache/npm-claude/node_modules/.bin/claude" -p "$2" </dev/null
+        timeout "$CLIENT_TIMEOUT_S" "$cache/npm-claude/node_modules/.bin/claude" -p "$2" \
+        --allowedTools 'Bash(echo:*)' </dev/null
 }
 
 run_codex() { # MODEL PROMPT HOME
@@ -208,7 +239,7 @@ run_codex() { # MODEL PROMPT HOME
         echo 'model_provider = "tidegate"'
         # Tools that only OpenAI's own Responses API runs (hosted web search, namespaced
         # multi-agent tools) cannot be offered through a translated request.
-        case $1 in up-anthropic/* | up-chat/*)
+        case $1 in up-anthropic/* | up-chat/* | tool-*)
             echo 'web_search = "disabled"'
             printf '[features]\nmulti_agent = false\ngoals = false\n'
             ;;
@@ -219,7 +250,7 @@ run_codex() { # MODEL PROMPT HOME
     } >"$3/codex/config.toml"
     HOME=$3 CODEX_HOME="$3/codex" TIDEGATE_KEY="$key" \
         timeout "$CLIENT_TIMEOUT_S" "$cache/npm-codex/node_modules/.bin/codex" \
-        exec --skip-git-repo-check -C "$3" "$2" </dev/null
+        exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox -C "$3" "$2" </dev/null
 }
 
 run_aider() { # MODEL PROMPT HOME
@@ -231,8 +262,8 @@ run_aider() { # MODEL PROMPT HOME
 
 models_for() {
     case $1 in
-        claude) echo mock/echo up-anthropic/echo up-openai/echo ;;
-        codex) echo mock/echo up-openai/echo up-anthropic/echo up-chat/echo ;;
+        claude) echo mock/echo up-anthropic/echo up-openai/echo tool-anthropic/tool tool-openai/tool ;;
+        codex) echo mock/echo up-openai/echo up-anthropic/echo up-chat/echo tool-openai/tool tool-anthropic/tool ;;
         aider) echo mock/echo up-openai/echo up-anthropic/echo ;;
     esac
 }
@@ -262,7 +293,10 @@ for c in "${clients[@]}"; do
             sed -n 's/.*method="\([A-Z]*\)" route="\([^"]*\)" model=\([^ ]*\) .* status=\([0-9]*\) .* error="\([^"]*\)".*/\1 \2 \3 \4 \5/p' |
             sed 's/ -$//' | sort | uniq -c | awk '{$1=$1; print}' | paste -sd ';' -)
         ok_line=$(echo "$lines" | grep -c "model=$model .* status=200 " || true)
-        if [ "$rc" -eq 0 ] && grep -q "$marker" "$work/$c-$n.out" && [ "$ok_line" -gt 0 ]; then
+        # A tool model answers with the output of the command it had the client run.
+        want=$marker
+        case $model in tool-*) want="$marker-tool" ;; esac
+        if [ "$rc" -eq 0 ] && grep -q -- "$want" "$work/$c-$n.out" && [ "$ok_line" -gt 0 ]; then
             results+=("ok    ${version[$c]}  $model  ${secs}s  [$routes]")
         else
             failed=1
