@@ -241,7 +241,7 @@ run_codex() { # MODEL PROMPT HOME
         # multi-agent tools) cannot be offered through a translated request.
         case $1 in up-anthropic/* | up-chat/* | tool-*)
             echo 'web_search = "disabled"'
-            printf '[features]\nmulti_agent = false\ngoals = false\n'
+            printf '[features]\nmulti_agent = false\n'
             ;;
         esac
         printf '[model_providers.tidegate]\nname = "Tidegate"\n'

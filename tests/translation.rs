@@ -539,7 +539,10 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
         up["messages"][2],
         json!({"role": "system", "content": "Available agent types: claude."})
     );
-    assert_eq!(up["messages"][3]["content"], json!([{"type": "text", "text": "hi"}]));
+    assert_eq!(
+        up["messages"][3]["content"],
+        json!([{"type": "text", "text": "hi"}])
+    );
     assert!(up.get("context_management").is_none() && up.get("output_config").is_none());
     // The same request to an Anthropic provider is forwarded as it came.
     let r = post_as_claude_code(
@@ -554,7 +557,10 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
         sent[0].header("anthropic-beta"),
         Some("claude-code-20250219,context-management-2025-06-27,effort-2025-11-24")
     );
-    assert_eq!(sent[0].json()["context_management"]["edits"][0]["keep"], "all");
+    assert_eq!(
+        sent[0].json()["context_management"]["edits"][0]["keep"],
+        "all"
+    );
     // An edit that would change the conversation cannot be honoured by the OpenAI provider.
     let r = post_as_claude_code(
         &gw,
@@ -562,7 +568,10 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
         &claude_code_request("oa/gpt-x", "clear_tool_uses_20250919"),
     );
     assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.json()["error"]["param"], "context_management.edits[0].type");
+    assert_eq!(
+        r.json()["error"]["param"],
+        "context_management.edits[0].type"
+    );
     assert_eq!(openai.hits("/v1/chat/completions"), 1);
 }
 

@@ -855,7 +855,10 @@ fn context_management(v: &J<'_>) -> Result<(), Refused> {
         match &**k {
             _ if v.is_null() => {}
             "edits" => {
-                for (i, e) in jwant_array(v, "context_management.edits")?.iter().enumerate() {
+                for (i, e) in jwant_array(v, "context_management.edits")?
+                    .iter()
+                    .enumerate()
+                {
                     let at = || format!("context_management.edits[{i}].type");
                     if !jwant_str(e.at("type"), P(at))?.starts_with("clear_thinking_") {
                         return Err(Refused::new(
@@ -1030,7 +1033,12 @@ fn anthropic_turn_to_openai<'a>(
                 "must be a string or an array of blocks",
             ));
         }
-        _ => return Err(Refused::new(at("role"), "must be user, assistant or system")),
+        _ => {
+            return Err(Refused::new(
+                at("role"),
+                "must be user, assistant or system",
+            ));
+        }
     }
     Ok(())
 }
