@@ -248,6 +248,8 @@ run_codex() { # MODEL PROMPT HOME
         echo "base_url = \"http://$gateway/v1\""
         printf 'env_key = "TIDEGATE_KEY"\nwire_api = "responses"\n'
     } >"$3/codex/config.toml"
+    # No approvals and no sandbox, so a run does not depend on this machine's sandbox support
+    # (the only command a model here asks for is the tool round trip's `echo`).
     HOME=$3 CODEX_HOME="$3/codex" TIDEGATE_KEY="$key" \
         timeout "$CLIENT_TIMEOUT_S" "$cache/npm-codex/node_modules/.bin/codex" \
         exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox -C "$3" "$2" </dev/null
@@ -287,7 +289,13 @@ for c in "${clients[@]}"; do
         "run_$c" "$model" "Reply with $marker" "$home" >"$work/$c-$n.out" 2>"$work/$c-$n.err" || rc=$?
         ms=$((($(date +%s%N) - start) / 1000000))
         secs="$((ms / 1000)).$((ms % 1000 / 100))"
-        lines=$(tail -n +"$((log_before + 1))" "$work/gateway.log" | grep ' access ' || true)
+        # The access line is written as the response ends: give it a moment to land.
+        for _ in $(seq 20); do
+            lines=$(tail -n +"$((log_before + 1))" "$work/gateway.log" | grep ' access ' || true)
+            echo "$lines" | grep -q "model=$model .* status=200 " && break
+            [ "$rc" -eq 0 ] || break
+            sleep 0.1
+        done
         # "METHOD route model status[ error]" per request, counted: what the client sent.
         routes=$(echo "$lines" |
             sed -n 's/.*method="\([A-Z]*\)" route="\([^"]*\)" model=\([^ ]*\) .* status=\([0-9]*\) .* error="\([^"]*\)".*/\1 \2 \3 \4 \5/p' |
