@@ -452,6 +452,129 @@ fn upstream_errors_come_back_in_the_clients_shape_with_their_status() {
     assert_eq!(r.json()["error"]["message"], "no such model");
 }
 
+/// `POST path` with the headers Claude Code sends besides its key.
+fn post_as_claude_code(gw: &Gateway, path: &str, body: &serde_json::Value) -> Response {
+    Client::connect(gw.addr()).request(
+        "POST",
+        path,
+        &[
+            ("authorization", "Bearer k"),
+            ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            (
+                "anthropic-beta",
+                "claude-code-20250219,context-management-2025-06-27,effort-2025-11-24",
+            ),
+        ],
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The fields Claude Code sends (seen from version 2.1 through the access log): adaptive
+/// thinking with `output_config.effort`, a `context_management` edit clearing earlier
+/// thinking, a system message between turns, `metadata.user_id`, and the `?beta=true` query.
+fn claude_code_request(model: &str, edit: &str) -> serde_json::Value {
+    json!({
+        "model": model,
+        "max_tokens": 32000,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": "Available agent types: claude."},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Greeting.", "signature": "sig"},
+                {"type": "text", "text": "hi"}]},
+            {"role": "user", "content": "again"}
+        ],
+        "tools": [{"name": "Bash", "description": "Run a command", "input_schema": {"type": "object"}}],
+        "metadata": {"user_id": "{\"session_id\":\"s-1\"}"},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": edit, "keep": "all"}]},
+        "output_config": {"effort": "max"},
+        "stream": false
+    })
+}
+
+#[test]
+fn a_claude_code_request_is_served_by_an_openai_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on(
+        "/v1/chat/completions",
+        Reply::json(
+            200,
+            json!({"id": "chatcmpl-cc", "object": "chat.completion", "created": 1, "model": "gpt-x",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "hello"}}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}),
+        ),
+    );
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            200,
+            json!({"id": "msg_cc", "type": "message", "role": "assistant", "model": "claude-x",
+                "content": [{"type": "text", "text": "hello"}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 9, "output_tokens": 1}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post_as_claude_code(
+        &gw,
+        "/v1/messages?beta=true",
+        &claude_code_request("oa/gpt-x", "clear_thinking_20251015"),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["content"][0]["text"], "hello");
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), 1);
+    // The query and the anthropic-* fields belong to the client's endpoint.
+    assert_eq!(sent[0].target, "/v1/chat/completions");
+    assert_eq!(sent[0].header("anthropic-beta"), None);
+    assert_eq!(sent[0].header("anthropic-version"), None);
+    let up = sent[0].json();
+    assert_eq!(up["reasoning_effort"], "high");
+    assert_eq!(up["user"], "{\"session_id\":\"s-1\"}");
+    assert_eq!(
+        up["messages"][2],
+        json!({"role": "system", "content": "Available agent types: claude."})
+    );
+    assert_eq!(
+        up["messages"][3]["content"],
+        json!([{"type": "text", "text": "hi"}])
+    );
+    assert!(up.get("context_management").is_none() && up.get("output_config").is_none());
+    // The same request to an Anthropic provider is forwarded as it came.
+    let r = post_as_claude_code(
+        &gw,
+        "/v1/messages?beta=true",
+        &claude_code_request("an/claude-x", "clear_thinking_20251015"),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = anthropic.requests_to("/v1/messages");
+    assert_eq!(sent[0].target, "/v1/messages?beta=true");
+    assert_eq!(
+        sent[0].header("anthropic-beta"),
+        Some("claude-code-20250219,context-management-2025-06-27,effort-2025-11-24")
+    );
+    assert_eq!(
+        sent[0].json()["context_management"]["edits"][0]["keep"],
+        "all"
+    );
+    // An edit that would change the conversation cannot be honoured by the OpenAI provider.
+    let r = post_as_claude_code(
+        &gw,
+        "/v1/messages",
+        &claude_code_request("oa/gpt-x", "clear_tool_uses_20250919"),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["param"],
+        "context_management.edits[0].type"
+    );
+    assert_eq!(openai.hits("/v1/chat/completions"), 1);
+}
+
 #[test]
 fn a_field_the_target_cannot_express_is_refused_naming_it() {
     let openai = MockUpstream::start();
@@ -594,13 +717,14 @@ fn unterminated_body(c: &mut Client) -> Vec<u8> {
 // --- the Responses API ----------------------------------------------------------------------
 
 /// A Codex-style request: instructions, a turn with a function call and its output,
-/// function tools, reasoning, nothing stored.
+/// function tools, reasoning, nothing stored, and the fields Codex CLI 0.171 adds
+/// (`include`, `prompt_cache_key`, `client_metadata`, item ids).
 fn codex_request(model: &str, stream: bool) -> serde_json::Value {
     json!({
         "model": model,
         "instructions": "You are a coding agent.",
         "input": [
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]},
+            {"type": "message", "id": "msg_1", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]},
             {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"cmd\":\"ls\"}"},
             {"type": "function_call_output", "call_id": "call_1", "output": "a.rs"}
         ],
@@ -610,6 +734,9 @@ fn codex_request(model: &str, stream: bool) -> serde_json::Value {
         "reasoning": {"effort": "low", "summary": "auto"},
         "max_output_tokens": 300,
         "store": false,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "thread-1",
+        "client_metadata": {"x-codex-turn-metadata": "{\"turn_id\":\"t-1\"}"},
         "stream": stream
     })
 }
@@ -666,6 +793,9 @@ fn a_responses_request_is_served_by_a_chat_completions_only_provider() {
     assert_eq!(sent["tools"][0]["function"]["name"], "shell");
     assert_eq!(sent["reasoning_effort"], "low");
     assert_eq!(sent["max_tokens"], 300);
+    // Codex's own labels are not model input: not carried.
+    assert!(sent.get("client_metadata").is_none());
+    assert_eq!(sent["prompt_cache_key"], "thread-1");
     // An openai-format provider that serves the Responses API gets the request as it is.
     openai.on(
         "/v1/responses",

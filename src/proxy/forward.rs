@@ -1,10 +1,11 @@
 //! Building the upstream request: target path under the provider's API root, the
-//! client's headers minus hop-by-hop, client-auth, session and lease headers, the
-//! provider's extra headers, and the connection's credentials.
+//! client's headers minus hop-by-hop, client-auth, session and lease headers (and, when
+//! the request is translated, minus its query and the client API's own `anthropic-*` or
+//! `openai-*` fields), the provider's extra headers, and the connection's credentials.
 
 use bytes::BytesMut;
 
-use crate::config::{BaseUrl, Connection, Provider, Scheme};
+use crate::config::{BaseUrl, Connection, Provider, ProviderFormat, Scheme};
 use crate::http1::{Framing, RequestHead, is_hop_by_hop_name, write_request_head_parts};
 use crate::providers::{Endpoint, auth_headers};
 
@@ -71,7 +72,16 @@ pub fn encode_head(
     endpoint: Endpoint,
     body_len: usize,
 ) {
-    let query = client.query();
+    // A translated request goes to another endpoint than the client's: the client's
+    // query (Claude Code's `?beta=true`) and its API's version and beta fields
+    // (`anthropic-*` for an OpenAI-format provider, `openai-*` for an Anthropic one)
+    // belong to the client's endpoint and are not carried over.
+    let translated = Endpoint::from_path(client.path()) != Some(endpoint);
+    let foreign: &[u8] = match provider.format {
+        ProviderFormat::Anthropic => b"openai-",
+        ProviderFormat::Openai | ProviderFormat::Mock => b"anthropic-",
+    };
+    let query = client.query().filter(|_| !translated);
     let target = [
         base.path.as_str(),
         endpoint.upstream_suffix(),
@@ -93,6 +103,12 @@ pub fn encode_head(
     let client_headers = client
         .header_fields()
         .filter(|(n, _)| forwarded(connection, n) && !overridden(n))
+        .filter(|(n, _)| {
+            !translated
+                || !n
+                    .get(..foreign.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(foreign))
+        })
         .map(|(n, v)| (n, &b""[..], v));
     let extra = provider
         .headers

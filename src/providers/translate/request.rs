@@ -696,6 +696,7 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
     let mut system: Option<&J<'a>> = None;
     let mut messages: Option<&J<'a>> = None;
     let mut tool_choice: Option<&J<'a>> = None;
+    let mut effort: Option<&'static str> = None;
     for (k, v) in req.as_object().into_iter().flatten() {
         let k: &str = k;
         if v.is_null() {
@@ -704,6 +705,8 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
         match k {
             "model" => {}
             "system" => system = Some(v),
+            "output_config" => effort = output_config_effort(v)?,
+            "context_management" => context_management(v)?,
             "messages" => messages = Some(v),
             "max_tokens" => {
                 set(&mut out, "max_tokens", J::U(jwant_u64(v, k)?));
@@ -762,16 +765,26 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
                             J::from(effort_of_budget(budget)),
                         );
                     }
-                    Some("disabled") => {}
-                    _ => return Err(Refused::new("thinking.type", "must be enabled or disabled")),
+                    // The model decides how long to think; `output_config.effort`, when
+                    // given, sets the level.
+                    Some("disabled" | "adaptive") => {}
+                    _ => {
+                        return Err(Refused::new(
+                            "thinking.type",
+                            "must be enabled, adaptive or disabled",
+                        ));
+                    }
                 }
             }
             other => return Err(no_counterpart(other, OPENAI)),
         }
     }
+    if let Some(e) = effort {
+        set(&mut out, "reasoning_effort", J::from(e));
+    }
     let mut turns: Vec<J<'a>> = Vec::new();
     if let Some(s) = system {
-        turns.push(jo! {"role" => "system", "content" => system_to_openai(s)?});
+        turns.push(jo! {"role" => "system", "content" => system_to_openai(s, "system")?});
     }
     let Some(messages) = messages else {
         return Err(Refused::new("messages", "is required"));
@@ -808,13 +821,72 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
     Ok(J::Obj(out))
 }
 
-/// Anthropic `system` (a string or text blocks) → the OpenAI system message content.
-fn system_to_openai<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
+/// `output_config` → the `reasoning_effort` its `effort` asks for. Anthropic's levels are
+/// low, medium, high and max; OpenAI's top level is high, so max asks for that.
+fn output_config_effort(v: &J<'_>) -> Result<Option<&'static str>, Refused> {
+    let mut effort = None;
+    for (k, v) in jwant_object(v, "output_config")? {
+        match &**k {
+            _ if v.is_null() => {}
+            "effort" => {
+                effort = Some(match jwant_str(v, "output_config.effort")? {
+                    "low" => "low",
+                    "medium" => "medium",
+                    "high" | "max" => "high",
+                    _ => {
+                        return Err(Refused::new(
+                            "output_config.effort",
+                            "must be low, medium, high or max",
+                        ));
+                    }
+                });
+            }
+            other => return Err(no_counterpart(&format!("output_config.{other}"), OPENAI)),
+        }
+    }
+    Ok(effort)
+}
+
+/// `context_management`: only edits that clear earlier thinking are accepted. They are
+/// already in effect once translated (earlier thinking is never sent to an OpenAI
+/// provider); any other edit would change the conversation and has no OpenAI counterpart.
+fn context_management(v: &J<'_>) -> Result<(), Refused> {
+    for (k, v) in jwant_object(v, "context_management")? {
+        match &**k {
+            _ if v.is_null() => {}
+            "edits" => {
+                for (i, e) in jwant_array(v, "context_management.edits")?
+                    .iter()
+                    .enumerate()
+                {
+                    let at = || format!("context_management.edits[{i}].type");
+                    if !jwant_str(e.at("type"), P(at))?.starts_with("clear_thinking_") {
+                        return Err(Refused::new(
+                            at(),
+                            "only clear_thinking edits can be honoured for an OpenAI provider",
+                        ));
+                    }
+                }
+            }
+            other => {
+                return Err(no_counterpart(
+                    &format!("context_management.{other}"),
+                    OPENAI,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Anthropic `system` (a string or text blocks) → the OpenAI system message content;
+/// `at` names the field in refusals.
+fn system_to_openai<'a>(v: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
     match v {
         J::Str(_) => Ok(v.clone()),
-        J::Arr(blocks) => text_blocks_to_parts(blocks, "system"),
+        J::Arr(blocks) => text_blocks_to_parts(blocks, at),
         _ => Err(Refused::new(
-            "system",
+            at,
             "must be a string or an array of text blocks",
         )),
     }
@@ -891,6 +963,12 @@ fn anthropic_turn_to_openai<'a>(
     let role = jwant_str(member(m, "role"), P(|| at("role")))?;
     let content = member(m, "content");
     match (role, content) {
+        // A system message between turns (Claude Code sends them): OpenAI takes system
+        // messages anywhere in the list.
+        ("system", _) => {
+            let content = system_to_openai(content, &at("content"))?;
+            turns.push(jo! {"role" => "system", "content" => content});
+        }
         ("user" | "assistant", J::Str(_)) => {
             let role = member(m, "role").clone();
             turns.push(jo! {"role" => role, "content" => content.clone()});
@@ -955,7 +1033,12 @@ fn anthropic_turn_to_openai<'a>(
                 "must be a string or an array of blocks",
             ));
         }
-        _ => return Err(Refused::new(at("role"), "must be user or assistant")),
+        _ => {
+            return Err(Refused::new(
+                at("role"),
+                "must be user, assistant or system",
+            ));
+        }
     }
     Ok(())
 }

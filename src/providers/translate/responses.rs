@@ -189,6 +189,12 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                     out.insert(k.into(), v.clone());
                 }
             }
+            // The client's own labels for the request (Codex sends its turn metadata
+            // here): nothing the model reads, so nothing to carry.
+            "client_metadata" => {
+                v.as_object()
+                    .ok_or_else(|| Refused::new(k, "must be an object"))?;
+            }
             "truncation" if v == &json!("disabled") => {}
             "metadata" if v.as_object().is_some_and(Map::is_empty) => {}
             "background" if v == &json!(false) => {}

@@ -531,14 +531,57 @@ fn what_openai_cannot_express_is_refused_by_name() {
             "messages[0].content[0].content[0].type",
         ),
         (
-            json!({"messages": m, "thinking": {"type": "adaptive"}}),
+            json!({"messages": m, "thinking": {"type": "sometimes"}}),
             "thinking.type",
+        ),
+        (
+            json!({"messages": m, "output_config": {"effort": "extreme"}}),
+            "output_config.effort",
+        ),
+        (
+            json!({"messages": m, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+            "output_config.format",
+        ),
+        (
+            json!({"messages": m, "context_management": {"edits": [{"type": "clear_thinking_20251015"}, {"type": "clear_tool_uses_20250919"}]}}),
+            "context_management.edits[1].type",
+        ),
+        (
+            json!({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]}),
+            "messages[0].content[0].type",
         ),
         (json!({"messages": m, "container": "c"}), "container"),
     ];
     for (req, field) in cases {
         assert_eq!(refused_field_messages(req.clone()), field, "{req}");
     }
+}
+
+#[test]
+fn claude_code_effort_and_late_system_messages_reach_openai() {
+    let req = |extra: Value| {
+        let mut v = json!({"max_tokens": 100, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "late", "cache_control": {"type": "ephemeral"}}]}
+        ], "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        messages_to_chat_obj(&obj(v), "m").unwrap()
+    };
+    let out = req(json!({"thinking": {"type": "adaptive"}}));
+    assert_eq!(out.get("reasoning_effort"), None);
+    assert_eq!(
+        out["messages"][1],
+        json!({"role": "system", "content": [{"type": "text", "text": "late"}]})
+    );
+    assert_eq!(out.get("context_management"), None);
+    let out = req(json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}));
+    assert_eq!(out["reasoning_effort"], "high");
+    // An explicit effort wins over a thinking budget, whichever comes first.
+    let out = req(json!({"output_config": {"effort": "low"},
+        "thinking": {"type": "enabled", "budget_tokens": 30000}}));
+    assert_eq!(out["reasoning_effort"], "low");
 }
 
 #[test]
