@@ -131,7 +131,12 @@ fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
     assert_eq!(c.read_head().status, 200);
     let raw = String::from_utf8_lossy(&c.read_until_close(Duration::from_secs(10))).into_owned();
     assert!(raw.contains("event: error"), "{raw}");
-    assert_eq!(access_lines_once_settled(&gw, "stalled"), 1, "{}", gw.logs());
+    assert_eq!(
+        access_lines_once_settled(&gw, "stalled"),
+        1,
+        "{}",
+        gw.logs()
+    );
     eventually(Duration::from_secs(5), "usage counted", || {
         (tokens(addr) == (7, 1)).then_some(())
     });

@@ -174,8 +174,7 @@ fn at_most_four_early_retries_per_request() {
     for m in &mocks {
         m.on_always(CHAT, Reply::stall());
     }
-    let mut cfg =
-        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n".to_owned();
+    let mut cfg = "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n".to_owned();
     for (i, m) in mocks.iter().enumerate() {
         cfg.push_str(&provider(&format!("p{i}"), &m.base_url(), &["m1"]));
         cfg.push_str(&connection(&format!("c{i}"), &format!("p{i}")));
