@@ -816,7 +816,7 @@ pub struct ToResponses {
     items: Vec<Item>,
     /// The output index of the open reasoning or message item.
     open: Option<usize>,
-    finish: Option<String>,
+    pub(super) finish: Option<String>,
     usage: Option<Usage>,
     pub(super) done: bool,
     pub(super) broken: bool,
