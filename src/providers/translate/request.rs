@@ -149,7 +149,10 @@ fn jdefault_only(v: &J<'_>, field: &str, ok: &[J<'_>], target: &str) -> Result<(
     }
 }
 
-fn chat_to_messages_j<'a>(req: &J<'a>, model: &'a str) -> Result<(J<'a>, bool), Refused> {
+pub(super) fn chat_to_messages_j<'a>(
+    req: &J<'a>,
+    model: &'a str,
+) -> Result<(J<'a>, bool), Refused> {
     let mut out: Pairs<'a> = Vec::with_capacity(12);
     set(&mut out, "model", J::from(model));
     let mut max_tokens: Option<u64> = None;
