@@ -11,13 +11,16 @@
 
 use std::io::Write;
 
-use serde_json::{Map, Value};
+#[cfg(test)]
+use serde_json::Map;
+use serde_json::Value;
 
 use super::chunk::OChunk;
 use super::json::{J, Pairs, jo, set};
 use super::{Refused, request, response};
 use crate::sse::Event;
 
+#[cfg(test)]
 type Obj = Map<String, Value>;
 
 const RESPONSES: &str = "a translated Responses request";
@@ -100,6 +103,7 @@ pub fn translate_answer(
 
 /// A Responses request as a Chat Completions request (an object), and its [`Echo`]: the
 /// object form of the translation (for the tests; the gateway uses [`translate_request`]).
+#[cfg(test)]
 pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), Refused> {
     let body = request::to_bytes(req);
     let j = J::parse(&body).map_err(|e| Refused::new("body", format!("is not valid JSON: {e}")))?;
