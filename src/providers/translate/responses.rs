@@ -59,7 +59,7 @@ const ECHOED: [(&str, &str); 8] = [
 
 /// A Responses request body for the provider: Chat Completions, or Anthropic Messages when
 /// `anthropic` (through the Chat Completions form); and what the answer echoes of it. The
-/// body is read into the borrowing tree the chat converters use ([`J`]), the chat form is
+/// body is read into the borrowing tree the chat converters use (`J`), the chat form is
 /// built from it without copying the conversation's strings, and for an Anthropic provider
 /// that form goes straight on to the Chat Completions → Messages converter (no second parse).
 pub fn translate_request(
@@ -210,6 +210,12 @@ fn to_chat_j<'a>(req: &J<'a>, model: &'a str, anthropic: bool) -> Result<(J<'a>,
                 if !anthropic {
                     set(&mut out, "prompt_cache_key", v.clone());
                 }
+            }
+            // The client's own labels for the request (Codex sends its turn metadata
+            // here): nothing the model reads, so nothing to carry.
+            "client_metadata" => {
+                v.as_object()
+                    .ok_or_else(|| Refused::new(k, "must be an object"))?;
             }
             "truncation" if v.as_str() == Some("disabled") => {}
             "metadata" if v.as_object().is_some_and(Vec::is_empty) => {}
