@@ -23,7 +23,7 @@ use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, observe, peek};
-use crate::config::{ConnectionId, ProviderId};
+use crate::config::{ConnectionId, ProviderFormat, ProviderId};
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
@@ -278,9 +278,11 @@ pub async fn run(
 }
 
 /// Goes on with a client stream cut after its first byte (mid-stream continuation,
-/// `proxy::continuation`): the candidates after `cut_at` of the request's plan, same format
-/// only, are asked in order with the delivered text as an assistant prefill; one that
-/// refuses the prefill gets the original request once more. Its answer is spliced into the
+/// `proxy::continuation`): the candidates after `cut_at` of the request's plan, of either
+/// format, are asked in order with the delivered text as an assistant prefill (the
+/// client's request with the prefill, translated for a candidate of the other format like
+/// any request); one that refuses the prefill gets the original request once more. Its
+/// answer (translated into the client's format when it needs to be) is spliced into the
 /// open stream; a continuation cut in turn goes on with the candidates after it. With no
 /// candidate left the stream ends with the in-band error.
 pub(super) async fn continue_stream(
@@ -292,29 +294,23 @@ pub(super) async fn continue_stream(
 ) -> After {
     let plan = request.plan;
     let mut broken: Option<GatewayError> = None;
-    let mut cont: Option<(Bytes, Plan)> = None;
     for (i, (target, connection)) in plan.candidates.iter().enumerate() {
-        // Taken up after each cut: the cut's failure and the request with the new prefill.
+        // Taken up after each cut: the cut's failure, and a new prefill part begins.
         if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
             broken = s.take_cut();
-            match continuation_request(request, s) {
-                Some(c) => {
-                    s.begin(false);
-                    cont = Some(c);
-                }
-                None => break,
-            }
+            s.begin(false);
         }
-        if i <= cut_at {
+        if i <= cut_at || walk.exhausted.rules_out(target.provider, *connection) {
             continue;
         }
-        // Spliced into the client's stream as it comes: same format only.
+        // The prefill as this candidate's format takes it (`open` translates the request
+        // for a candidate of the other format).
         let provider = shard.config().provider(target.provider);
-        if walk.exhausted.rules_out(target.provider, *connection)
-            || Translation::between(request.endpoint, provider).is_some()
-        {
-            continue;
-        }
+        let for_anthropic = provider.format == ProviderFormat::Anthropic;
+        let cont = down
+            .splice
+            .as_mut()
+            .and_then(|s| continuation_request(request, s, for_anthropic));
         let Some((body, cont_plan)) = cont.as_ref() else {
             break;
         };
@@ -370,8 +366,12 @@ pub(super) async fn continue_stream(
 
 /// The request that asks the next candidate to continue a cut stream: the original body
 /// with the delivered text as an assistant prefill (`None` when it cannot be built).
-fn continuation_request(request: &Request<'_>, s: &mut Splice) -> Option<(Bytes, Plan)> {
-    let body = s.prefill_body(request.body)?;
+fn continuation_request(
+    request: &Request<'_>,
+    s: &mut Splice,
+    for_anthropic: bool,
+) -> Option<(Bytes, Plan)> {
+    let body = s.prefill_body(request.body, for_anthropic)?;
     let peek = peek::peek(&body, &mut Vec::new()).ok()?;
     let plan = Plan {
         peek,
@@ -907,6 +907,11 @@ pub(super) async fn deliver(
             let conn = config.connection(attempted.connection);
             down.committed.set(true);
             down.log.upstream(&provider.name, &conn.name, attempts);
+            // Mid-stream continuation: the splice follows the stream (in the client's
+            // format: a translated answer goes through it after its translation).
+            if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
+                down.splice = Splice::new(req.endpoint).map(Box::new);
+            }
             if let Some((t, carry)) = translation {
                 let tr = super::translate::Translated {
                     translation: t,
@@ -928,15 +933,15 @@ pub(super) async fn deliver(
                     wd,
                     down.log,
                     active,
+                    down.splice.as_deref_mut(),
                 )
                 .await;
+                if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
+                    s.cut_on(attempted.target, attempted.connection);
+                }
                 attempted.end(ended).await;
                 drop(_held);
                 return AttemptEnd::Done(after);
-            }
-            // Mid-stream continuation: the splice follows the stream.
-            if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
-                down.splice = Splice::new(req.endpoint).map(Box::new);
             }
             let (after, ended) = stream::commit(
                 shard,

@@ -511,7 +511,7 @@ pub(super) async fn break_stream(
 }
 
 /// A piece for the client: through the continuation splice when there is one.
-fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Splice>) {
+pub(super) fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Splice>) {
     match splice {
         Some(s) => s.pass(piece, out, chunked),
         None => put_piece(out, piece, chunked),
@@ -520,7 +520,7 @@ fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Spl
 
 /// The upstream ended its body: the splice sends what it still holds; false when that
 /// showed the stream cannot end well (its failure is reported by the next loop turn).
-fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut Splice>) -> bool {
+pub(super) fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut Splice>) -> bool {
     match splice {
         Some(s) => {
             s.finish(out, chunked);

@@ -1,8 +1,9 @@
 //! The OpenAI Responses API (`/v1/responses`) served by a provider that speaks only Chat
 //! Completions or only Anthropic Messages, for the subset Codex-style clients use.
 //!
-//! A Responses request becomes a Chat Completions request ([`to_chat`]); for an Anthropic
-//! provider that request then goes through the Chat Completions → Messages converter. The
+//! A Responses request becomes a Chat Completions request ([`translate_request`], read into
+//! the borrowing tree the chat converters use); for an Anthropic provider that request then
+//! goes straight through the Chat Completions → Messages converter. The
 //! answer comes back the same way: an Anthropic message or stream is first translated to
 //! Chat Completions (the existing converters), and a chat completion or chunk stream becomes
 //! a Responses object or event stream here ([`completion_to_response`], [`ToResponses`]).
@@ -10,12 +11,16 @@
 
 use std::io::Write;
 
-use serde_json::{Map, Value, json};
+#[cfg(test)]
+use serde_json::Map;
+use serde_json::Value;
 
 use super::chunk::OChunk;
+use super::json::{J, Pairs, jo, set};
 use super::{Refused, request, response};
 use crate::sse::Event;
 
+#[cfg(test)]
 type Obj = Map<String, Value>;
 
 const RESPONSES: &str = "a translated Responses request";
@@ -26,8 +31,9 @@ const RESPONSES: &str = "a translated Responses request";
 pub struct Echo(Vec<(&'static str, String)>);
 
 impl Echo {
-    fn add(&mut self, key: &'static str, v: &Value) {
-        self.0.push((key, v.to_string()));
+    fn add(&mut self, key: &'static str, v: &J<'_>) {
+        self.0
+            .push((key, serde_json::to_string(v).unwrap_or_default()));
     }
 
     fn get(&self, key: &str) -> Option<&str> {
@@ -52,19 +58,26 @@ const ECHOED: [(&str, &str); 8] = [
 ];
 
 /// A Responses request body for the provider: Chat Completions, or Anthropic Messages when
-/// `anthropic` (through the Chat Completions form); and what the answer echoes of it.
+/// `anthropic` (through the Chat Completions form); and what the answer echoes of it. The
+/// body is read into the borrowing tree the chat converters use (`J`), the chat form is
+/// built from it without copying the conversation's strings, and for an Anthropic provider
+/// that form goes straight on to the Chat Completions → Messages converter (no second parse).
 pub fn translate_request(
     body: &[u8],
     model: &str,
     anthropic: bool,
 ) -> Result<(Vec<u8>, Echo), Refused> {
-    let req = request::parse_object(body)?;
-    let (chat, echo) = to_chat(&req, model, anthropic)?;
+    let req = match J::parse(body) {
+        Ok(j @ J::Obj(_)) => j,
+        Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
+        Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
+    };
+    let (chat, echo) = to_chat_j(&req, model, anthropic)?;
     if !anthropic {
-        return Ok((request::to_bytes(&chat), echo));
+        return Ok((chat.to_vec(), echo));
     }
-    let (messages, _) = request::chat_to_messages_obj(&chat, model)?;
-    Ok((request::to_bytes(&messages), echo))
+    let (messages, _) = request::chat_to_messages_j(&chat, model)?;
+    Ok((messages.to_vec(), echo))
 }
 
 /// A complete answer (a `chat.completion`, or an Anthropic message when `anthropic`) as a
@@ -88,17 +101,27 @@ pub fn translate_answer(
     Ok(completion_to_response(&v, echo, created))
 }
 
-/// A Responses request as a Chat Completions request (an object), and its [`Echo`].
-/// `anthropic`: the request goes on to an Anthropic provider, so what it cannot express is
-/// refused here under the Responses field's own name.
+/// A Responses request as a Chat Completions request (an object), and its [`Echo`]: the
+/// object form of the translation (for the tests; the gateway uses [`translate_request`]).
+#[cfg(test)]
 pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), Refused> {
-    let mut out = Obj::new();
-    out.insert("model".into(), json!(model));
-    let mut messages: Vec<Value> = Vec::new();
-    let mut input: Option<&Value> = None;
+    let body = request::to_bytes(req);
+    let j = J::parse(&body).map_err(|e| Refused::new("body", format!("is not valid JSON: {e}")))?;
+    let (chat, echo) = to_chat_j(&j, model, anthropic)?;
+    Ok((request::parse_object(&chat.to_vec())?, echo))
+}
+
+/// A Responses request as a Chat Completions request, and its [`Echo`]. `anthropic`: the
+/// request goes on to an Anthropic provider, so what it cannot express is refused here
+/// under the Responses field's own name. Field paths are formatted only for a refusal.
+fn to_chat_j<'a>(req: &J<'a>, model: &'a str, anthropic: bool) -> Result<(J<'a>, Echo), Refused> {
+    let mut out: Pairs<'a> = Vec::with_capacity(12);
+    set(&mut out, "model", J::from(model));
+    let mut messages: Vec<J<'a>> = Vec::new();
+    let mut input: Option<&J<'a>> = None;
     let mut echo = Echo::default();
-    for (k, v) in req {
-        let k = k.as_str();
+    for (k, v) in req.as_object().into_iter().flatten() {
+        let k: &str = k;
         if v.is_null() {
             continue;
         }
@@ -106,16 +129,15 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
             "model" => {}
             "input" => input = Some(v),
             "instructions" => {
-                let s = v
-                    .as_str()
+                v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
-                messages.push(json!({"role": "system", "content": s}));
+                messages.push(jo! {"role" => "system", "content" => v.clone()});
                 echo.add("instructions", v);
             }
             "max_output_tokens" => {
                 v.as_u64()
                     .ok_or_else(|| Refused::new(k, "must be a non-negative integer"))?;
-                out.insert("max_tokens".into(), v.clone());
+                set(&mut out, "max_tokens", v.clone());
                 echo.add("max_output_tokens", v);
             }
             "temperature" => {
@@ -128,37 +150,37 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                         "must be between 0 and 1 for an Anthropic provider",
                     ));
                 }
-                out.insert(k.into(), v.clone());
+                set(&mut out, "temperature", v.clone());
                 echo.add("temperature", v);
             }
             "top_p" => {
                 v.as_f64()
                     .ok_or_else(|| Refused::new(k, "must be a number"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "top_p", v.clone());
                 echo.add("top_p", v);
             }
             "stream" => {
                 let b = v
                     .as_bool()
                     .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
-                out.insert("stream".into(), json!(b));
+                set(&mut out, "stream", J::Bool(b));
                 if b {
                     // The usage chunk feeds `response.completed`'s usage.
-                    out.insert("stream_options".into(), json!({"include_usage": true}));
+                    set(&mut out, "stream_options", jo! {"include_usage" => true});
                 }
             }
             "tools" => {
-                out.insert("tools".into(), tools_to_chat(v, anthropic)?);
+                set(&mut out, "tools", tools_to_chat(v, anthropic)?);
                 echo.add("tools", v);
             }
             "tool_choice" => {
-                out.insert(k.into(), tool_choice_to_chat(v)?);
+                set(&mut out, "tool_choice", tool_choice_to_chat(v)?);
                 echo.add("tool_choice", v);
             }
             "parallel_tool_calls" => {
                 v.as_bool()
                     .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "parallel_tool_calls", v.clone());
                 echo.add("parallel_tool_calls", v);
             }
             "reasoning" => {
@@ -169,10 +191,10 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
             "user" => {
                 v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "user", v.clone());
             }
             // Nothing is stored: the answer is not kept for `previous_response_id`.
-            "store" if v == &json!(false) => {}
+            "store" if matches!(v, J::Bool(false)) => {}
             "store" => {
                 return Err(Refused::new(
                     k,
@@ -186,7 +208,7 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                 v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
                 if !anthropic {
-                    out.insert(k.into(), v.clone());
+                    set(&mut out, "prompt_cache_key", v.clone());
                 }
             }
             // The client's own labels for the request (Codex sends its turn metadata
@@ -195,9 +217,9 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                 v.as_object()
                     .ok_or_else(|| Refused::new(k, "must be an object"))?;
             }
-            "truncation" if v == &json!("disabled") => {}
-            "metadata" if v.as_object().is_some_and(Map::is_empty) => {}
-            "background" if v == &json!(false) => {}
+            "truncation" if v.as_str() == Some("disabled") => {}
+            "metadata" if v.as_object().is_some_and(Vec::is_empty) => {}
+            "background" if matches!(v, J::Bool(false)) => {}
             other => {
                 return Err(Refused::new(
                     other,
@@ -208,8 +230,8 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
     }
     match input {
         None => return Err(Refused::new("input", "is required")),
-        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => input_items(items, anthropic, &mut messages)?,
+        Some(s @ J::Str(_)) => messages.push(jo! {"role" => "user", "content" => s.clone()}),
+        Some(J::Arr(items)) => input_items(items, anthropic, &mut messages)?,
         Some(_) => {
             return Err(Refused::new(
                 "input",
@@ -217,11 +239,11 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
             ));
         }
     }
-    out.insert("messages".into(), Value::Array(messages));
-    Ok((out, echo))
+    set(&mut out, "messages", J::Arr(messages));
+    Ok((J::Obj(out), echo))
 }
 
-fn include(v: &Value) -> Result<(), Refused> {
+fn include(v: &J<'_>) -> Result<(), Refused> {
     let list = v
         .as_array()
         .ok_or_else(|| Refused::new("include", "must be an array"))?;
@@ -238,7 +260,7 @@ fn include(v: &Value) -> Result<(), Refused> {
     Ok(())
 }
 
-fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused> {
+fn reasoning_to_chat<'a>(v: &J<'a>, anthropic: bool, out: &mut Pairs<'a>) -> Result<(), Refused> {
     let r = v
         .as_object()
         .ok_or_else(|| Refused::new("reasoning", "must be an object"))?;
@@ -246,7 +268,7 @@ fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Re
         if v.is_null() {
             continue;
         }
-        match k.as_str() {
+        match k.as_ref() {
             "effort" => {
                 let e = v
                     .as_str()
@@ -258,7 +280,7 @@ fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Re
                         "must be none, minimal, low, medium or high for an Anthropic provider",
                     ));
                 }
-                out.insert("reasoning_effort".into(), json!(e));
+                set(out, "reasoning_effort", v.clone());
             }
             // Summaries are the reasoning text the target streams back, when it gives any.
             "summary" | "generate_summary" => {
@@ -276,7 +298,7 @@ fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Re
     Ok(())
 }
 
-fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused> {
+fn text_to_chat<'a>(v: &J<'a>, anthropic: bool, out: &mut Pairs<'a>) -> Result<(), Refused> {
     let t = v
         .as_object()
         .ok_or_else(|| Refused::new("text", "must be an object"))?;
@@ -284,9 +306,9 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
         if v.is_null() {
             continue;
         }
-        match k.as_str() {
+        match k.as_ref() {
             "format" => {
-                let kind = v.get("type").and_then(Value::as_str);
+                let kind = v.get("type").and_then(J::as_str);
                 match kind {
                     Some("text") => {}
                     Some("json_object") | Some("json_schema") if anthropic => {
@@ -296,18 +318,19 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
                         ));
                     }
                     Some("json_object") => {
-                        out.insert("response_format".into(), json!({"type": "json_object"}));
+                        set(out, "response_format", jo! {"type" => "json_object"});
                     }
                     Some("json_schema") => {
-                        let mut schema = Obj::new();
+                        let mut schema: Pairs<'a> = Vec::new();
                         for f in ["name", "description", "schema", "strict"] {
                             if let Some(x) = v.get(f) {
-                                schema.insert(f.into(), x.clone());
+                                schema.push((f.into(), x.clone()));
                             }
                         }
-                        out.insert(
-                            "response_format".into(),
-                            json!({"type": "json_schema", "json_schema": schema}),
+                        set(
+                            out,
+                            "response_format",
+                            jo! {"type" => "json_schema", "json_schema" => J::Obj(schema)},
                         );
                     }
                     _ => {
@@ -318,9 +341,7 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
                     }
                 }
             }
-            "verbosity" if !anthropic => {
-                out.insert("verbosity".into(), v.clone());
-            }
+            "verbosity" if !anthropic => set(out, "verbosity", v.clone()),
             other => {
                 return Err(Refused::new(
                     format!("text.{other}"),
@@ -332,7 +353,7 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
     Ok(())
 }
 
-fn tools_to_chat(v: &Value, anthropic: bool) -> Result<Value, Refused> {
+fn tools_to_chat<'a>(v: &J<'a>, anthropic: bool) -> Result<J<'a>, Refused> {
     let list = v
         .as_array()
         .ok_or_else(|| Refused::new("tools", "must be an array"))?;
@@ -342,35 +363,34 @@ fn tools_to_chat(v: &Value, anthropic: bool) -> Result<Value, Refused> {
         let t = t
             .as_object()
             .ok_or_else(|| Refused::new(format!("tools[{i}]"), "must be an object"))?;
-        if t.get("type").and_then(Value::as_str) != Some("function") {
+        let kind = t.iter().find(|(k, _)| k == "type").map(|(_, v)| v);
+        if kind.and_then(J::as_str) != Some("function") {
             return Err(Refused::new(
                 at("type"),
                 "only function tools can be offered to a provider that does not speak the Responses API",
             ));
         }
-        let mut f = Obj::new();
+        let mut f: Pairs<'a> = Vec::with_capacity(4);
         for (k, v) in t {
-            match k.as_str() {
+            match k.as_ref() {
                 "type" => {}
                 "name" => {
                     v.as_str()
                         .ok_or_else(|| Refused::new(at("name"), "must be a string"))?;
-                    f.insert("name".into(), v.clone());
+                    f.push((k.clone(), v.clone()));
                 }
                 "description" | "parameters" if !v.is_null() => {
-                    f.insert(k.clone(), v.clone());
+                    f.push((k.clone(), v.clone()));
                 }
                 "description" | "parameters" => {}
-                "strict" if anthropic && v == &json!(true) => {
+                "strict" if anthropic && matches!(v, J::Bool(true)) => {
                     return Err(Refused::new(
                         at("strict"),
                         "strict schemas cannot be enforced by an Anthropic provider",
                     ));
                 }
                 "strict" if anthropic || v.is_null() => {}
-                "strict" => {
-                    f.insert("strict".into(), v.clone());
-                }
+                "strict" => f.push((k.clone(), v.clone())),
                 other => {
                     return Err(Refused::new(
                         at(other),
@@ -379,23 +399,22 @@ fn tools_to_chat(v: &Value, anthropic: bool) -> Result<Value, Refused> {
                 }
             }
         }
-        if !f.contains_key("name") {
+        if !f.iter().any(|(k, _)| k == "name") {
             return Err(Refused::new(at("name"), "is required"));
         }
-        out.push(json!({"type": "function", "function": f}));
+        out.push(jo! {"type" => "function", "function" => J::Obj(f)});
     }
-    Ok(Value::Array(out))
+    Ok(J::Arr(out))
 }
 
-fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
+fn tool_choice_to_chat<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
     match v {
-        Value::String(s) if matches!(s.as_str(), "auto" | "none" | "required") => Ok(v.clone()),
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o
-                .get("name")
-                .and_then(Value::as_str)
+        J::Str(s) if matches!(s.as_ref(), "auto" | "none" | "required") => Ok(v.clone()),
+        J::Obj(_) if v.at("type").as_str() == Some("function") => {
+            let name = v.at("name");
+            name.as_str()
                 .ok_or_else(|| Refused::new("tool_choice.name", "must be a string"))?;
-            Ok(json!({"type": "function", "function": {"name": name}}))
+            Ok(jo! {"type" => "function", "function" => jo! {"name" => name.clone()}})
         }
         _ => Err(Refused::new(
             "tool_choice",
@@ -404,74 +423,86 @@ fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
     }
 }
 
-/// Content of a message item as Chat Completions content: a string stays a string; parts
-/// become text and image parts.
-fn content_to_chat(v: &Value, at: &str, assistant: bool) -> Result<Value, Refused> {
+/// Content of input item `i`'s `field` (`content`, or a function call's `output`) as Chat
+/// Completions content: a string stays a string; parts become text and image parts.
+fn content_to_chat<'a>(
+    v: &J<'a>,
+    i: usize,
+    field: &str,
+    assistant: bool,
+) -> Result<J<'a>, Refused> {
     let parts = match v {
-        Value::String(_) => return Ok(v.clone()),
-        Value::Array(a) => a,
-        _ => return Err(Refused::new(at, "must be a string or an array of parts")),
+        J::Str(_) => return Ok(v.clone()),
+        J::Arr(a) => a,
+        _ => {
+            return Err(Refused::new(
+                format!("input[{i}].{field}"),
+                "must be a string or an array of parts",
+            ));
+        }
     };
+    let here = |j: usize, f: &str| format!("input[{i}].{field}[{j}]{f}");
     let mut out = Vec::with_capacity(parts.len());
     for (j, p) in parts.iter().enumerate() {
-        let here = format!("{at}[{j}]");
-        let kind = p.get("type").and_then(Value::as_str);
-        match kind {
+        match p.at("type").as_str() {
             Some("input_text") | Some("output_text") => {
-                let text = p
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| Refused::new(format!("{here}.text"), "must be a string"))?;
-                out.push(json!({"type": "text", "text": text}));
+                let text = p.at("text");
+                text.as_str()
+                    .ok_or_else(|| Refused::new(here(j, ".text"), "must be a string"))?;
+                out.push(jo! {"type" => "text", "text" => text.clone()});
             }
             Some("refusal") if assistant => {
-                let text = p
-                    .get("refusal")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| Refused::new(format!("{here}.refusal"), "must be a string"))?;
-                out.push(json!({"type": "text", "text": text}));
+                let text = p.at("refusal");
+                text.as_str()
+                    .ok_or_else(|| Refused::new(here(j, ".refusal"), "must be a string"))?;
+                out.push(jo! {"type" => "text", "text" => text.clone()});
             }
             Some("input_image") if !assistant => {
-                let Some(url) = p.get("image_url").and_then(Value::as_str) else {
+                let url = p.at("image_url");
+                if url.as_str().is_none() {
                     return Err(Refused::new(
-                        format!("{here}.image_url"),
+                        here(j, ".image_url"),
                         "is required (images by file_id cannot be translated)",
                     ));
-                };
-                let mut image = Obj::new();
-                image.insert("url".into(), json!(url));
-                if let Some(d) = p.get("detail").filter(|d| !d.is_null() && *d != "auto") {
-                    image.insert("detail".into(), d.clone());
                 }
-                out.push(json!({"type": "image_url", "image_url": image}));
+                let mut image: Pairs<'a> = vec![("url".into(), url.clone())];
+                let detail = p.at("detail");
+                if !detail.is_null() && detail.as_str() != Some("auto") {
+                    image.push(("detail".into(), detail.clone()));
+                }
+                out.push(jo! {"type" => "image_url", "image_url" => J::Obj(image)});
             }
             _ => {
                 return Err(Refused::new(
-                    format!("{here}.type"),
+                    here(j, ".type"),
                     format!("is not supported in {RESPONSES}"),
                 ));
             }
         }
     }
-    Ok(Value::Array(out))
+    Ok(J::Arr(out))
 }
 
 /// The input items as chat messages, appended to `messages` (which holds the
 /// instructions, if any). An assistant message followed by function calls is one chat
 /// assistant message with `tool_calls`.
-fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> Result<(), Refused> {
+fn input_items<'a>(
+    items: &[J<'a>],
+    anthropic: bool,
+    messages: &mut Vec<J<'a>>,
+) -> Result<(), Refused> {
     let mut seen_turn = false;
     for (i, item) in items.iter().enumerate() {
         let at = |f: &str| format!("input[{i}].{f}");
-        let o = item
-            .as_object()
-            .ok_or_else(|| Refused::new(format!("input[{i}]"), "must be an object"))?;
-        let kind = o.get("type").and_then(Value::as_str).unwrap_or("message");
+        if item.as_object().is_none() {
+            return Err(Refused::new(format!("input[{i}]"), "must be an object"));
+        }
+        let kind = item.at("type").as_str().unwrap_or("message");
         match kind {
             "message" => {
-                let role = o
-                    .get("role")
-                    .and_then(Value::as_str)
+                let role_j = item.at("role");
+                let role = role_j
+                    .as_str()
                     .ok_or_else(|| Refused::new(at("role"), "must be a string"))?;
                 let system = matches!(role, "system" | "developer");
                 if !system && !matches!(role, "user" | "assistant") {
@@ -487,49 +518,46 @@ fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> R
                     ));
                 }
                 seen_turn |= !system;
-                let content = o.get("content").unwrap_or(&Value::Null);
-                let content = content_to_chat(content, &at("content"), role == "assistant")?;
-                messages.push(json!({"role": role, "content": content}));
+                let content =
+                    content_to_chat(item.at("content"), i, "content", role == "assistant")?;
+                messages.push(jo! {"role" => role_j.clone(), "content" => content});
             }
             "function_call" => {
                 seen_turn = true;
                 let field = |f: &str| {
-                    o.get(f)
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| Refused::new(at(f), "must be a string"))
-                };
-                let call = json!({"id": field("call_id")?, "type": "function",
-                    "function": {"name": field("name")?, "arguments": field("arguments")?}});
-                // Joins the assistant message right before it (its text, or earlier calls).
-                let joined = match messages.last_mut() {
-                    Some(Value::Object(m)) if m.get("role") == Some(&json!("assistant")) => {
-                        let calls = m.entry("tool_calls").or_insert_with(|| json!([]));
-                        if let Value::Array(c) = calls {
-                            c.push(call.clone());
-                        }
-                        true
+                    let v = item.at(f);
+                    match v {
+                        J::Str(_) => Ok(v.clone()),
+                        _ => Err(Refused::new(at(f), "must be a string")),
                     }
-                    _ => false,
                 };
-                if !joined {
-                    messages
-                        .push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+                let call = jo! {"id" => field("call_id")?, "type" => "function",
+                "function" => jo! {"name" => field("name")?, "arguments" => field("arguments")?}};
+                // Joins the assistant message right before it (its text, or earlier calls).
+                match messages.last_mut() {
+                    Some(m) if m.at("role").as_str() == Some("assistant") => {
+                        match m.get_mut("tool_calls") {
+                            Some(J::Arr(calls)) => calls.push(call),
+                            _ => m.insert("tool_calls", J::Arr(vec![call])),
+                        }
+                    }
+                    _ => messages.push(
+                        jo! {"role" => "assistant", "content" => J::Null, "tool_calls" => J::Arr(vec![call])},
+                    ),
                 }
             }
             "function_call_output" => {
                 seen_turn = true;
-                let id = o
-                    .get("call_id")
-                    .and_then(Value::as_str)
+                let id = item.at("call_id");
+                id.as_str()
                     .ok_or_else(|| Refused::new(at("call_id"), "must be a string"))?;
-                let output = match o.get("output") {
-                    Some(Value::String(s)) => json!(s),
-                    Some(v @ Value::Array(_)) => {
-                        let parts = content_to_chat(v, &at("output"), false)?;
-                        if parts
-                            .as_array()
-                            .is_some_and(|p| p.iter().any(|x| x["type"] != "text"))
-                        {
+                let output = match item.at("output") {
+                    s @ J::Str(_) => s.clone(),
+                    v @ J::Arr(_) => {
+                        let parts = content_to_chat(v, i, "output", false)?;
+                        if parts.as_array().is_some_and(|p| {
+                            p.iter().any(|x| x.at("type").as_str() != Some("text"))
+                        }) {
                             return Err(Refused::new(
                                 at("output"),
                                 "tool outputs carry text only once translated",
@@ -539,7 +567,9 @@ fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> R
                     }
                     _ => return Err(Refused::new(at("output"), "must be a string or parts")),
                 };
-                messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+                messages.push(
+                    jo! {"role" => "tool", "tool_call_id" => id.clone(), "content" => output},
+                );
             }
             // Earlier reasoning is not input the target takes (Anthropic wants its own
             // signed thinking, chat servers none): dropped, as reasoning_content is.
@@ -822,7 +852,7 @@ pub struct ToResponses {
     items: Vec<Item>,
     /// The output index of the open reasoning or message item.
     open: Option<usize>,
-    finish: Option<String>,
+    pub(super) finish: Option<String>,
     usage: Option<Usage>,
     pub(super) done: bool,
     pub(super) broken: bool,
