@@ -286,6 +286,13 @@ impl CooldownTracker {
 
     /// Removes entries whose latest failure is older than their retention. Call every
     /// [`SWEEP_INTERVAL_MS`]. Returns the number removed.
+    /// Drops the entries `keep` refuses (a reload removed their provider or connection).
+    pub fn retain(&mut self, mut keep: impl FnMut(TrackerKey) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
+        before - self.entries.len()
+    }
+
     pub fn sweep(&mut self, now: Now) -> usize {
         let now_ms = mono_ms(now);
         let before = self.entries.len();

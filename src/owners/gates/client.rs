@@ -137,7 +137,8 @@ pub async fn quota_share_slot(
     {
         return None;
     }
-    let wait_ms = config.combos.get(combo)?.settings.queue_timeout_ms;
+    let combo = config.combos.get(combo)?;
+    let (wait_ms, combo) = (combo.settings.queue_timeout_ms, combo.id);
     let (home, reply) = ask_home(shard, connection, wait_ms, |deadline_ns| Request::QsSlot {
         combo,
         connection,
@@ -165,11 +166,10 @@ pub async fn combo_slot<'a>(
     connection: ConnectionId,
     model: &str,
 ) -> Result<GatePermit<'a>, GateError> {
-    let wait_ms = shard
-        .config()
-        .combos
-        .get(combo)
-        .map_or(0, |c| c.settings.queue_timeout_ms);
+    let Some(combo) = shard.config().combos.get(combo) else {
+        return Err(GateError::QueueFull);
+    };
+    let (wait_ms, combo) = (combo.settings.queue_timeout_ms, combo.id);
     let (home, reply) = ask_home(shard, connection, wait_ms, |deadline_ns| {
         Request::ComboSlot {
             combo,

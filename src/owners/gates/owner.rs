@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::{Config, ConnectionId};
+use crate::config::{ComboId, Config, ConnectionId};
 use crate::flow::admission::{
     account_capacity, combo_capacity, gate_capacity, gate_requirements, model_capacity,
 };
@@ -67,8 +67,7 @@ impl Mechanism for Gates {
             } => {
                 let queue_depth = cx
                     .config
-                    .combos
-                    .get(combo)
+                    .combo_by_id(combo)
                     .map_or(20, |c| c.settings.queue_depth as usize);
                 let request = SlotRequest {
                     id,
@@ -221,17 +220,13 @@ impl Gates {
 /// and queue depth. `None`: no such combo (a reload removed it meanwhile).
 fn combo_gate(
     config: &Config,
-    combo: usize,
+    combo: ComboId,
     connection: ConnectionId,
     model: String,
 ) -> Option<(GateKey, u32, usize)> {
-    let settings = &config.combos.get(combo)?.settings;
+    let settings = &config.combo_by_id(combo)?.settings;
     let capacity = combo_capacity(config, combo, connection)?;
-    let key = GateKey::Combo(
-        u16::try_from(combo).ok()?,
-        connection,
-        model.into_boxed_str(),
-    );
+    let key = GateKey::Combo(combo.0, connection, model.into_boxed_str());
     Some((key, capacity, settings.queue_depth as usize))
 }
 
@@ -312,7 +307,7 @@ mod tests {
         };
         let slot = || Request::QsSlot {
             // No such combo: the default queue depth (20).
-            combo: 0,
+            combo: ComboId(0),
             connection: ConnectionId(0),
             deadline_ns: Some(now.mono_ns + 30_000_000_000),
         };

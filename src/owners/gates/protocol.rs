@@ -1,7 +1,7 @@
 //! The gates protocol: permit calls to a connection's gate home, and the facts that return
 //! or block them.
 
-use crate::config::ConnectionId;
+use crate::config::{ComboId, ConnectionId};
 use crate::flow::gates::GateError;
 
 pub enum Request {
@@ -15,7 +15,7 @@ pub enum Request {
     /// The connection's quota-share slot (B §2.3; fail open) for an attempt of quota-share
     /// combo `combo` (its `queue_depth` bounds the waiters).
     QsSlot {
-        combo: usize,
+        combo: ComboId,
         connection: ConnectionId,
         deadline_ns: Option<u64>,
     },
@@ -23,7 +23,7 @@ pub enum Request {
     /// the connection's `max_concurrent`, else the combo's `concurrency_per_model`; at most
     /// `queue_depth` waiters (0: never wait).
     ComboSlot {
-        combo: usize,
+        combo: ComboId,
         connection: ConnectionId,
         model: String,
         deadline_ns: Option<u64>,
