@@ -634,3 +634,62 @@ fn sighup_drops_a_removed_connection_s_cooldown_and_no_kept_one_inherits_it() {
     });
     assert!(cooling(addr).is_null(), "the new c1 starts fresh");
 }
+
+#[test]
+fn round_robin_combos_added_by_a_reload_serve_while_a_shard_still_runs_the_old_file() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    let gate = Gate::new();
+    a.on(CHAT, Reply::openai_chat("held").wait_for(&gate));
+    b.on_always(CHAT, Reply::openai_chat("ok"));
+    // Four single-connection providers: their connections' owner shards (where each combo
+    // semaphore lives) cover both shards.
+    let mut providers = format!(
+        "{}{}",
+        support::provider("pa", &a.base_url(), &["m1"]),
+        support::connection("ca", "pa")
+    );
+    for i in 0..4 {
+        providers += &support::provider(&format!("p{i}"), &b.base_url(), &["m1"]);
+        providers += &support::connection(&format!("c{i}"), &format!("p{i}"));
+    }
+    let mut gw = Gateway::start(&format!("{}{providers}", head(2)));
+    let addr = gw.addr();
+    // One shard keeps a request in flight, so it keeps the old file (no combos) until the
+    // end of the test: the owner of some of the combos' semaphores has not adopted them
+    // when the other shard's requests ask it for a slot.
+    let mut held = Client::connect(addr);
+    held.start_request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer k"),
+            ("content-type", "application/json"),
+        ],
+        br#"{"model":"pa/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    a.wait_for_hits(CHAT, 1, secs(10));
+    let combos: String = (0..4)
+        .map(|i| {
+            format!(
+                "[[combos]]\nname = \"r{i}\"\nstrategy = \"round-robin\"\ntargets = [\"p{i}/m1\"]\n\n"
+            )
+        })
+        .collect();
+    reload_to(&mut gw, &format!("{}{providers}{combos}", head(2)));
+    for i in 0..4 {
+        let combo = format!("r{i}");
+        let r = eventually(
+            secs(10),
+            "the shard that adopted the reload to answer",
+            || {
+                let r = chat(addr, "k", &combo);
+                // 404: the shard still on the old file does not know the combo.
+                (r.status != 404).then_some(r)
+            },
+        );
+        assert_eq!(r.status, 200, "{combo}: {}", r.text());
+        assert_eq!(served_by(&r), Some(format!("c{i}")));
+    }
+    gate.open();
+    assert_eq!(held.read_response().status, 200);
+}

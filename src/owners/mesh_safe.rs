@@ -111,7 +111,7 @@ mod gates {
     mesh_safe!(enum Request {
         Acquire { connection, model @ name, deadline_ns },
         QsSlot { combo, connection, deadline_ns },
-        ComboSlot { combo, connection, model @ name, deadline_ns },
+        ComboSlot { combo, connection, model @ name, deadline_ns, capacity, queue_depth },
     });
     mesh_safe!(enum Fact {
         Release { serial },

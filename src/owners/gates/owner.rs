@@ -88,11 +88,16 @@ impl Mechanism for Gates {
                 connection,
                 model,
                 deadline_ns,
+                capacity,
+                queue_depth,
             } => {
-                let Some((key, capacity, depth)) = combo_gate(cx.config, combo, connection, model)
-                else {
-                    return cx.reply(id, Reply::Denied(GateError::QueueFull));
-                };
+                // A combo this home's configuration does not have yet (a reload added it
+                // and this shard has not adopted it): the asker's reading of it.
+                let (key, capacity, depth) = combo_gate(cx.config, combo, connection, &model)
+                    .unwrap_or_else(|| {
+                        let key = GateKey::Combo(combo.0, connection, model.into_boxed_str());
+                        (key, capacity.max(1), queue_depth as usize)
+                    });
                 let request = AcquireRequest {
                     id,
                     gates: vec![GateReq::new(key, Some(capacity))],
@@ -217,16 +222,17 @@ impl Gates {
 
 /// A round-robin combo's semaphore for `model` on `connection` (B §2.2): its key, capacity
 /// (the connection's `max_concurrent` when set, else the combo's `concurrency_per_model`)
-/// and queue depth. `None`: no such combo (a reload removed it meanwhile).
+/// and queue depth. `None`: no such combo in `config` (a reload added or removed it, and
+/// this shard has not adopted the reload yet or any more).
 fn combo_gate(
     config: &Config,
     combo: ComboId,
     connection: ConnectionId,
-    model: String,
+    model: &str,
 ) -> Option<(GateKey, u32, usize)> {
     let settings = &config.combo_by_id(combo)?.settings;
     let capacity = combo_capacity(config, combo, connection)?;
-    let key = GateKey::Combo(combo.0, connection, model.into_boxed_str());
+    let key = GateKey::Combo(combo.0, connection, Box::from(model));
     Some((key, capacity, settings.queue_depth as usize))
 }
 

@@ -21,12 +21,16 @@ pub enum Request {
     },
     /// Round-robin combo `combo`'s semaphore for `model` on `connection` (B §2.2): capacity
     /// the connection's `max_concurrent`, else the combo's `concurrency_per_model`; at most
-    /// `queue_depth` waiters (0: never wait).
+    /// `queue_depth` waiters (0: never wait). `capacity` and `queue_depth` are the asker's
+    /// reading of them: the home uses them when its configuration does not have the combo
+    /// (during a reload that added it, until the home adopts the reload).
     ComboSlot {
         combo: ComboId,
         connection: ConnectionId,
         model: String,
         deadline_ns: Option<u64>,
+        capacity: u32,
+        queue_depth: u32,
     },
 }
 
