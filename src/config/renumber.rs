@@ -181,6 +181,19 @@ mod tests {
         assert_eq!(combo(&new, "z"), ComboId(2));
         assert_eq!(new.combo_by_id(combo(&new, "y")).unwrap().name, "y");
         assert_eq!(new.provider(new.combos[0].targets[0].provider).name, "c");
+        // A client key's allowed connections follow their names.
+        let keyed = |c: &str| {
+            format!("{c}[[client_keys]]\nid = \"t\"\nkey = \"k\"\nallowed_connections = [\"a1\"]\n")
+        };
+        let old_keyed = load(&keyed(&file(&["a", "b"], &[("b1", "b"), ("a1", "a")], &[])));
+        let mut new_keyed = load(&keyed(&file(&["b", "a"], &[("a1", "a"), ("b1", "b")], &[])));
+        carry_ids(&mut new_keyed, &old_keyed).unwrap();
+        let allowed = new_keyed.client_keys[0]
+            .allowed_connections
+            .clone()
+            .unwrap();
+        assert_eq!(allowed, vec![conn(&old_keyed, "a1")]);
+        assert_eq!(new_keyed.connection(allowed[0]).name, "a1");
         // A second reload continues from the first.
         let mut again = load(&file(&["d"], &[("d1", "d")], &[]));
         carry_ids(&mut again, &new).unwrap();
