@@ -324,7 +324,8 @@ pub struct Reloaded {
     pub changes: Vec<String>,
 }
 
-/// "connections added: c2; removed: c1" for the names `new` has that `old` lacks and back.
+/// `connections: added c2; removed c1 (…)` for the names `new` has that `old` lacks and
+/// back; `None` when both have the same names.
 fn layout_change<'a>(
     what: &str,
     old: impl Iterator<Item = &'a str> + Clone,
@@ -352,7 +353,7 @@ impl Fleet {
     /// Hands a validated configuration to every shard; each adopts it at its next quiet
     /// point (no request in flight), so in-flight requests finish on the old one.
     /// Providers, connections and combos may be added, removed and reordered: the reloaded
-    /// ones keep their ids by name (`config::ids`), so the owner state keyed by them
+    /// ones keep their ids by name (`config::renumber`), so the owner state keyed by them
     /// (breakers, cooldowns, lockouts, gates, pins, metrics) stays with its name, removed
     /// ones' state is dropped as each owner adopts the reload, and new ones start fresh.
     /// Settings that cannot change live (`listen`, `workers`, `allow_shared_listen`,

@@ -424,9 +424,6 @@ impl Health {
         }
     }
 
-    /// New runtime settings: every breaker takes its category's new tuning (a changed
-    /// 429-hint switch resets them all, and the resets are broadcast), the tracker its new
-    /// windows.
     /// Drops the state of providers and connections the configuration no longer has (a
     /// reload removed them; a late report from a shard still on the old configuration
     /// may bring some back, which housekeeping drops again). Kept ones are untouched:
@@ -459,6 +456,9 @@ impl Health {
         }
     }
 
+    /// New runtime settings: every breaker takes its category's new tuning (a changed
+    /// 429-hint switch resets them all, and the resets are broadcast), the tracker its new
+    /// windows.
     fn retune(&mut self, cx: &mut Cx<'_>) {
         let settings = BreakerSettings::from_resilience(&cx.config.resilience);
         for (key, t) in self.breakers.apply_settings(cx.now, settings) {
