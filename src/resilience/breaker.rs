@@ -1359,14 +1359,6 @@ impl BreakerTable {
     /// Removes idle breakers (closed, no failures) whose last failure is unknown or older
     /// than [`IDLE_EVICT_AFTER_MS`] (§1.5). Call every [`SWEEP_INTERVAL_MS`]. Returns the
     /// number removed.
-    /// Drops the breakers `keep` refuses (a reload removed their provider or connection:
-    /// nothing routes to them any more, so no transition is reported). Returns how many.
-    pub fn retain(&mut self, mut keep: impl FnMut(BreakerKey) -> bool) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|k, _| keep(*k));
-        before - self.entries.len()
-    }
-
     pub fn sweep(&mut self, now: Now) -> usize {
         let now_ms = mono_ms(now);
         let cutoff = now_ms.saturating_sub(ms_i64(IDLE_EVICT_AFTER_MS));
@@ -1382,6 +1374,14 @@ impl BreakerTable {
             self.remove(*k);
         }
         stale.len()
+    }
+
+    /// Drops the breakers `keep` refuses (a reload removed their provider or connection:
+    /// nothing routes to them any more, so no transition is reported). Returns how many.
+    pub fn retain(&mut self, mut keep: impl FnMut(BreakerKey) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
+        before - self.entries.len()
     }
 
     /// `circuitBreakers` counts at `now`.

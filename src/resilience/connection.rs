@@ -1362,18 +1362,18 @@ impl ConnectionTable {
     }
 
     /// The record (a clean default when never touched).
-    /// Drops the records `keep` refuses (a reload removed their connection).
-    pub fn retain(&mut self, mut keep: impl FnMut(ConnectionId) -> bool) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|k, _| keep(*k));
-        before - self.entries.len()
-    }
-
     pub fn state(&self, id: ConnectionId) -> ConnectionState {
         self.entries
             .get(&id)
             .map(|e| e.state.clone())
             .unwrap_or_default()
+    }
+
+    /// Drops the records `keep` refuses (a reload removed their connection).
+    pub fn retain(&mut self, mut keep: impl FnMut(ConnectionId) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
+        before - self.entries.len()
     }
 
     pub fn backoff_level(&self, id: ConnectionId) -> u32 {

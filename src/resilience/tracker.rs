@@ -286,18 +286,18 @@ impl CooldownTracker {
 
     /// Removes entries whose latest failure is older than their retention. Call every
     /// [`SWEEP_INTERVAL_MS`]. Returns the number removed.
-    /// Drops the entries `keep` refuses (a reload removed their provider or connection).
-    pub fn retain(&mut self, mut keep: impl FnMut(TrackerKey) -> bool) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|k, _| keep(*k));
-        before - self.entries.len()
-    }
-
     pub fn sweep(&mut self, now: Now) -> usize {
         let now_ms = mono_ms(now);
         let before = self.entries.len();
         self.entries
             .retain(|_, e| now_ms.saturating_sub(e.last_failure_ms) <= ms_i64(e.retention_ms));
+        before - self.entries.len()
+    }
+
+    /// Drops the entries `keep` refuses (a reload removed their provider or connection).
+    pub fn retain(&mut self, mut keep: impl FnMut(TrackerKey) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
         before - self.entries.len()
     }
 
