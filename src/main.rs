@@ -402,6 +402,9 @@ fn reload(path: &std::path::Path, fleet: &mut fleet::Fleet) {
             for k in &done.kept {
                 tracing::warn!("reload: {k}");
             }
+            for c in &done.changes {
+                tracing::info!("reload: {c}");
+            }
             tracing::info!(
                 "configuration reloaded from {}; each shard applies it once its in-flight requests end",
                 path.display()

@@ -193,7 +193,10 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         tls,
         keys,
         metrics: (0..shards)
-            .map(|_| Arc::new(crate::proxy::observe::shard_metrics(&config)))
+            .map(|_| Arc::new(crate::shard::metrics::ShardMetrics::default()))
+            .collect(),
+        families: (0..shards)
+            .map(|_| Arc::new(crate::proxy::observe::families(&config, None)))
             .collect(),
         shards,
         driver: driver.as_str(),
@@ -313,47 +316,54 @@ async fn serve_tls(
     }
 }
 
-/// What a reload did: settings that cannot change live and were kept (one line each).
+/// What a reload did: settings that cannot change live and were kept, and the providers,
+/// connections and combos it added or removed (one line each).
 #[derive(Debug, Default)]
 pub struct Reloaded {
     pub kept: Vec<String>,
+    pub changes: Vec<String>,
+}
+
+/// `connections: added c2; removed c1 (…)` for the names `new` has that `old` lacks and
+/// back; `None` when both have the same names.
+fn layout_change<'a>(
+    what: &str,
+    old: impl Iterator<Item = &'a str> + Clone,
+    new: impl Iterator<Item = &'a str> + Clone,
+) -> Option<String> {
+    let added: Vec<&str> = new
+        .clone()
+        .filter(|n| !old.clone().any(|o| o == *n))
+        .collect();
+    let removed: Vec<&str> = old.filter(|o| !new.clone().any(|n| n == *o)).collect();
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(format!("added {}", added.join(", ")));
+    }
+    if !removed.is_empty() {
+        parts.push(format!(
+            "removed {} (their state is dropped; requests in flight on them finish)",
+            removed.join(", ")
+        ));
+    }
+    (!parts.is_empty()).then(|| format!("{what}: {}", parts.join("; ")))
 }
 
 impl Fleet {
     /// Hands a validated configuration to every shard; each adopts it at its next quiet
     /// point (no request in flight), so in-flight requests finish on the old one.
-    /// Settings that cannot change live (`listen`, `workers`, the set and order of
-    /// providers, connections and combos, which owner state is keyed by) keep their
-    /// running values: a change to `listen`/`workers` is reported and the rest applies; a
-    /// change to the layout refuses the whole reload (`Err`, one line per problem).
+    /// Providers, connections and combos may be added, removed and reordered: the reloaded
+    /// ones keep their ids by name (`config::renumber`), so the owner state keyed by them
+    /// (breakers, cooldowns, lockouts, gates, pins, metrics) stays with its name, removed
+    /// ones' state is dropped as each owner adopts the reload, and new ones start fresh.
+    /// Settings that cannot change live (`listen`, `workers`, `allow_shared_listen`,
+    /// `state_dir`) keep their running values and are reported; the rest applies. `Err`:
+    /// nothing applied, one line per problem.
     pub fn reload(&mut self, mut config: Config) -> Result<Reloaded, Vec<String>> {
         let old = &self.current.config;
-        let layout = |c: &Config| {
-            (
-                c.providers
-                    .iter()
-                    .map(|p| p.name.clone())
-                    .collect::<Vec<_>>(),
-                c.connections
-                    .iter()
-                    .map(|c| c.name.clone())
-                    .collect::<Vec<_>>(),
-                c.combos.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
-            )
-        };
-        let (op, oc, ob) = layout(old);
-        let (np, nc, nb) = layout(&config);
         let mut problems = Vec::new();
-        if op != np {
-            problems.push(format!("providers: the set or order of providers changed ({op:?} -> {np:?}); restart to apply"));
-        }
-        if oc != nc {
-            problems.push(format!("connections: the set or order of connections changed ({oc:?} -> {nc:?}); restart to apply"));
-        }
-        if ob != nb {
-            problems.push(format!(
-                "combos: the set or order of combos changed ({ob:?} -> {nb:?}); restart to apply"
-            ));
+        if let Err(e) = crate::config::renumber::carry_ids(&mut config, old) {
+            problems.push(e);
         }
         let tls = TlsConfigs::build(&config);
         let tls = match tls {
@@ -367,6 +377,22 @@ impl Fleet {
             return Err(problems);
         };
         let mut reloaded = Reloaded::default();
+        let names = |c: &Config| -> [Vec<String>; 3] {
+            [
+                c.providers.iter().map(|p| p.name.clone()).collect(),
+                c.connections.iter().map(|c| c.name.clone()).collect(),
+                c.combos.iter().map(|c| c.name.clone()).collect(),
+            ]
+        };
+        let (before, after) = (names(old), names(&config));
+        for ((what, o), n) in ["providers", "connections", "combos"]
+            .into_iter()
+            .zip(&before)
+            .zip(&after)
+        {
+            let (o, n) = (o.iter().map(String::as_str), n.iter().map(String::as_str));
+            reloaded.changes.extend(layout_change(what, o, n));
+        }
         if config.server.listen != old.server.listen {
             reloaded.kept.push(format!(
                 "server.listen changed to {} (kept {}; restart to apply)",
@@ -403,6 +429,12 @@ impl Fleet {
             tls,
             keys: KeyIndex::new(&config),
             metrics: self.current.metrics.clone(),
+            families: self
+                .current
+                .families
+                .iter()
+                .map(|old| Arc::new(crate::proxy::observe::families(&config, Some(old))))
+                .collect(),
             shards: self.current.shards,
             driver: self.current.driver,
             runtime: self.current.runtime.clone(),
@@ -418,6 +450,9 @@ impl Fleet {
             ));
         for r in &self.reloads {
             let _ = r.send(shared.clone());
+        }
+        if let Some(w) = &self.writer {
+            let _ = w.sink().send(ToWriter::Config(shared.config.clone()));
         }
         self.current = shared;
         Ok(reloaded)

@@ -17,7 +17,7 @@ use super::problem::{DAY_MS, HOUR_MS, Problem, out_of_range};
 use super::raw::{RawClientKey, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer};
 use super::resilience::{self, ResilienceSettings};
 use super::{
-    AuthKind, BaseUrl, ClientKey, Combo, ComboStrategy, ComboTarget, Config, Connection,
+    AuthKind, BaseUrl, ClientKey, Combo, ComboId, ComboStrategy, ComboTarget, Config, Connection,
     ConnectionId, DailyResetClock, EMERGENCY_FALLBACK_ENV, EmergencyFallback, KeySecret, Provider,
     ProviderFormat, ProviderId, RateLimitOverrides, Scheme, Scope, ServerConfig,
 };
@@ -254,7 +254,7 @@ impl Loader<'_> {
                 );
             }
         }
-        Config {
+        let mut config = Config {
             server,
             client_keys,
             providers,
@@ -262,7 +262,10 @@ impl Loader<'_> {
             combos,
             resilience,
             emergency_fallback,
-        }
+            ids: super::ids::Slots::default(),
+        };
+        config.index_ids();
+        config
     }
 
     // -- [emergency_fallback] ------------------------------------------------------------
@@ -1207,6 +1210,7 @@ impl Loader<'_> {
             ));
             steps.push(own);
             out.push(Combo {
+                id: ComboId(u16::try_from(i).unwrap_or(u16::MAX)),
                 name,
                 strategy,
                 targets: Vec::new(),

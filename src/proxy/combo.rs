@@ -576,7 +576,7 @@ impl Runner<'_, '_> {
                 // Counted like the direct walk's: a gateway-made failure here (an upstream
                 // answer's was counted where it was classified, in `relay::open`).
                 if let LastFailure::Gateway(e) = &f {
-                    super::observe::fallback(self.shard.metrics(), None, e.kind);
+                    super::observe::fallback(self.shard.families(), None, e.kind);
                 }
                 self.last = Some(f);
                 self.last_target = Some(target.clone());

@@ -88,7 +88,7 @@ impl Handler for Shard {
         let route = observe::route_index(head.path());
         let started = self.now().mono_ns;
         let after = handle(self, head, body, client, pending).await;
-        let f = &self.metrics().families;
+        let f = self.families();
         f.requests.add(route, 1);
         f.request_duration
             .observe_ns(route, self.now().mono_ns.saturating_sub(started));

@@ -208,7 +208,7 @@ pub async fn run(
                 AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
                     note_budget(shard, &mut budget_spent, target, &failure);
                     if let LastFailure::Gateway(e) = &failure {
-                        observe::fallback(shard.metrics(), None, e.kind);
+                        observe::fallback(shard.families(), None, e.kind);
                     }
                     last = Some(failure);
                 }
@@ -1026,7 +1026,7 @@ pub(super) async fn open<'s>(
     let (qs_slot, mut queue_slot, gate) = match admitted {
         Some(Ok(Ok(admitted))) => {
             let waited = shard.now().mono_ns.saturating_sub(admission_started);
-            observe::admitted(shard.metrics(), target.provider, waited);
+            observe::admitted(shard.families(), shard.config(), target.provider, waited);
             admitted
         }
         Some(Ok(Err(e))) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
@@ -1130,9 +1130,8 @@ pub(super) async fn open<'s>(
         Err(e) => {
             // A failure that moves the request on to another candidate is an operator's
             // business: INFO.
-            let m = shard.metrics();
             observe::attempt(
-                m,
+                shard.families(),
                 config,
                 target.provider,
                 connection,
@@ -1165,7 +1164,7 @@ pub(super) async fn open<'s>(
     };
     let status = up.head.status();
     observe::attempt(
-        shard.metrics(),
+        shard.families(),
         config,
         target.provider,
         connection,
@@ -1254,7 +1253,7 @@ pub(super) async fn open<'s>(
         let reason = verdict.decision.reason;
         attempted.end(Ended::Failed(Box::new(verdict))).await;
         if move_on {
-            observe::fallback(shard.metrics(), Some(reason), ErrorKind::Internal);
+            observe::fallback(shard.families(), Some(reason), ErrorKind::Internal);
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
         }
         // A spent budget the emergency fallback may still serve: answered after the walk.
@@ -1295,7 +1294,7 @@ pub(super) async fn open<'s>(
     let first = match first {
         Ok(first) => {
             let ns = shard.now().mono_ns.saturating_sub(sent_ns);
-            observe::first_byte(shard.metrics(), target.provider, ns);
+            observe::first_byte(shard.families(), shard.config(), target.provider, ns);
             first
         }
         Err(e)

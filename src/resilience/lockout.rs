@@ -961,6 +961,21 @@ impl LockoutTable {
         any
     }
 
+    /// Every lock and failure count of the connections `keep` refuses (a reload removed
+    /// them); each removed lock is announced like a cleared one. Returns how many locks.
+    pub fn retain_connections(&mut self, mut keep: impl FnMut(ConnectionId) -> bool) -> usize {
+        let mut gone: Vec<ConnectionId> = self
+            .locks
+            .keys()
+            .chain(self.failures.keys())
+            .filter_map(|k| k.connection)
+            .filter(|c| !keep(*c))
+            .collect();
+        gone.sort_unstable();
+        gone.dedup();
+        gone.into_iter().map(|c| self.clear_connection(c)).sum()
+    }
+
     /// Every lock of one connection (`POST /api/resilience/cooldowns`). Returns the number
     /// of lock entries removed.
     pub fn clear_connection(&mut self, connection: ConnectionId) -> usize {
