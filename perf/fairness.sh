@@ -7,7 +7,10 @@
 # responses that connection got. Prints, per side: connections and responses per
 # thread (Tidegate: per shard; nginx: per worker), and the spread of responses per
 # connection (min, 1st percentile, median, max; min/median — a starved connection shows
-# as a min far below the median), next to wrk's latency p99 and max.
+# as a min far below the median), next to wrk's latency p99 and max. "Thread balance" is
+# the least-served thread's responses per connection over the best-served thread's: every
+# connection is served by the one shard that accepted it, so a shard that gets less CPU
+# serves all of its connections less.
 #
 #   perf/fairness.sh [DURATION_S] [CONNS]    (default 10 s, 256 connections)
 #   TIDEGATE_WORKERS=2 (default: the number of cores) TIDEGATE_PIN=true TIDEGATE_BIN=DIR
@@ -84,12 +87,14 @@ BT
   reqs=$(awk '/requests in/ {print $1}' "$OUT/fair-$side-wrk.txt")
   # "@w[TID, PORT]: COUNT"
   sed -n 's/^@w\[\([0-9]*\), \([0-9]*\)\]: \([0-9]*\)$/\1 \2 \3/p' "$OUT/fair-$side.raw" > "$OUT/fair-$side.txt"
-  local threads spread
+  local threads spread balance
   threads=$(awk '{c[$1]++; n[$1]+=$3} END{for (t in c) printf "%d conns / %d responses, ", c[t], n[t]}' "$OUT/fair-$side.txt" | sed 's/, $//')
+  # the least-served thread's responses per connection over the best-served one's
+  balance=$(awk '{c[$1]++; n[$1]+=$3} END{lo=-1; hi=0; for (t in c) { r=n[t]/c[t]; if (lo<0 || r<lo) lo=r; if (r>hi) hi=r }; printf "%.2f", (hi>0)?lo/hi:0}' "$OUT/fair-$side.txt")
   spread=$(awk '{print $3}' "$OUT/fair-$side.txt" | sort -n | awk '{a[NR]=$1} END{
     p1=a[int((NR-1)*0.01)+1]; med=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2;
     printf "%d | %d | %d | %d | %d | %.2f", NR, a[1], p1, med, a[NR], (med>0)?a[1]/med:0 }')
-  rows+=("| $side | $reqs | $threads | $spread | $p99 | $max |")
+  rows+=("| $side | $reqs | $threads | $balance | $spread | $p99 | $max |")
 }
 measure tidegate "http://$TG_ADDR/v1/chat/completions" "${TG_ADDR##*:}" "$TG_PID"
 # shellcheck disable=SC2046
@@ -98,8 +103,8 @@ measure nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$NGINX_PORT" $
 {
   echo "Fairness at $CONNS connections (wrk -t2 -c$CONNS -d${DUR}s, non-stream; Tidegate workers=$WORKERS pin_threads=${TIDEGATE_PIN:-true}, nginx worker_processes 2). Responses per client connection counted from the proxy's writes to client sockets."
   echo
-  echo "| side | requests | per thread (shard / worker): connections / responses | connections seen | min | p1 | median | max | min/median | wrk p99 | wrk max |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| side | requests | per thread (shard / worker): connections / responses | thread balance | connections seen | min | p1 | median | max | min/median | wrk p99 | wrk max |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   echo "Command: \`TIDEGATE_WORKERS=$WORKERS perf/fairness.sh $DUR $CONNS\`."

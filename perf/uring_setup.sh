@@ -7,6 +7,8 @@
 #
 #   perf/uring_setup.sh [DURATION_S] [CONNS] [ROUNDS]   (default 8 s, 64 connections, 3)
 #   SETUPS="plain coop defer epoll" TIDEGATE_WORKERS=2 (default: nproc) TIDEGATE_BIN=DIR
+#   BASE_BIN=DIR adds a side "base": the tidegate binary in DIR (an earlier build, e.g. a
+#   copy of main's) with its own defaults, against the same mock, in the same rounds.
 #
 # Writes perf/out/uring_setup.md. Run inside `flock /tmp/tidegate-perf.lock`. Traffic
 # stays on 127.0.0.1; every process started here is ended by PID.
@@ -46,9 +48,13 @@ id = "perf-1"
 provider = "perf"
 TOML
 declare -A PID=() URL=() RPS=() CPU=()
+[ -n "${BASE_BIN:-}" ] && SETUPS="base $SETUPS"
 for s in $SETUPS; do
-  if [ "$s" = epoll ]; then env=(TIDEGATE_DRIVER=epoll); else env=(TIDEGATE_DRIVER=io_uring "TIDEGATE_URING_SETUP=$s"); fi
-  env "${env[@]}" TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/setup.toml" > "$OUT/setup-$s.log" 2>&1 &
+  bin=$BIN
+  if [ "$s" = base ]; then env=(TIDEGATE_DRIVER=auto); bin=$BASE_BIN
+  elif [ "$s" = epoll ]; then env=(TIDEGATE_DRIVER=epoll)
+  else env=(TIDEGATE_DRIVER=io_uring "TIDEGATE_URING_SETUP=$s"); fi
+  env "${env[@]}" TIDEGATE_LOG=warn "$bin/tidegate" serve --config "$OUT/setup.toml" > "$OUT/setup-$s.log" 2>&1 &
   PID[$s]=$!; pids+=($!)
   for _ in $(seq 100); do grep -q "listening on" "$OUT/setup-$s.log" && break; sleep 0.1; done
   addr=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/setup-$s.log")
@@ -79,6 +85,6 @@ done
     echo "| $s | $(median ${RPS[$s]}) | ${RPS[$s]% } | $(median ${CPU[$s]}) | ${CPU[$s]% } |"
   done
   echo
-  echo "Command: \`SETUPS=\"$SETUPS\" TIDEGATE_WORKERS=$WORKERS perf/uring_setup.sh $DUR $CONNS $ROUNDS\`."
+  echo "Command: \`${BASE_BIN:+BASE_BIN=$BASE_BIN }SETUPS=\"${SETUPS#base }\" TIDEGATE_WORKERS=$WORKERS perf/uring_setup.sh $DUR $CONNS $ROUNDS\`."
 } > "$OUT/uring_setup.md"
 cat "$OUT/uring_setup.md"
