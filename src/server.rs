@@ -660,9 +660,7 @@ impl UringSetup {
 
 /// Builds a shard's io_uring runtime with `setup`; a kernel that refuses the setup flags
 /// gets a ring without them.
-fn uring_runtime(
-    setup: UringSetup,
-) -> std::io::Result<monoio::Runtime<TimeDriver<IoUringDriver>>> {
+fn uring_runtime(setup: UringSetup) -> std::io::Result<monoio::Runtime<TimeDriver<IoUringDriver>>> {
     let build = |setup: UringSetup| {
         RuntimeBuilder::<IoUringDriver>::new()
             .with_entries(URING_ENTRIES)
