@@ -150,8 +150,13 @@ fn config_pin(shared: &Shared) -> bool {
     shared.config.server.pin_threads
 }
 
-/// Binds, starts every shard, and returns once all of them accept.
-pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartError> {
+/// Binds, starts every shard, and returns once all of them accept. `uring_setup` applies
+/// when the driver is io_uring.
+pub fn start(
+    config: Arc<Config>,
+    choice: DriverChoice,
+    uring_setup: UringSetup,
+) -> Result<Fleet, StartError> {
     raise_nofile_limit();
     let shards = shard_count(config.server.workers);
     let driver = choose_driver(choice);
@@ -257,6 +262,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
                     mesh: mesh_end,
                     stop,
                     persist,
+                    uring_setup,
                 };
                 if let Err(e) = run_shard(driver, shard, &ready) {
                     let _ = ready.send(Err(format!("shard {id}: {e}")));
@@ -607,6 +613,7 @@ struct ShardStart {
     mesh: Option<MeshEnd<Msg>>,
     stop: Stop,
     persist: Persist,
+    uring_setup: UringSetup,
 }
 
 /// Sends one batch of this shard's changed records to the writer; true when more are
@@ -641,19 +648,79 @@ fn preemptions() -> Option<u64> {
         .ok()
 }
 
+/// How each shard's io_uring ring is set up (`TIDEGATE_URING_SETUP`). A shard's ring is
+/// only ever entered by its own thread, which lets the kernel skip work it would do for a
+/// ring shared between threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UringSetup {
+    /// No setup flags.
+    Plain,
+    /// `IORING_SETUP_COOP_TASKRUN`: a completion does not interrupt the shard thread while
+    /// it runs user code; it is delivered when the thread next enters the kernel (the
+    /// shard enters at every loop turn).
+    Coop,
+    /// `COOP_TASKRUN` + `SINGLE_ISSUER` + `DEFER_TASKRUN` (Linux 6.1+): completions are
+    /// processed only when the shard thread waits for them, in one batch.
+    Defer,
+}
+
+impl UringSetup {
+    /// The setup named by `TIDEGATE_URING_SETUP` (`plain`, `coop`, `defer`; unset or
+    /// empty: the default, [`UringSetup::Coop`]); `None` for any other value.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "" | "coop" => Some(UringSetup::Coop),
+            "plain" => Some(UringSetup::Plain),
+            "defer" => Some(UringSetup::Defer),
+            _ => None,
+        }
+    }
+
+    fn builder(self) -> io_uring::Builder {
+        let mut b = io_uring::IoUring::builder();
+        match self {
+            UringSetup::Plain => {}
+            UringSetup::Coop => {
+                b.setup_coop_taskrun();
+            }
+            UringSetup::Defer => {
+                b.setup_coop_taskrun()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun();
+            }
+        }
+        b
+    }
+}
+
+/// Builds a shard's io_uring runtime with `setup`; a kernel that refuses the setup flags
+/// gets a ring without them.
+fn uring_runtime(setup: UringSetup) -> std::io::Result<monoio::Runtime<TimeDriver<IoUringDriver>>> {
+    let build = |setup: UringSetup| {
+        RuntimeBuilder::<IoUringDriver>::new()
+            .with_entries(URING_ENTRIES)
+            .uring_builder(setup.builder())
+            .enable_timer()
+            .build()
+    };
+    match build(setup) {
+        Ok(rt) => Ok(rt),
+        Err(_) if setup != UringSetup::Plain => build(UringSetup::Plain),
+        Err(e) => Err(e),
+    }
+}
+
 fn run_shard(
     driver: Driver,
     start: ShardStart,
     ready: &flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
     let id = start.id;
+    let setup = start.uring_setup;
     let task = shard_main(start, ready.clone());
     match driver {
         Driver::IoUring => {
-            let built = RuntimeBuilder::<IoUringDriver>::new()
-                .with_entries(URING_ENTRIES)
-                .enable_timer()
-                .build();
+            let built = uring_runtime(setup);
             match built {
                 Ok(mut rt) => rt.block_on(task),
                 Err(e) => {
@@ -691,6 +758,7 @@ async fn shard_main(
         mesh,
         stop,
         persist,
+        uring_setup: _,
     } = start;
     let listener =
         monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;

@@ -115,17 +115,37 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
 /// this the watch stops (the wait goes on, unwatched).
 pub const MAX_PENDING_WHILE_WAITING: usize = 64 * 1024;
 
+/// How long a wait runs before the client is watched for a hang-up. Watching costs a
+/// readiness poll on the client socket (io_uring: a `POLL_ADD`, and an `ASYNC_CANCEL` when
+/// the wait ends first; epoll: a `poll(2)`), which most waits — an admission granted at
+/// once, an upstream that answers in a few ms — end before needing: they cost one entry
+/// in the runtime's timer wheel instead (no system call). A client that hangs up during a
+/// longer wait is seen at most this much later.
+pub const WATCH_AFTER_MS: u64 = 10;
+
 /// Runs `wait` (a request's admission: queue slot, gate permits) unless the client hangs
 /// up first (`None`), so a request whose client is gone never reaches the upstream and
-/// gives its place back. `wait` is polled first: one that is ready at once costs no
-/// readiness poll. Bytes the client pipelines meanwhile are appended to `pending` (the
-/// connection's read buffer), where the keep-alive loop finds them. `wait` is pinned by the
-/// caller, in place (taken by value, it would be stored twice: `proxy::deadline::within`).
+/// gives its place back. `wait` is polled first: one that is ready at once costs nothing;
+/// one that ends within [`WATCH_AFTER_MS`] costs a timer, no readiness poll. Bytes the
+/// client pipelines meanwhile are appended to `pending` (the connection's read buffer),
+/// where the keep-alive loop finds them. `wait` is pinned by the caller, in place (taken by
+/// value, it would be stored twice: `proxy::deadline::within`).
 pub async fn unless_client_gone<F: std::future::Future>(
     client: &mut ClientStream,
     pending: &mut BytesMut,
     mut wait: Pin<&mut F>,
 ) -> Option<F::Output> {
+    if let Some(out) = poll_once(wait.as_mut()).await {
+        return Some(out);
+    }
+    {
+        let grace = std::pin::pin!(monoio::time::sleep(Duration::from_millis(WATCH_AFTER_MS)));
+        monoio::select! {
+            biased;
+            out = &mut wait => return Some(out),
+            () = grace => {}
+        }
+    }
     loop {
         if pending.len() >= MAX_PENDING_WHILE_WAITING {
             return Some(wait.await);
@@ -148,6 +168,16 @@ pub async fn unless_client_gone<F: std::future::Future>(
             Ok(_) => {}
         }
     }
+}
+
+/// Polls `wait` once: its output when it is ready at once, `None` (and `wait` untouched
+/// apart from that poll, its waker registered) when it is not.
+async fn poll_once<F: std::future::Future>(mut wait: Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
 }
 
 fn head_error(e: HeadError) -> GatewayError {
