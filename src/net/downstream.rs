@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use monoio::io::AsyncWriteRent;
 
+use crate::clock::OneReading;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{
     self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
@@ -100,7 +101,8 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             Box::new_uninit(),
             handler.handle(&head, body, &mut stream, &mut buf),
         );
-        let after = Box::into_pin(request).await;
+        // One clock reading per poll of the request (`clock::OneReading`).
+        let after = OneReading(Box::into_pin(request)).await;
         if after == After::Close || handler.is_draining() {
             break;
         }
