@@ -200,10 +200,8 @@ impl Splice {
         }
         let (prompt, completion) = self.totals(self.part_completion.unwrap_or(self.part_deltas));
         let m = shard.metrics();
-        m.usage_prompt_tokens
-            .fetch_add(prompt, std::sync::atomic::Ordering::Relaxed);
-        m.usage_completion_tokens
-            .fetch_add(completion, std::sync::atomic::Ordering::Relaxed);
+        crate::shard::metrics::add_one_writer(&m.usage_prompt_tokens, prompt);
+        crate::shard::metrics::add_one_writer(&m.usage_completion_tokens, completion);
     }
 
     /// The stream was cut and waits for a continuation.
