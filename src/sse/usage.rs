@@ -45,12 +45,17 @@ struct Probe {
     response: Option<Holder>,
 }
 
+/// The searcher for `"usage"` in an event, built once (building one per event cost about
+/// as much as the search).
+static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+
 impl Usage {
     /// Takes in what `ev` reports, if anything (a later report replaces an earlier one
     /// field by field: Anthropic's output count is cumulative).
     pub fn observe(&mut self, ev: &Event<'_>) {
         let Some(data) = ev.data else { return };
-        if memchr::memmem::find(data, b"\"usage\"").is_none() {
+        if USAGE_KEY.find(data).is_none() {
             return;
         }
         let Ok(p) = serde_json::from_slice::<Probe>(data) else {
