@@ -5,6 +5,8 @@
 
 use std::mem::MaybeUninit;
 
+use memchr::memchr_iter;
+
 use super::{HeadError, MAX_HEADERS};
 
 /// Uninitialised stack storage for `httparse` (nothing is zeroed on the hot path).
@@ -57,36 +59,18 @@ pub(crate) fn locate(
         return need_more();
     }
     check_start(rest, start)?;
-    // The first empty line ends the head (`rest` never starts with CRLF, so "\r\n\r\n" here
-    // is a real end of head), and every line feed before it must follow a CR. Two passes
-    // that do not stop at each line (a SIMD search, then a branch-free check) cost less
-    // than visiting every line feed. Same answers as one pass over the line feeds: a bare
-    // LF before the end is found by the check of the head.
-    static END: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\r\n\r\n"));
-    match END.find(rest) {
-        Some(at) => {
-            let len = at + 4;
-            if has_bare_lf(rest.get(..len).unwrap_or(rest)) {
-                return Err(HeadError::Malformed("bare LF"));
-            }
-            Ok(Some(Located { skip, len }))
+    // One pass over the line feeds: each must follow a CR, and the first empty line ends the
+    // head. `rest` never starts with CRLF, so "\r\n\r\n" here is a real end of head.
+    for at in memchr_iter(b'\n', rest) {
+        let before = at.checked_sub(1).and_then(|i| rest.get(i));
+        if before != Some(&b'\r') {
+            return Err(HeadError::Malformed("bare LF"));
         }
-        None if has_bare_lf(rest) => Err(HeadError::Malformed("bare LF")),
-        None => need_more(),
+        if at >= 3 && rest.get(at - 3..at - 1) == Some(b"\r\n".as_slice()) {
+            return Ok(Some(Located { skip, len: at + 1 }));
+        }
     }
-}
-
-/// Whether some LF in `bytes` does not follow a CR. Without an early exit, so it vectorises
-/// (heads are short and almost always clean).
-fn has_bare_lf(bytes: &[u8]) -> bool {
-    let first = bytes.first() == Some(&b'\n');
-    let later = bytes
-        .iter()
-        .skip(1)
-        .zip(bytes)
-        .fold(false, |bad, (&b, &before)| bad | ((b == b'\n') & (before != b'\r')));
-    first | later
+    need_more()
 }
 
 fn check_start(rest: &[u8], start: StartLine) -> Result<(), HeadError> {
@@ -413,60 +397,6 @@ mod tests {
         assert_eq!(Span::of(&base[..5], &base[3..8]), None);
         // A span read against a shorter buffer is empty, never a panic.
         assert_eq!(span.get(b"hi"), b"");
-    }
-
-    /// `locate` as it was written before session 7: one pass over the line feeds.
-    fn locate_by_line_feeds(
-        buf: &[u8],
-        max: usize,
-        start: StartLine,
-    ) -> Result<Option<Located>, HeadError> {
-        let window = buf.get(..buf.len().min(max)).unwrap_or(buf);
-        let mut skip = 0;
-        while window.get(skip..skip + 2) == Some(b"\r\n".as_slice()) {
-            skip += 2;
-        }
-        let rest = window.get(skip..).unwrap_or_default();
-        let need_more = || {
-            if buf.len() >= max {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            }
-        };
-        if rest == b"\r" {
-            return need_more();
-        }
-        check_start(rest, start)?;
-        for at in memchr::memchr_iter(b'\n', rest) {
-            let before = at.checked_sub(1).and_then(|i| rest.get(i));
-            if before != Some(&b'\r') {
-                return Err(HeadError::Malformed("bare LF"));
-            }
-            if at >= 3 && rest.get(at - 3..at - 1) == Some(b"\r\n".as_slice()) {
-                return Ok(Some(Located { skip, len: at + 1 }));
-            }
-        }
-        need_more()
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn locate_answers_as_a_pass_over_the_line_feeds(
-            bytes in proptest::collection::vec(
-                proptest::sample::select(vec![b'\r', b'\n', b'\r', b'\n', b'G', b'H', b' ', b':', b'x']),
-                0..64,
-            ),
-            max in 1usize..80,
-            response in proptest::bool::ANY,
-        ) {
-            let start = if response { StartLine::Response } else { StartLine::Request };
-            proptest::prop_assert_eq!(
-                locate(&bytes, max, start),
-                locate_by_line_feeds(&bytes, max, start),
-                "{:?}", String::from_utf8_lossy(&bytes)
-            );
-        }
     }
 
     #[test]
