@@ -417,7 +417,8 @@ fn stages(c: &mut Criterion) {
     });
     g.bench_function("answer_usage/naive", |b| {
         b.iter(|| {
-            let v: serde_json::Value = serde_json::from_slice(black_box(&answer[..])).expect("json");
+            let v: serde_json::Value =
+                serde_json::from_slice(black_box(&answer[..])).expect("json");
             black_box((
                 v["usage"]["prompt_tokens"].as_u64(),
                 v["usage"]["completion_tokens"].as_u64(),

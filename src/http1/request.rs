@@ -50,7 +50,9 @@ impl RequestHead {
 
     /// What follows the first `?` of the target, if there is one.
     pub fn query(&self) -> Option<&str> {
-        self.target().get(self.path_len as usize..)?.strip_prefix('?')
+        self.target()
+            .get(self.path_len as usize..)?
+            .strip_prefix('?')
     }
 
     /// `0` for HTTP/1.0, `1` for HTTP/1.1.

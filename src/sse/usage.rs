@@ -377,7 +377,12 @@ mod tests {
             br#"{"a":"text"}"#,
             br#"{"a":1} "#,
         ] {
-            assert_eq!(plain_counts(other), None, "{}", String::from_utf8_lossy(other));
+            assert_eq!(
+                plain_counts(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
         }
     }
 
