@@ -7,7 +7,6 @@
 //! attempt loop can still move on, and relayed as it came when nothing better does.
 
 use std::pin::pin;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::net::io::ClientStream;
@@ -31,7 +30,7 @@ use crate::net::upstream::Buffered as InBuffer;
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
 use crate::providers::Endpoint;
-use crate::shard::metrics::{Abandoned, bump};
+use crate::shard::metrics::{Abandoned, add_one_writer, bump};
 use crate::sse::usage::{AnswerTail, Usage};
 
 /// Pieces of a length-delimited body at least this large are written without copying.
@@ -223,10 +222,8 @@ pub async fn commit(
 pub fn count_usage(shard: &Shard, usage: Option<Usage>) {
     if let Some(usage) = usage {
         let m = shard.metrics();
-        m.usage_prompt_tokens
-            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
-        m.usage_completion_tokens
-            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+        add_one_writer(&m.usage_prompt_tokens, usage.prompt_tokens);
+        add_one_writer(&m.usage_completion_tokens, usage.completion_tokens);
     }
 }
 

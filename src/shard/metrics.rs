@@ -1,5 +1,10 @@
 //! Per-shard counters. Each shard writes only its own (relaxed atomics, no contention);
 //! `/metrics` sums all shards on read. Label values come from closed sets.
+//!
+//! One writer per counter (its shard; the snapshot writer for [`SnapshotMetrics`]), so a
+//! count goes up by a relaxed load and store ([`add_one_writer`]), not a read-modify-write:
+//! no locked instruction on the request path (~20 of them per request before). Readers on
+//! other threads see each value whole, at most a moment late.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -188,7 +193,7 @@ impl Counters {
 
     pub fn add(&self, i: usize, n: u64) {
         if let Some(v) = self.values.get(i) {
-            v.fetch_add(n, Ordering::Relaxed);
+            add_one_writer(v, n);
         }
     }
 }
@@ -207,10 +212,10 @@ impl Histogram {
         if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b)
             && let Some(b) = self.buckets.get(i)
         {
-            b.fetch_add(1, Ordering::Relaxed);
+            add_one_writer(b, 1);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(ns / 1_000, Ordering::Relaxed);
+        add_one_writer(&self.count, 1);
+        add_one_writer(&self.sum_us, ns / 1_000);
     }
 }
 
@@ -498,8 +503,7 @@ impl SnapshotMetrics {
         } else {
             bump(&self.write_failures);
         }
-        self.write_ns_total
-            .fetch_add(duration_ns, Ordering::Relaxed);
+        add_one_writer(&self.write_ns_total, duration_ns);
         self.last_write_ns.store(duration_ns, Ordering::Relaxed);
     }
 
@@ -623,11 +627,16 @@ impl SnapshotMetrics {
 }
 
 pub fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+    add_one_writer(c, 1);
 }
 
 pub fn drop_one(c: &AtomicU64) {
-    c.fetch_sub(1, Ordering::Relaxed);
+    c.store(c.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Relaxed);
+}
+
+/// Adds `n` to a counter that only this thread writes (see the module's note).
+pub fn add_one_writer(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 impl ShardMetrics {

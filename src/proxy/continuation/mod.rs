@@ -203,10 +203,8 @@ impl Splice {
         }
         let (prompt, completion) = self.totals(self.part_completion.unwrap_or(self.part_deltas));
         let m = shard.metrics();
-        m.usage_prompt_tokens
-            .fetch_add(prompt, std::sync::atomic::Ordering::Relaxed);
-        m.usage_completion_tokens
-            .fetch_add(completion, std::sync::atomic::Ordering::Relaxed);
+        crate::shard::metrics::add_one_writer(&m.usage_prompt_tokens, prompt);
+        crate::shard::metrics::add_one_writer(&m.usage_completion_tokens, completion);
     }
 
     /// The prompt tokens a cut part's upstream reported in its own format: a translated
