@@ -79,6 +79,9 @@ mod snapshot;
 #[cfg(tidegate_reach)]
 #[path = "../sse/mod.rs"]
 mod sse;
+#[cfg(tidegate_reach)]
+#[path = "../timer.rs"]
+mod timer;
 
 #[cfg(not(tidegate_reach))]
 use tidegate::http1;
