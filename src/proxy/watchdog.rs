@@ -188,7 +188,7 @@ pub async fn next(
     shard: &Shard,
     up: &mut Up,
     idle: Duration,
-    mut wd: Option<&mut Watchdog>,
+    wd: Option<&mut Watchdog>,
     deadline: Option<Deadline>,
 ) -> Result<Option<Bytes>, GatewayError> {
     let mut budget = idle;
@@ -226,7 +226,7 @@ pub async fn next(
         }
         got => got,
     };
-    if let (Ok(Some(piece)), Some(w)) = (&got, wd.as_deref_mut()) {
+    if let (Ok(Some(piece)), Some(w)) = (&got, wd) {
         w.observe(piece, shard.mono_ns());
         if w.tripped() {
             return Err(w.error());
