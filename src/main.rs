@@ -54,6 +54,8 @@ mod shard;
 mod snapshot;
 #[cfg(tidegate_reach)]
 mod sse;
+#[cfg(tidegate_reach)]
+mod timer;
 
 #[cfg(not(tidegate_reach))]
 use tidegate::config;

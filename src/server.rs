@@ -315,7 +315,7 @@ async fn serve_tls(
     let budget = Duration::from_millis(shard.config().server.header_timeout_ms);
     let acceptor = monoio_rustls::TlsAcceptor::from(tls);
     let peer = stream.peer_addr().ok();
-    match monoio::time::timeout(budget, acceptor.accept(stream)).await {
+    match crate::timer::timeout(budget, std::pin::pin!(acceptor.accept(stream))).await {
         Ok(Ok(tls)) => downstream::serve(shard, ClientStream::Tls(Box::new(tls), peer)).await,
         Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
         Err(_) => tracing::debug!("TLS handshake not complete within {budget:?}"),

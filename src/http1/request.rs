@@ -25,6 +25,12 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// Gives the head bytes an allocation of their own: decoded, they share the
+    /// connection's read buffer, and would keep all of it for as long as the request runs.
+    pub fn detach(&mut self) {
+        self.raw = Bytes::copy_from_slice(&self.raw);
+    }
+
     pub fn method(&self) -> Method {
         self.method
     }

@@ -4,7 +4,7 @@
 //! from the same buffer and so answered in order. Bad input gets its typed response
 //! and closes the connection; nothing here panics.
 
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use crate::http1::{
     self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
 };
 use crate::net::io::{ClientStream, READ_BUF_BYTES, read_more, write_all};
+use crate::timer::timeout;
 
 /// What happens to the client connection after a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +75,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     handler.connection_opened();
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     loop {
-        let head = match read_head(&*handler, &mut stream, &mut buf).await {
+        let mut head = match read_head(&*handler, &mut stream, &mut buf).await {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(err) => {
@@ -83,7 +84,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             }
         };
         let _in_flight = handler.request_started();
-        let body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
+        let mut body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
             Ok(b) => b,
             Err(Some(err)) => {
                 handler.reject(Some(&head), &mut stream, &err).await;
@@ -91,6 +92,15 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             }
             Err(None) => break,
         };
+        // The head and body are slices of the read buffer, and would hold all of it for as
+        // long as the request runs (minutes, for a slow stream). With nothing pipelined
+        // behind them they get exact allocations of their own and the buffer is freed; the
+        // next read takes a fresh one.
+        if buf.is_empty() {
+            head.detach();
+            body = Bytes::copy_from_slice(&body);
+            buf = BytesMut::new();
+        }
         // The request's future lives on the heap while it runs: the connection's own task
         // stays small (an idle keep-alive connection holds only this loop's state), and
         // the request's size is paid only while a request is served. The box is allocated
@@ -115,7 +125,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
         // TLS ends with close_notify, so the client can tell a complete response from a
         // cut one (bounded: a client that stopped reading does not hold the task).
         let budget = Duration::from_millis(handler.limits().header_timeout_ms);
-        let _ = monoio::time::timeout(budget, stream.shutdown()).await;
+        let _ = timeout(budget, pin!(stream.shutdown())).await;
     }
     handler.connection_closed();
 }
@@ -243,8 +253,8 @@ async fn read_head<H: Handler>(
                 .get_or_insert(now.saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000)));
             d.saturating_sub(now)
         };
-        let read = read_more(stream, std::mem::take(buf), READ_BUF_BYTES);
-        match monoio::time::timeout(Duration::from_nanos(budget_ns), read).await {
+        let read = pin!(read_more(stream, std::mem::take(buf), READ_BUF_BYTES));
+        match timeout(Duration::from_nanos(budget_ns), read).await {
             Ok((res, b)) => {
                 *buf = b;
                 match res {
@@ -329,8 +339,8 @@ async fn read_body(
                 .clamp(READ_BUF_BYTES, 256 * 1024),
             _ => READ_BUF_BYTES,
         };
-        let read = read_more(stream, std::mem::take(buf), want);
-        match monoio::time::timeout(idle, read).await {
+        let read = pin!(read_more(stream, std::mem::take(buf), want));
+        match timeout(idle, read).await {
             Ok((Ok(n), b)) if n > 0 => *buf = b,
             Ok(_) => return Err(None),
             Err(_) => {

@@ -199,9 +199,17 @@ pub async fn run(
                 AttemptEnd::Done(after) => {
                     // A stream cut after its first byte: the candidates after this one may
                     // continue it.
+                    // Boxed: a continuation is rare (off by default), and inline its
+                    // attempt would make room in every request's future for a second one.
                     if downstream.splice.as_ref().is_some_and(|s| s.cut_pending()) {
-                        return continue_stream(shard, &request, i, &mut walk, &mut downstream)
-                            .await;
+                        return Box::pin(continue_stream(
+                            shard,
+                            &request,
+                            i,
+                            &mut walk,
+                            &mut downstream,
+                        ))
+                        .await;
                     }
                     return after;
                 }
@@ -233,7 +241,7 @@ pub async fn run(
             wait_ms = ms,
             "every credential of the model is cooling: waiting for the earliest (wait_for_cooldown)"
         );
-        let sleep = pin!(monoio::time::sleep(std::time::Duration::from_millis(ms)));
+        let sleep = pin!(crate::timer::sleep(std::time::Duration::from_millis(ms)));
         if unless_client_gone(downstream.client, downstream.pending, sleep)
             .await
             .is_none()
@@ -1091,7 +1099,7 @@ pub(super) async fn open<'s>(
         ));
         let open = pin!(async {
             match open_budget {
-                Some(b) => match monoio::time::timeout(b, open).await {
+                Some(b) => match crate::timer::timeout(b, open).await {
                     Ok(r) => r,
                     Err(_) => Err(GatewayError::new(
                         ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
@@ -1106,7 +1114,7 @@ pub(super) async fn open<'s>(
         });
         let opened = pin!(async {
             match execution_budget {
-                Some(b) => match monoio::time::timeout(b, open).await {
+                Some(b) => match crate::timer::timeout(b, open).await {
                     Ok(r) => r,
                     Err(_) => Err(queue::client::error(
                         QueueError::ExecutionTimeout {
@@ -1279,13 +1287,13 @@ pub(super) async fn open<'s>(
             &mut up,
             req.budgets.idle,
             wd.as_mut(),
-            hold
+            hold,
+            bound,
         ));
-        let first = pin!(deadline::within(shard, bound, first));
         watch(&mut client, first).await
     };
     let first = match first {
-        Some(r) => r.and_then(|r| r),
+        Some(r) => r,
         None => {
             drop(up);
             return Opened::End(hung_up(attempted, Abandoned::Response).await);

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::access::AccessLog;
 use super::continuation::Splice;
-use super::deadline::{self, Deadline};
+use super::deadline::Deadline;
 use super::stream::{self, Buffered, break_stream, emit, relayed_never};
 use super::upstream::Up;
 use super::watchdog::{self, Watchdog};
@@ -332,17 +332,14 @@ async fn commit_stream(
         if over {
             break;
         }
-        // Each wait raced against the client hanging up and the attempt's hard deadline,
-        // as an untranslated stream's (proxy::stream::commit).
+        // Each wait raced against the client hanging up and bounded by the attempt's hard
+        // deadline, as an untranslated stream's (proxy::stream::commit).
         let next = {
-            let next = pin!(watchdog::next(shard, &mut up, tr.idle, wd.as_mut()));
-            let next = pin!(unless_client_gone(client, pending, next));
-            deadline::within(shard, active, next).await
+            let next = pin!(watchdog::next(shard, &mut up, tr.idle, wd.as_mut(), active));
+            unless_client_gone(client, pending, next).await
         };
-        let next = match next {
-            Ok(Some(next)) => next,
-            Ok(None) => return client_gone(shard, up),
-            Err(e) => Err(e),
+        let Some(next) = next else {
+            return client_gone(shard, up);
         };
         match next {
             Ok(Some(piece)) => translator.feed(&piece, &mut piece_out),
