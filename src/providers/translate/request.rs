@@ -892,7 +892,9 @@ fn json_schema_format<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
     let Some(schema) = schema else {
         return Err(Refused::new("output_config.format.schema", "is required"));
     };
-    Ok(jo! {"type" => "json_schema", "json_schema" => jo!{"name" => "output", "schema" => schema, "strict" => true}})
+    Ok(
+        jo! {"type" => "json_schema", "json_schema" => jo!{"name" => "output", "schema" => schema, "strict" => true}},
+    )
 }
 
 /// `context_management`: only edits that clear earlier thinking are accepted. They are

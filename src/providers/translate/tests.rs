@@ -586,7 +586,9 @@ fn anthropic_structured_output_becomes_a_strict_json_schema_response_format() {
     .unwrap_or_default();
     assert_eq!(
         out.get("response_format"),
-        Some(&json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}}))
+        Some(
+            &json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}})
+        )
     );
     assert_eq!(out["reasoning_effort"], "low");
 }
@@ -635,6 +637,56 @@ fn openai_defaults_and_documented_rules() {
     assert_eq!(a["max_tokens"], 9);
     assert_eq!(a["stop_sequences"], json!(["X"]));
     assert_eq!(a["model"], "claude");
+}
+
+#[test]
+fn chat_parts_and_tools_follow_the_documented_cache_control_and_image_rules() {
+    let cc = json!({"type": "ephemeral"});
+    let (a, _) = chat_to_messages_obj(
+        &obj(json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a", "cache_control": cc},
+            {"type": "image_url", "image_url": {"url": "https://x.example/i.png", "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}}]}],
+            "tools": [{"type": "function", "cache_control": cc,
+                "function": {"name": "f", "strict": false}}]})),
+        "m",
+    )
+    .unwrap_or_default();
+    let blocks = &a["messages"][0]["content"];
+    assert_eq!(
+        blocks[0],
+        json!({"type": "text", "text": "a", "cache_control": cc}),
+        "passed through"
+    );
+    assert_eq!(
+        blocks[1],
+        json!({"type": "image", "source": {"type": "url", "url": "https://x.example/i.png"}}),
+        "detail dropped"
+    );
+    assert_eq!(
+        blocks[2]["source"],
+        json!({"type": "base64", "media_type": "image/webp", "data": "AAAA"})
+    );
+    assert_eq!(
+        a["tools"][0],
+        json!({"name": "f", "input_schema": {"type": "object", "properties": {}}, "cache_control": cc})
+    );
+    let user = |part: Value| json!({"messages": [{"role": "user", "content": [part]}]});
+    assert_eq!(
+        refused_field_chat(user(
+            json!({"type": "image_url", "image_url": {"url": "data:text/plain,hi"}})
+        )),
+        "messages[0].content[0].image_url.url"
+    );
+    assert_eq!(
+        refused_field_chat(json!({"messages": [{"role": "user", "content": "a"}],
+            "tools": [{"type": "function", "function": {"name": "f", "strict": true}}]})),
+        "tools[0].function.strict"
+    );
+    assert_eq!(
+        refused_field_chat(user(json!({"type": "file", "file": {}}))),
+        "messages[0].content[0].type"
+    );
 }
 
 // --- streams -------------------------------------------------------------------------------
@@ -886,7 +938,9 @@ fn an_upstream_error_event_mid_stream_reaches_the_client_in_its_shape_however_sp
         .and_then(|p| rec[..p].windows(6).rposition(|w| w == b"data: "))
         .unwrap_or(rec.len());
     rec.truncate(cut);
-    rec.extend_from_slice(b"data: {\"error\":{\"message\":\"quota gone\",\"type\":\"server_error\"}}\n\n");
+    rec.extend_from_slice(
+        b"data: {\"error\":{\"message\":\"quota gone\",\"type\":\"server_error\"}}\n\n",
+    );
     let out = every_split_gives_the_same_output(Translation::MessagesToChat, &rec);
     let events = events_of(&out);
     let (name, data) = events.last().cloned().unwrap_or_default();
@@ -904,13 +958,26 @@ fn error_bodies_are_reshaped_by_the_documented_maps() {
         format!(r#"{{"type":"error","error":{{"type":"{t}","message":"m"}}}}"#).into_bytes()
     };
     let to_openai = |body: &[u8], status: u16| -> Value {
-        serde_json::from_slice(&reshape(body, status, Translation::ChatToMessages)).unwrap_or_default()
+        serde_json::from_slice(&reshape(body, status, Translation::ChatToMessages))
+            .unwrap_or_default()
     };
     let v = to_openai(&anthropic("overloaded_error"), 529);
-    assert_eq!(v, json!({"error": {"message": "m", "type": "server_error", "param": null, "code": "overloaded_error"}}));
-    assert_eq!(to_openai(&anthropic("api_error"), 500)["error"]["type"], "server_error");
-    assert_eq!(to_openai(&anthropic("rate_limit_error"), 429)["error"]["type"], "rate_limit_error");
-    assert_eq!(to_openai(b"gateway timeout", 504)["error"]["message"], "gateway timeout");
+    assert_eq!(
+        v,
+        json!({"error": {"message": "m", "type": "server_error", "param": null, "code": "overloaded_error"}})
+    );
+    assert_eq!(
+        to_openai(&anthropic("api_error"), 500)["error"]["type"],
+        "server_error"
+    );
+    assert_eq!(
+        to_openai(&anthropic("rate_limit_error"), 429)["error"]["type"],
+        "rate_limit_error"
+    );
+    assert_eq!(
+        to_openai(b"gateway timeout", 504)["error"]["message"],
+        "gateway timeout"
+    );
     let openai = br#"{"error":{"message":"m","type":"x","code":null}}"#;
     for (status, t) in [
         (400, "invalid_request_error"),
@@ -924,12 +991,21 @@ fn error_bodies_are_reshaped_by_the_documented_maps() {
         (500, "api_error"),
         (503, "api_error"),
     ] {
-        let v: Value = serde_json::from_slice(&reshape(openai, status, Translation::MessagesToChat))
-            .unwrap_or_default();
-        assert_eq!(v, json!({"type": "error", "error": {"type": t, "message": "m"}}), "{status}");
+        let v: Value =
+            serde_json::from_slice(&reshape(openai, status, Translation::MessagesToChat))
+                .unwrap_or_default();
+        assert_eq!(
+            v,
+            json!({"type": "error", "error": {"type": t, "message": "m"}}),
+            "{status}"
+        );
     }
-    let v: Value = serde_json::from_slice(&reshape(b"<html>bad gateway</html>", 502, Translation::MessagesToChat))
-        .unwrap_or_default();
+    let v: Value = serde_json::from_slice(&reshape(
+        b"<html>bad gateway</html>",
+        502,
+        Translation::MessagesToChat,
+    ))
+    .unwrap_or_default();
     assert_eq!(v["error"]["message"], "<html>bad gateway</html>");
 }
 
