@@ -642,6 +642,43 @@ fn a_combo_whose_targets_alternate_formats_fails_over_between_them() {
     assert_eq!(to_oa[1].json()["messages"][0]["content"], "hi");
 }
 
+/// Anthropic structured output (`output_config.format`) reaches an OpenAI-format provider as
+/// a strict `json_schema` response format, and the JSON answer comes back as a text block.
+#[test]
+fn anthropic_structured_output_is_served_by_an_openai_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on("/v1/chat/completions", Reply::openai_chat("{\"a\":\"b\"}"));
+    let gw = start(&openai, &anthropic);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+        "required": ["a"], "additionalProperties": false});
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "max_tokens": 50,
+                "output_config": {"format": {"type": "json_schema", "schema": schema}},
+                "messages": [{"role": "user", "content": "give json"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["content"][0]["text"], "{\"a\":\"b\"}");
+    let up = openai.requests_to("/v1/chat/completions")[0].json();
+    assert_eq!(
+        up["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}})
+    );
+    // Another format type is refused, naming it, before any upstream is asked.
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "max_tokens": 50,
+                "output_config": {"format": {"type": "grammar"}},
+                "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "output_config.format.type");
+    assert_eq!(openai.total_hits(), 1);
+}
+
 /// Three targets whose formats alternate (OpenAI, Anthropic, OpenAI): the first two fail, so
 /// the answer comes from the third after a failover in the middle of the list, from the
 /// Anthropic target to an OpenAI one, each attempt in its target's own format.
