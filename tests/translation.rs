@@ -642,6 +642,141 @@ fn a_combo_whose_targets_alternate_formats_fails_over_between_them() {
     assert_eq!(to_oa[1].json()["messages"][0]["content"], "hi");
 }
 
+/// Anthropic structured output (`output_config.format`) reaches an OpenAI-format provider as
+/// a strict `json_schema` response format, and the JSON answer comes back as a text block.
+#[test]
+fn anthropic_structured_output_is_served_by_an_openai_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on("/v1/chat/completions", Reply::openai_chat("{\"a\":\"b\"}"));
+    let gw = start(&openai, &anthropic);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+        "required": ["a"], "additionalProperties": false});
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "max_tokens": 50,
+                "output_config": {"format": {"type": "json_schema", "schema": schema}},
+                "messages": [{"role": "user", "content": "give json"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["content"][0]["text"], "{\"a\":\"b\"}");
+    let up = openai.requests_to("/v1/chat/completions")[0].json();
+    assert_eq!(
+        up["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}})
+    );
+    // Another format type is refused, naming it, before any upstream is asked.
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "oa/gpt-x", "max_tokens": 50,
+                "output_config": {"format": {"type": "grammar"}},
+                "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "output_config.format.type");
+    assert_eq!(openai.total_hits(), 1);
+}
+
+/// Three targets whose formats alternate (OpenAI, Anthropic, OpenAI): the first two fail, so
+/// the answer comes from the third after a failover in the middle of the list, from the
+/// Anthropic target to an OpenAI one, each attempt in its target's own format.
+#[test]
+fn a_combo_of_alternating_formats_fails_over_mid_list() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let cfg = format!(
+        "{}\n[[combos]]\nname = \"alt3\"\ntargets = [\"oa/gpt-x\", \"an/claude-x\", \"oc/gpt-c\"]\n",
+        config(&openai, &anthropic)
+    );
+    // An OpenAI client, non-stream: oa (as it is) 503, an (translated) 529, oc (as it is) answers.
+    openai.on("/v1/chat/completions", Reply::error(503, "busy"));
+    anthropic.on("/v1/messages", Reply::error(529, "overloaded"));
+    openai.on("/v1/chat/completions", Reply::openai_chat("third"));
+    let env = [("TG_OA", "oa-secret"), ("TG_AN", "an-secret")];
+    let gw = Gateway::start_with_env(&cfg, &env);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "alt3", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("3"));
+    assert_eq!(
+        r.header("x-tidegate-translated"),
+        None,
+        "the answering target is the client's format"
+    );
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "third");
+    let to_an = anthropic.requests_to("/v1/messages");
+    assert_eq!(to_an.len(), 1);
+    assert_eq!(
+        to_an[0].json()["max_tokens"],
+        4096,
+        "the middle attempt was translated"
+    );
+    assert_eq!(to_an[0].json()["messages"][0]["content"], "hi");
+    let to_oa = openai.requests_to("/v1/chat/completions");
+    assert_eq!(to_oa.len(), 2);
+    assert_eq!(to_oa[1].json()["model"], "gpt-c");
+    drop(gw);
+
+    // An Anthropic client, streaming, on a fresh gateway: oa (translated) 503, an (as it is)
+    // 529, oc (translated) streams the answer, which reaches the client as Messages events.
+    openai.on("/v1/chat/completions", Reply::error(503, "busy"));
+    anthropic.on("/v1/messages", Reply::error(529, "overloaded"));
+    openai.on(
+        "/v1/chat/completions",
+        Reply::openai_stream(&["mid ", "list"]),
+    );
+    let gw = Gateway::start_with_env(&cfg, &env);
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({"model": "alt3", "stream": true, "max_tokens": 20,
+                "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-attempts"), Some("3"));
+    assert_eq!(
+        r.header("x-tidegate-translated"),
+        Some("anthropic-messages->openai-chat")
+    );
+    let events = r.sse_events();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e.event.as_deref().unwrap_or(""))
+        .collect();
+    assert_eq!(names.first(), Some(&"message_start"), "{}", r.text());
+    assert_eq!(names.last(), Some(&"message_stop"), "{}", r.text());
+    let text: String = events
+        .iter()
+        .map(|e| e.json())
+        .filter(|d| d["delta"]["type"] == "text_delta")
+        .filter_map(|d| d["delta"]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, "mid list");
+    let to_an = anthropic.requests_to("/v1/messages");
+    assert_eq!(to_an.len(), 2);
+    assert_eq!(
+        to_an[1].json()["stream"],
+        true,
+        "the middle attempt went as it is"
+    );
+    let to_oa = openai.requests_to("/v1/chat/completions");
+    assert_eq!(to_oa.len(), 4);
+    for up in &to_oa[2..] {
+        let up = up.json();
+        assert_eq!(
+            up["stream_options"]["include_usage"], true,
+            "translated: {up}"
+        );
+        assert_eq!(up["max_tokens"], 20);
+    }
+    assert_eq!(to_oa[3].json()["model"], "gpt-c");
+}
+
 #[test]
 fn a_translated_stream_that_stalls_ends_with_an_in_band_error_in_the_clients_shape() {
     let anthropic = MockUpstream::start();

@@ -713,7 +713,13 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
         match k {
             "model" => {}
             "system" => system = Some(v),
-            "output_config" => effort = output_config_effort(v)?,
+            "output_config" => {
+                let (e, format) = output_config(v)?;
+                effort = e;
+                if let Some(f) = format {
+                    set(&mut out, "response_format", f);
+                }
+            }
             "context_management" => context_management(v)?,
             "messages" => messages = Some(v),
             "max_tokens" => {
@@ -829,10 +835,13 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
     Ok(J::Obj(out))
 }
 
-/// `output_config` → the `reasoning_effort` its `effort` asks for. Anthropic's levels are
-/// low, medium, high and max; OpenAI's top level is high, so max asks for that.
-fn output_config_effort(v: &J<'_>) -> Result<Option<&'static str>, Refused> {
+/// `output_config` → the `reasoning_effort` its `effort` asks for, and the
+/// `response_format` its `format` asks for. Anthropic's levels are low, medium, high and
+/// max; OpenAI's top level is high, so max asks for that. A `json_schema` format (the
+/// Messages API's structured output) becomes OpenAI's strict `json_schema` response format.
+fn output_config<'a>(v: &J<'a>) -> Result<(Option<&'static str>, Option<J<'a>>), Refused> {
     let mut effort = None;
+    let mut format = None;
     for (k, v) in jwant_object(v, "output_config")? {
         match &**k {
             _ if v.is_null() => {}
@@ -849,10 +858,51 @@ fn output_config_effort(v: &J<'_>) -> Result<Option<&'static str>, Refused> {
                     }
                 });
             }
+            "format" => format = Some(json_schema_format(v)?),
             other => return Err(no_counterpart(&format!("output_config.{other}"), OPENAI)),
         }
     }
-    Ok(effort)
+    Ok((effort, format))
+}
+
+/// `output_config.format` `{type: json_schema, schema}` → `response_format` `{type:
+/// json_schema, json_schema: {name: "output", schema, strict: true}}` (Anthropic's
+/// structured output always follows the schema: strict is its counterpart).
+fn json_schema_format<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
+    let f = jwant_object(v, "output_config.format")?;
+    let mut schema = None;
+    for (k, v) in f {
+        match &**k {
+            _ if v.is_null() => {}
+            "type" => {
+                if v.as_str() != Some("json_schema") {
+                    return Err(Refused::new(
+                        "output_config.format.type",
+                        "only json_schema can be honoured by an OpenAI provider",
+                    ));
+                }
+            }
+            "schema" => {
+                jwant_object(v, "output_config.format.schema")?;
+                schema = Some(v.clone());
+            }
+            other => {
+                return Err(no_counterpart(
+                    &format!("output_config.format.{other}"),
+                    OPENAI,
+                ));
+            }
+        }
+    }
+    if member(f, "type").as_str() != Some("json_schema") {
+        return Err(Refused::new("output_config.format.type", "is required"));
+    }
+    let Some(schema) = schema else {
+        return Err(Refused::new("output_config.format.schema", "is required"));
+    };
+    Ok(
+        jo! {"type" => "json_schema", "json_schema" => jo!{"name" => "output", "schema" => schema, "strict" => true}},
+    )
 }
 
 /// `context_management`: only edits that clear earlier thinking are accepted. They are

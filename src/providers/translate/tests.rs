@@ -416,6 +416,7 @@ proptest! {
     #[test]
     fn an_openai_completion_survives_the_round_trip(
         text in prop::option::of(text()),
+        reasoning in prop::option::of(text()),
         calls in prop::collection::vec((ident(), "[a-z]{0,5}"), 0..3),
         finish in prop_oneof![Just("stop"), Just("length"), Just("tool_calls")],
         usage in (0u64..10_000, 0u64..10_000, 0u64..10_000),
@@ -424,6 +425,10 @@ proptest! {
             "id": format!("call_{i}"), "type": "function",
             "function": {"name": name, "arguments": json!({"v": v}).to_string()}})).collect();
         let mut message = json!({"role": "assistant", "content": text});
+        // Reasoning goes out as a thinking block (empty signature) and comes back.
+        if let Some(r) = reasoning {
+            message["reasoning_content"] = json!(r);
+        }
         if !tool_calls.is_empty() {
             message["tool_calls"] = Value::Array(tool_calls);
         }
@@ -539,8 +544,20 @@ fn what_openai_cannot_express_is_refused_by_name() {
             "output_config.effort",
         ),
         (
-            json!({"messages": m, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
-            "output_config.format",
+            json!({"messages": m, "output_config": {"format": {"type": "json_schema", "schema": {}, "name": "x"}}}),
+            "output_config.format.name",
+        ),
+        (
+            json!({"messages": m, "output_config": {"format": {"type": "json_object"}}}),
+            "output_config.format.type",
+        ),
+        (
+            json!({"messages": m, "output_config": {"format": {"type": "json_schema"}}}),
+            "output_config.format.schema",
+        ),
+        (
+            json!({"messages": m, "output_config": {"task_budget": 5}}),
+            "output_config.task_budget",
         ),
         (
             json!({"messages": m, "context_management": {"edits": [{"type": "clear_thinking_20251015"}, {"type": "clear_tool_uses_20250919"}]}}),
@@ -555,6 +572,25 @@ fn what_openai_cannot_express_is_refused_by_name() {
     for (req, field) in cases {
         assert_eq!(refused_field_messages(req.clone()), field, "{req}");
     }
+}
+
+#[test]
+fn anthropic_structured_output_becomes_a_strict_json_schema_response_format() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+        "required": ["a"], "additionalProperties": false});
+    let out = messages_to_chat_obj(
+        &obj(json!({"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+            "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}})),
+        "m",
+    )
+    .unwrap_or_default();
+    assert_eq!(
+        out.get("response_format"),
+        Some(
+            &json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}})
+        )
+    );
+    assert_eq!(out["reasoning_effort"], "low");
 }
 
 #[test]
@@ -601,6 +637,56 @@ fn openai_defaults_and_documented_rules() {
     assert_eq!(a["max_tokens"], 9);
     assert_eq!(a["stop_sequences"], json!(["X"]));
     assert_eq!(a["model"], "claude");
+}
+
+#[test]
+fn chat_parts_and_tools_follow_the_documented_cache_control_and_image_rules() {
+    let cc = json!({"type": "ephemeral"});
+    let (a, _) = chat_to_messages_obj(
+        &obj(json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a", "cache_control": cc},
+            {"type": "image_url", "image_url": {"url": "https://x.example/i.png", "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}}]}],
+            "tools": [{"type": "function", "cache_control": cc,
+                "function": {"name": "f", "strict": false}}]})),
+        "m",
+    )
+    .unwrap_or_default();
+    let blocks = &a["messages"][0]["content"];
+    assert_eq!(
+        blocks[0],
+        json!({"type": "text", "text": "a", "cache_control": cc}),
+        "passed through"
+    );
+    assert_eq!(
+        blocks[1],
+        json!({"type": "image", "source": {"type": "url", "url": "https://x.example/i.png"}}),
+        "detail dropped"
+    );
+    assert_eq!(
+        blocks[2]["source"],
+        json!({"type": "base64", "media_type": "image/webp", "data": "AAAA"})
+    );
+    assert_eq!(
+        a["tools"][0],
+        json!({"name": "f", "input_schema": {"type": "object", "properties": {}}, "cache_control": cc})
+    );
+    let user = |part: Value| json!({"messages": [{"role": "user", "content": [part]}]});
+    assert_eq!(
+        refused_field_chat(user(
+            json!({"type": "image_url", "image_url": {"url": "data:text/plain,hi"}})
+        )),
+        "messages[0].content[0].image_url.url"
+    );
+    assert_eq!(
+        refused_field_chat(json!({"messages": [{"role": "user", "content": "a"}],
+            "tools": [{"type": "function", "function": {"name": "f", "strict": true}}]})),
+        "tools[0].function.strict"
+    );
+    assert_eq!(
+        refused_field_chat(user(json!({"type": "file", "file": {}}))),
+        "messages[0].content[0].type"
+    );
 }
 
 // --- streams -------------------------------------------------------------------------------
@@ -867,6 +953,107 @@ fn a_stream_is_incomplete_until_the_upstream_finishes() {
             "{t:?} at the end"
         );
     }
+}
+
+#[test]
+fn an_upstream_error_event_mid_stream_reaches_the_client_in_its_shape_however_split() {
+    // Anthropic `event: error` after some text → an OpenAI `{"error":…}` chunk, no [DONE].
+    let mut rec = anthropic_recording();
+    let cut = rec
+        .windows(b"event: content_block_start".len())
+        .rposition(|w| w == b"event: content_block_start")
+        .unwrap_or(rec.len());
+    rec.truncate(cut);
+    rec.extend_from_slice(
+        b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+    );
+    let out = every_split_gives_the_same_output(Translation::ChatToMessages, &rec);
+    let events = events_of(&out);
+    let last: Value = events
+        .last()
+        .and_then(|(_, d)| serde_json::from_str(d).ok())
+        .unwrap_or_default();
+    assert_eq!(last["error"]["message"], "Overloaded", "{events:?}");
+    assert_eq!(last["error"]["type"], "server_error");
+    assert!(!String::from_utf8_lossy(&out).contains("[DONE]"));
+    // An OpenAI `{"error":…}` chunk after some content → an Anthropic `event: error`, no
+    // message_stop.
+    let mut rec = openai_recording();
+    let cut = rec
+        .windows(b"tool_calls".len())
+        .position(|w| w == b"tool_calls")
+        .and_then(|p| rec[..p].windows(6).rposition(|w| w == b"data: "))
+        .unwrap_or(rec.len());
+    rec.truncate(cut);
+    rec.extend_from_slice(
+        b"data: {\"error\":{\"message\":\"quota gone\",\"type\":\"server_error\"}}\n\n",
+    );
+    let out = every_split_gives_the_same_output(Translation::MessagesToChat, &rec);
+    let events = events_of(&out);
+    let (name, data) = events.last().cloned().unwrap_or_default();
+    assert_eq!(name.as_deref(), Some("error"), "{events:?}");
+    let data: Value = serde_json::from_str(&data).unwrap_or_default();
+    assert_eq!(data["type"], "error");
+    assert_eq!(data["error"]["message"], "quota gone");
+    assert!(!String::from_utf8_lossy(&out).contains("message_stop"));
+}
+
+#[test]
+fn error_bodies_are_reshaped_by_the_documented_maps() {
+    use super::error::reshape;
+    let anthropic = |t: &str| {
+        format!(r#"{{"type":"error","error":{{"type":"{t}","message":"m"}}}}"#).into_bytes()
+    };
+    let to_openai = |body: &[u8], status: u16| -> Value {
+        serde_json::from_slice(&reshape(body, status, Translation::ChatToMessages))
+            .unwrap_or_default()
+    };
+    let v = to_openai(&anthropic("overloaded_error"), 529);
+    assert_eq!(
+        v,
+        json!({"error": {"message": "m", "type": "server_error", "param": null, "code": "overloaded_error"}})
+    );
+    assert_eq!(
+        to_openai(&anthropic("api_error"), 500)["error"]["type"],
+        "server_error"
+    );
+    assert_eq!(
+        to_openai(&anthropic("rate_limit_error"), 429)["error"]["type"],
+        "rate_limit_error"
+    );
+    assert_eq!(
+        to_openai(b"gateway timeout", 504)["error"]["message"],
+        "gateway timeout"
+    );
+    let openai = br#"{"error":{"message":"m","type":"x","code":null}}"#;
+    for (status, t) in [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (402, "billing_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (529, "overloaded_error"),
+        (500, "api_error"),
+        (503, "api_error"),
+    ] {
+        let v: Value =
+            serde_json::from_slice(&reshape(openai, status, Translation::MessagesToChat))
+                .unwrap_or_default();
+        assert_eq!(
+            v,
+            json!({"type": "error", "error": {"type": t, "message": "m"}}),
+            "{status}"
+        );
+    }
+    let v: Value = serde_json::from_slice(&reshape(
+        b"<html>bad gateway</html>",
+        502,
+        Translation::MessagesToChat,
+    ))
+    .unwrap_or_default();
+    assert_eq!(v["error"]["message"], "<html>bad gateway</html>");
 }
 
 proptest! {
