@@ -288,7 +288,14 @@ fn failure_demos_leave_mock_echo_serving() {
 #[test]
 fn two_fail_503_requests_open_the_fault_breakers_and_leave_mock_echo_serving() {
     let gw = Gateway::start(&shipped(&[]));
-    for _ in 0..2 {
+    for round in 0..2 {
+        if round == 1 {
+            // Past both 2 s model locks of the first request: the two locks end a few ms
+            // apart (one per 503), and a request that waits out the earliest one
+            // (wait_for_cooldown) tries only the connection whose lock has ended — on a
+            // loaded machine the other may not have.
+            std::thread::sleep(Duration::from_millis(2_500));
+        }
         let r = chat(&gw, "mock-faults/fail-503", false);
         assert_eq!(r.status, 503, "{}", r.text());
         assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
