@@ -21,20 +21,51 @@ type Obj = Map<String, Value>;
 const RESPONSES: &str = "a translated Responses request";
 
 /// What the answer echoes of the request (the Responses object repeats its settings): each
-/// setting the request gave, with its value as JSON.
+/// setting the request gave, with its value as JSON; and the function tools of `namespace`
+/// tools, whose flattened names the answer's calls are mapped back from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Echo(Vec<(&'static str, String)>);
+pub struct Echo {
+    settings: Vec<(&'static str, String)>,
+    namespaced: Vec<Namespaced>,
+}
+
+/// A function tool offered inside a `namespace` tool: the name it has for the provider
+/// (`flat`), and the namespace and name the client knows it by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Namespaced {
+    flat: String,
+    namespace: String,
+    name: String,
+}
+
+/// Joins a namespace and a function name into one function name for a provider that has no
+/// namespaces (`multi_agent_v1` + `spawn_agent` → `multi_agent_v1__spawn_agent`).
+fn flat_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}__{name}")
+}
+
+/// Longest function name a Chat Completions or Anthropic provider takes.
+const MAX_TOOL_NAME: usize = 64;
 
 impl Echo {
     fn add(&mut self, key: &'static str, v: &Value) {
-        self.0.push((key, v.to_string()));
+        self.settings.push((key, v.to_string()));
     }
 
     fn get(&self, key: &str) -> Option<&str> {
-        self.0
+        self.settings
             .iter()
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The name and namespace a provider's tool call stands for: a flattened name of a
+    /// namespaced tool of the request maps back to both; any other name is itself.
+    fn unflatten<'a>(&'a self, name: &'a str) -> (&'a str, Option<&'a str>) {
+        match self.namespaced.iter().find(|n| n.flat == name) {
+            Some(n) => (&n.name, Some(&n.namespace)),
+            None => (name, None),
+        }
     }
 }
 
@@ -148,7 +179,10 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                 }
             }
             "tools" => {
-                out.insert("tools".into(), tools_to_chat(v, anthropic)?);
+                out.insert(
+                    "tools".into(),
+                    tools_to_chat(v, anthropic, &mut echo.namespaced)?,
+                );
                 echo.add("tools", v);
             }
             "tool_choice" => {
@@ -332,59 +366,200 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
     Ok(())
 }
 
-fn tools_to_chat(v: &Value, anthropic: bool) -> Result<Value, Refused> {
+/// The tools as Chat Completions function tools. A `namespace` tool (a named group of
+/// function tools, as Codex offers its multi-agent tools) has no counterpart there: each of
+/// its function tools is offered on its own under [`flat_name`], recorded in `namespaced`
+/// so the answer's calls get their namespace and name back.
+fn tools_to_chat(
+    v: &Value,
+    anthropic: bool,
+    namespaced: &mut Vec<Namespaced>,
+) -> Result<Value, Refused> {
     let list = v
         .as_array()
         .ok_or_else(|| Refused::new("tools", "must be an array"))?;
     let mut out = Vec::with_capacity(list.len());
+    // (name for the provider, the field it came from)
+    let mut names: Vec<(String, String)> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
-        let at = |f: &str| format!("tools[{i}].{f}");
+        let here = format!("tools[{i}]");
         let t = t
             .as_object()
-            .ok_or_else(|| Refused::new(format!("tools[{i}]"), "must be an object"))?;
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(Refused::new(
-                at("type"),
-                "only function tools can be offered to a provider that does not speak the Responses API",
-            ));
-        }
-        let mut f = Obj::new();
-        for (k, v) in t {
-            match k.as_str() {
-                "type" => {}
-                "name" => {
-                    v.as_str()
-                        .ok_or_else(|| Refused::new(at("name"), "must be a string"))?;
-                    f.insert("name".into(), v.clone());
-                }
-                "description" | "parameters" if !v.is_null() => {
-                    f.insert(k.clone(), v.clone());
-                }
-                "description" | "parameters" => {}
-                "strict" if anthropic && v == &json!(true) => {
-                    return Err(Refused::new(
-                        at("strict"),
-                        "strict schemas cannot be enforced by an Anthropic provider",
-                    ));
-                }
-                "strict" if anthropic || v.is_null() => {}
-                "strict" => {
-                    f.insert("strict".into(), v.clone());
-                }
-                other => {
-                    return Err(Refused::new(
-                        at(other),
-                        format!("is not supported in {RESPONSES}"),
-                    ));
+            .ok_or_else(|| Refused::new(here.clone(), "must be an object"))?;
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let f = function_to_chat(t, &here, anthropic, None)?;
+                names.push((tool_name(&f), format!("{here}.name")));
+                out.push(json!({"type": "function", "function": f}));
+            }
+            Some("namespace") => {
+                for f in namespace_to_chat(t, &here, anthropic, namespaced)? {
+                    out.push(json!({"type": "function", "function": f.0}));
+                    names.push((f.1, f.2));
                 }
             }
+            Some(kind @ ("web_search" | "web_search_preview" | "web_search_2025_08_26")) => {
+                return Err(Refused::new(
+                    format!("{here}.type"),
+                    format!(
+                        "{kind:?} is a hosted tool that only OpenAI's own Responses API runs; a Chat Completions or Anthropic provider cannot run it, so leave it out (Codex CLI: web_search = \"disabled\")"
+                    ),
+                ));
+            }
+            _ => {
+                return Err(Refused::new(
+                    format!("{here}.type"),
+                    "only function and namespace tools can be offered to a provider that does not speak the Responses API",
+                ));
+            }
         }
-        if !f.contains_key("name") {
-            return Err(Refused::new(at("name"), "is required"));
+    }
+    for (k, (name, at)) in names.iter().enumerate() {
+        if names[..k].iter().any(|(n, _)| n == name) {
+            return Err(Refused::new(
+                at.clone(),
+                format!("gives a second tool the name {name:?} once namespaces are flattened"),
+            ));
         }
-        out.push(json!({"type": "function", "function": f}));
     }
     Ok(Value::Array(out))
+}
+
+fn tool_name(f: &Obj) -> String {
+    f.get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// A `namespace` tool's function tools, each as a chat function named [`flat_name`], with
+/// its name and the field it came from; the namespace's description leads each tool's.
+fn namespace_to_chat(
+    t: &Obj,
+    here: &str,
+    anthropic: bool,
+    namespaced: &mut Vec<Namespaced>,
+) -> Result<Vec<(Obj, String, String)>, Refused> {
+    let mut ns_name = None;
+    let mut ns_description = None;
+    let mut tools = None;
+    for (k, v) in t {
+        match k.as_str() {
+            "type" => {}
+            "name" => {
+                let n = v
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| Refused::new(format!("{here}.name"), "must be a non-empty string"))?;
+                ns_name = Some(n);
+            }
+            "description" if v.is_null() => {}
+            "description" => {
+                let d = v.as_str().ok_or_else(|| {
+                    Refused::new(format!("{here}.description"), "must be a string")
+                })?;
+                ns_description = Some(d).filter(|d| !d.is_empty());
+            }
+            "tools" => {
+                tools = Some(v.as_array().ok_or_else(|| {
+                    Refused::new(format!("{here}.tools"), "must be an array")
+                })?);
+            }
+            other => {
+                return Err(Refused::new(
+                    format!("{here}.{other}"),
+                    format!("is not supported in {RESPONSES}"),
+                ));
+            }
+        }
+    }
+    let ns_name = ns_name.ok_or_else(|| Refused::new(format!("{here}.name"), "is required"))?;
+    let tools = tools.ok_or_else(|| Refused::new(format!("{here}.tools"), "is required"))?;
+    let mut out = Vec::with_capacity(tools.len());
+    for (j, inner) in tools.iter().enumerate() {
+        let at = format!("{here}.tools[{j}]");
+        let inner = inner
+            .as_object()
+            .ok_or_else(|| Refused::new(at.clone(), "must be an object"))?;
+        if inner.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(Refused::new(
+                format!("{at}.type"),
+                "only function tools can be translated inside a namespace",
+            ));
+        }
+        let mut f = function_to_chat(inner, &at, anthropic, ns_description)?;
+        let name = tool_name(&f);
+        let flat = flat_name(ns_name, &name);
+        if flat.len() > MAX_TOOL_NAME {
+            return Err(Refused::new(
+                format!("{at}.name"),
+                format!(
+                    "with its namespace makes {flat:?}, longer than the {MAX_TOOL_NAME} characters a provider takes as a tool name"
+                ),
+            ));
+        }
+        f.insert("name".into(), json!(flat));
+        namespaced.push(Namespaced {
+            flat: flat.clone(),
+            namespace: ns_name.to_owned(),
+            name,
+        });
+        out.push((f, flat, format!("{at}.name")));
+    }
+    Ok(out)
+}
+
+/// A Responses function tool (`tools[i]` at `here`) as the `function` object of a chat
+/// tool; `lead`: a text put before its description (its namespace's).
+fn function_to_chat(
+    t: &Obj,
+    here: &str,
+    anthropic: bool,
+    lead: Option<&str>,
+) -> Result<Obj, Refused> {
+    let at = |f: &str| format!("{here}.{f}");
+    let mut f = Obj::new();
+    for (k, v) in t {
+        match k.as_str() {
+            "type" => {}
+            "name" => {
+                v.as_str()
+                    .ok_or_else(|| Refused::new(at("name"), "must be a string"))?;
+                f.insert("name".into(), v.clone());
+            }
+            "description" | "parameters" if !v.is_null() => {
+                f.insert(k.clone(), v.clone());
+            }
+            "description" | "parameters" => {}
+            "strict" if anthropic && v == &json!(true) => {
+                return Err(Refused::new(
+                    at("strict"),
+                    "strict schemas cannot be enforced by an Anthropic provider",
+                ));
+            }
+            "strict" if anthropic || v.is_null() => {}
+            "strict" => {
+                f.insert("strict".into(), v.clone());
+            }
+            other => {
+                return Err(Refused::new(
+                    at(other),
+                    format!("is not supported in {RESPONSES}"),
+                ));
+            }
+        }
+    }
+    if !f.contains_key("name") {
+        return Err(Refused::new(at("name"), "is required"));
+    }
+    if let Some(lead) = lead {
+        let d = match f.get("description").and_then(Value::as_str) {
+            Some(d) if !d.is_empty() => format!("{lead}\n\n{d}"),
+            _ => lead.to_owned(),
+        };
+        f.insert("description".into(), json!(d));
+    }
+    Ok(f)
 }
 
 fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
@@ -395,6 +570,15 @@ fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| Refused::new("tool_choice.name", "must be a string"))?;
+            let name = match o.get("namespace").filter(|n| !n.is_null()) {
+                None => name.to_owned(),
+                Some(ns) => {
+                    let ns = ns.as_str().ok_or_else(|| {
+                        Refused::new("tool_choice.namespace", "must be a string")
+                    })?;
+                    flat_name(ns, name)
+                }
+            };
             Ok(json!({"type": "function", "function": {"name": name}}))
         }
         _ => Err(Refused::new(
@@ -498,8 +682,14 @@ fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> R
                         .and_then(Value::as_str)
                         .ok_or_else(|| Refused::new(at(f), "must be a string"))
                 };
+                // A call of a namespaced tool goes under the name the tool was offered by.
+                let name = match o.get("namespace").filter(|n| !n.is_null()) {
+                    None => field("name")?.to_owned(),
+                    Some(Value::String(ns)) => flat_name(ns, field("name")?),
+                    Some(_) => return Err(Refused::new(at("namespace"), "must be a string")),
+                };
                 let call = json!({"id": field("call_id")?, "type": "function",
-                    "function": {"name": field("name")?, "arguments": field("arguments")?}});
+                    "function": {"name": name, "arguments": field("arguments")?}});
                 // Joins the assistant message right before it (its text, or earlier calls).
                 let joined = match messages.last_mut() {
                     Some(Value::Object(m)) if m.get("role") == Some(&json!("assistant")) => {
@@ -689,7 +879,14 @@ fn output_text(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(b",\"annotations\":[]}");
 }
 
-fn call_item(out: &mut Vec<u8>, call_id: &str, name: &str, args: &str, done: bool) {
+/// A `function_call` item; `namespace`: the namespace of the tool it calls, if any.
+fn call_item(
+    out: &mut Vec<u8>,
+    call_id: &str,
+    (name, namespace): (&str, Option<&str>),
+    args: &str,
+    done: bool,
+) {
     out.extend_from_slice(b"{\"id\":");
     push_str(out, &format!("fc_{call_id}"));
     let status = if done { "completed" } else { "in_progress" };
@@ -700,6 +897,10 @@ fn call_item(out: &mut Vec<u8>, call_id: &str, name: &str, args: &str, done: boo
     push_str(out, call_id);
     out.extend_from_slice(b",\"name\":");
     push_str(out, name);
+    if let Some(ns) = namespace {
+        out.extend_from_slice(b",\"namespace\":");
+        push_str(out, ns);
+    }
     out.extend_from_slice(b",\"arguments\":");
     push_str(out, args);
     out.push(b'}');
@@ -756,7 +957,7 @@ pub fn completion_to_response(c: &Value, echo: &Echo, created: u64) -> Vec<u8> {
                 call_item(
                     o,
                     s("/id"),
-                    s("/function/name"),
+                    echo.unflatten(s("/function/name")),
                     s("/function/arguments"),
                     true,
                 );
@@ -784,7 +985,9 @@ enum Item {
         /// The chat tool-call index.
         index: u64,
         call_id: String,
+        /// The name the client knows the tool by, and its namespace if it has one.
         name: String,
+        namespace: Option<String>,
         args: String,
         done: bool,
     },
@@ -800,9 +1003,10 @@ impl Item {
             Item::Call {
                 call_id,
                 name,
+                namespace,
                 args,
                 ..
-            } => call_item(out, call_id, name, args, true),
+            } => call_item(out, call_id, (name, namespace.as_deref()), args, true),
         }
     }
 }
@@ -1073,15 +1277,17 @@ impl ToResponses {
                 self.close_open(out);
                 let i = self.items.len();
                 let call_id = id.unwrap_or("").to_owned();
-                let name = name.unwrap_or("").to_owned();
+                let (name, namespace) = self.echo.unflatten(name.unwrap_or(""));
+                let (name, namespace) = (name.to_owned(), namespace.map(str::to_owned));
                 self.event(out, "response.output_item.added");
                 let _ = write!(out, ",\"output_index\":{i},\"item\":");
-                call_item(out, &call_id, &name, "", false);
+                call_item(out, &call_id, (&name, namespace.as_deref()), "", false);
                 Self::end_event(out);
                 self.items.push(Item::Call {
                     index,
                     call_id,
                     name,
+                    namespace,
                     args: String::new(),
                     done: false,
                 });
