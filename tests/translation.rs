@@ -963,7 +963,11 @@ fn codex_multi_agent_namespace_tools_are_served_by_chat_and_anthropic_providers(
         .collect();
     assert_eq!(
         names,
-        ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__close_agent"]
+        [
+            "exec_command",
+            "multi_agent_v1__spawn_agent",
+            "multi_agent_v1__close_agent"
+        ]
     );
     assert_eq!(
         sent["messages"][2]["tool_calls"][0]["function"]["name"],
@@ -986,7 +990,10 @@ fn codex_multi_agent_namespace_tools_are_served_by_chat_and_anthropic_providers(
     assert_eq!(done["output"][0]["arguments"], "{\"target\":\"1\"}");
     let sent = anthropic.requests_to("/v1/messages")[0].json();
     assert_eq!(sent["tools"][1]["name"], "multi_agent_v1__spawn_agent");
-    assert_eq!(sent["messages"][1]["content"][0]["name"], "multi_agent_v1__wait_agent");
+    assert_eq!(
+        sent["messages"][1]["content"][0]["name"],
+        "multi_agent_v1__wait_agent"
+    );
 
     // With the hosted web search still on (Codex's default), the refusal names it and the
     // one setting that drops it.

@@ -31,7 +31,8 @@ mod health {
     use crate::mesh_safe;
     use crate::owners::health::protocol::{
         AdminRequest, BreakerEntry, ComboAttempt, ConnectionEntry, EgressCooled, Ended, Fact,
-        LockEntry, Outcome, OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+        LockEntry, Outcome, OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict,
+        View,
     };
     use crate::resilience::FallbackDecision;
     use crate::resilience::lockout::{KeyModel, LockKey, LockUpdate};

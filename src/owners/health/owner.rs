@@ -1280,7 +1280,11 @@ mod tests {
             let now = at(1_000);
             let mut owner = Health::new(&config);
             let mut cx = Cx::detached(&config, &views, now, 2);
-            owner.call(&mut cx, global_id(1, 7), Request::Outcome(Box::new(rate_limited())));
+            owner.call(
+                &mut cx,
+                global_id(1, 7),
+                Request::Outcome(Box::new(rate_limited())),
+            );
             let out = cx.take();
             let told: Vec<EgressCooled> = out
                 .iter()
@@ -1330,10 +1334,20 @@ mod tests {
             let reply_at = out.iter().position(|(d, m)| {
                 matches!(
                     (d, m),
-                    (Dest::Shard(1), Msg::Reply { reply: AnyReply::Health(Reply::Applied { .. }), .. })
+                    (
+                        Dest::Shard(1),
+                        Msg::Reply {
+                            reply: AnyReply::Health(Reply::Applied { .. }),
+                            ..
+                        }
+                    )
                 )
             });
-            assert!(view_at.is_some() && reply_at.is_some(), "{} messages", out.len());
+            assert!(
+                view_at.is_some() && reply_at.is_some(),
+                "{} messages",
+                out.len()
+            );
             assert!(view_at < reply_at, "the view goes ahead of the answer");
             // The told fact arriving after the call changes nothing more.
             let mut cx = Cx::detached(&config, &views, now, 2);

@@ -263,7 +263,9 @@ pub enum Reply {
     },
     /// The outcome was applied; `egress`: the siblings its failure egress-cooled (their
     /// owners were told; the asker makes sure of their views before it routes again).
-    Applied { egress: Vec<EgressCooled> },
+    Applied {
+        egress: Vec<EgressCooled>,
+    },
     /// `AdminRequest::Reset`: breakers reset and lock entries removed here.
     Reset {
         breakers: u32,

@@ -447,10 +447,9 @@ fn namespace_to_chat(
         match k.as_str() {
             "type" => {}
             "name" => {
-                let n = v
-                    .as_str()
-                    .filter(|n| !n.is_empty())
-                    .ok_or_else(|| Refused::new(format!("{here}.name"), "must be a non-empty string"))?;
+                let n = v.as_str().filter(|n| !n.is_empty()).ok_or_else(|| {
+                    Refused::new(format!("{here}.name"), "must be a non-empty string")
+                })?;
                 ns_name = Some(n);
             }
             "description" if v.is_null() => {}
@@ -461,9 +460,10 @@ fn namespace_to_chat(
                 ns_description = Some(d).filter(|d| !d.is_empty());
             }
             "tools" => {
-                tools = Some(v.as_array().ok_or_else(|| {
-                    Refused::new(format!("{here}.tools"), "must be an array")
-                })?);
+                tools =
+                    Some(v.as_array().ok_or_else(|| {
+                        Refused::new(format!("{here}.tools"), "must be an array")
+                    })?);
             }
             other => {
                 return Err(Refused::new(
@@ -573,9 +573,9 @@ fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
             let name = match o.get("namespace").filter(|n| !n.is_null()) {
                 None => name.to_owned(),
                 Some(ns) => {
-                    let ns = ns.as_str().ok_or_else(|| {
-                        Refused::new("tool_choice.namespace", "must be a string")
-                    })?;
+                    let ns = ns
+                        .as_str()
+                        .ok_or_else(|| Refused::new("tool_choice.namespace", "must be a string"))?;
                     flat_name(ns, name)
                 }
             };

@@ -1289,7 +1289,10 @@ mod responses {
                 spawn["description"],
                 "Tools for spawning and managing sub-agents.\n\nspawn_agent it"
             );
-            assert_eq!(spawn["parameters"]["properties"]["target"]["type"], "string");
+            assert_eq!(
+                spawn["parameters"]["properties"]["target"]["type"],
+                "string"
+            );
         }
         // Through to an Anthropic request: the flat names are valid tool names there too.
         let mut req = codex_request();
@@ -1310,7 +1313,8 @@ mod responses {
              "namespace": "multi_agent_v1", "arguments": "{}"},
             {"type": "function_call_output", "call_id": "call_9", "output": "agent 1"}
         ]);
-        req["tool_choice"] = json!({"type": "function", "name": "close_agent", "namespace": "multi_agent_v1"});
+        req["tool_choice"] =
+            json!({"type": "function", "name": "close_agent", "namespace": "multi_agent_v1"});
         let (chat, _) = to_chat(&obj(req), "m", false).expect("translates");
         let call = &chat["messages"][2]["tool_calls"][0];
         assert_eq!(call["id"], "call_9");
@@ -1340,10 +1344,9 @@ mod responses {
         // The response repeats the tools as the client gave them.
         assert_eq!(r["tools"], codex_tools(false));
         // Without the namespace in the request, a name with `__` is just a name.
-        let r: Value = serde_json::from_slice(
-            &translate_answer(&body, false, &Echo::default(), 1).unwrap(),
-        )
-        .unwrap();
+        let r: Value =
+            serde_json::from_slice(&translate_answer(&body, false, &Echo::default(), 1).unwrap())
+                .unwrap();
         assert_eq!(r["output"][0]["name"], "multi_agent_v1__close_agent");
         assert!(r["output"][0].get("namespace").is_none());
     }
@@ -1400,7 +1403,10 @@ mod responses {
                 .map(|e| e["item"].clone())
                 .unwrap()
         };
-        for it in [item("response.output_item.added"), item("response.output_item.done")] {
+        for it in [
+            item("response.output_item.added"),
+            item("response.output_item.done"),
+        ] {
             assert_eq!(it["type"], "function_call");
             assert_eq!(it["name"], "spawn_agent");
             assert_eq!(it["namespace"], "multi_agent_v1");
