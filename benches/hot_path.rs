@@ -1,8 +1,8 @@
 //! The per-request hot path end to end, in process, stage by stage and whole: parse the
 //! client's request head → identify the client key → peek the JSON body (`model`,
 //! `stream`) → resolve the model to targets → select a connection over the shard's views →
-//! encode the upstream request head. No sockets: what is measured is the CPU the gateway
-//! spends deciding and re-encoding, not I/O.
+//! encode the upstream request head; after the answer, read its token counts. No sockets:
+//! what is measured is the CPU the gateway spends deciding and re-encoding, not I/O.
 //!
 //! Beside each stage, and beside the whole, a naive baseline that does the same job the way a
 //! dynamic-language gateway typically does: headers into a `HashMap<String, String>`, the body
@@ -27,6 +27,7 @@ use tidegate::proxy::forward::encode_head;
 use tidegate::proxy::peek::peek;
 use tidegate::proxy::select::{Gate, gate};
 use tidegate::routing::resolve::{Resolved, RouteTable, resolve};
+use tidegate::sse::usage::Usage;
 
 const CONNECTIONS: u32 = 8;
 const NOW: Now = Now {
@@ -405,6 +406,22 @@ fn stages(c: &mut Criterion) {
                 black_box(&naive_headers),
                 0,
                 body.len(),
+            ))
+        })
+    });
+    // After the answer: its token counts, read from the tail of a whole (non-stream)
+    // answer as OpenAI sends it (usage last, with its `*_details` objects).
+    let answer = br#"{"id":"chatcmpl-bench","object":"chat.completion","created":1800000000,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello, load test! Nice to meet you."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":9,"total_tokens":40,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"system_fingerprint":"fp_bench"}"#;
+    g.bench_function("answer_usage/tidegate", |b| {
+        b.iter(|| black_box(Usage::of_answer(black_box(&answer[..]))))
+    });
+    g.bench_function("answer_usage/naive", |b| {
+        b.iter(|| {
+            let v: serde_json::Value =
+                serde_json::from_slice(black_box(&answer[..])).expect("json");
+            black_box((
+                v["usage"]["prompt_tokens"].as_u64(),
+                v["usage"]["completion_tokens"].as_u64(),
             ))
         })
     });

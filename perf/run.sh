@@ -9,13 +9,17 @@
 #
 #   perf/run.sh [DURATION_S]        (default 10 s per measurement)
 #   ROUNDS=3 perf/run.sh 10         (median of 3 interleaved rounds per cell; default 1)
-#   RATE=4000 PROBE_ROUNDS=5 TIDEGATE_WORKERS=1 TIDEGATE_PIN=true are the other knobs.
+#   RATE=4000 PROBE_ROUNDS=5 TIDEGATE_WORKERS TIDEGATE_PIN=true are the other knobs.
+#   TIDEGATE_WORKERS defaults to the number of cores (`nproc`): the shipped default
+#   (`workers = 0`, one shard per core), and the same as nginx's `worker_processes 2` on the
+#   2-core benchmark machine. Runs A–H used one worker; `TIDEGATE_WORKERS=1` repeats them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
 OUT=perf/out; mkdir -p "$OUT"
 RATE=${RATE:-4000}
 ROUNDS=${ROUNDS:-1}
+TIDEGATE_WORKERS=${TIDEGATE_WORKERS:-$(nproc)}
 PROBE_ROUNDS=${PROBE_ROUNDS:-5}
 . perf/common.sh
 
@@ -32,7 +36,7 @@ sed -e "s|@MOCK_PORT@|$MOCK_PORT|g; s|@NGINX_PORT@|$NGINX_PORT|g; s|@PREFIX@|$NG
 nginx -p "$NGX" -c "$NGX/nginx.conf" > "$OUT/nginx.log" 2>&1 &
 pids+=($!)
 
-write_config "$OUT/perf.toml" "${TIDEGATE_WORKERS:-1}" "${TIDEGATE_PIN:-true}"
+write_config "$OUT/perf.toml" "$TIDEGATE_WORKERS" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/perf.toml" > "$OUT/tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
 for _ in $(seq 100); do grep -q "listening on" "$OUT/tidegate.log" && break; sleep 0.1; done
@@ -132,7 +136,7 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
   echo "# Tidegate load test results"
   echo
   echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -r)); load generator, mock, nginx and Tidegate share the machine."
-  echo "Tidegate workers=${TIDEGATE_WORKERS:-1} pin_threads=${TIDEGATE_PIN:-true}; nginx $(nginx -v 2>&1 | sed 's|.*/||') worker_processes 2, upstream keepalive 128, proxy_buffering off (perf/nginx.conf.in); mock workers=1; wrk -t2, ${DUR}s per measurement, median of $ROUNDS interleaved round(s). Latencies in ms (wrk --latency)."
+  echo "Tidegate workers=$TIDEGATE_WORKERS pin_threads=${TIDEGATE_PIN:-true}; nginx $(nginx -v 2>&1 | sed 's|.*/||') worker_processes 2, upstream keepalive 128, proxy_buffering off (perf/nginx.conf.in); mock workers=1; wrk -t2, ${DUR}s per measurement, median of $ROUNDS interleaved round(s). Latencies in ms (wrk --latency)."
   echo
   echo "| mode | conns | direct rps | direct p99 | nginx rps | nginx p99 | tidegate rps | tidegate p50 | tidegate p99 | nginx/direct | tidegate/direct | tidegate/nginx | nginx added p99 | tidegate added p99 | tidegate CPU |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -149,6 +153,6 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
   echo
   echo "Tidegate peak RSS over the whole run (VmHWM): $((RSS_KB / 1024)) MiB ($RSS_KB KiB)."
   echo
-  echo "Command: \`ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=${TIDEGATE_WORKERS:-1} TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
+  echo "Command: \`ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
 } > "$OUT/load.md"
 cat "$OUT/load.md"

@@ -10,8 +10,11 @@
 # one socket per stream, and its RSS includes the mock's state per stream. MODE=net: the
 # upstream is `tidegate-mock` on loopback (which plays the drip too: one chunk a second),
 # so Tidegate's RSS is the gateway's alone, with two sockets per stream (client and
-# upstream). The open-files limit is raised to the hard limit; this container's is 20000
-# per process, so MODE=net reaches 9 000 streams, not 10 000.
+# upstream).
+# Open files: the script raises the hard limit to 65536 where it may (CAP_SYS_RESOURCE)
+# and the soft limit to the hard one. Where the hard limit stays lower (this container:
+# 20000 per process, and root here lacks CAP_SYS_RESOURCE), MODE=net runs as many
+# streams as two sockets each allow, and says so on stderr.
 # Tidegate runs with workers = 2, unpinned (the machine is shared). Prints one JSON line
 # (perf/slow_streams.py) and keeps it in perf/out/slow_streams-<mode>-<N>.json.
 set -euo pipefail
@@ -21,7 +24,17 @@ SECONDS_=${2:-60}
 MODE=${MODE:-inproc}
 OUT=perf/out
 mkdir -p "$OUT"
+ulimit -Hn 65536 2>/dev/null || true
 ulimit -n "$(ulimit -Hn)"
+FDS=$(ulimit -n)
+PER_STREAM=1
+[ "$MODE" = net ] && PER_STREAM=2
+# Room for the gateway's own descriptors (listeners, rings, eventfds, logs).
+MAX_N=$(( (FDS - 64) / PER_STREAM ))
+if [ "$N" -gt "$MAX_N" ]; then
+  echo "slow_streams: the open-files limit is $FDS: $N streams need $PER_STREAM socket(s) each in MODE=$MODE; running $MAX_N" >&2
+  N=$MAX_N
+fi
 . perf/binaries.sh
 
 CFG="$OUT/slow_streams.toml"

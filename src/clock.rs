@@ -83,17 +83,93 @@ fn wall_ms_at(mono_ns: u64) -> u64 {
     })
 }
 
+/// This thread's reading for the poll under way (see [`OneReading`]).
+#[derive(Clone, Copy)]
+enum PollReading {
+    /// No [`OneReading`] poll is running: every `now()` reads the clocks.
+    Off,
+    /// A poll is running and has not read the time yet.
+    Unread,
+    /// A poll is running and read this.
+    Read(Now),
+}
+
+thread_local! {
+    static POLL: std::cell::Cell<PollReading> = const { std::cell::Cell::new(PollReading::Off) };
+}
+
+fn read_now() -> Now {
+    let mono_ns = mono_now();
+    Now {
+        mono_ns,
+        wall_ms: wall_ms_at(mono_ns),
+    }
+}
+
 impl Clock for MonoClock {
     fn now(&self) -> Now {
-        let mono_ns = mono_now();
-        Now {
-            mono_ns,
-            wall_ms: wall_ms_at(mono_ns),
-        }
+        POLL.with(|poll| match poll.get() {
+            PollReading::Off => read_now(),
+            PollReading::Unread => {
+                let now = read_now();
+                poll.set(PollReading::Read(now));
+                now
+            }
+            PollReading::Read(now) => now,
+        })
     }
 
     fn mono_ns(&self) -> u64 {
-        mono_now()
+        POLL.with(|poll| match poll.get() {
+            PollReading::Off => mono_now(),
+            PollReading::Unread => {
+                let now = read_now();
+                poll.set(PollReading::Read(now));
+                now.mono_ns
+            }
+            PollReading::Read(now) => now.mono_ns,
+        })
+    }
+}
+
+/// Runs a future so that one poll of it reads the clock at most once: every
+/// [`MonoClock::now`] within the same poll (the synchronous stretch between two of its
+/// awaits, microseconds long) returns that poll's first reading. A request asked for the
+/// time ~17 times per answer, most of them within a few microseconds of each other; each
+/// was a `clock_gettime`. Time still moves between polls, which is where a request waits.
+/// Readings outside such a poll (other tasks, timers) are not affected; nested wrappers
+/// keep the outer poll's reading.
+#[derive(Debug)]
+pub struct OneReading<F>(pub F);
+
+impl<F: std::future::Future + Unpin> std::future::Future for OneReading<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let outer = POLL.with(|poll| {
+            let outer = poll.get();
+            if matches!(outer, PollReading::Off) {
+                poll.set(PollReading::Unread);
+            }
+            outer
+        });
+        // Restored even if the inner poll unwinds, so no stale reading outlives the poll.
+        struct Restore(PollReading);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let outer = self.0;
+                POLL.with(|poll| {
+                    if matches!(outer, PollReading::Off) {
+                        poll.set(PollReading::Off);
+                    }
+                });
+            }
+        }
+        let _restore = Restore(outer);
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 
@@ -174,6 +250,41 @@ mod tests {
                 "{before} {now:?} {after}"
             );
         }
+    }
+
+    #[test]
+    fn one_poll_reads_the_clock_once_and_the_next_poll_reads_again() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+
+        let c = MonoClock;
+        let mut polls = 0;
+        let seen = std::cell::RefCell::new(Vec::new());
+        let mut f = OneReading(std::future::poll_fn(|cx| {
+            let a = c.now();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            // The same reading, monotonic and wall, for the rest of this poll.
+            assert_eq!(c.now(), a);
+            assert_eq!(c.mono_ns(), a.mono_ns);
+            seen.borrow_mut().push(a);
+            polls += 1;
+            if polls < 2 {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        }));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(std::pin::Pin::new(&mut f).poll(&mut cx).is_pending());
+        // Outside the poll the clock is read afresh.
+        let between = c.now();
+        assert!(between.mono_ns >= seen.borrow()[0].mono_ns + 2_000_000);
+        assert!(std::pin::Pin::new(&mut f).poll(&mut cx).is_ready());
+        let second = seen.borrow()[1];
+        assert!(second.mono_ns >= between.mono_ns);
+        let after = c.now();
+        assert!(after.mono_ns > second.mono_ns);
     }
 
     #[test]

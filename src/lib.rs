@@ -28,3 +28,4 @@ pub mod server;
 pub mod shard;
 pub mod snapshot;
 pub mod sse;
+pub mod timer;

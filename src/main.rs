@@ -54,11 +54,13 @@ mod shard;
 mod snapshot;
 #[cfg(tidegate_reach)]
 mod sse;
+#[cfg(tidegate_reach)]
+mod timer;
 
 #[cfg(not(tidegate_reach))]
 use tidegate::config;
 use tidegate::config::Config;
-use tidegate::server::{self as fleet, DriverChoice};
+use tidegate::server::{self as fleet, DriverChoice, UringSetup};
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
@@ -277,7 +279,8 @@ fn environment_help() -> String {
         "Environment:\n  \
          TIDEGATE_CONFIG   configuration file when --config is not given\n  \
          TIDEGATE_LOG      log filter (error, warn, info, debug; default info)\n  \
-         TIDEGATE_DRIVER   auto (default), io_uring or epoll\n\n\
+         TIDEGATE_DRIVER   auto (default), io_uring or epoll\n  \
+         TIDEGATE_URING_SETUP  io_uring ring setup: coop (default), defer or plain\n\n\
          Set by systemd (either one set: the default configuration file is \
          /etc/tidegate/tidegate.toml instead of config/tidegate.toml):\n  \
          NOTIFY_SOCKET     where READY=1 / RELOADING=1 / STOPPING=1 go (Type=notify)\n  \
@@ -402,6 +405,9 @@ fn reload(path: &std::path::Path, fleet: &mut fleet::Fleet) {
             for k in &done.kept {
                 tracing::warn!("reload: {k}");
             }
+            for c in &done.changes {
+                tracing::info!("reload: {c}");
+            }
             tracing::info!(
                 "configuration reloaded from {}; each shard applies it once its in-flight requests end",
                 path.display()
@@ -447,6 +453,12 @@ fn serve(path: PathBuf) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let Some(uring_setup) =
+        UringSetup::parse(&std::env::var("TIDEGATE_URING_SETUP").unwrap_or_default())
+    else {
+        eprintln!("TIDEGATE_URING_SETUP: expected coop, defer or plain");
+        return ExitCode::from(EXIT_CONFIG);
+    };
     // Handlers are installed before any shard starts; this thread waits for them.
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -459,7 +471,7 @@ fn serve(path: PathBuf) -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    let mut fleet = match fleet::start(Arc::new(cfg), choice) {
+    let mut fleet = match fleet::start(Arc::new(cfg), choice, uring_setup) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("tidegate: {e}");

@@ -150,8 +150,13 @@ fn config_pin(shared: &Shared) -> bool {
     shared.config.server.pin_threads
 }
 
-/// Binds, starts every shard, and returns once all of them accept.
-pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartError> {
+/// Binds, starts every shard, and returns once all of them accept. `uring_setup` applies
+/// when the driver is io_uring.
+pub fn start(
+    config: Arc<Config>,
+    choice: DriverChoice,
+    uring_setup: UringSetup,
+) -> Result<Fleet, StartError> {
     raise_nofile_limit();
     let shards = shard_count(config.server.workers);
     let driver = choose_driver(choice);
@@ -193,7 +198,10 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
         tls,
         keys,
         metrics: (0..shards)
-            .map(|_| Arc::new(crate::proxy::observe::shard_metrics(&config)))
+            .map(|_| Arc::new(crate::shard::metrics::ShardMetrics::default()))
+            .collect(),
+        families: (0..shards)
+            .map(|_| Arc::new(crate::proxy::observe::families(&config, None)))
             .collect(),
         shards,
         driver: driver.as_str(),
@@ -254,6 +262,7 @@ pub fn start(config: Arc<Config>, choice: DriverChoice) -> Result<Fleet, StartEr
                     mesh: mesh_end,
                     stop,
                     persist,
+                    uring_setup,
                 };
                 if let Err(e) = run_shard(driver, shard, &ready) {
                     let _ = ready.send(Err(format!("shard {id}: {e}")));
@@ -306,54 +315,61 @@ async fn serve_tls(
     let budget = Duration::from_millis(shard.config().server.header_timeout_ms);
     let acceptor = monoio_rustls::TlsAcceptor::from(tls);
     let peer = stream.peer_addr().ok();
-    match monoio::time::timeout(budget, acceptor.accept(stream)).await {
+    match crate::timer::timeout(budget, std::pin::pin!(acceptor.accept(stream))).await {
         Ok(Ok(tls)) => downstream::serve(shard, ClientStream::Tls(Box::new(tls), peer)).await,
         Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
         Err(_) => tracing::debug!("TLS handshake not complete within {budget:?}"),
     }
 }
 
-/// What a reload did: settings that cannot change live and were kept (one line each).
+/// What a reload did: settings that cannot change live and were kept, and the providers,
+/// connections and combos it added or removed (one line each).
 #[derive(Debug, Default)]
 pub struct Reloaded {
     pub kept: Vec<String>,
+    pub changes: Vec<String>,
+}
+
+/// `connections: added c2; removed c1 (…)` for the names `new` has that `old` lacks and
+/// back; `None` when both have the same names.
+fn layout_change<'a>(
+    what: &str,
+    old: impl Iterator<Item = &'a str> + Clone,
+    new: impl Iterator<Item = &'a str> + Clone,
+) -> Option<String> {
+    let added: Vec<&str> = new
+        .clone()
+        .filter(|n| !old.clone().any(|o| o == *n))
+        .collect();
+    let removed: Vec<&str> = old.filter(|o| !new.clone().any(|n| n == *o)).collect();
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(format!("added {}", added.join(", ")));
+    }
+    if !removed.is_empty() {
+        parts.push(format!(
+            "removed {} (their state is dropped; requests in flight on them finish)",
+            removed.join(", ")
+        ));
+    }
+    (!parts.is_empty()).then(|| format!("{what}: {}", parts.join("; ")))
 }
 
 impl Fleet {
     /// Hands a validated configuration to every shard; each adopts it at its next quiet
     /// point (no request in flight), so in-flight requests finish on the old one.
-    /// Settings that cannot change live (`listen`, `workers`, the set and order of
-    /// providers, connections and combos, which owner state is keyed by) keep their
-    /// running values: a change to `listen`/`workers` is reported and the rest applies; a
-    /// change to the layout refuses the whole reload (`Err`, one line per problem).
+    /// Providers, connections and combos may be added, removed and reordered: the reloaded
+    /// ones keep their ids by name (`config::renumber`), so the owner state keyed by them
+    /// (breakers, cooldowns, lockouts, gates, pins, metrics) stays with its name, removed
+    /// ones' state is dropped as each owner adopts the reload, and new ones start fresh.
+    /// Settings that cannot change live (`listen`, `workers`, `allow_shared_listen`,
+    /// `state_dir`) keep their running values and are reported; the rest applies. `Err`:
+    /// nothing applied, one line per problem.
     pub fn reload(&mut self, mut config: Config) -> Result<Reloaded, Vec<String>> {
         let old = &self.current.config;
-        let layout = |c: &Config| {
-            (
-                c.providers
-                    .iter()
-                    .map(|p| p.name.clone())
-                    .collect::<Vec<_>>(),
-                c.connections
-                    .iter()
-                    .map(|c| c.name.clone())
-                    .collect::<Vec<_>>(),
-                c.combos.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
-            )
-        };
-        let (op, oc, ob) = layout(old);
-        let (np, nc, nb) = layout(&config);
         let mut problems = Vec::new();
-        if op != np {
-            problems.push(format!("providers: the set or order of providers changed ({op:?} -> {np:?}); restart to apply"));
-        }
-        if oc != nc {
-            problems.push(format!("connections: the set or order of connections changed ({oc:?} -> {nc:?}); restart to apply"));
-        }
-        if ob != nb {
-            problems.push(format!(
-                "combos: the set or order of combos changed ({ob:?} -> {nb:?}); restart to apply"
-            ));
+        if let Err(e) = crate::config::renumber::carry_ids(&mut config, old) {
+            problems.push(e);
         }
         let tls = TlsConfigs::build(&config);
         let tls = match tls {
@@ -367,6 +383,22 @@ impl Fleet {
             return Err(problems);
         };
         let mut reloaded = Reloaded::default();
+        let names = |c: &Config| -> [Vec<String>; 3] {
+            [
+                c.providers.iter().map(|p| p.name.clone()).collect(),
+                c.connections.iter().map(|c| c.name.clone()).collect(),
+                c.combos.iter().map(|c| c.name.clone()).collect(),
+            ]
+        };
+        let (before, after) = (names(old), names(&config));
+        for ((what, o), n) in ["providers", "connections", "combos"]
+            .into_iter()
+            .zip(&before)
+            .zip(&after)
+        {
+            let (o, n) = (o.iter().map(String::as_str), n.iter().map(String::as_str));
+            reloaded.changes.extend(layout_change(what, o, n));
+        }
         if config.server.listen != old.server.listen {
             reloaded.kept.push(format!(
                 "server.listen changed to {} (kept {}; restart to apply)",
@@ -403,6 +435,12 @@ impl Fleet {
             tls,
             keys: KeyIndex::new(&config),
             metrics: self.current.metrics.clone(),
+            families: self
+                .current
+                .families
+                .iter()
+                .map(|old| Arc::new(crate::proxy::observe::families(&config, Some(old))))
+                .collect(),
             shards: self.current.shards,
             driver: self.current.driver,
             runtime: self.current.runtime.clone(),
@@ -418,6 +456,9 @@ impl Fleet {
             ));
         for r in &self.reloads {
             let _ = r.send(shared.clone());
+        }
+        if let Some(w) = &self.writer {
+            let _ = w.sink().send(ToWriter::Config(shared.config.clone()));
         }
         self.current = shared;
         Ok(reloaded)
@@ -572,6 +613,7 @@ struct ShardStart {
     mesh: Option<MeshEnd<Msg>>,
     stop: Stop,
     persist: Persist,
+    uring_setup: UringSetup,
 }
 
 /// Sends one batch of this shard's changed records to the writer; true when more are
@@ -606,19 +648,79 @@ fn preemptions() -> Option<u64> {
         .ok()
 }
 
+/// How each shard's io_uring ring is set up (`TIDEGATE_URING_SETUP`). A shard's ring is
+/// only ever entered by its own thread, which lets the kernel skip work it would do for a
+/// ring shared between threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UringSetup {
+    /// No setup flags.
+    Plain,
+    /// `IORING_SETUP_COOP_TASKRUN`: a completion does not interrupt the shard thread while
+    /// it runs user code; it is delivered when the thread next enters the kernel (the
+    /// shard enters at every loop turn).
+    Coop,
+    /// `COOP_TASKRUN` + `SINGLE_ISSUER` + `DEFER_TASKRUN` (Linux 6.1+): completions are
+    /// processed only when the shard thread waits for them, in one batch.
+    Defer,
+}
+
+impl UringSetup {
+    /// The setup named by `TIDEGATE_URING_SETUP` (`plain`, `coop`, `defer`; unset or
+    /// empty: the default, [`UringSetup::Coop`]); `None` for any other value.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "" | "coop" => Some(UringSetup::Coop),
+            "plain" => Some(UringSetup::Plain),
+            "defer" => Some(UringSetup::Defer),
+            _ => None,
+        }
+    }
+
+    fn builder(self) -> io_uring::Builder {
+        let mut b = io_uring::IoUring::builder();
+        match self {
+            UringSetup::Plain => {}
+            UringSetup::Coop => {
+                b.setup_coop_taskrun();
+            }
+            UringSetup::Defer => {
+                b.setup_coop_taskrun()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun();
+            }
+        }
+        b
+    }
+}
+
+/// Builds a shard's io_uring runtime with `setup`; a kernel that refuses the setup flags
+/// gets a ring without them.
+fn uring_runtime(setup: UringSetup) -> std::io::Result<monoio::Runtime<TimeDriver<IoUringDriver>>> {
+    let build = |setup: UringSetup| {
+        RuntimeBuilder::<IoUringDriver>::new()
+            .with_entries(URING_ENTRIES)
+            .uring_builder(setup.builder())
+            .enable_timer()
+            .build()
+    };
+    match build(setup) {
+        Ok(rt) => Ok(rt),
+        Err(_) if setup != UringSetup::Plain => build(UringSetup::Plain),
+        Err(e) => Err(e),
+    }
+}
+
 fn run_shard(
     driver: Driver,
     start: ShardStart,
     ready: &flume::Sender<Result<usize, String>>,
 ) -> Result<(), String> {
     let id = start.id;
+    let setup = start.uring_setup;
     let task = shard_main(start, ready.clone());
     match driver {
         Driver::IoUring => {
-            let built = RuntimeBuilder::<IoUringDriver>::new()
-                .with_entries(URING_ENTRIES)
-                .enable_timer()
-                .build();
+            let built = uring_runtime(setup);
             match built {
                 Ok(mut rt) => rt.block_on(task),
                 Err(e) => {
@@ -656,6 +758,7 @@ async fn shard_main(
         mesh,
         stop,
         persist,
+        uring_setup: _,
     } = start;
     let listener =
         monoio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;

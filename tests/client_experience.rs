@@ -316,5 +316,9 @@ fn an_open_breaker_on_messages_is_anthropics_overloaded_error() {
     let r = messages(&gw, &[ANTHROPIC_KEY], body);
     assert_anthropic(&r, 503, "overloaded_error", "provider_circuit_open");
     assert!(r.header("retry-after").is_some(), "{}", r.text());
-    assert_eq!(mock.hits("/v1/messages"), 2, "the open breaker sends nothing");
+    assert_eq!(
+        mock.hits("/v1/messages"),
+        2,
+        "the open breaker sends nothing"
+    );
 }

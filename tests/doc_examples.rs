@@ -102,9 +102,9 @@ fn every_curl_and_tidegate_example_in_the_docs_runs_against_the_shipped_config()
     );
     // The inline table commands of docs/operations.md are among them.
     assert!(
-        examples
-            .iter()
-            .any(|(doc, c)| doc.ends_with("operations.md") && c.contains("$TG/api/resilience/reset")),
+        examples.iter().any(
+            |(doc, c)| doc.ends_with("operations.md") && c.contains("$TG/api/resilience/reset")
+        ),
         "{examples:?}"
     );
     let mut failures = Vec::new();

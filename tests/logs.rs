@@ -340,7 +340,12 @@ fn a_breaker_that_opens_and_closes_again_logs_each_transition_once() {
     // Open: refused without a line per request.
     for _ in 0..5 {
         let r = ask();
-        assert_eq!(r.header("x-tidegate-error"), Some("provider_circuit_open"), "{}", r.text());
+        assert_eq!(
+            r.header("x-tidegate-error"),
+            Some("provider_circuit_open"),
+            "{}",
+            r.text()
+        );
     }
     // After the reset timeout one probe goes through, succeeds and closes the breaker.
     let served = eventually(secs(5), "a request served after the reset timeout", || {
@@ -361,7 +366,11 @@ fn a_breaker_that_opens_and_closes_again_logs_each_transition_once() {
     let logs = gw.logs();
     assert_eq!(logs.matches("circuit breaker opened").count(), 1, "{logs}");
     assert_eq!(logs.matches("circuit breaker closed").count(), 1, "{logs}");
-    assert_eq!(logs.matches("circuit breaker halfopen").count(), 1, "{logs}");
+    assert_eq!(
+        logs.matches("circuit breaker halfopen").count(),
+        1,
+        "{logs}"
+    );
     // The refused requests have their access lines, and nothing more: no WARN line each.
     let refused: Vec<&str> = logs
         .lines()

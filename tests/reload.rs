@@ -226,3 +226,470 @@ fn sighup_reports_a_state_dir_change_and_keeps_the_directory_it_opened() {
         "the snapshot writer keeps the directory it opened"
     );
 }
+
+// -- The layout: providers, connections and combos added, removed, reordered --------------
+
+/// A client key with the `manage` scope, for the management API.
+const OPS: &str = "[[client_keys]]\nid = \"ops\"\nkey = \"ops-key\"\nscopes = [\"manage\"]\n\n";
+
+/// A `[[connections]]` table with a priority (lower runs first).
+fn connection_at(id: &str, provider: &str, priority: u32) -> String {
+    format!("[[connections]]\nid = \"{id}\"\nprovider = \"{provider}\"\npriority = {priority}\n\n")
+}
+
+fn head(workers: usize) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = {workers}\n\n[[client_keys]]\nid = \"t\"\nkey = \"k\"\n\n{OPS}"
+    )
+}
+
+fn reload_to(gw: &mut Gateway, file: &str) {
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(gw.config_path(), file).unwrap();
+    hup(gw);
+    eventually(secs(10), "the reload to be logged", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+}
+
+fn admin(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> support::Response {
+    Client::connect(addr).request(
+        method,
+        path,
+        &[
+            ("authorization", "Bearer ops-key"),
+            ("content-type", "application/json"),
+        ],
+        body,
+    )
+}
+
+/// The connection that served a request (`None`: not served).
+fn served_by(r: &support::Response) -> Option<String> {
+    (r.status == 200)
+        .then(|| {
+            r.header("x-omniroute-selected-connection-id")
+                .map(str::to_owned)
+        })
+        .flatten()
+}
+
+/// The value of one sample of `/metrics` (`None`: no such label set).
+fn sample(addr: std::net::SocketAddr, series: &str) -> Option<u64> {
+    let text = admin(addr, "GET", "/metrics", b"").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn sighup_adds_a_connection_and_traffic_reaches_it_on_every_shard() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let before = format!(
+        "{}{}{}",
+        head(2),
+        support::provider("up", &mock.base_url(), &["m1"]),
+        connection_at("c1", "up", 5)
+    );
+    let mut gw = Gateway::start(&before);
+    let addr = gw.addr();
+    assert_eq!(served_by(&chat(addr, "k", "up/m1")).as_deref(), Some("c1"));
+
+    // `c2` comes first in the file and runs first (priority 1 < 5).
+    let after = format!(
+        "{}{}{}{}",
+        head(2),
+        support::provider("up", &mock.base_url(), &["m1"]),
+        connection_at("c2", "up", 1),
+        connection_at("c1", "up", 5)
+    );
+    reload_to(&mut gw, &after);
+    assert!(
+        gw.logs().contains("reload: connections: added c2"),
+        "{}",
+        gw.logs()
+    );
+    eventually(secs(10), "every shard routes to c2", || {
+        (0..10)
+            .all(|_| served_by(&chat(addr, "k", "up/m1")).as_deref() == Some("c2"))
+            .then_some(())
+    });
+    // The management API sees the new layout.
+    let r = admin(
+        addr,
+        "PATCH",
+        "/api/providers/c2",
+        br#"{"max_concurrent":3}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let health = admin(addr, "GET", "/api/monitoring/health", b"").json();
+    assert_eq!(health["activeConnections"], 2, "{health}");
+    // Its metrics label set exists, and c1's count went on from where it was.
+    let c2 = "tidegate_upstream_attempts_by_connection_total{provider=\"up\",connection=\"c2\",class=\"2xx\"}";
+    let c1 = "tidegate_upstream_attempts_by_connection_total{provider=\"up\",connection=\"c1\",class=\"2xx\"}";
+    assert!(sample(addr, c2).unwrap() >= 10);
+    assert_eq!(
+        sample(addr, c1),
+        Some(1),
+        "c1's one attempt before the reload"
+    );
+}
+
+#[test]
+fn sighup_removes_a_connection_its_in_flight_request_finishes_and_no_traffic_follows() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on(CHAT, Reply::openai_chat("held").wait_for(&gate));
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let file = |conns: &str| {
+        format!(
+            "{}{}{conns}",
+            head(2),
+            support::provider("up", &mock.base_url(), &["m1"]),
+        )
+    };
+    let mut gw = Gateway::start(&file(&format!(
+        "{}{}",
+        connection_at("c1", "up", 1),
+        connection_at("c2", "up", 5)
+    )));
+    let addr = gw.addr();
+
+    // A request on c1 in flight across the reload that removes c1.
+    let mut held = Client::connect(addr);
+    held.start_request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer k"),
+            ("content-type", "application/json"),
+        ],
+        br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    mock.wait_for_hits(CHAT, 1, secs(10));
+    reload_to(&mut gw, &file(&connection_at("c2", "up", 5)));
+    assert!(
+        gw.logs().contains("reload: connections: removed c1"),
+        "{}",
+        gw.logs()
+    );
+    gate.open();
+    let r = held.read_response();
+    assert_eq!(
+        r.status,
+        200,
+        "the in-flight request finishes: {}",
+        r.text()
+    );
+    assert_eq!(served_by(&r).as_deref(), Some("c1"));
+
+    eventually(secs(10), "every shard routes to c2", || {
+        (0..10)
+            .all(|_| served_by(&chat(addr, "k", "up/m1")).as_deref() == Some("c2"))
+            .then_some(())
+    });
+    for _ in 0..20 {
+        assert_eq!(
+            served_by(&chat(addr, "k", "up/m1")).as_deref(),
+            Some("c2"),
+            "no more traffic to c1"
+        );
+    }
+    let r = admin(
+        addr,
+        "PATCH",
+        "/api/providers/c1",
+        br#"{"max_concurrent":3}"#,
+    );
+    assert_eq!(r.status, 404, "c1 is gone from the management API");
+    let c1 = "tidegate_upstream_attempts_by_connection_total{provider=\"up\",connection=\"c1\",class=\"2xx\"}";
+    eventually(secs(10), "c1's label set to leave /metrics", || {
+        (0..4).all(|_| sample(addr, c1).is_none()).then_some(())
+    });
+}
+
+#[test]
+fn sighup_reordering_providers_and_connections_keeps_each_breaker_with_its_name() {
+    // Two shards: the breaker's owner is picked by its id, which must not move.
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    a.on_always(CHAT, Reply::error(503, "overloaded"));
+    b.on_always(CHAT, Reply::openai_chat("ok"));
+    let breaker =
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = 3\nreset_timeout_ms = 600000\n";
+    let pa = support::provider("pa", &a.base_url(), &["m1"]);
+    let pb = support::provider("pb", &b.base_url(), &["m1"]);
+    // `disable_cooling` keeps the connections routable: every failure reaches the breaker.
+    let ca = "[[connections]]\nid = \"ca\"\nprovider = \"pa\"\ndisable_cooling = true\n\n";
+    let cb = "[[connections]]\nid = \"cb\"\nprovider = \"pb\"\ndisable_cooling = true\n\n";
+    let mut gw = Gateway::start(&format!("{}{pa}{pb}{ca}{cb}{breaker}", head(2)));
+    let addr = gw.addr();
+    let open = |r: &support::Response| {
+        r.status == 503 && r.header("x-tidegate-error") == Some("provider_circuit_open")
+    };
+    eventually(secs(10), "pa's breaker to open", || {
+        open(&chat(addr, "k", "pa/m1")).then_some(())
+    });
+    assert_eq!(chat(addr, "k", "pb/m1").status, 200);
+
+    // Reordered: pb, pa and cb, ca (an index-keyed state would now put pa's open breaker
+    // on pb).
+    reload_to(&mut gw, &format!("{}{pb}{pa}{cb}{ca}{breaker}", head(2)));
+    let hits = a.hits(CHAT);
+    eventually(secs(10), "every shard runs the reordered file", || {
+        (0..10)
+            .all(|_| served_by(&chat(addr, "k", "pb/m1")).as_deref() == Some("cb"))
+            .then_some(())
+    });
+    for _ in 0..10 {
+        let r = chat(addr, "k", "pa/m1");
+        assert!(
+            open(&r),
+            "pa's breaker is still open: {} {}",
+            r.status,
+            r.text()
+        );
+        assert_eq!(r.json()["error"]["provider"], "pa");
+    }
+    assert_eq!(a.hits(CHAT), hits, "nothing passed pa's open breaker");
+    // The breaker that opened is `ca`'s (connection-scoped), and it is still `ca`'s.
+    let health = admin(addr, "GET", "/api/monitoring/health", b"").json();
+    assert_eq!(
+        health["providerHealth"]["pa::conn::ca"]["state"], "OPEN",
+        "{health}"
+    );
+    assert_eq!(health["circuitBreakers"]["open"], 1, "{health}");
+
+    // The snapshot written at shutdown names the open breaker by its provider.
+    let dir = gw.config_path().parent().unwrap().join("state");
+    gw.terminate();
+    assert!(gw.wait_exit(secs(10)).is_some());
+    let out = support::run_tidegate(
+        &["snapshot", "inspect", "--state-dir", dir.to_str().unwrap()],
+        &[],
+    );
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let breakers = json["state"]["breakers"].as_array().unwrap();
+    let ca = breakers
+        .iter()
+        .find(|b| b["provider"] == "pa" && b["connection"] == "ca")
+        .unwrap();
+    assert_eq!(ca["state"], "OPEN", "{json}");
+    assert!(
+        breakers
+            .iter()
+            .all(|b| b["provider"] == "pa" || b["state"] != "OPEN"),
+        "{json}"
+    );
+}
+
+#[test]
+fn sighup_adds_combos_before_the_existing_one_and_serves_them_all() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    a.on_always(CHAT, Reply::openai_chat("from a"));
+    b.on_always(CHAT, Reply::openai_chat("from b"));
+    let providers = format!(
+        "{}{}{}{}",
+        support::provider("pa", &a.base_url(), &["m1"]),
+        support::provider("pb", &b.base_url(), &["m1"]),
+        support::connection("ca", "pa"),
+        support::connection("cb", "pb"),
+    );
+    let combo = |name: &str, strategy: &str, targets: &str| {
+        format!(
+            "[[combos]]\nname = \"{name}\"\nstrategy = \"{strategy}\"\ntargets = [{targets}]\n\n"
+        )
+    };
+    let rr = combo("rr", "round-robin", "\"pa/m1\", \"pb/m1\"");
+    let mut gw = Gateway::start(&format!("{}{providers}{rr}", head(2)));
+    let addr = gw.addr();
+    assert_eq!(chat(addr, "k", "rr").status, 200);
+    assert_eq!(chat(addr, "k", "to-b").status, 404, "no such combo yet");
+
+    let to_b = combo("to-b", "priority", "\"pb/m1\", \"pa/m1\"");
+    let to_a = combo("to-a", "priority", "\"pa/m1\"");
+    reload_to(&mut gw, &format!("{}{providers}{to_b}{to_a}{rr}", head(2)));
+    assert!(
+        gw.logs().contains("reload: combos: added to-b, to-a"),
+        "{}",
+        gw.logs()
+    );
+    eventually(secs(10), "every shard serves the new combos", || {
+        (0..10)
+            .all(|_| chat(addr, "k", "to-b").json()["choices"][0]["message"]["content"] == "from b")
+            .then_some(())
+    });
+    for _ in 0..6 {
+        let r = chat(addr, "k", "to-a");
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "from a");
+        assert_eq!(
+            chat(addr, "k", "rr").status,
+            200,
+            "the kept combo still serves"
+        );
+    }
+}
+
+#[test]
+fn sighup_with_an_invalid_layout_change_applies_none_of_it_and_logs_every_problem() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let up = support::provider("up", &mock.base_url(), &["m1"]);
+    let mut gw = Gateway::start(&format!("{}{up}{}", head(2), connection_at("c1", "up", 5)));
+    let addr = gw.addr();
+    // A valid new connection and combo beside three problems.
+    let broken = format!(
+        "{}{up}{}{}[[combos]]\nname = \"new\"\nstrategy = \"priority\"\ntargets = [\"up/m1\"]\n\n\
+         [[combos]]\nname = \"bad\"\nstrategy = \"priority\"\ntargets = [\"ghost/m1\"]\n\n\
+         [[connections]]\nid = \"c3\"\nprovider = \"nope\"\n\n",
+        head(2).replace("workers = 2", "workers = 2\nidle_timeout = 5"),
+        connection_at("c2", "up", 1),
+        connection_at("c1", "up", 5),
+    );
+    std::fs::write(gw.config_path(), broken).unwrap();
+    hup(&mut gw);
+    gw.wait_for_log("keeping the running configuration", secs(10));
+    let logs = gw.logs();
+    assert!(logs.contains("server.idle_timeout"), "{logs}");
+    assert!(logs.contains("nope"), "{logs}");
+    assert!(logs.contains("ghost"), "{logs}");
+    assert!(logs.contains("reload refused (3 problem(s))"), "{logs}");
+    for _ in 0..10 {
+        assert_eq!(served_by(&chat(addr, "k", "up/m1")).as_deref(), Some("c1"));
+        assert_eq!(
+            chat(addr, "k", "new").status,
+            404,
+            "the valid combo is not applied either"
+        );
+    }
+}
+
+#[test]
+fn sighup_drops_a_removed_connection_s_cooldown_and_no_kept_one_inherits_it() {
+    let mock = MockUpstream::start();
+    mock.on(
+        CHAT,
+        Reply::error(429, "slow down").header("retry-after", "600"),
+    );
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let file = |conns: &str| {
+        format!(
+            "{}{}{conns}",
+            head(2),
+            support::provider("up", &mock.base_url(), &["m1"]),
+        )
+    };
+    let both = format!(
+        "{}{}",
+        connection_at("c1", "up", 1),
+        connection_at("c2", "up", 5)
+    );
+    let mut gw = Gateway::start(&file(&both));
+    let addr = gw.addr();
+    // c1 answers 429: it cools down for ten minutes and c2 serves.
+    assert_eq!(served_by(&chat(addr, "k", "up/m1")).as_deref(), Some("c2"));
+    let cooling = |addr| {
+        admin(addr, "GET", "/api/monitoring/health", b"").json()["connectionHealth"]["up"]
+            ["coolingDown"]
+            .clone()
+    };
+    eventually(secs(10), "c1 to be cooling", || {
+        (cooling(addr) == 1).then_some(())
+    });
+    // Its connection breaker is listed by name.
+    let breakers = |addr| {
+        let health = admin(addr, "GET", "/api/monitoring/health", b"").json();
+        let names: Vec<String> = health["providerHealth"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        names
+    };
+    assert!(breakers(addr).contains(&"up::conn::c1".to_owned()));
+
+    // c1 removed: c2 (now first in the file) serves and nothing is cooling any more.
+    reload_to(&mut gw, &file(&connection_at("c2", "up", 5)));
+    eventually(secs(10), "every shard routes to c2", || {
+        (0..10)
+            .all(|_| served_by(&chat(addr, "k", "up/m1")).as_deref() == Some("c2"))
+            .then_some(())
+    });
+    // Its state is gone from every owner: nothing cooling, no breaker left behind (one
+    // kept would be listed as `unknown::conn::…`).
+    eventually(secs(10), "c1's state to be dropped", || {
+        (cooling(addr).is_null()
+            && breakers(addr)
+                .iter()
+                .all(|b| b.starts_with("up::conn::c2") || b == "up"))
+        .then_some(())
+    });
+
+    // c1 added back: a new connection, with fresh state, serves first again.
+    reload_to(&mut gw, &file(&both));
+    eventually(secs(10), "every shard routes to the new c1", || {
+        (0..10)
+            .all(|_| served_by(&chat(addr, "k", "up/m1")).as_deref() == Some("c1"))
+            .then_some(())
+    });
+    assert!(cooling(addr).is_null(), "the new c1 starts fresh");
+}
+
+#[test]
+fn round_robin_combos_added_by_a_reload_serve_while_a_shard_still_runs_the_old_file() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    let gate = Gate::new();
+    a.on(CHAT, Reply::openai_chat("held").wait_for(&gate));
+    b.on_always(CHAT, Reply::openai_chat("ok"));
+    // Four single-connection providers: their connections' owner shards (where each combo
+    // semaphore lives) cover both shards.
+    let mut providers = format!(
+        "{}{}",
+        support::provider("pa", &a.base_url(), &["m1"]),
+        support::connection("ca", "pa")
+    );
+    for i in 0..4 {
+        providers += &support::provider(&format!("p{i}"), &b.base_url(), &["m1"]);
+        providers += &support::connection(&format!("c{i}"), &format!("p{i}"));
+    }
+    let mut gw = Gateway::start(&format!("{}{providers}", head(2)));
+    let addr = gw.addr();
+    // One shard keeps a request in flight, so it keeps the old file (no combos) until the
+    // end of the test: the owner of some of the combos' semaphores has not adopted them
+    // when the other shard's requests ask it for a slot.
+    let mut held = Client::connect(addr);
+    held.start_request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer k"),
+            ("content-type", "application/json"),
+        ],
+        br#"{"model":"pa/m1","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    a.wait_for_hits(CHAT, 1, secs(10));
+    let combos: String = (0..4)
+        .map(|i| {
+            format!(
+                "[[combos]]\nname = \"r{i}\"\nstrategy = \"round-robin\"\ntargets = [\"p{i}/m1\"]\n\n"
+            )
+        })
+        .collect();
+    reload_to(&mut gw, &format!("{}{providers}{combos}", head(2)));
+    for i in 0..4 {
+        let combo = format!("r{i}");
+        let r = eventually(
+            secs(10),
+            "the shard that adopted the reload to answer",
+            || {
+                let r = chat(addr, "k", &combo);
+                // 404: the shard still on the old file does not know the combo.
+                (r.status != 404).then_some(r)
+            },
+        );
+        assert_eq!(r.status, 200, "{combo}: {}", r.text());
+        assert_eq!(served_by(&r), Some(format!("c{i}")));
+    }
+    gate.open();
+    assert_eq!(held.read_response().status, 200);
+}

@@ -352,7 +352,9 @@ fn a_client_that_hangs_up_during_the_wait_costs_nothing_upstream() {
     eventually(secs(5), "the hang-up to be seen", || {
         (metric(gw.addr(), phase) == 1).then_some(())
     });
-    assert!(gw.logs().contains("client hung up during a cooldown wait"));
+    // The log line is written right after the counter, and read from the child's stderr
+    // by another thread: wait for it rather than race it.
+    gw.wait_for_log("client hung up during a cooldown wait", secs(5));
     assert_eq!(
         mock.hits("/v1/chat/completions"),
         1,

@@ -3,7 +3,9 @@
 //! by the next candidate, asked with the delivered text as an assistant prefill; its answer
 //! is spliced in without repeated text (an overlap of at least 8 characters is skipped). A
 //! target that refuses the prefill gets the original request again and is used only if it
-//! repeats the delivered text exactly. The usage block covers the whole answer.
+//! repeats the delivered text exactly. The usage block covers the whole answer. A part
+//! served by a provider of the other format (translated) may be cut or go on like any
+//! other (issue 15 item 3).
 //!
 //! Every test asserts the client's body byte for byte (de-chunked) and what the upstreams
 //! saw.
@@ -506,29 +508,6 @@ fn with_no_candidate_able_to_continue_the_stream_ends_with_the_in_band_error() {
 }
 
 #[test]
-fn a_candidate_of_the_other_format_is_not_asked_to_continue() {
-    let a = MockUpstream::start();
-    let b = MockUpstream::start();
-    let (a_sent, _) = cut_after_25(&a);
-    b.on_always(MESSAGES, Reply::anthropic_stream(&["never"]));
-    // b speaks Anthropic: a continuation would have to be translated, so it is passed over.
-    let cfg = config(&a, &b, "openai", &on(5_000)).replace(
-        "id = \"b\"\nformat = \"openai\"",
-        "id = \"b\"\nformat = \"anthropic\"",
-    );
-    assert!(cfg.contains("format = \"anthropic\""), "{cfg}");
-    let gw = Gateway::start(&cfg);
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
-    let rest = body
-        .strip_prefix(&a_sent)
-        .unwrap_or_else(|| panic!("{body}"));
-    assert!(rest.starts_with("data: {\"error\":"), "{rest}");
-    assert!(!terminated);
-    assert_eq!(b.total_hits(), 0);
-}
-
-#[test]
 fn a_combo_stream_cut_mid_answer_is_continued_by_its_next_target() {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
@@ -630,34 +609,6 @@ fn a_continuation_cut_in_turn_is_continued_by_the_candidate_after_it() {
 }
 
 #[test]
-fn a_translated_stream_cut_mid_answer_still_ends_with_the_in_band_error() {
-    let a = MockUpstream::start();
-    let b = MockUpstream::start();
-    // a speaks Anthropic (translated for the chat client) and is cut after three words.
-    let mut steps = anthropic_stream_chunks(&["one ", "two ", "three "]);
-    steps.truncate(5);
-    steps.push(Chunk::close());
-    a.on_always(MESSAGES, Reply::sse(steps));
-    b.on_always(CHAT, Reply::openai_stream(&["never"]));
-    let cfg = config(&a, &b, "openai", &on(5_000)).replace(
-        "id = \"a\"\nformat = \"openai\"",
-        "id = \"a\"\nformat = \"anthropic\"",
-    );
-    assert!(cfg.contains("format = \"anthropic\""), "{cfg}");
-    let gw = Gateway::start(&cfg);
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
-    // The translated words reach the client, then the in-band error, as without
-    // continuation: a translated stream is not continued (docs/compat.md).
-    let (text, done) = content(&body);
-    assert_eq!((text.as_str(), done), ("one two three ", 0), "{body}");
-    let last = body.trim_end().lines().last().unwrap();
-    assert!(last.starts_with("data: {\"error\":"), "{body}");
-    assert!(!terminated);
-    assert_eq!(b.hits(CHAT), 0);
-}
-
-#[test]
 fn a_client_that_hangs_up_while_the_continuation_is_awaited_cancels_it() {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
@@ -692,5 +643,402 @@ fn a_client_that_hangs_up_while_the_continuation_is_awaited_cancels_it() {
             "tidegate_requests_abandoned_total{phase=\"response\"}"
         ),
         1
+    );
+}
+
+// --- translated streams (issue 15 item 3) -------------------------------------------------
+//
+// The splice works on the client's format: a part served by a provider of the other format
+// goes through it after its translation, so the part that was cut and the part that goes
+// on may each be of either format. The client's events are compared whole (translated
+// OpenAI chunks carry the gateway's clock in `created`, which is left out).
+
+const ASK_MESSAGES: &str = r#"{"model":"m1","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+
+/// Providers `a` and `b` (model `m1`) of the formats given, one connection each.
+fn mixed(a: &MockUpstream, a_format: &str, b: &MockUpstream, b_format: &str, tail: &str) -> String {
+    let p = |id: &str, m: &MockUpstream, format: &str| {
+        provider(id, &m.base_url(), &["m1"])
+            .replace("format = \"openai\"", &format!("format = \"{format}\""))
+    };
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}{tail}\n",
+        p("a", a, a_format),
+        connection("first", "a"),
+        p("b", b, b_format),
+        connection("second", "b"),
+    )
+}
+
+/// Every event of a client's stream: `{"event": name}` (when named) and `"data"` (the JSON,
+/// `created` left out, or the string `[DONE]`); comments left out.
+fn client_events(body: &str) -> Vec<Value> {
+    parse_sse(body.as_bytes())
+        .into_iter()
+        .map(|e| {
+            let data = if e.data == "[DONE]" {
+                json!("[DONE]")
+            } else {
+                let mut v = e.json();
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("created");
+                }
+                v
+            };
+            match e.event {
+                Some(name) => json!({"event": name, "data": data}),
+                None => json!({"data": data}),
+            }
+        })
+        .collect()
+}
+
+/// A translated OpenAI chunk (from an Anthropic upstream), without `created`.
+fn t_chunk(id: &str, delta: Value, finish: Value) -> Value {
+    json!({"data": {"id": id, "object": "chat.completion.chunk", "model": "m1",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}})
+}
+
+/// An Anthropic event as the client sees it.
+fn a_ev(name: &str, data: Value) -> Value {
+    json!({"event": name, "data": data})
+}
+
+fn text_delta(index: u64, text: &str) -> Value {
+    a_ev(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index,
+            "delta": {"type": "text_delta", "text": text}}),
+    )
+}
+
+/// An Anthropic upstream's message: `message_start` (`input` tokens), one text block with
+/// `words`.
+fn anthropic_start(id: &str, input: u64, words: &[String]) -> Vec<String> {
+    let mut chunks = vec![
+        anthropic_event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": id, "type": "message",
+                "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": input, "output_tokens": 1}}}),
+        ),
+        anthropic_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    for w in words {
+        chunks.push(anthropic_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": w}}),
+        ));
+    }
+    chunks
+}
+
+/// An Anthropic upstream's continuation: its own start (45 input tokens) and a ping, a
+/// block starting with the space the prefill left out, its end and 4 output tokens.
+fn anthropic_continuation() -> Vec<String> {
+    let mut chunks = anthropic_start("msg_b", 45, &[" word12".to_owned(), " fin.".to_owned()]);
+    chunks.insert(1, anthropic_event("ping", json!({"type": "ping"})));
+    chunks.push(anthropic_event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    chunks.push(anthropic_event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+            "stop_sequence": null}, "usage": {"output_tokens": 4}}),
+    ));
+    chunks.push(anthropic_event(
+        "message_stop",
+        json!({"type": "message_stop"}),
+    ));
+    chunks
+}
+
+/// An OpenAI upstream's continuation: a role chunk, the last two delivered words again
+/// (14 characters), two new pieces, the finish, usage (40 prompt, 4 completion), `[DONE]`.
+fn openai_continuation() -> Vec<String> {
+    let mut chunks = vec![b_chunk(
+        "b-9",
+        r#"{"content":"","role":"assistant"}"#,
+        "null",
+    )];
+    chunks.extend(["word10 word11 ", "word12 ", "end."].map(|t| b_text("b-9", t)));
+    chunks.push(b_chunk("b-9", "{}", "\"stop\""));
+    chunks.push(b_usage("b-9", 40, 5 - 1));
+    chunks.push("data: [DONE]\n\n".to_owned());
+    chunks
+}
+
+/// The last message of the one request `m` got on `path`, and that request.
+fn last_message(m: &MockUpstream, path: &str) -> (Value, Value) {
+    let seen = m.requests_to(path);
+    assert_eq!(seen.len(), 1, "{path}");
+    let body = seen[0].json();
+    let last = body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    (last, body)
+}
+
+#[test]
+fn a_translated_chat_stream_cut_mid_answer_is_continued_by_an_openai_target() {
+    translated_chat_continued_by_openai(Some(Chunk::close()));
+}
+
+#[test]
+fn a_translated_chat_stream_ending_before_its_last_event_is_continued_like_a_cut() {
+    // The upstream's body ends cleanly, but without message_delta / message_stop.
+    translated_chat_continued_by_openai(None);
+}
+
+fn translated_chat_continued_by_openai(end: Option<Chunk>) {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    // a speaks Anthropic (translated for the chat client): 12 words, then `end`.
+    let mut steps = raw(&anthropic_start("msg_a", 21, &words(0..12)));
+    steps.extend(end);
+    a.on_always(MESSAGES, Reply::sse(steps));
+    b.on_always(CHAT, Reply::sse(raw(&openai_continuation())));
+    let gw = Gateway::start(&mixed(&a, "anthropic", &b, "openai", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // a's events translated; b's chunks without its role chunk and the 14 repeated
+    // characters, with a's id; usage over the whole answer: a's prompt (its
+    // message_start), 12 + 4 completion tokens.
+    let mut want = vec![t_chunk(
+        "msg_a",
+        json!({"role": "assistant", "content": ""}),
+        json!(null),
+    )];
+    want.extend(
+        words(0..12)
+            .iter()
+            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
+    );
+    for t in ["word12 ", "end."] {
+        want.push(
+            json!({"data": {"choices": [{"delta": {"content": t}, "finish_reason": null,
+            "index": 0}], "id": "msg_a", "object": "chat.completion.chunk"}}),
+        );
+    }
+    want.push(
+        json!({"data": {"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}],
+        "id": "msg_a", "object": "chat.completion.chunk"}}),
+    );
+    want.push(
+        json!({"data": {"choices": [], "id": "msg_a", "object": "chat.completion.chunk",
+        "usage": {"prompt_tokens": 21, "completion_tokens": 16, "total_tokens": 37}}}),
+    );
+    want.push(json!({"data": "[DONE]"}));
+    assert_eq!(client_events(&body), want, "{body}");
+    assert!(terminated, "a continued stream ends cleanly");
+    let (text, done) = content(&body);
+    assert_eq!(text, format!("{}word12 end.", words(0..12).concat()));
+    assert_eq!(done, 1);
+    // a got the request translated; b (the client's format) the client's request with the
+    // delivered text as a trailing assistant message, trailing space kept.
+    let (_, to_a) = last_message(&a, MESSAGES);
+    assert_eq!(to_a["max_tokens"], 4096, "{to_a}");
+    let (last, _) = last_message(&b, CHAT);
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": words(0..12).concat()})
+    );
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        16
+    );
+}
+
+#[test]
+fn a_translated_chat_stream_cut_mid_answer_is_continued_by_an_anthropic_target() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let mut steps = raw(&anthropic_start("msg_a", 21, &words(0..12)));
+    steps.push(Chunk::close());
+    a.on_always(MESSAGES, Reply::sse(steps));
+    // b speaks Anthropic too: the continuation is translated as well.
+    b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
+    let gw = Gateway::start(&mixed(&a, "anthropic", &b, "anthropic", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    // b's block translated into chunks with a's id; its role chunk and ping dropped, the
+    // leading space that repeats the one left out of the prefill skipped.
+    let mut want = vec![t_chunk(
+        "msg_a",
+        json!({"role": "assistant", "content": ""}),
+        json!(null),
+    )];
+    want.extend(
+        words(0..12)
+            .iter()
+            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
+    );
+    want.push(t_chunk("msg_a", json!({"content": "word12"}), json!(null)));
+    want.push(t_chunk("msg_a", json!({"content": " fin."}), json!(null)));
+    want.push(t_chunk("msg_a", json!({}), json!("stop")));
+    want.push(
+        json!({"data": {"id": "msg_a", "object": "chat.completion.chunk", "model": "m1",
+        "choices": [], "usage": {"prompt_tokens": 21, "completion_tokens": 16,
+        "total_tokens": 37, "prompt_tokens_details": {"cached_tokens": 0,
+        "cache_creation_tokens": 0}}}}),
+    );
+    want.push(json!({"data": "[DONE]"}));
+    assert_eq!(client_events(&body), want, "{body}");
+    assert!(terminated);
+    let (text, done) = content(&body);
+    assert_eq!(text, format!("{}word12 fin.", words(0..12).concat()));
+    assert_eq!(done, 1);
+    // b got an Anthropic request: the chat request with the prefill, translated (the
+    // prefill without its trailing space, which Anthropic refuses).
+    let (last, to_b) = last_message(&b, MESSAGES);
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": words(0..12).concat().trim_end()})
+    );
+    assert_eq!(
+        to_b["messages"][0],
+        json!({"role": "user", "content": "count"})
+    );
+    assert_eq!(to_b["max_tokens"], 4096);
+    assert_eq!(to_b["stream"], true);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        16
+    );
+}
+
+#[test]
+fn a_translated_messages_stream_stalled_mid_answer_is_continued_by_an_anthropic_target() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    // a speaks OpenAI (translated for the Messages client): 12 words, then silence.
+    let mut chunks = vec![a_role()];
+    chunks.extend(words(0..12).iter().map(|w| a_delta(w)));
+    let mut steps = raw(&chunks);
+    steps.push(Chunk::stall());
+    a.on_always(CHAT, Reply::sse(steps));
+    b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
+    let stall_ms = 1_000;
+    let gw = Gateway::start(&mixed(&a, "openai", &b, "anthropic", &on(stall_ms)));
+    let (status, body, terminated, took) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
+    assert_eq!(status, 200);
+    // a's chunks as Anthropic events; after the stall b's block goes on in the client's
+    // open block 0 (its message_start, ping and block start dropped, the repeated space
+    // skipped), output tokens 12 + 4.
+    let mut want = vec![
+        a_ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "chatcmpl-mock", "type": "message",
+                "role": "assistant", "model": "mock-model", "content": [], "stop_reason": null,
+                "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}}}),
+        ),
+        a_ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    want.extend(words(0..12).iter().map(|w| text_delta(0, w)));
+    want.push(text_delta(0, "word12"));
+    want.push(text_delta(0, " fin."));
+    want.push(a_ev(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    want.push(a_ev(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+            "stop_sequence": null}, "usage": {"output_tokens": 16}}),
+    ));
+    want.push(a_ev("message_stop", json!({"type": "message_stop"})));
+    assert_eq!(client_events(&body), want, "{body}");
+    assert!(terminated);
+    assert!(
+        took >= Duration::from_millis(stall_ms) && took < Duration::from_millis(stall_ms + 1_000),
+        "{took:?}"
+    );
+    // a got the Messages request translated; b the client's request with the prefill.
+    let (_, to_a) = last_message(&a, CHAT);
+    assert_eq!(to_a["stream_options"]["include_usage"], true, "{to_a}");
+    let (last, to_b) = last_message(&b, MESSAGES);
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": words(0..12).concat().trim_end()})
+    );
+    assert_eq!(to_b["max_tokens"], 100);
+    a.wait_until(Duration::from_secs(5), "a's connection closed", |m| {
+        m.open_connections() == 0
+    });
+    // a reported no usage before it stalled: the prompt is b's minus the 12 prefill tokens.
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 33);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        16
+    );
+}
+
+#[test]
+fn a_messages_stream_cut_mid_answer_is_continued_by_an_openai_target_translated() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let a_chunks = anthropic_start("msg_a", 21, &words(0..12));
+    let a_sent = sse(&a_chunks);
+    let mut steps = raw(&a_chunks);
+    steps.push(Chunk::close());
+    a.on_always(MESSAGES, Reply::sse(steps));
+    // b speaks OpenAI: the continuation request is translated, its answer too.
+    b.on_always(CHAT, Reply::sse(raw(&openai_continuation())));
+    let gw = Gateway::start(&mixed(&a, "anthropic", &b, "openai", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
+    assert_eq!(status, 200);
+    // a's events as they came (byte for byte), then b's translated: the 14 repeated
+    // characters skipped, in block 0; usage: a's 21 input tokens, 12 + 4 output tokens.
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    let want = vec![
+        text_delta(0, "word12 "),
+        text_delta(0, "end."),
+        a_ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        a_ev(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                "stop_sequence": null}, "usage": {"input_tokens": 21, "output_tokens": 16,
+                "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}}),
+        ),
+        a_ev("message_stop", json!({"type": "message_stop"})),
+    ];
+    assert_eq!(client_events(rest), want, "{body}");
+    assert!(terminated);
+    // b got a chat request: the Messages request with the prefill (its trailing space
+    // kept: OpenAI-format targets take it), translated.
+    let (last, to_b) = last_message(&b, CHAT);
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": words(0..12).concat()})
+    );
+    assert_eq!(to_b["max_tokens"], 100);
+    assert_eq!(to_b["stream_options"]["include_usage"], true);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        16
     );
 }

@@ -131,7 +131,12 @@ fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
     assert_eq!(c.read_head().status, 200);
     let raw = String::from_utf8_lossy(&c.read_until_close(Duration::from_secs(10))).into_owned();
     assert!(raw.contains("event: error"), "{raw}");
-    assert_eq!(access_lines_once_settled(&gw, "stalled"), 1, "{}", gw.logs());
+    assert_eq!(
+        access_lines_once_settled(&gw, "stalled"),
+        1,
+        "{}",
+        gw.logs()
+    );
     eventually(Duration::from_secs(5), "usage counted", || {
         (tokens(addr) == (7, 1)).then_some(())
     });
@@ -253,4 +258,49 @@ fn whole_answers_and_translated_streams_count_their_usage_once() {
         (tokens(addr) == (6, 4)).then_some(())
     });
     assert_eq!(flow_held(addr), 0);
+}
+
+/// The failures the breakers have counted, summed over every breaker.
+fn breaker_failures(addr: std::net::SocketAddr) -> u64 {
+    let r = Client::connect(addr).request("GET", "/api/monitoring/health", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["providerBreakers"].as_array().map_or(0, |list| {
+        list.iter()
+            .map(|b| b["failureCount"].as_u64().unwrap_or(0))
+            .sum()
+    })
+}
+
+/// docs/resilience.md: a stream that fails after its first byte records a stream stall on
+/// its connection — an error only: no breaker failure, no cooldown, no backoff step.
+#[test]
+fn a_stream_cut_after_its_first_byte_records_a_stream_stall_only() {
+    let mock = MockUpstream::start();
+    let mut chunks = openai_stream_chunks(&["Hel", "lo"]);
+    chunks.truncate(3);
+    chunks.push(Chunk::close());
+    mock.on_always(CHAT, Reply::sse(chunks));
+    let gw = Gateway::start(&config(&mock, "openai"));
+    let addr = gw.addr();
+    let mut c = Client::connect(addr);
+    start_as(&mut c, CHAT, Some("cut"));
+    assert_eq!(c.read_head().status, 200);
+    let raw = String::from_utf8_lossy(&c.read_until_close(Duration::from_secs(10))).into_owned();
+    assert!(raw.contains("\"error\""), "{raw}");
+    assert_eq!(access_lines_once_settled(&gw, "cut"), 1, "{}", gw.logs());
+    let state = eventually(Duration::from_secs(5), "the stall recorded", || {
+        let r = Client::connect(addr).request("GET", "/api/resilience/cooldowns", &[], b"");
+        let c1 = r.json()["connections"][0].clone();
+        (c1["lastErrorType"] == "stream_content_stall").then_some(c1)
+    });
+    assert_eq!(state["id"], "c1", "{state}");
+    assert_eq!(state["cooldownRemainingMs"], 0, "{state}");
+    assert_eq!(state["backoffLevel"], 0, "{state}");
+    assert_eq!(breaker_failures(addr), 0);
+    assert_eq!(metric(addr, "tidegate_streams_broken_total"), 1);
+    // The next request is served by the same connection at once.
+    let mut c = Client::connect(addr);
+    start_as(&mut c, CHAT, Some("again"));
+    assert_eq!(c.read_head().status, 200);
+    assert_eq!(mock.hits(CHAT), 2);
 }

@@ -174,8 +174,7 @@ fn at_most_four_early_retries_per_request() {
     for m in &mocks {
         m.on_always(CHAT, Reply::stall());
     }
-    let mut cfg =
-        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n".to_owned();
+    let mut cfg = "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n".to_owned();
     for (i, m) in mocks.iter().enumerate() {
         cfg.push_str(&provider(&format!("p{i}"), &m.base_url(), &["m1"]));
         cfg.push_str(&connection(&format!("c{i}"), &format!("p{i}")));
@@ -191,4 +190,45 @@ fn at_most_four_early_retries_per_request() {
     // The first four candidates are reopened once each (4 early retries), the fifth is not.
     let hits: Vec<usize> = mocks.iter().map(|m| m.hits(CHAT)).collect();
     assert_eq!(hits, vec![2, 2, 2, 2, 1]);
+}
+
+#[test]
+fn a_cut_after_64_kib_reaches_the_client_even_inside_750_ms() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    // a: 80 tokens of 1 000 bytes at once (past the 64 KiB hold-back), then the cut.
+    let piece = "x".repeat(1_000);
+    let pieces: Vec<&str> = (0..80).map(|_| piece.as_str()).collect();
+    let mut chunks = openai_stream_chunks(&pieces);
+    chunks.truncate(1 + pieces.len());
+    chunks.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(chunks));
+    b.on_always(CHAT, Reply::openai_stream(&["never"]));
+    let gw = Gateway::start(&config(&a, &b, true));
+    let mut c = Client::connect(gw.addr());
+    c.start_request(
+        "POST",
+        CHAT,
+        &[],
+        br#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let head = c.read_head();
+    assert_eq!(head.status, 200);
+    assert_eq!(
+        head.header("x-omniroute-selected-connection-id"),
+        Some("first")
+    );
+    let raw = String::from_utf8_lossy(&c.read_until_close(std::time::Duration::from_secs(10)))
+        .into_owned();
+    // At least the 64 KiB held back reached the client, then the in-band error; nothing of b.
+    assert!(
+        raw.matches(piece.as_str()).count() >= 64,
+        "{} tokens",
+        raw.matches(piece.as_str()).count()
+    );
+    assert!(raw.contains("data: {\"error\":"));
+    assert!(!raw.contains("never") && !raw.contains("[DONE]"));
+    assert!(!raw.ends_with("0\r\n\r\n"));
+    assert_eq!(b.hits(CHAT), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
 }

@@ -125,7 +125,10 @@ fn a_slow_stream_is_ended_once_the_window_is_measured_and_env_names_set_every_fi
     // time, not frames: the mock's 150 ms gaps stretch under load, so fewer frames than
     // the nominal 10 may fit in the window.
     assert!(took >= Duration::from_millis(1_500), "{took:?}");
-    assert!(since_first >= Duration::from_millis(1_200), "{since_first:?}");
+    assert!(
+        since_first >= Duration::from_millis(1_200),
+        "{since_first:?}"
+    );
     // Ended once the window was measured, not at the upstream's end: at most 20 of its 30
     // frames (nominally about 11), whatever the machine's load (a slower mock only sends
     // fewer frames by then).

@@ -114,7 +114,7 @@ async fn status_all(shard: &Shard) -> Result<OwnerStatus, GatewayError> {
 }
 
 fn connection_name(config: &Config, c: Option<ConnectionId>) -> String {
-    c.and_then(|c| config.connections.get(c.0 as usize))
+    c.and_then(|c| config.connection_by_id(c))
         .map(|c| c.name.clone())
         .unwrap_or_default()
 }
@@ -318,7 +318,12 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
 fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, GatewayError> {
     let id = path.strip_prefix(CONNECTION_PREFIX).unwrap_or_default();
     let config = shard.config();
-    let Some(conn) = config.connections.iter().find(|c| c.name == id) else {
+    let Some((position, conn)) = config
+        .connections
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.name == id)
+    else {
         return Err(GatewayError::new(
             ErrorKind::RouteNotFound,
             format!("no connection {id:?}"),
@@ -334,7 +339,7 @@ fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, Gat
                 max_concurrent: conn.max_concurrent,
                 rate_limit_overrides: conn.rate_limit_overrides.clone(),
             });
-        let settings = connection::apply(conn, &now, &obj)?;
+        let settings = connection::apply(position, &now, &obj)?;
         let mut next = current.clone();
         next.connections.insert(conn.name.clone(), settings);
         Ok(next)

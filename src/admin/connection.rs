@@ -17,13 +17,14 @@ use crate::config::Connection;
 use crate::config::problem::{HOUR_MS, out_of_range};
 use crate::config::runtime::ConnectionSettings;
 
-/// Checks a body against `current`; the new settings, or `(field, message)` problems.
+/// Checks a body against `current` for the connection at `position` in the file's
+/// `[[connections]]` (named in messages); the new settings, or `(field, message)` problems.
 pub fn apply(
-    conn: &Connection,
+    position: usize,
     current: &ConnectionSettings,
     body: &Map<String, Value>,
 ) -> Result<ConnectionSettings, Vec<(String, String)>> {
-    let i = conn.id.0;
+    let i = position;
     let mut next = current.clone();
     let mut problems = Vec::new();
     if body.is_empty() {

@@ -15,6 +15,7 @@ pub fn render(shard: &Shard) -> String {
     let config = shard.config();
     let mut out = metrics::render(
         &shared.metrics,
+        &shared.families,
         shared.mesh_stats.as_deref(),
         &shared.snapshot,
     );

@@ -79,6 +79,9 @@ mod snapshot;
 #[cfg(tidegate_reach)]
 #[path = "../sse/mod.rs"]
 mod sse;
+#[cfg(tidegate_reach)]
+#[path = "../timer.rs"]
+mod timer;
 
 #[cfg(not(tidegate_reach))]
 use tidegate::http1;
@@ -197,7 +200,12 @@ async fn serve(mut s: TcpStream) {
 
 /// Plays `plan` on the connection; false when the connection is done (failed, or left
 /// silent by a stall until the client hung up).
-async fn play(s: &mut TcpStream, buf: &mut BytesMut, plan: mock::Plan, keep_alive: bool) -> bool {
+async fn play(
+    s: &mut TcpStream,
+    buf: &mut BytesMut,
+    mut plan: mock::Plan,
+    keep_alive: bool,
+) -> bool {
     if plan.stall_before_head {
         wait_for_hang_up(s, buf).await;
         return false;
@@ -205,11 +213,13 @@ async fn play(s: &mut TcpStream, buf: &mut BytesMut, plan: mock::Plan, keep_aliv
     if plan.head_delay_ms > 0 {
         monoio::time::sleep(Duration::from_millis(plan.head_delay_ms)).await;
     }
+    let mut frames = plan.take_frames();
     let mut out = BytesMut::with_capacity(2048);
     let mut fields: Vec<(&str, &[u8])> = vec![("content-type", plan.content_type.as_bytes())];
     fields.extend(plan.extra_headers.iter().map(|(n, v)| (*n, v.as_bytes())));
     if !plan.streamed {
-        let len: usize = plan.frames.iter().map(Bytes::len).sum();
+        let frames: Vec<Bytes> = frames.collect();
+        let len: usize = frames.iter().map(Bytes::len).sum();
         http1::write_response_head(
             &mut out,
             plan.status,
@@ -217,29 +227,28 @@ async fn play(s: &mut TcpStream, buf: &mut BytesMut, plan: mock::Plan, keep_aliv
             Framing::Length(len as u64),
             keep_alive,
         );
-        for f in &plan.frames {
+        for f in &frames {
             out.extend_from_slice(f);
         }
         return write_all(s, out).await.is_ok();
     }
     http1::write_response_head(&mut out, plan.status, fields, Framing::Chunked, keep_alive);
     let gap = Duration::from_millis(plan.frame_delay_ms);
-    let mut frames = plan.frames.iter();
     if gap.is_zero() {
         // Everything in one write: the load tests' fast path.
         for f in frames.by_ref() {
-            http1::write_chunk(&mut out, f);
+            http1::write_chunk(&mut out, &f);
         }
     } else if let Some(f) = frames.next() {
         // The head and the first frame at once, then one chunk per gap.
-        http1::write_chunk(&mut out, f);
+        http1::write_chunk(&mut out, &f);
         if write_all(s, out).await.is_err() {
             return false;
         }
         for f in frames.by_ref() {
             monoio::time::sleep(gap).await;
             let mut piece = BytesMut::with_capacity(f.len() + 16);
-            http1::write_chunk(&mut piece, f);
+            http1::write_chunk(&mut piece, &f);
             if write_all(s, piece).await.is_err() {
                 return false;
             }

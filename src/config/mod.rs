@@ -3,21 +3,25 @@
 //! (`resilience`, reading variables through `env`). `problem` is the shared leaf. Imports
 //! run one way: problem, env ← resilience ← validate, and `exposure` (warnings about a valid
 //! but dangerous file) and `diagnose` (messages for unknown keys and type errors) ← validate. Everything is checked at load; the rest of the gateway only ever
-//! sees a valid `Config`, with providers and connections addressed by dense ids.
+//! sees a valid `Config`, with providers, connections and combos addressed by ids that stay
+//! the same across a reload ([`ids`]).
 
 pub mod combo;
 pub mod diagnose;
 pub mod env;
 pub mod exposure;
+pub mod ids;
 pub mod kinds;
 pub mod problem;
 pub mod raw;
+pub mod renumber;
 pub mod resilience;
 pub mod runtime;
 pub mod validate;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 pub use combo::ComboSettings;
 pub use resilience::ResilienceSettings;
@@ -25,28 +29,25 @@ pub use validate::load_file;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // benches load inline configs
 pub use validate::load_str;
 
-/// Index of a provider in [`Config::providers`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProviderId(pub u16);
-
-/// Index of a connection in [`Config::connections`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnectionId(pub u32);
+pub use ids::{ComboId, ConnectionId, ProviderId};
 
 /// The validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub server: ServerConfig,
     pub client_keys: Vec<ClientKey>,
-    /// Indexed by `ProviderId.0`.
+    /// In file order; [`Config::provider`] finds one by id.
     pub providers: Vec<Provider>,
-    /// Indexed by `ConnectionId.0`.
+    /// In file order; [`Config::connection`] finds one by id.
     pub connections: Vec<Connection>,
+    /// In file order; [`Config::combo_by_id`] finds one by id.
     pub combos: Vec<Combo>,
     pub resilience: ResilienceSettings,
     /// `[emergency_fallback]` when a target is set and `OMNIROUTE_EMERGENCY_FALLBACK` does
     /// not switch it off (B §9.1).
     pub emergency_fallback: Option<EmergencyFallback>,
+    /// Where each id sits in the lists above.
+    pub ids: ids::Slots,
 }
 
 /// Where a request whose provider says its budget is spent is re-run once (B §9.1).
@@ -60,17 +61,93 @@ pub struct EmergencyFallback {
 pub const EMERGENCY_FALLBACK_ENV: &str = "OMNIROUTE_EMERGENCY_FALLBACK";
 
 impl Config {
+    /// The provider `id`. An id this configuration does not have (a message from a shard
+    /// that runs another configuration during a reload) gives a disabled placeholder.
     pub fn provider(&self, id: ProviderId) -> &Provider {
-        &self.providers[usize::from(id.0)]
+        self.provider_by_id(id)
+            .unwrap_or_else(|| unknown_provider())
     }
 
+    /// The connection `id` (a disabled placeholder for an id this configuration does not
+    /// have; see [`Config::provider`]).
     pub fn connection(&self, id: ConnectionId) -> &Connection {
-        &self.connections[id.0 as usize]
+        self.connection_by_id(id)
+            .unwrap_or_else(|| unknown_connection())
+    }
+
+    pub fn provider_by_id(&self, id: ProviderId) -> Option<&Provider> {
+        self.providers.get(self.ids.provider_slot(id)?)
+    }
+
+    pub fn connection_by_id(&self, id: ConnectionId) -> Option<&Connection> {
+        self.connections.get(self.ids.connection_slot(id)?)
+    }
+
+    pub fn combo_by_id(&self, id: ComboId) -> Option<&Combo> {
+        self.combos.get(self.ids.combo_slot(id)?)
+    }
+
+    /// Fills [`Config::ids`] from the lists as they are (a fresh load, numbered by
+    /// position).
+    pub fn index_ids(&mut self) {
+        self.ids = ids::Slots::new(
+            self.providers.iter().map(|p| p.id),
+            self.connections.iter().map(|c| c.id),
+            self.combos.iter().map(|c| c.id),
+            &ids::Slots::default(),
+        );
+    }
+
+    /// The position of provider `id` in [`Config::providers`].
+    pub fn provider_slot(&self, id: ProviderId) -> Option<usize> {
+        self.ids.provider_slot(id)
+    }
+
+    /// The position of connection `id` in [`Config::connections`].
+    pub fn connection_slot(&self, id: ConnectionId) -> Option<usize> {
+        self.ids.connection_slot(id)
     }
 
     pub fn provider_by_name(&self, name: &str) -> Option<&Provider> {
         self.providers.iter().find(|p| p.name == name)
     }
+}
+
+/// What [`Config::provider`] answers for an id the configuration does not have.
+pub fn unknown_provider() -> &'static Provider {
+    static UNKNOWN: LazyLock<Provider> = LazyLock::new(|| Provider {
+        id: ProviderId(u16::MAX),
+        name: "(removed)".into(),
+        quirks: kinds::ProviderKind::default_for_id("").quirks(),
+        format: ProviderFormat::Mock,
+        auth: AuthKind::ApiKey,
+        base_url: None,
+        models: Vec::new(),
+        headers: Vec::new(),
+        ca_file: None,
+        daily_reset: None,
+        responses_api: true,
+    });
+    &UNKNOWN
+}
+
+/// What [`Config::connection`] answers for an id the configuration does not have.
+pub fn unknown_connection() -> &'static Connection {
+    static UNKNOWN: LazyLock<Connection> = LazyLock::new(|| Connection {
+        id: ConnectionId(ids::NONE),
+        name: "(removed)".into(),
+        provider: ProviderId(u16::MAX),
+        api_key_env: None,
+        api_key: None,
+        enabled: false,
+        priority: u32::MAX,
+        weight: 0,
+        max_concurrent: None,
+        disable_cooling: true,
+        egress: None,
+        rate_limit_overrides: RateLimitOverrides::default(),
+    });
+    &UNKNOWN
 }
 
 #[derive(Clone, Debug)]
@@ -302,6 +379,7 @@ pub struct ComboTarget {
 
 #[derive(Clone, Debug)]
 pub struct Combo {
+    pub id: ComboId,
     pub name: String,
     pub strategy: ComboStrategy,
     /// Flattened: nested combos' targets in place of their reference (B §3.1).

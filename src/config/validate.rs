@@ -17,7 +17,7 @@ use super::problem::{DAY_MS, HOUR_MS, Problem, out_of_range};
 use super::raw::{RawClientKey, RawComboTarget, RawConfig, RawConnection, RawProvider, RawServer};
 use super::resilience::{self, ResilienceSettings};
 use super::{
-    AuthKind, BaseUrl, ClientKey, Combo, ComboStrategy, ComboTarget, Config, Connection,
+    AuthKind, BaseUrl, ClientKey, Combo, ComboId, ComboStrategy, ComboTarget, Config, Connection,
     ConnectionId, DailyResetClock, EMERGENCY_FALLBACK_ENV, EmergencyFallback, KeySecret, Provider,
     ProviderFormat, ProviderId, RateLimitOverrides, Scheme, Scope, ServerConfig,
 };
@@ -254,7 +254,7 @@ impl Loader<'_> {
                 );
             }
         }
-        Config {
+        let mut config = Config {
             server,
             client_keys,
             providers,
@@ -262,7 +262,10 @@ impl Loader<'_> {
             combos,
             resilience,
             emergency_fallback,
-        }
+            ids: super::ids::Slots::default(),
+        };
+        config.index_ids();
+        config
     }
 
     // -- [emergency_fallback] ------------------------------------------------------------
@@ -1207,6 +1210,7 @@ impl Loader<'_> {
             ));
             steps.push(own);
             out.push(Combo {
+                id: ComboId(u16::try_from(i).unwrap_or(u16::MAX)),
                 name,
                 strategy,
                 targets: Vec::new(),
@@ -1887,9 +1891,11 @@ mod tests {
             ),
             (ProviderId(1), "echo", 2)
         );
-        // The only warning: the combo ends on the mock while OpenAI serves.
-        assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
-        assert!(out.warnings[0].starts_with("combos[0].targets: combo \"fast\" falls back"));
+        // The warnings: round-robin's rotation is not built, and the combo ends on the mock
+        // while OpenAI serves.
+        assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
+        assert!(out.warnings[0].starts_with("combos[0].strategy: \"round-robin\""));
+        assert!(out.warnings[1].starts_with("combos[0].targets: combo \"fast\" falls back"));
     }
 
     #[test]
@@ -1903,7 +1909,9 @@ mod tests {
             vec![
                 "connections[0].api_key_env: OPENAI_API_KEY is not set; connection \"openai-a\" \
                  is disabled"
-                    .to_string()
+                    .to_string(),
+                "combos[0].strategy: \"round-robin\" takes its per-model semaphore, but its rotation \
+                 is not built yet: combo \"fast\" runs its targets in the order written".to_string(),
             ]
         );
         let out = load_env(BASE, &[("OPENAI_API_KEY", "  ")]).unwrap();
@@ -2216,6 +2224,8 @@ mod tests {
         assert_eq!(
             out.warnings,
             vec![
+                "combos[0].strategy: \"round-robin\" takes its per-model semaphore, but its rotation \
+                 is not built yet: combo \"fast\" runs its targets in the order written",
                 "combos[1].name: combo \"gpt-4.1\" shadows the model of the same name in \
                  provider \"openai\"",
                 "combos[0].targets: combo \"fast\" falls back to the mock provider \"mock\" \
@@ -2525,7 +2535,10 @@ mod exposure_tests {
         );
         let w = about(warns(&combo("round-robin"), &[]));
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].contains("semaphore") && w[0].contains("order written"), "{w:?}");
+        assert!(
+            w[0].contains("semaphore") && w[0].contains("order written"),
+            "{w:?}"
+        );
         for name in [
             "random",
             "least-used",

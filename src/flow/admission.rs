@@ -18,7 +18,7 @@
 //! A given connection always maps to one home, so its account gate is never split across
 //! two tables. The home is a function of settings that are fixed while the process runs.
 
-use crate::config::{Config, ConnectionId, ProviderId};
+use crate::config::{ComboId, Config, ConnectionId, ProviderId};
 use crate::flow::gates::{GateKey, GateReq};
 use crate::flow::queue::{
     KeyParts, LimiterSettings, ProviderWindow, limiter_key, provider_default_concurrency,
@@ -76,14 +76,14 @@ pub fn gate_capacity(config: &Config, key: &GateKey) -> Option<u32> {
         GateKey::Provider(p) => provider_capacity(config, *p),
         GateKey::Account(c) | GateKey::QuotaShare(c) => account_capacity(config, *c),
         GateKey::Model(c, model) => model_capacity(config, *c, model),
-        GateKey::Combo(combo, c, _) => combo_capacity(config, usize::from(*combo), *c),
+        GateKey::Combo(combo, c, _) => combo_capacity(config, ComboId(*combo), *c),
     }
 }
 
 /// A round-robin combo's per-model semaphore on `connection` (B §2.2): the connection's
 /// account cap when it has one, else the combo's `concurrency_per_model` (at least 1).
-pub fn combo_capacity(config: &Config, combo: usize, connection: ConnectionId) -> Option<u32> {
-    let settings = &config.combos.get(combo)?.settings;
+pub fn combo_capacity(config: &Config, combo: ComboId, connection: ConnectionId) -> Option<u32> {
+    let settings = &config.combo_by_id(combo)?.settings;
     Some(
         account_capacity(config, connection)
             .unwrap_or(settings.concurrency_per_model)

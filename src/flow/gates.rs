@@ -71,7 +71,7 @@ pub enum GateKey {
     /// `qsconn:<connection>`: the quota-share serialization slot (§2.3).
     QuotaShare(ConnectionId),
     /// `combo:<combo>:<connection>:<model>`: a round-robin combo's per-model semaphore
-    /// (§2.2); the combo by its index in the config.
+    /// (§2.2); the combo by its id (`config::ComboId`, stable across reloads).
     Combo(u16, ConnectionId, Box<str>),
 }
 

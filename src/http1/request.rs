@@ -14,6 +14,9 @@ pub struct RequestHead {
     method: Method,
     method_span: Span,
     target: Span,
+    /// The path's length within the target (up to the first `?`), found once at parse:
+    /// the path is read several times per request.
+    path_len: u32,
     minor_version: u8,
     fields: Fields,
     body_kind: BodyKind,
@@ -22,13 +25,22 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// Gives the head bytes an allocation of their own: decoded, they share the
+    /// connection's read buffer, and would keep all of it for as long as the request runs.
+    pub fn detach(&mut self) {
+        self.raw = Bytes::copy_from_slice(&self.raw);
+    }
+
     pub fn method(&self) -> Method {
         self.method
     }
 
     /// The method token as sent (useful when [`method`](Self::method) is `Other`).
     pub fn method_str(&self) -> &str {
-        self.method_span.get_str(&self.raw)
+        match self.method {
+            Method::Other => self.method_span.get_str(&self.raw),
+            known => known.as_str(),
+        }
     }
 
     /// The request-target as sent (origin-form `/path?query`, or absolute-form, or `*`).
@@ -39,15 +51,14 @@ impl RequestHead {
     /// The target up to (excluding) the first `?`.
     pub fn path(&self) -> &str {
         let target = self.target();
-        match target.split_once('?') {
-            Some((path, _)) => path,
-            None => target,
-        }
+        target.get(..self.path_len as usize).unwrap_or(target)
     }
 
     /// What follows the first `?` of the target, if there is one.
     pub fn query(&self) -> Option<&str> {
-        self.target().split_once('?').map(|(_, query)| query)
+        self.target()
+            .get(self.path_len as usize..)?
+            .strip_prefix('?')
     }
 
     /// `0` for HTTP/1.0, `1` for HTTP/1.1.
@@ -128,6 +139,7 @@ struct Parsed {
     method: Method,
     method_span: Span,
     target: Span,
+    path_len: u32,
     minor_version: u8,
     fields: Fields,
     body_kind: BodyKind,
@@ -142,6 +154,7 @@ impl Parsed {
             method: self.method,
             method_span: self.method_span,
             target: self.target,
+            path_len: self.path_len,
             minor_version: self.minor_version,
             fields: self.fields,
             body_kind: self.body_kind,
@@ -175,6 +188,9 @@ fn parse(bytes: &[u8]) -> Result<Parsed, HeadError> {
         method: Method::from_bytes(method.as_bytes()),
         method_span: head::span(bytes, method.as_bytes())?,
         target: head::span(bytes, target.as_bytes())?,
+        // The target is at most a head long (16 KiB), so its offsets fit.
+        path_len: u32::try_from(memchr::memchr(b'?', target.as_bytes()).unwrap_or(target.len()))
+            .map_err(|_| HeadError::TooLarge)?,
         minor_version,
         fields,
         body_kind: body_kind(&facts, minor_version)?,

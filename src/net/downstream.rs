@@ -4,18 +4,20 @@
 //! from the same buffer and so answered in order. Bad input gets its typed response
 //! and closes the connection; nothing here panics.
 
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use monoio::io::AsyncWriteRent;
 
+use crate::clock::OneReading;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{
     self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
 };
 use crate::net::io::{ClientStream, READ_BUF_BYTES, read_more, write_all};
+use crate::timer::timeout;
 
 /// What happens to the client connection after a response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +75,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     handler.connection_opened();
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     loop {
-        let head = match read_head(&*handler, &mut stream, &mut buf).await {
+        let mut head = match read_head(&*handler, &mut stream, &mut buf).await {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(err) => {
@@ -82,7 +84,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             }
         };
         let _in_flight = handler.request_started();
-        let body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
+        let mut body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
             Ok(b) => b,
             Err(Some(err)) => {
                 handler.reject(Some(&head), &mut stream, &err).await;
@@ -90,10 +92,27 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             }
             Err(None) => break,
         };
+        // The head and body are slices of the read buffer, and would hold all of it for as
+        // long as the request runs (minutes, for a slow stream). With nothing pipelined
+        // behind them they get exact allocations of their own and the buffer is freed; the
+        // next read takes a fresh one.
+        if buf.is_empty() {
+            head.detach();
+            body = Bytes::copy_from_slice(&body);
+            buf = BytesMut::new();
+        }
         // The request's future lives on the heap while it runs: the connection's own task
         // stays small (an idle keep-alive connection holds only this loop's state), and
-        // the request's size is paid only while a request is served.
-        let after = Box::pin(handler.handle(&head, body, &mut stream, &mut buf)).await;
+        // the request's size is paid only while a request is served. The box is allocated
+        // before the future is made, so the future is built in it: `Box::pin(make())`
+        // built it on the stack and copied all of it (12 KiB, the largest user-space cost
+        // per request in the session-7 profile) into the box.
+        let request = Box::write(
+            Box::new_uninit(),
+            handler.handle(&head, body, &mut stream, &mut buf),
+        );
+        // One clock reading per poll of the request (`clock::OneReading`).
+        let after = OneReading(Box::into_pin(request)).await;
         if after == After::Close || handler.is_draining() {
             break;
         }
@@ -106,7 +125,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
         // TLS ends with close_notify, so the client can tell a complete response from a
         // cut one (bounded: a client that stopped reading does not hold the task).
         let budget = Duration::from_millis(handler.limits().header_timeout_ms);
-        let _ = monoio::time::timeout(budget, stream.shutdown()).await;
+        let _ = timeout(budget, pin!(stream.shutdown())).await;
     }
     handler.connection_closed();
 }
@@ -115,17 +134,37 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
 /// this the watch stops (the wait goes on, unwatched).
 pub const MAX_PENDING_WHILE_WAITING: usize = 64 * 1024;
 
+/// How long a wait runs before the client is watched for a hang-up. Watching costs a
+/// readiness poll on the client socket (io_uring: a `POLL_ADD`, and an `ASYNC_CANCEL` when
+/// the wait ends first; epoll: a `poll(2)`), which most waits — an admission granted at
+/// once, an upstream that answers in a few ms — end before needing: they cost one entry
+/// in the runtime's timer wheel instead (no system call). A client that hangs up during a
+/// longer wait is seen at most this much later.
+pub const WATCH_AFTER_MS: u64 = 10;
+
 /// Runs `wait` (a request's admission: queue slot, gate permits) unless the client hangs
 /// up first (`None`), so a request whose client is gone never reaches the upstream and
-/// gives its place back. `wait` is polled first: one that is ready at once costs no
-/// readiness poll. Bytes the client pipelines meanwhile are appended to `pending` (the
-/// connection's read buffer), where the keep-alive loop finds them. `wait` is pinned by the
-/// caller, in place (taken by value, it would be stored twice: `proxy::deadline::within`).
+/// gives its place back. `wait` is polled first: one that is ready at once costs nothing;
+/// one that ends within [`WATCH_AFTER_MS`] costs a timer, no readiness poll. Bytes the
+/// client pipelines meanwhile are appended to `pending` (the connection's read buffer),
+/// where the keep-alive loop finds them. `wait` is pinned by the caller, in place (taken by
+/// value, it would be stored twice: `proxy::deadline::within`).
 pub async fn unless_client_gone<F: std::future::Future>(
     client: &mut ClientStream,
     pending: &mut BytesMut,
     mut wait: Pin<&mut F>,
 ) -> Option<F::Output> {
+    if let Some(out) = poll_once(wait.as_mut()).await {
+        return Some(out);
+    }
+    {
+        let grace = std::pin::pin!(monoio::time::sleep(Duration::from_millis(WATCH_AFTER_MS)));
+        monoio::select! {
+            biased;
+            out = &mut wait => return Some(out),
+            () = grace => {}
+        }
+    }
     loop {
         if pending.len() >= MAX_PENDING_WHILE_WAITING {
             return Some(wait.await);
@@ -148,6 +187,16 @@ pub async fn unless_client_gone<F: std::future::Future>(
             Ok(_) => {}
         }
     }
+}
+
+/// Polls `wait` once: its output when it is ready at once, `None` (and `wait` untouched
+/// apart from that poll, its waker registered) when it is not.
+async fn poll_once<F: std::future::Future>(mut wait: Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
 }
 
 fn head_error(e: HeadError) -> GatewayError {
@@ -204,8 +253,8 @@ async fn read_head<H: Handler>(
                 .get_or_insert(now.saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000)));
             d.saturating_sub(now)
         };
-        let read = read_more(stream, std::mem::take(buf), READ_BUF_BYTES);
-        match monoio::time::timeout(Duration::from_nanos(budget_ns), read).await {
+        let read = pin!(read_more(stream, std::mem::take(buf), READ_BUF_BYTES));
+        match timeout(Duration::from_nanos(budget_ns), read).await {
             Ok((res, b)) => {
                 *buf = b;
                 match res {
@@ -290,8 +339,8 @@ async fn read_body(
                 .clamp(READ_BUF_BYTES, 256 * 1024),
             _ => READ_BUF_BYTES,
         };
-        let read = read_more(stream, std::mem::take(buf), want);
-        match monoio::time::timeout(idle, read).await {
+        let read = pin!(read_more(stream, std::mem::take(buf), want));
+        match timeout(idle, read).await {
             Ok((Ok(n), b)) if n > 0 => *buf = b,
             Ok(_) => return Err(None),
             Err(_) => {

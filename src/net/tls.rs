@@ -17,6 +17,7 @@ use crate::config::{Config, ProviderId};
 #[derive(Debug)]
 pub struct TlsConfigs {
     default: Arc<ClientConfig>,
+    /// Indexed by provider id.
     per_provider: Vec<Arc<ClientConfig>>,
     /// The listener's server configuration (`None`: plain HTTP).
     pub listener: Option<Arc<rustls::ServerConfig>>,
@@ -26,14 +27,15 @@ impl TlsConfigs {
     /// Builds every provider's TLS configuration; an unreadable CA file is an error naming it.
     pub fn build(config: &Config) -> Result<Self, String> {
         let default = Arc::new(client_config(None)?);
-        let mut per_provider = Vec::with_capacity(config.providers.len());
+        let mut per_provider = vec![default.clone(); config.ids.provider_bound()];
         for p in &config.providers {
-            match &p.ca_file {
-                Some(path) => per_provider.push(Arc::new(
+            if let Some(path) = &p.ca_file
+                && let Some(slot) = per_provider.get_mut(usize::from(p.id.0))
+            {
+                *slot = Arc::new(
                     client_config(Some(path))
                         .map_err(|e| format!("providers.{}.ca_file: {e}", p.name))?,
-                )),
-                None => per_provider.push(default.clone()),
+                );
             }
         }
         let listener = match &config.server.tls {

@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,13 @@ use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::http1::{self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead};
 use crate::net::dns::DnsCache;
 use crate::net::io::{READ_BUF_BYTES, UpStream, read_more, write_all};
+use crate::timer::timeout;
+
+/// The smallest read a response body read asks for. A stream that trickles small
+/// pieces (an LLM's events, one every few hundred ms) spends most of its life waiting in a
+/// read, holding that read's buffer: 1 KiB rather than [`READ_BUF_BYTES`] per stream. A read
+/// that fills its buffer doubles the next one, up to [`READ_BUF_BYTES`].
+const BODY_READ_MIN_BYTES: usize = 1024;
 
 /// Bodies up to this size are copied behind the head and sent in one write.
 const COALESCE_BODY_BYTES: usize = 16 * 1024;
@@ -177,7 +185,7 @@ pub async fn connect(
             reused: false,
         })
     });
-    match monoio::time::timeout(budget, fut).await {
+    match timeout(budget, fut).await {
         Ok(r) => r,
         Err(_) => Err(GatewayError::new(
             ErrorKind::UpstreamTimeout(TimeoutPhase::Connect),
@@ -301,7 +309,7 @@ pub async fn exchange(
             }
         }
     };
-    let mut head = match monoio::time::timeout(header_budget, read_head).await {
+    let mut head = match timeout(header_budget, pin!(read_head)).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(ExchangeError {
@@ -329,6 +337,7 @@ pub async fn exchange(
             decoder,
             keep_alive,
             done: false,
+            read_bytes: BODY_READ_MIN_BYTES,
         },
     })
 }
@@ -349,6 +358,9 @@ pub struct BodyReader {
     decoder: BodyDecoder,
     keep_alive: bool,
     done: bool,
+    /// What the next read asks for: [`BODY_READ_MIN_BYTES`] to [`READ_BUF_BYTES`],
+    /// following what the reads before it returned.
+    read_bytes: usize,
 }
 
 impl BodyReader {
@@ -380,9 +392,18 @@ impl BodyReader {
                     ));
                 }
             }
-            let buf = std::mem::take(&mut conn.buf);
-            let read = read_more(&mut conn.io, buf, READ_BUF_BYTES);
-            let (res, buf) = match monoio::time::timeout(idle, read).await {
+            let want = self.read_bytes;
+            let mut buf = std::mem::take(&mut conn.buf);
+            // An empty buffer larger than this read needs (the head's, or one grown for a
+            // burst) is let go: the wait takes one of the size it asks for.
+            if buf.is_empty() && buf.capacity() > 2 * want {
+                buf = BytesMut::new();
+            }
+            let got = {
+                let read = pin!(read_more(&mut conn.io, buf, want));
+                timeout(idle, read).await
+            };
+            let (res, buf) = match got {
                 Ok(r) => r,
                 Err(_) => {
                     self.conn = None;
@@ -413,7 +434,15 @@ impl BodyReader {
                         }
                     };
                 }
-                Ok(_) => {}
+                Ok(n) => {
+                    self.read_bytes = if n >= want {
+                        (want * 2).min(READ_BUF_BYTES)
+                    } else if n < want / 4 {
+                        (want / 2).max(BODY_READ_MIN_BYTES)
+                    } else {
+                        want
+                    };
+                }
                 Err(e) => {
                     self.conn = None;
                     return Err(GatewayError::new(

@@ -90,6 +90,7 @@ mod tests {
             tls: crate::net::tls::TlsConfigs::build(&config).unwrap_or_else(|e| panic!("{e}")),
             keys: crate::auth::KeyIndex::new(&config),
             metrics: (0..shards).map(|_| Arc::default()).collect(),
+            families: (0..shards).map(|_| Arc::default()).collect(),
             shards,
             driver: "test",
             mesh_stats: None,

@@ -5,7 +5,7 @@
 //! as a marked name, and bounded text only as [`LastError`] (at most
 //! [`MAX_LAST_ERROR_BYTES`](crate::resilience::connection::MAX_LAST_ERROR_BYTES) bytes).
 
-use crate::config::{ConnectionId, ProviderId};
+use crate::config::{ComboId, ConnectionId, ProviderId};
 use crate::flow::gates::GateError;
 use crate::flow::queue::{QueueError, ResponseFacts};
 use crate::mesh::safe::MeshSafe;
@@ -18,7 +18,7 @@ use crate::resilience::{HintSource, Reason, RuleScope};
 
 // Ids, numbers and closed enums: `Copy`, so they own no heap data at all.
 mesh_safe!(copy:
-    ConnectionId, ProviderId, BreakerKey, BreakerView, ConnectionView, LockView, ProbeTicket,
+    ComboId, ConnectionId, ProviderId, BreakerKey, BreakerView, ConnectionView, LockView, ProbeTicket,
     Failure, ProviderErrorType, Reason, HintSource, RuleScope, GateError, QueueError,
     ResponseFacts,
 );
@@ -113,7 +113,7 @@ mod gates {
     mesh_safe!(enum Request {
         Acquire { connection, model @ name, deadline_ns },
         QsSlot { combo, connection, deadline_ns },
-        ComboSlot { combo, connection, model @ name, deadline_ns },
+        ComboSlot { combo, connection, model @ name, deadline_ns, capacity, queue_depth },
     });
     mesh_safe!(enum Fact {
         Release { serial },

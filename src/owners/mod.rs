@@ -368,7 +368,7 @@ fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
     };
     for (i, n) in transitions.into_iter().enumerate() {
         if n > 0 {
-            shard.metrics().families.breaker_transitions.add(i, n);
+            shard.families().breaker_transitions.add(i, n);
         }
     }
     shard.dispatch(out);

@@ -37,6 +37,27 @@ pub fn cors_origin(shard: &Shard, head: &RequestHead) -> Option<String> {
         .then(|| origin.to_owned())
 }
 
+/// `tg-<wall ms>-<sequence>`, both in lower-case hex: the id of a request that brought
+/// none. Written digit by digit: `format!` here was ~2 % of a proxied request's
+/// instructions (callgrind, session 7).
+fn made_id(wall_ms: u64, seq: u64) -> String {
+    let mut id = String::with_capacity(3 + 16 + 1 + 16);
+    id.push_str("tg-");
+    push_hex(&mut id, wall_ms);
+    id.push('-');
+    push_hex(&mut id, seq);
+    id
+}
+
+/// `n` in lower-case hex without leading zeros (`0` for zero), as `{:x}` writes it.
+fn push_hex(out: &mut String, n: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(char::from(DIGITS[((n >> (i * 4)) & 0xf) as usize]));
+    }
+}
+
 /// What one request did, for its access-log line.
 pub struct AccessLog {
     pub id: String,
@@ -70,7 +91,7 @@ impl AccessLog {
             .and_then(|v| std::str::from_utf8(v).ok());
         let id = match given {
             Some(id) => id.to_owned(),
-            None => format!("tg-{:x}-{:x}", now.wall_ms, shard.next_seq()),
+            None => made_id(now.wall_ms, shard.next_seq()),
         };
         Self {
             id,
@@ -177,5 +198,24 @@ impl AccessLog {
             error = self.error.get().unwrap_or("-"),
             "access"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_ids_read_as_format_writes_them() {
+        for (a, b) in [
+            (0u64, 0u64),
+            (1, 0x100),
+            (0xf, 0x10),
+            (1_800_000_000_000, 0x1234_5601),
+            (u64::MAX, u64::MAX >> 4),
+            (1 << 63, 1 << 4),
+        ] {
+            assert_eq!(made_id(a, b), format!("tg-{a:x}-{b:x}"));
+        }
     }
 }

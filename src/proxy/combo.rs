@@ -143,8 +143,15 @@ pub(super) async fn serve(
             .and_then(|at| plan.candidates.iter().position(|c| c == at))
             .unwrap_or(usize::MAX);
         let mut walk = super::relay::Walk::default();
-        return super::relay::continue_stream(shard, &req, cut_at, &mut walk, &mut downstream)
-            .await;
+        // Boxed, as in `relay::run`: a continuation is rare.
+        return Box::pin(super::relay::continue_stream(
+            shard,
+            &req,
+            cut_at,
+            &mut walk,
+            &mut downstream,
+        ))
+        .await;
     }
     after
 }
@@ -238,7 +245,7 @@ impl Runner<'_, '_> {
             }
             None => (ms, whole),
         };
-        let sleep = std::pin::pin!(monoio::time::sleep(Duration::from_millis(ms)));
+        let sleep = std::pin::pin!(crate::timer::sleep(Duration::from_millis(ms)));
         match unless_client_gone(down.client, down.pending, sleep).await {
             Some(()) => Ok(whole),
             None => {
@@ -576,7 +583,7 @@ impl Runner<'_, '_> {
                 // Counted like the direct walk's: a gateway-made failure here (an upstream
                 // answer's was counted where it was classified, in `relay::open`).
                 if let LastFailure::Gateway(e) = &f {
-                    super::observe::fallback(self.shard.metrics(), None, e.kind);
+                    super::observe::fallback(self.shard.families(), None, e.kind);
                 }
                 self.last = Some(f);
                 self.last_target = Some(target.clone());
@@ -671,7 +678,7 @@ impl Runner<'_, '_> {
                 let mut a = Box::pin(open(shard, req, ta, *ca, Some(combo_a), &mut wa, None));
                 monoio::select! {
                     r = &mut a => return Race::Alone(r),
-                    () = monoio::time::sleep(delay) => {}
+                    () = crate::timer::sleep(delay) => {}
                 }
                 tracing::debug!(
                     "hedging: no answer after hedge_delay_ms, starting the next target"
@@ -1322,7 +1329,7 @@ impl<'a> Runner<'a, '_> {
             ));
             let bounded = std::pin::pin!(async {
                 match self.remaining_ms() {
-                    Some(left) => monoio::time::timeout(Duration::from_millis(left), take)
+                    Some(left) => crate::timer::timeout(Duration::from_millis(left), take)
                         .await
                         .unwrap_or(Err(GateError::Timeout)),
                     None => take.await,

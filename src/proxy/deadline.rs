@@ -91,7 +91,7 @@ pub async fn within<F: Future>(
     if left.is_zero() {
         return Err(d.error());
     }
-    monoio::time::timeout(left, wait)
+    crate::timer::timeout(left, wait)
         .await
         .map_err(|_| d.error())
 }

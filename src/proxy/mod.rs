@@ -88,7 +88,7 @@ impl Handler for Shard {
         let route = observe::route_index(head.path());
         let started = self.now().mono_ns;
         let after = handle(self, head, body, client, pending).await;
-        let f = &self.metrics().families;
+        let f = self.families();
         f.requests.add(route, 1);
         f.request_duration
             .observe_ns(route, self.now().mono_ns.saturating_sub(started));
@@ -362,9 +362,11 @@ async fn inference(
             match plan.combo {
                 // A combo runs by its settings (retries, failover order, timeouts, waits);
                 // boxed, so a direct request's future holds no room for a combo's runner.
+                // Allocated first, then built in place (as `net::downstream::serve`).
                 Some(combo) => {
-                    Box::pin(combo::serve(
-                        shard, head, endpoint, body, plan, combo, downstream,
+                    Box::into_pin(Box::write(
+                        Box::new_uninit(),
+                        combo::serve(shard, head, endpoint, body, plan, combo, downstream),
                     ))
                     .await
                 }

@@ -1,13 +1,14 @@
 //! What the request path records for `/metrics` beyond the plain counters: the label sets
-//! of the labelled families (built once from the configuration: closed sets and
-//! configured ids only) and the index of each observation in them.
+//! of the labelled families (built from the configuration at start and again at each
+//! reload, continuing the values of the label sets both have: closed sets and configured
+//! ids only) and the index of each observation in them.
 
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::error::ErrorKind;
 use crate::owners::health::owner::BREAKER_STATES;
 use crate::providers::Endpoint;
 use crate::resilience::Reason;
-use crate::shard::metrics::{ERROR_KINDS, Families, ShardMetrics, kind_position};
+use crate::shard::metrics::{Counters, ERROR_KINDS, Families, Histograms, kind_position};
 
 /// Route labels, in index order.
 const ROUTES: [&str; 8] = [
@@ -57,8 +58,9 @@ fn reason_index(r: Reason) -> usize {
     }
 }
 
-/// The labelled families of one shard for `config`.
-pub fn shard_metrics(config: &Config) -> ShardMetrics {
+/// The labelled families of one shard for `config`, continuing `old`'s values (the same
+/// shard's families before a reload) for the label sets both have.
+pub fn families(config: &Config, old: Option<&Families>) -> Families {
     let routes: Vec<String> = ROUTES
         .iter()
         .map(|r| format!("{{route=\"{r}\"}}"))
@@ -101,17 +103,17 @@ pub fn shard_metrics(config: &Config) -> ShardMetrics {
         .iter()
         .map(|s| format!("{{to=\"{}\"}}", s.as_str()))
         .collect();
-    ShardMetrics::with_families(Families {
-        requests: crate::shard::metrics::Counters::new(routes.clone()),
-        request_duration: crate::shard::metrics::Histograms::new(routes),
-        attempts: crate::shard::metrics::Counters::new(attempts),
-        attempts_by_model: crate::shard::metrics::Counters::new(by_model),
-        upstream_head: crate::shard::metrics::Histograms::new(providers.clone()),
-        upstream_ttfb: crate::shard::metrics::Histograms::new(providers.clone()),
-        admission_wait: crate::shard::metrics::Histograms::new(providers),
-        fallbacks: crate::shard::metrics::Counters::new(fallbacks),
-        breaker_transitions: crate::shard::metrics::Counters::new(transitions),
-    })
+    Families {
+        requests: Counters::carried(routes.clone(), old.map(|o| &o.requests)),
+        request_duration: Histograms::carried(routes, old.map(|o| &o.request_duration)),
+        attempts: Counters::carried(attempts, old.map(|o| &o.attempts)),
+        attempts_by_model: Counters::carried(by_model, old.map(|o| &o.attempts_by_model)),
+        upstream_head: Histograms::carried(providers.clone(), old.map(|o| &o.upstream_head)),
+        upstream_ttfb: Histograms::carried(providers.clone(), old.map(|o| &o.upstream_ttfb)),
+        admission_wait: Histograms::carried(providers, old.map(|o| &o.admission_wait)),
+        fallbacks: Counters::carried(fallbacks, old.map(|o| &o.fallbacks)),
+        breaker_transitions: Counters::carried(transitions, old.map(|o| &o.breaker_transitions)),
+    }
 }
 
 /// A label value in the exposition's quoting.
@@ -154,7 +156,7 @@ fn class_index(status: Option<u16>) -> usize {
 /// An upstream attempt on `connection` ended with an answer head of `status` (`None`: no
 /// answer) after `head_ns`.
 pub fn attempt(
-    m: &ShardMetrics,
+    f: &Families,
     config: &Config,
     provider: ProviderId,
     connection: ConnectionId,
@@ -162,11 +164,10 @@ pub fn attempt(
     status: Option<u16>,
     head_ns: Option<u64>,
 ) {
-    let f = &m.families;
-    f.attempts.add(
-        connection.0 as usize * CLASSES.len() + class_index(status),
-        1,
-    );
+    // Label sets follow the file's order (see `families`).
+    if let Some(i) = config.connection_slot(connection) {
+        f.attempts.add(i * CLASSES.len() + class_index(status), 1);
+    }
     let mut base = 0;
     for p in &config.providers {
         if p.id == provider {
@@ -180,33 +181,35 @@ pub fn attempt(
         }
         base += p.models.len() + 1;
     }
-    if let Some(ns) = head_ns {
-        f.upstream_head.observe_ns(usize::from(provider.0), ns);
+    if let Some(ns) = head_ns
+        && let Some(i) = config.provider_slot(provider)
+    {
+        f.upstream_head.observe_ns(i, ns);
     }
 }
 
 /// The first body byte of an attempt arrived `ns` after its request was sent.
-pub fn first_byte(m: &ShardMetrics, provider: ProviderId, ns: u64) {
-    m.families
-        .upstream_ttfb
-        .observe_ns(usize::from(provider.0), ns);
+pub fn first_byte(f: &Families, config: &Config, provider: ProviderId, ns: u64) {
+    if let Some(i) = config.provider_slot(provider) {
+        f.upstream_ttfb.observe_ns(i, ns);
+    }
 }
 
 /// An attempt on `provider` was admitted after waiting `ns`.
-pub fn admitted(m: &ShardMetrics, provider: ProviderId, ns: u64) {
-    m.families
-        .admission_wait
-        .observe_ns(usize::from(provider.0), ns);
+pub fn admitted(f: &Families, config: &Config, provider: ProviderId, ns: u64) {
+    if let Some(i) = config.provider_slot(provider) {
+        f.admission_wait.observe_ns(i, ns);
+    }
 }
 
 /// A move to the next candidate after an upstream answer (`Some(reason)`) or a
 /// gateway-made error.
-pub fn fallback(m: &ShardMetrics, upstream: Option<Reason>, gateway: ErrorKind) {
+pub fn fallback(f: &Families, upstream: Option<Reason>, gateway: ErrorKind) {
     let i = match upstream {
         Some(r) => reason_index(r),
         None => REASONS.len() + kind_position(gateway),
     };
-    m.families.fallbacks.add(i, 1);
+    f.fallbacks.add(i, 1);
 }
 
 #[cfg(test)]

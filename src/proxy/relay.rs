@@ -23,7 +23,7 @@ use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, observe, peek};
-use crate::config::{ConnectionId, ProviderId};
+use crate::config::{ConnectionId, ProviderFormat, ProviderId};
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
@@ -199,16 +199,24 @@ pub async fn run(
                 AttemptEnd::Done(after) => {
                     // A stream cut after its first byte: the candidates after this one may
                     // continue it.
+                    // Boxed: a continuation is rare (off by default), and inline its
+                    // attempt would make room in every request's future for a second one.
                     if downstream.splice.as_ref().is_some_and(|s| s.cut_pending()) {
-                        return continue_stream(shard, &request, i, &mut walk, &mut downstream)
-                            .await;
+                        return Box::pin(continue_stream(
+                            shard,
+                            &request,
+                            i,
+                            &mut walk,
+                            &mut downstream,
+                        ))
+                        .await;
                     }
                     return after;
                 }
                 AttemptEnd::MoveOn(failure) | AttemptEnd::Early(failure) => {
                     note_budget(shard, &mut budget_spent, target, &failure);
                     if let LastFailure::Gateway(e) = &failure {
-                        observe::fallback(shard.metrics(), None, e.kind);
+                        observe::fallback(shard.families(), None, e.kind);
                     }
                     last = Some(failure);
                 }
@@ -233,7 +241,7 @@ pub async fn run(
             wait_ms = ms,
             "every credential of the model is cooling: waiting for the earliest (wait_for_cooldown)"
         );
-        let sleep = pin!(monoio::time::sleep(std::time::Duration::from_millis(ms)));
+        let sleep = pin!(crate::timer::sleep(std::time::Duration::from_millis(ms)));
         if unless_client_gone(downstream.client, downstream.pending, sleep)
             .await
             .is_none()
@@ -278,9 +286,11 @@ pub async fn run(
 }
 
 /// Goes on with a client stream cut after its first byte (mid-stream continuation,
-/// `proxy::continuation`): the candidates after `cut_at` of the request's plan, same format
-/// only, are asked in order with the delivered text as an assistant prefill; one that
-/// refuses the prefill gets the original request once more. Its answer is spliced into the
+/// `proxy::continuation`): the candidates after `cut_at` of the request's plan, of either
+/// format, are asked in order with the delivered text as an assistant prefill (the
+/// client's request with the prefill, translated for a candidate of the other format like
+/// any request); one that refuses the prefill gets the original request once more. Its
+/// answer (translated into the client's format when it needs to be) is spliced into the
 /// open stream; a continuation cut in turn goes on with the candidates after it. With no
 /// candidate left the stream ends with the in-band error.
 pub(super) async fn continue_stream(
@@ -292,29 +302,23 @@ pub(super) async fn continue_stream(
 ) -> After {
     let plan = request.plan;
     let mut broken: Option<GatewayError> = None;
-    let mut cont: Option<(Bytes, Plan)> = None;
     for (i, (target, connection)) in plan.candidates.iter().enumerate() {
-        // Taken up after each cut: the cut's failure and the request with the new prefill.
+        // Taken up after each cut: the cut's failure, and a new prefill part begins.
         if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
             broken = s.take_cut();
-            match continuation_request(request, s) {
-                Some(c) => {
-                    s.begin(false);
-                    cont = Some(c);
-                }
-                None => break,
-            }
+            s.begin(false);
         }
-        if i <= cut_at {
+        if i <= cut_at || walk.exhausted.rules_out(target.provider, *connection) {
             continue;
         }
-        // Spliced into the client's stream as it comes: same format only.
+        // The prefill as this candidate's format takes it (`open` translates the request
+        // for a candidate of the other format).
         let provider = shard.config().provider(target.provider);
-        if walk.exhausted.rules_out(target.provider, *connection)
-            || Translation::between(request.endpoint, provider).is_some()
-        {
-            continue;
-        }
+        let for_anthropic = provider.format == ProviderFormat::Anthropic;
+        let cont = down
+            .splice
+            .as_mut()
+            .and_then(|s| continuation_request(request, s, for_anthropic));
         let Some((body, cont_plan)) = cont.as_ref() else {
             break;
         };
@@ -370,8 +374,12 @@ pub(super) async fn continue_stream(
 
 /// The request that asks the next candidate to continue a cut stream: the original body
 /// with the delivered text as an assistant prefill (`None` when it cannot be built).
-fn continuation_request(request: &Request<'_>, s: &mut Splice) -> Option<(Bytes, Plan)> {
-    let body = s.prefill_body(request.body)?;
+fn continuation_request(
+    request: &Request<'_>,
+    s: &mut Splice,
+    for_anthropic: bool,
+) -> Option<(Bytes, Plan)> {
+    let body = s.prefill_body(request.body, for_anthropic)?;
     let peek = peek::peek(&body, &mut Vec::new()).ok()?;
     let plan = Plan {
         peek,
@@ -907,6 +915,11 @@ pub(super) async fn deliver(
             let conn = config.connection(attempted.connection);
             down.committed.set(true);
             down.log.upstream(&provider.name, &conn.name, attempts);
+            // Mid-stream continuation: the splice follows the stream (in the client's
+            // format: a translated answer goes through it after its translation).
+            if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
+                down.splice = Splice::new(req.endpoint).map(Box::new);
+            }
             if let Some((t, carry)) = translation {
                 let tr = super::translate::Translated {
                     translation: t,
@@ -928,15 +941,15 @@ pub(super) async fn deliver(
                     wd,
                     down.log,
                     active,
+                    down.splice.as_deref_mut(),
                 )
                 .await;
+                if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
+                    s.cut_on(attempted.target, attempted.connection);
+                }
                 attempted.end(ended).await;
                 drop(_held);
                 return AttemptEnd::Done(after);
-            }
-            // Mid-stream continuation: the splice follows the stream.
-            if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
-                down.splice = Splice::new(req.endpoint).map(Box::new);
             }
             let (after, ended) = stream::commit(
                 shard,
@@ -1021,7 +1034,7 @@ pub(super) async fn open<'s>(
     let (qs_slot, mut queue_slot, gate) = match admitted {
         Some(Ok(Ok(admitted))) => {
             let waited = shard.now().mono_ns.saturating_sub(admission_started);
-            observe::admitted(shard.metrics(), target.provider, waited);
+            observe::admitted(shard.families(), shard.config(), target.provider, waited);
             admitted
         }
         Some(Ok(Err(e))) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
@@ -1086,7 +1099,7 @@ pub(super) async fn open<'s>(
         ));
         let open = pin!(async {
             match open_budget {
-                Some(b) => match monoio::time::timeout(b, open).await {
+                Some(b) => match crate::timer::timeout(b, open).await {
                     Ok(r) => r,
                     Err(_) => Err(GatewayError::new(
                         ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
@@ -1101,7 +1114,7 @@ pub(super) async fn open<'s>(
         });
         let opened = pin!(async {
             match execution_budget {
-                Some(b) => match monoio::time::timeout(b, open).await {
+                Some(b) => match crate::timer::timeout(b, open).await {
                     Ok(r) => r,
                     Err(_) => Err(queue::client::error(
                         QueueError::ExecutionTimeout {
@@ -1125,9 +1138,8 @@ pub(super) async fn open<'s>(
         Err(e) => {
             // A failure that moves the request on to another candidate is an operator's
             // business: INFO.
-            let m = shard.metrics();
             observe::attempt(
-                m,
+                shard.families(),
                 config,
                 target.provider,
                 connection,
@@ -1160,7 +1172,7 @@ pub(super) async fn open<'s>(
     };
     let status = up.head.status();
     observe::attempt(
-        shard.metrics(),
+        shard.families(),
         config,
         target.provider,
         connection,
@@ -1249,7 +1261,7 @@ pub(super) async fn open<'s>(
         let reason = verdict.decision.reason;
         attempted.end(Ended::Failed(Box::new(verdict))).await;
         if move_on {
-            observe::fallback(shard.metrics(), Some(reason), ErrorKind::Internal);
+            observe::fallback(shard.families(), Some(reason), ErrorKind::Internal);
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
         }
         // A spent budget the emergency fallback may still serve: answered after the walk.
@@ -1275,13 +1287,13 @@ pub(super) async fn open<'s>(
             &mut up,
             req.budgets.idle,
             wd.as_mut(),
-            hold
+            hold,
+            bound,
         ));
-        let first = pin!(deadline::within(shard, bound, first));
         watch(&mut client, first).await
     };
     let first = match first {
-        Some(r) => r.and_then(|r| r),
+        Some(r) => r,
         None => {
             drop(up);
             return Opened::End(hung_up(attempted, Abandoned::Response).await);
@@ -1290,7 +1302,7 @@ pub(super) async fn open<'s>(
     let first = match first {
         Ok(first) => {
             let ns = shard.now().mono_ns.saturating_sub(sent_ns);
-            observe::first_byte(shard.metrics(), target.provider, ns);
+            observe::first_byte(shard.families(), shard.config(), target.provider, ns);
             first
         }
         Err(e)

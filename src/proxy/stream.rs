@@ -7,7 +7,6 @@
 //! attempt loop can still move on, and relayed as it came when nothing better does.
 
 use std::pin::pin;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::net::io::ClientStream;
@@ -15,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::access::{AccessLog, REQUEST_ID_HEADER};
 use super::continuation::Splice;
-use super::deadline::{self, Deadline};
+use super::deadline::Deadline;
 use super::upstream::{Up, UpHead};
 use super::watchdog::{self, Watchdog};
 use super::{After, respond};
@@ -31,7 +30,7 @@ use crate::net::upstream::Buffered as InBuffer;
 use crate::owners::Shard;
 use crate::owners::health::protocol::Ended;
 use crate::providers::Endpoint;
-use crate::shard::metrics::{Abandoned, bump};
+use crate::shard::metrics::{Abandoned, add_one_writer, bump};
 use crate::sse::usage::{AnswerTail, Usage};
 
 /// Pieces of a length-delimited body at least this large are written without copying.
@@ -152,16 +151,21 @@ pub async fn relay_buffered(
     }
 }
 
-/// Writes the response head and the first piece, then streams the rest (see
-/// `relay_answer`), and finalizes once, however the relay ended (completed, broken, cut
-/// by a watchdog or a deadline, or the client gone): the usage the stream reported goes
-/// into the token counters. The caller records the outcome (its `Attempted` guard) and the
-/// permits go back as their guards drop.
+/// Writes the response head and the first piece, then streams the rest, and finalizes
+/// once, however the relay ended (completed, broken, cut by a watchdog or a deadline, or
+/// the client gone): the usage the stream reported goes into the token counters. The
+/// caller records the outcome (its `Attempted` guard) and the permits go back as their
+/// guards drop.
+///
+/// Every wait for the next piece is raced against the client hanging up (the upstream
+/// connection is then dropped, so the upstream sees it too) and bounded by the attempt's
+/// hard deadline. One function, not a wrapper around the relay: an `async fn` calling
+/// another keeps every argument it passes on twice, for as long as the answer streams.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
     shard: &Shard,
     client_head: &RequestHead,
-    up: Up,
+    mut up: Up,
     first: Option<Bytes>,
     provider: &Provider,
     conn: &Connection,
@@ -179,26 +183,194 @@ pub async fn commit(
     // A whole JSON answer's usage is read from its last bytes (streams': by the watchdog).
     let mut tail =
         (wd.is_none() && (200..300).contains(&up.head.status())).then(AnswerTail::default);
-    let ended = relay_answer(
-        shard,
-        client_head,
-        up,
-        first,
-        provider,
-        conn,
-        attempts,
-        client,
-        pending,
-        keep_alive,
-        idle,
-        endpoint,
-        &mut wd,
-        &mut tail,
-        log,
-        active,
-        splice.as_deref_mut(),
-    )
-    .await;
+    let ended = 'relay: {
+        let status = up.head.status();
+        let keep_alive = respond::keep_alive_now(shard, keep_alive);
+        let http11 = client_head.minor_version() == 1;
+        // A continuation writes into the client's open stream: no head, its chunked framing.
+        let continuing = splice.as_deref().is_some_and(Splice::continuing);
+        let (framing, keep_alive) = match up.head.body_kind() {
+            _ if continuing => (
+                Framing::Chunked,
+                splice.as_deref().is_some_and(Splice::keep_alive),
+            ),
+            BodyKind::Length(n) => (Framing::Length(n), keep_alive),
+            BodyKind::Empty if status == 204 || status == 304 => (Framing::NoBody, keep_alive),
+            BodyKind::Empty => (Framing::Length(0), keep_alive),
+            BodyKind::Chunked | BodyKind::CloseDelimited if http11 => {
+                (Framing::Chunked, keep_alive)
+            }
+            BodyKind::Chunked | BodyKind::CloseDelimited => (Framing::Close, false),
+        };
+        let chunked = framing == Framing::Chunked;
+        let event_stream = up.head.is_event_stream();
+        if let Some(s) = splice.as_deref_mut()
+            && !continuing
+        {
+            s.set_keep_alive(keep_alive);
+            if !(chunked && event_stream) {
+                s.turn_off();
+            }
+        }
+        let attempts_s = attempts.to_string();
+        let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
+        let extra = std::mem::take(&mut up.extra);
+        if !continuing {
+            let mut ours: Vec<(&str, &[u8])> = vec![
+                ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
+                ("x-tidegate-provider", provider.name.as_bytes()),
+                ("x-tidegate-attempts", attempts_s.as_bytes()),
+            ];
+            ours.extend(log.response_headers());
+            ours.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
+            match &up.head {
+                UpHead::Net(h) => {
+                    let relayed = h.headers().filter(|(n, _)| !relayed_never(n));
+                    write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
+                }
+                UpHead::Mock(_) => {
+                    let hs = up.head.fields();
+                    write_response_head(
+                        &mut out,
+                        status,
+                        hs.into_iter().chain(ours),
+                        framing,
+                        keep_alive,
+                    );
+                }
+            }
+        }
+        if !continuing {
+            shard.metrics().response(status);
+            log.responding(shard, status);
+        }
+        // Everything that is already here goes out with the head, in one write.
+        let mut done = match first {
+            None => true,
+            Some(piece) => {
+                if let Some(t) = tail.as_mut() {
+                    t.feed(&piece);
+                }
+                emit(&mut out, &piece, chunked, splice.as_deref_mut());
+                gather(
+                    shard,
+                    &mut up,
+                    &mut out,
+                    chunked,
+                    wd.as_mut(),
+                    splice.as_deref_mut(),
+                    tail.as_mut(),
+                )
+            }
+        };
+        done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
+        if done && chunked {
+            write_last_chunk(&mut out);
+        }
+        log.sent(out.len());
+        if write_all(client, out).await.is_err() {
+            if done {
+                break 'relay (After::Close, Ended::Success);
+            }
+            break 'relay client_gone(shard, up);
+        }
+        // The end of the shutdown grace period cuts the stream like an upstream failure.
+        let mut cut = std::pin::pin!(shard.cut_signal());
+        while !done {
+            // A replay that does not repeat the delivered text ends the stream.
+            if let Some(e) = splice.as_deref_mut().and_then(Splice::failure) {
+                let after = break_stream(shard, conn, &e, chunked, true, endpoint, client).await;
+                break 'relay (after, Ended::StreamStall);
+            }
+            // Pinned in place, the wrapper holding it by reference (`deadline::within` says
+            // why); one timer bounds the wait, for whichever budget runs out first.
+            let got = {
+                let wait = pin!(watchdog::next(shard, &mut up, idle, wd.as_mut(), active));
+                let wait = unless_client_gone(client, pending, wait);
+                monoio::select! {
+                    biased;
+                    () = &mut cut => Some(Err(GatewayError::new(
+                        ErrorKind::ShuttingDown,
+                        "the gateway is shutting down: the stream did not finish within the grace period",
+                    ))),
+                    got = wait => got,
+                }
+            };
+            let Some(got) = got else {
+                break 'relay client_gone(shard, up);
+            };
+            let piece = match got {
+                Ok(Some(piece)) => piece,
+                Ok(None) => {
+                    let mut out = BytesMut::with_capacity(8);
+                    done = ended_well(&mut out, chunked, splice.as_deref_mut());
+                    if !done {
+                        continue;
+                    }
+                    if chunked {
+                        write_last_chunk(&mut out);
+                    }
+                    if !out.is_empty() && write_all(client, out).await.is_err() {
+                        break 'relay (After::Close, Ended::Success);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    // With continuation on, the walk looks for a candidate to go on with.
+                    if let Some(s) = splice.as_deref_mut()
+                        && s.cut_by(&e)
+                    {
+                        tracing::info!(connection = %conn.name, "stream cut after the first byte: {e}; looking for a continuation");
+                        break 'relay (After::Close, Ended::StreamStall);
+                    }
+                    let close_delimited = framing == Framing::Close;
+                    let inband = event_stream && (chunked || close_delimited);
+                    let after =
+                        break_stream(shard, conn, &e, chunked, inband, endpoint, client).await;
+                    if e.kind == ErrorKind::ShuttingDown {
+                        // Not the upstream's doing: nothing counts against it.
+                        break 'relay (after, Ended::ClientAbort);
+                    }
+                    break 'relay (after, Ended::StreamStall);
+                }
+            };
+            if let Some(t) = tail.as_mut() {
+                t.feed(&piece);
+            }
+            let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES && splice.is_none() {
+                log.sent(piece.len());
+                write_all(client, piece).await.map(|_| ())
+            } else {
+                let mut out = BytesMut::with_capacity(piece.len() + 64);
+                emit(&mut out, &piece, chunked, splice.as_deref_mut());
+                done = gather(
+                    shard,
+                    &mut up,
+                    &mut out,
+                    chunked,
+                    wd.as_mut(),
+                    splice.as_deref_mut(),
+                    tail.as_mut(),
+                );
+                done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
+                if done && chunked {
+                    write_last_chunk(&mut out);
+                }
+                log.sent(out.len());
+                write_all(client, out).await.map(|_| ())
+            };
+            if res.is_err() {
+                break 'relay client_gone(shard, up);
+            }
+        }
+        up.finish(shard);
+        let after = if keep_alive {
+            After::KeepAlive
+        } else {
+            After::Close
+        };
+        (after, Ended::Success)
+    };
     // A spliced stream counts the usage of the whole answer once, when it is over
     // (`continuation::Splice::count_usage`).
     match splice {
@@ -223,221 +395,9 @@ pub async fn commit(
 pub fn count_usage(shard: &Shard, usage: Option<Usage>) {
     if let Some(usage) = usage {
         let m = shard.metrics();
-        m.usage_prompt_tokens
-            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
-        m.usage_completion_tokens
-            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+        add_one_writer(&m.usage_prompt_tokens, usage.prompt_tokens);
+        add_one_writer(&m.usage_completion_tokens, usage.completion_tokens);
     }
-}
-
-/// Every wait for the next piece is raced against the client hanging up (the upstream
-/// connection is then dropped, so the upstream sees it too) and against the attempt's hard
-/// deadline.
-#[allow(clippy::too_many_arguments)]
-async fn relay_answer(
-    shard: &Shard,
-    client_head: &RequestHead,
-    mut up: Up,
-    first: Option<Bytes>,
-    provider: &Provider,
-    conn: &Connection,
-    attempts: usize,
-    client: &mut ClientStream,
-    pending: &mut BytesMut,
-    keep_alive: bool,
-    idle: Duration,
-    endpoint: Endpoint,
-    wd: &mut Option<Watchdog>,
-    tail: &mut Option<AnswerTail>,
-    log: &AccessLog,
-    active: Option<Deadline>,
-    mut splice: Option<&mut Splice>,
-) -> (After, Ended) {
-    let status = up.head.status();
-    let keep_alive = respond::keep_alive_now(shard, keep_alive);
-    let http11 = client_head.minor_version() == 1;
-    // A continuation writes into the client's open stream: no head, its chunked framing.
-    let continuing = splice.as_deref().is_some_and(Splice::continuing);
-    let (framing, keep_alive) = match up.head.body_kind() {
-        _ if continuing => (
-            Framing::Chunked,
-            splice.as_deref().is_some_and(Splice::keep_alive),
-        ),
-        BodyKind::Length(n) => (Framing::Length(n), keep_alive),
-        BodyKind::Empty if status == 204 || status == 304 => (Framing::NoBody, keep_alive),
-        BodyKind::Empty => (Framing::Length(0), keep_alive),
-        BodyKind::Chunked | BodyKind::CloseDelimited if http11 => (Framing::Chunked, keep_alive),
-        BodyKind::Chunked | BodyKind::CloseDelimited => (Framing::Close, false),
-    };
-    let chunked = framing == Framing::Chunked;
-    let event_stream = up.head.is_event_stream();
-    if let Some(s) = splice.as_deref_mut()
-        && !continuing
-    {
-        s.set_keep_alive(keep_alive);
-        if !(chunked && event_stream) {
-            s.turn_off();
-        }
-    }
-    let attempts_s = attempts.to_string();
-    let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
-    let extra = std::mem::take(&mut up.extra);
-    if !continuing {
-        let mut ours: Vec<(&str, &[u8])> = vec![
-            ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
-            ("x-tidegate-provider", provider.name.as_bytes()),
-            ("x-tidegate-attempts", attempts_s.as_bytes()),
-        ];
-        ours.extend(log.response_headers());
-        ours.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
-        match &up.head {
-            UpHead::Net(h) => {
-                let relayed = h.headers().filter(|(n, _)| !relayed_never(n));
-                write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
-            }
-            UpHead::Mock(_) => {
-                let hs = up.head.fields();
-                write_response_head(
-                    &mut out,
-                    status,
-                    hs.into_iter().chain(ours),
-                    framing,
-                    keep_alive,
-                );
-            }
-        }
-    }
-    if !continuing {
-        shard.metrics().response(status);
-        log.responding(shard, status);
-    }
-    // Everything that is already here goes out with the head, in one write.
-    let mut done = match first {
-        None => true,
-        Some(piece) => {
-            if let Some(t) = tail.as_mut() {
-                t.feed(&piece);
-            }
-            emit(&mut out, &piece, chunked, splice.as_deref_mut());
-            gather(
-                shard,
-                &mut up,
-                &mut out,
-                chunked,
-                wd.as_mut(),
-                splice.as_deref_mut(),
-                tail.as_mut(),
-            )
-        }
-    };
-    done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
-    if done && chunked {
-        write_last_chunk(&mut out);
-    }
-    log.sent(out.len());
-    if write_all(client, out).await.is_err() {
-        if done {
-            return (After::Close, Ended::Success);
-        }
-        return client_gone(shard, up);
-    }
-    // The end of the shutdown grace period cuts the stream like an upstream failure.
-    let mut cut = std::pin::pin!(shard.cut_signal());
-    while !done {
-        // A replay that does not repeat the delivered text ends the stream.
-        if let Some(e) = splice.as_deref_mut().and_then(Splice::failure) {
-            let after = break_stream(shard, conn, &e, chunked, true, endpoint, client).await;
-            return (after, Ended::StreamStall);
-        }
-        // Pinned in place, each wrapper holding the one inside by reference
-        // (`deadline::within` says why).
-        let got = {
-            let wait = pin!(watchdog::next(shard, &mut up, idle, wd.as_mut()));
-            let wait = pin!(unless_client_gone(client, pending, wait));
-            monoio::select! {
-                biased;
-                () = &mut cut => Ok(Some(Err(GatewayError::new(
-                    ErrorKind::ShuttingDown,
-                    "the gateway is shutting down: the stream did not finish within the grace period",
-                )))),
-                got = deadline::within(shard, active, wait) => got,
-            }
-        };
-        let got = match got {
-            Ok(Some(got)) => got,
-            Ok(None) => return client_gone(shard, up),
-            Err(e) => Err(e),
-        };
-        let piece = match got {
-            Ok(Some(piece)) => piece,
-            Ok(None) => {
-                let mut out = BytesMut::with_capacity(8);
-                done = ended_well(&mut out, chunked, splice.as_deref_mut());
-                if !done {
-                    continue;
-                }
-                if chunked {
-                    write_last_chunk(&mut out);
-                }
-                if !out.is_empty() && write_all(client, out).await.is_err() {
-                    return (After::Close, Ended::Success);
-                }
-                continue;
-            }
-            Err(e) => {
-                // With continuation on, the walk looks for a candidate to go on with.
-                if let Some(s) = splice.as_deref_mut()
-                    && s.cut_by(&e)
-                {
-                    tracing::info!(connection = %conn.name, "stream cut after the first byte: {e}; looking for a continuation");
-                    return (After::Close, Ended::StreamStall);
-                }
-                let close_delimited = framing == Framing::Close;
-                let inband = event_stream && (chunked || close_delimited);
-                let after = break_stream(shard, conn, &e, chunked, inband, endpoint, client).await;
-                if e.kind == ErrorKind::ShuttingDown {
-                    // Not the upstream's doing: nothing counts against it.
-                    return (after, Ended::ClientAbort);
-                }
-                return (after, Ended::StreamStall);
-            }
-        };
-        if let Some(t) = tail.as_mut() {
-            t.feed(&piece);
-        }
-        let res = if !chunked && piece.len() >= DIRECT_WRITE_BYTES && splice.is_none() {
-            log.sent(piece.len());
-            write_all(client, piece).await.map(|_| ())
-        } else {
-            let mut out = BytesMut::with_capacity(piece.len() + 64);
-            emit(&mut out, &piece, chunked, splice.as_deref_mut());
-            done = gather(
-                shard,
-                &mut up,
-                &mut out,
-                chunked,
-                wd.as_mut(),
-                splice.as_deref_mut(),
-                tail.as_mut(),
-            );
-            done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
-            if done && chunked {
-                write_last_chunk(&mut out);
-            }
-            log.sent(out.len());
-            write_all(client, out).await.map(|_| ())
-        };
-        if res.is_err() {
-            return client_gone(shard, up);
-        }
-    }
-    up.finish(shard);
-    let after = if keep_alive {
-        After::KeepAlive
-    } else {
-        After::Close
-    };
-    (after, Ended::Success)
 }
 
 /// The client went away mid-answer: the upstream connection is dropped (the upstream sees
@@ -511,7 +471,7 @@ pub(super) async fn break_stream(
 }
 
 /// A piece for the client: through the continuation splice when there is one.
-fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Splice>) {
+pub(super) fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Splice>) {
     match splice {
         Some(s) => s.pass(piece, out, chunked),
         None => put_piece(out, piece, chunked),
@@ -520,7 +480,7 @@ fn emit(out: &mut BytesMut, piece: &[u8], chunked: bool, splice: Option<&mut Spl
 
 /// The upstream ended its body: the splice sends what it still holds; false when that
 /// showed the stream cannot end well (its failure is reported by the next loop turn).
-fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut Splice>) -> bool {
+pub(super) fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut Splice>) -> bool {
     match splice {
         Some(s) => {
             s.finish(out, chunked);

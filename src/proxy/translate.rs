@@ -2,7 +2,9 @@
 //! complete answer is read whole (bounded) and written translated with its own length; an
 //! event stream goes through a [`StreamTranslator`] piece by piece, chunked. The stall
 //! watchdog scans the upstream's own events; a failure after the first byte ends the stream
-//! with an in-band error in the client's shape, as for untranslated streams.
+//! with an in-band error in the client's shape, as for untranslated streams — or, with
+//! mid-stream continuation on, leaves it to the next candidate (the translated events go
+//! through the continuation splice, which works on the client's format).
 
 use std::pin::pin;
 use std::time::Duration;
@@ -10,8 +12,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use super::access::AccessLog;
-use super::deadline::{self, Deadline};
-use super::stream::{self, Buffered, break_stream, put_piece, relayed_never};
+use super::continuation::Splice;
+use super::deadline::Deadline;
+use super::stream::{self, Buffered, break_stream, emit, relayed_never};
 use super::upstream::Up;
 use super::watchdog::{self, Watchdog};
 use super::{After, respond};
@@ -123,6 +126,10 @@ fn dialect(t: Translation) -> Dialect {
 /// Relays a 2xx answer from a provider of the other format, translated, and finalizes
 /// once however it ended: the usage the upstream reported (in its own format, read by the
 /// watchdog for a stream, from the whole body otherwise) goes into the token counters.
+/// With mid-stream continuation on, the translated events go through the `splice` (in the
+/// client's format), as an untranslated stream's bytes do in `stream::commit`: a cut after
+/// the first byte leaves the stream open for the next candidate, and a continuation part
+/// (of this format) writes into the client's open stream.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
     shard: &Shard,
@@ -136,10 +143,25 @@ pub async fn commit(
     mut wd: Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
+    mut splice: Option<&mut Splice>,
 ) -> (After, Ended) {
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let created = shard.now().wall_ms / 1000;
+    let continuing = splice.as_deref().is_some_and(Splice::continuing);
     if !up.head.is_event_stream() {
+        if let Some(s) = splice.as_deref_mut() {
+            if continuing {
+                // The client's stream is open: a whole answer cannot go into it.
+                let e = GatewayError::new(
+                    ErrorKind::UpstreamProtocol,
+                    "the continuation's answer is not an event stream",
+                );
+                if s.cut_by(&e) {
+                    return (After::Close, Ended::StreamStall);
+                }
+            }
+            s.turn_off();
+        }
         return commit_whole(shard, up, first, &tr, client, keep_alive, created, log).await;
     }
     let io = (client, pending);
@@ -154,9 +176,23 @@ pub async fn commit(
         &mut wd,
         log,
         active,
+        splice.as_deref_mut(),
     )
     .await;
-    stream::count_usage(shard, wd.as_ref().map(Watchdog::usage));
+    if let (Some(s), Some(w)) = (splice.as_deref_mut(), wd.as_ref())
+        && s.cut_pending()
+    {
+        s.upstream_prompt(w.usage().prompt_tokens);
+    }
+    // A spliced stream counts the usage of the whole answer once, when it is over.
+    match splice {
+        Some(s) if s.spliced() => {
+            if !s.cut_pending() {
+                s.count_usage(shard);
+            }
+        }
+        _ => stream::count_usage(shard, wd.as_ref().map(Watchdog::usage)),
+    }
     ended
 }
 
@@ -172,20 +208,36 @@ async fn commit_stream(
     wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
+    mut splice: Option<&mut Splice>,
 ) -> (After, Ended) {
     let created = shard.now().wall_ms / 1000;
     let status = up.head.status();
     let t = tr.translation;
     let http11 = client_head.minor_version() == 1;
-    let (framing, keep_alive) = if http11 {
+    // A continuation writes into the client's open stream: no head, its chunked framing.
+    let continuing = splice.as_deref().is_some_and(Splice::continuing);
+    let (framing, keep_alive) = if continuing {
+        (
+            Framing::Chunked,
+            splice.as_deref().is_some_and(Splice::keep_alive),
+        )
+    } else if http11 {
         (Framing::Chunked, keep_alive)
     } else {
         (Framing::Close, false)
     };
     let chunked = framing == Framing::Chunked;
+    if let Some(s) = splice.as_deref_mut()
+        && !continuing
+    {
+        s.set_keep_alive(keep_alive);
+        if !chunked {
+            s.turn_off();
+        }
+    }
     let attempts_s = tr.attempts.to_string();
     let mut out = BytesMut::with_capacity(1024);
-    {
+    if !continuing {
         let fields = up.head.fields();
         let relayed = fields
             .into_iter()
@@ -208,8 +260,8 @@ async fn commit_stream(
             framing,
             keep_alive,
         );
+        log.responding(shard, status);
     }
-    log.responding(shard, status);
     let mut translator =
         StreamTranslator::new(t, tr.carry.include_usage, created).with_echo(tr.carry.echo.clone());
     let mut piece_out: Vec<u8> = Vec::with_capacity(1024);
@@ -218,12 +270,58 @@ async fn commit_stream(
         translator.feed(&piece, &mut piece_out);
     }
     loop {
+        if !piece_out.is_empty() {
+            emit(&mut out, &piece_out, chunked, splice.as_deref_mut());
+            piece_out.clear();
+        }
+        // The upstream's body ended before its last event: with continuation on, a cut
+        // the next candidate may go on from (rather than the translator's in-band error).
+        let cut = ended
+            && translator.incomplete()
+            && splice.as_deref_mut().is_some_and(|s| {
+                s.cut_by(&GatewayError::new(
+                    ErrorKind::UpstreamProtocol,
+                    "the upstream stream ended before its last event",
+                ))
+            });
+        if cut {
+            if !out.is_empty() {
+                let _ = write_all(client, std::mem::take(&mut out)).await;
+            }
+            tracing::info!(connection = %tr.conn.name, "translated stream ended before its last event; looking for a continuation");
+            return (After::Close, Ended::StreamStall);
+        }
         if ended {
             translator.finish(&mut piece_out);
+            if !piece_out.is_empty() {
+                emit(&mut out, &piece_out, chunked, splice.as_deref_mut());
+                piece_out.clear();
+            }
         }
-        if !piece_out.is_empty() {
-            put_piece(&mut out, &piece_out, chunked);
-            piece_out.clear();
+        let over = ended || translator.ended();
+        // The splice sends what it still holds; a replay that did not repeat the text the
+        // client has ends the stream.
+        let failed = if over {
+            !stream::ended_well(&mut out, chunked, splice.as_deref_mut())
+        } else {
+            splice.as_deref().is_some_and(Splice::has_failed)
+        };
+        if failed {
+            if !out.is_empty() {
+                let _ = write_all(client, std::mem::take(&mut out)).await;
+            }
+            let e = splice
+                .as_deref_mut()
+                .and_then(Splice::failure)
+                .unwrap_or_else(|| {
+                    GatewayError::new(
+                        ErrorKind::UpstreamProtocol,
+                        "mid-stream continuation failed",
+                    )
+                });
+            let endpoint = t.client_endpoint();
+            let after = break_stream(shard, tr.conn, &e, chunked, true, endpoint, client).await;
+            return (after, Ended::StreamStall);
         }
         if ended && chunked && !translator.broken() {
             write_last_chunk(&mut out);
@@ -231,25 +329,29 @@ async fn commit_stream(
         if !out.is_empty() && write_all(client, std::mem::take(&mut out)).await.is_err() {
             return client_gone(shard, up);
         }
-        if ended || translator.ended() {
+        if over {
             break;
         }
-        // Each wait raced against the client hanging up and the attempt's hard deadline,
-        // as an untranslated stream's (proxy::stream::commit).
+        // Each wait raced against the client hanging up and bounded by the attempt's hard
+        // deadline, as an untranslated stream's (proxy::stream::commit).
         let next = {
-            let next = pin!(watchdog::next(shard, &mut up, tr.idle, wd.as_mut()));
-            let next = pin!(unless_client_gone(client, pending, next));
-            deadline::within(shard, active, next).await
+            let next = pin!(watchdog::next(shard, &mut up, tr.idle, wd.as_mut(), active));
+            unless_client_gone(client, pending, next).await
         };
-        let next = match next {
-            Ok(Some(next)) => next,
-            Ok(None) => return client_gone(shard, up),
-            Err(e) => Err(e),
+        let Some(next) = next else {
+            return client_gone(shard, up);
         };
         match next {
             Ok(Some(piece)) => translator.feed(&piece, &mut piece_out),
             Ok(None) => ended = true,
             Err(e) => {
+                // With continuation on, the walk looks for a candidate to go on with.
+                if let Some(s) = splice.as_deref_mut()
+                    && s.cut_by(&e)
+                {
+                    tracing::info!(connection = %tr.conn.name, "translated stream cut after the first byte: {e}; looking for a continuation");
+                    return (After::Close, Ended::StreamStall);
+                }
                 let after = break_stream(
                     shard,
                     tr.conn,

@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
+use super::deadline::Deadline;
 use super::upstream::Up;
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::Shard;
 use crate::sse::throughput::{self, Decision, Meter, Policy};
 use crate::sse::usage::Usage;
@@ -172,41 +173,74 @@ impl Watchdog {
     }
 }
 
-/// The next body piece within the body-idle budget and, with a stall budget, before the
-/// stall deadline (whichever comes first). A piece is scanned before it is returned; one
-/// the throughput watchdog condemns is not returned, its error is. The clock is read once
-/// per piece: the wait's stall budget counts from the last piece's reading.
+/// The next body piece within the body-idle budget, before the stall deadline (with a
+/// stall budget) and before `deadline` (the attempt's hard deadline, or the overall
+/// request deadline before the first client byte) — whichever comes first. A piece is
+/// scanned before it is returned; one the throughput watchdog condemns is not returned, its
+/// error is. The clock is read once per piece: the wait's stall budget counts from the last
+/// piece's reading.
+///
+/// One timer bounds the wait, whichever budget it is for: the body read's own, set to the
+/// nearest of them, whose timeout is then reported as the budget that ran out. (A timer
+/// per budget, each wrapping the one inside, made every stream's future larger by a monoio
+/// timer entry apiece.)
 pub async fn next(
     shard: &Shard,
     up: &mut Up,
     idle: Duration,
     wd: Option<&mut Watchdog>,
+    deadline: Option<Deadline>,
 ) -> Result<Option<Bytes>, GatewayError> {
-    let Some(wd) = wd else {
-        return up.next(idle).await;
-    };
-    if wd.tripped() {
-        return Err(wd.error());
-    }
-    let left = Duration::from_nanos(wd.deadline_ns.saturating_sub(wd.now_ns));
-    if left.is_zero() {
-        return Err(wd.error());
-    }
-    let got = if left >= idle {
-        up.next(idle).await
-    } else {
-        match monoio::time::timeout(left, up.next(idle)).await {
-            Ok(r) => r,
-            Err(_) => return Err(wd.stall_error()),
+    let mut budget = idle;
+    let mut fires = Fires::Idle;
+    if let Some(w) = wd.as_deref() {
+        if w.tripped() {
+            return Err(w.error());
         }
+        let left = Duration::from_nanos(w.deadline_ns.saturating_sub(w.now_ns));
+        if left.is_zero() {
+            return Err(w.error());
+        }
+        if left < budget {
+            budget = left;
+            fires = Fires::Stall;
+        }
+    }
+    if let Some(d) = &deadline {
+        let left = Duration::from_nanos(d.at_ns.saturating_sub(shard.now().mono_ns));
+        if left.is_zero() {
+            return Err(d.error());
+        }
+        if left < budget {
+            budget = left;
+            fires = Fires::Deadline;
+        }
+    }
+    let got = match up.next(budget).await {
+        Err(e) if e.kind == ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle) => {
+            return Err(match (fires, wd.as_deref(), &deadline) {
+                (Fires::Stall, Some(w), _) => w.stall_error(),
+                (Fires::Deadline, _, Some(d)) => d.error(),
+                _ => e,
+            });
+        }
+        got => got,
     };
-    if let Ok(Some(piece)) = &got {
-        wd.observe(piece, shard.mono_ns());
-        if wd.tripped() {
-            return Err(wd.error());
+    if let (Ok(Some(piece)), Some(w)) = (&got, wd) {
+        w.observe(piece, shard.mono_ns());
+        if w.tripped() {
+            return Err(w.error());
         }
     }
     got
+}
+
+/// Which budget bounds a wait in [`next`].
+#[derive(Clone, Copy)]
+enum Fires {
+    Idle,
+    Stall,
+    Deadline,
 }
 
 /// Early recovery's hold-back (spec B §7.3, `stream_recovery.enabled`): the first bytes are
@@ -243,20 +277,22 @@ impl HoldBack {
 /// Reads the first bytes to relay. Without a watchdog: the first piece. With one: pieces
 /// are held back until one carries model output, the body ends, or the held bytes pass
 /// `HOLD_BACK_MAX_BYTES`; a stall meanwhile is an error while nothing has reached the
-/// client, so the attempt can fail over. `None` for an empty body.
+/// client, so the attempt can fail over. Every read is bounded by `deadline` too. `None`
+/// for an empty body.
 pub async fn first_bytes(
     shard: &Shard,
     up: &mut Up,
     idle: Duration,
     mut wd: Option<&mut Watchdog>,
     hold: Option<HoldBack>,
+    deadline: Option<Deadline>,
 ) -> Result<Option<Bytes>, GatewayError> {
     let mut held: Option<Bytes> = None;
     let mut more = BytesMut::new();
     // When the first piece arrived (the recovery hold-back counts from it).
     let mut first_ns: Option<u64> = None;
     loop {
-        let piece = match next(shard, up, idle, wd.as_deref_mut()).await? {
+        let piece = match next(shard, up, idle, wd.as_deref_mut(), deadline).await? {
             Some(p) => p,
             None => break,
         };

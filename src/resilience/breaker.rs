@@ -1145,13 +1145,12 @@ impl BreakerKey {
     pub fn name(self, config: &Config) -> String {
         let provider_name = |p: ProviderId| {
             config
-                .providers
-                .get(usize::from(p.0))
+                .provider_by_id(p)
                 .map_or("unknown", |p| p.name.as_str())
         };
         match self {
             BreakerKey::Provider(p) => provider_name(p).to_owned(),
-            BreakerKey::Connection(c) => match config.connections.get(c.0 as usize) {
+            BreakerKey::Connection(c) => match config.connection_by_id(c) {
                 Some(conn) => format!("{}::conn::{}", provider_name(conn.provider), conn.name),
                 None => format!("unknown::conn::{}", c.0),
             },
@@ -1375,6 +1374,14 @@ impl BreakerTable {
             self.remove(*k);
         }
         stale.len()
+    }
+
+    /// Drops the breakers `keep` refuses (a reload removed their provider or connection:
+    /// nothing routes to them any more, so no transition is reported). Returns how many.
+    pub fn retain(&mut self, mut keep: impl FnMut(BreakerKey) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
+        before - self.entries.len()
     }
 
     /// `circuitBreakers` counts at `now`.

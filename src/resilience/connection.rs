@@ -1369,6 +1369,13 @@ impl ConnectionTable {
             .unwrap_or_default()
     }
 
+    /// Drops the records `keep` refuses (a reload removed their connection).
+    pub fn retain(&mut self, mut keep: impl FnMut(ConnectionId) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
+        before - self.entries.len()
+    }
+
     pub fn backoff_level(&self, id: ConnectionId) -> u32 {
         self.entries.get(&id).map_or(0, |e| e.state.backoff_level)
     }

@@ -44,8 +44,10 @@
 //! `X-RateLimit-Reset` or Google `RetryInfo`, A §4.4) or a record without a cap
 //! (`max_cooldown_ms = 0`). Such entries carry [`LockEntry::bypassed_max`].
 
+use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use serde::Serialize;
 
@@ -201,8 +203,9 @@ pub enum KeyModel {
 }
 
 /// One lock key (A §4.1). `provider` is the canonical (alias-resolved) provider id; the
-/// caller resolves aliases.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// caller resolves aliases. Hashed as its [`KeyParts`], so a borrowed [`Probe`] finds it
+/// in a map without building one (no `String` per lookup).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockKey {
     pub provider: String,
     /// `None` = a combo-level lock not tied to a connection.
@@ -312,6 +315,111 @@ impl LockKey {
     }
 }
 
+/// A lock key's parts as a map lookup sees them: an exact key's model compares and hashes
+/// ASCII-lower-cased (a stored exact key is lower-case already; a [`Probe`]'s is the
+/// model as the request names it, trimmed).
+trait KeyParts {
+    fn provider(&self) -> &str;
+    fn connection(&self) -> Option<ConnectionId>;
+    fn exact(&self) -> bool;
+    fn model(&self) -> &str;
+}
+
+impl KeyParts for LockKey {
+    fn provider(&self) -> &str {
+        &self.provider
+    }
+    fn connection(&self) -> Option<ConnectionId> {
+        self.connection
+    }
+    fn exact(&self) -> bool {
+        matches!(self.model, KeyModel::Exact(_))
+    }
+    fn model(&self) -> &str {
+        self.model_part()
+    }
+}
+
+/// A lock key made of borrowed parts, to look a lock up with.
+struct Probe<'a> {
+    provider: &'a str,
+    connection: Option<ConnectionId>,
+    exact: bool,
+    model: &'a str,
+}
+
+impl KeyParts for Probe<'_> {
+    fn provider(&self) -> &str {
+        self.provider
+    }
+    fn connection(&self) -> Option<ConnectionId> {
+        self.connection
+    }
+    fn exact(&self) -> bool {
+        self.exact
+    }
+    fn model(&self) -> &str {
+        self.model
+    }
+}
+
+fn hash_parts<H: Hasher>(k: &(impl KeyParts + ?Sized), state: &mut H) {
+    k.provider().hash(state);
+    k.connection().hash(state);
+    k.exact().hash(state);
+    if k.exact() {
+        // Lower-cased in pieces on the stack: the same byte stream for a stored key (already
+        // lower-case) and for a probe.
+        let mut piece = [0u8; 32];
+        for chunk in k.model().as_bytes().chunks(piece.len()) {
+            let out = &mut piece[..chunk.len()];
+            out.copy_from_slice(chunk);
+            out.make_ascii_lowercase();
+            state.write(out);
+        }
+        state.write_u8(0xff);
+    } else {
+        k.model().hash(state);
+    }
+}
+
+fn eq_parts(a: &(impl KeyParts + ?Sized), b: &(impl KeyParts + ?Sized)) -> bool {
+    a.connection() == b.connection()
+        && a.exact() == b.exact()
+        && a.provider() == b.provider()
+        && if a.exact() {
+            a.model().eq_ignore_ascii_case(b.model())
+        } else {
+            a.model() == b.model()
+        }
+}
+
+impl Hash for LockKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        hash_parts(self, state);
+    }
+}
+
+impl Hash for dyn KeyParts + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        hash_parts(self, state);
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        eq_parts(self, other)
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl<'a> Borrow<dyn KeyParts + 'a> for LockKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
+}
+
 impl fmt::Display for LockKey {
     /// OmniRoute's key string: `provider:conn:model` / `provider:conn:exact:model`
     /// (connection as its index, empty for combo locks).
@@ -330,7 +438,9 @@ impl fmt::Display for LockKey {
 /// The codex quota scope of a model: `spark` for `codex-spark`, `spark`, `bengalfox`;
 /// `codex` for `codex`, `gpt-5` and anything else (A §4.1).
 pub fn codex_scope(model: &str) -> &'static str {
-    let m = model.to_ascii_lowercase();
+    // The needles are lower-case ASCII: a case-insensitive search of the model finds them
+    // where a search of its lower-cased copy would (and allocates nothing).
+    let m = model.as_bytes();
     for (needle, scope) in [
         ("codex-spark", "spark"),
         ("spark", "spark"),
@@ -338,7 +448,9 @@ pub fn codex_scope(model: &str) -> &'static str {
         ("codex", "codex"),
         ("gpt-5", "codex"),
     ] {
-        if m.contains(needle) {
+        if m.windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+        {
             return scope;
         }
     }
@@ -961,6 +1073,21 @@ impl LockoutTable {
         any
     }
 
+    /// Every lock and failure count of the connections `keep` refuses (a reload removed
+    /// them); each removed lock is announced like a cleared one. Returns how many locks.
+    pub fn retain_connections(&mut self, mut keep: impl FnMut(ConnectionId) -> bool) -> usize {
+        let mut gone: Vec<ConnectionId> = self
+            .locks
+            .keys()
+            .chain(self.failures.keys())
+            .filter_map(|k| k.connection)
+            .filter(|c| !keep(*c))
+            .collect();
+        gone.sort_unstable();
+        gone.dedup();
+        gone.into_iter().map(|c| self.clear_connection(c)).sum()
+    }
+
     /// Every lock of one connection (`POST /api/resilience/cooldowns`). Returns the number
     /// of lock entries removed.
     pub fn clear_connection(&mut self, connection: ConnectionId) -> usize {
@@ -1258,11 +1385,35 @@ impl LockoutViews {
         if self.horizon.get(connection) <= now_ms {
             return None;
         }
-        LockKey::shapes(provider, family, connection, model)
-            .iter()
-            .filter_map(|k| self.entries.get(k).and_then(|(_, l)| *l))
-            .filter(|l| l.until_ms > now_ms)
-            .max_by_key(|l| l.until_ms)
+        // The keys of `LockKey::shapes`, probed with borrowed parts. The family model as
+        // `LockKey::family` makes it for a lookup (no reason, no status).
+        let family_model: Cow<'_, str> = match family {
+            QuotaFamily::Codex => Cow::Borrowed(codex_scope(model)),
+            QuotaFamily::Antigravity => Cow::Owned(antigravity_family(model)),
+            QuotaFamily::Model => Cow::Borrowed(model),
+        };
+        let probe = |exact, model| Probe {
+            provider,
+            connection,
+            exact,
+            model,
+        };
+        // Family, not-found (the raw model: the family key again for most providers, which
+        // finds the same lock), exact; the latest deadline wins, the later key on a tie.
+        let mut best: Option<LockView> = None;
+        for p in [
+            probe(false, &family_model),
+            probe(false, model),
+            probe(true, model.trim()),
+        ] {
+            if let Some((_, Some(l))) = self.entries.get(&p as &dyn KeyParts)
+                && l.until_ms > now_ms
+                && best.is_none_or(|b| l.until_ms >= b.until_ms)
+            {
+                best = Some(*l);
+            }
+        }
+        best
     }
 
     #[cfg(test)]
@@ -1321,6 +1472,53 @@ mod tests {
 
     const C1: Option<ConnectionId> = Some(ConnectionId(1));
     const C2: Option<ConnectionId> = Some(ConnectionId(2));
+
+    proptest! {
+        /// A lookup with borrowed probes finds what a lookup with the built keys of
+        /// `LockKey::shapes` found (the latest live lock, the later shape on a tie).
+        #[test]
+        fn borrowed_lookups_find_what_built_keys_found(
+            locks in proptest::collection::vec((
+                0usize..3, 0usize..3, 0usize..6, any::<bool>(), 1u64..4, any::<bool>(),
+            ), 0..12),
+            looks in proptest::collection::vec((0usize..3, 0usize..3, 0usize..6), 1..8),
+        ) {
+            const PROVIDERS: [&str; 3] = ["openai", "codex", "antigravity"];
+            const MODELS: [&str; 6] =
+                ["gpt-4o", "GPT-4o ", "gpt-5-codex-spark", "gemini-2.5-pro", "Claude-Sonnet", "agy/claude-x"];
+            let conn = |i: usize| [None, C1, C2][i];
+            let mut views = LockoutViews::default();
+            for (seq, (p, c, m, exact, until, reason)) in locks.into_iter().enumerate() {
+                let provider = PROVIDERS[p];
+                let key = if exact {
+                    LockKey::exact(provider, conn(c), MODELS[m])
+                } else {
+                    LockKey::family(provider, fam(provider), conn(c), MODELS[m], None, None)
+                };
+                let reason = if reason { LockReason::RateLimited } else { LockReason::ServerError };
+                views.apply(&LockUpdate {
+                    key,
+                    lock: Some(LockView { until_ms: until * 1_000, reason }),
+                    seq: seq as u64 + 1,
+                });
+            }
+            for at_ms in [0u64, 1_500, 2_500, 9_000] {
+                let now = Now { mono_ns: at_ms * 1_000_000, wall_ms: 0 };
+                for &(p, c, m) in &looks {
+                    let provider = PROVIDERS[p];
+                    let want = LockKey::shapes(provider, fam(provider), conn(c), MODELS[m])
+                        .iter()
+                        .filter_map(|k| views.entries.get(k).and_then(|(_, l)| *l))
+                        .filter(|l| l.until_ms > now.mono_ms())
+                        .max_by_key(|l| l.until_ms);
+                    prop_assert_eq!(
+                        views.lock_of(provider, fam(provider), conn(c), MODELS[m], now),
+                        want
+                    );
+                }
+            }
+        }
+    }
 
     fn clock() -> ManualClock {
         // 2026-01-15T12:00:00Z

@@ -294,6 +294,13 @@ impl CooldownTracker {
         before - self.entries.len()
     }
 
+    /// Drops the entries `keep` refuses (a reload removed their provider or connection).
+    pub fn retain(&mut self, mut keep: impl FnMut(TrackerKey) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, _| keep(*k));
+        before - self.entries.len()
+    }
+
     /// Every entry's persisted form, in key order.
     #[cfg(test)]
     pub fn export(&self, now: Now) -> Vec<(TrackerKey, TrackerRecord)> {

@@ -127,6 +127,20 @@ impl PinTable {
         Choice::Made(pick)
     }
 
+    /// Drops the pins (and use records) of providers and connections `keep` refuses (a
+    /// reload removed them): their sessions are pinned afresh.
+    pub fn retain(
+        &mut self,
+        provider: impl Fn(ProviderId) -> bool,
+        connection: impl Fn(ConnectionId) -> bool,
+    ) {
+        self.pins
+            .retain(|(p, _), pin| provider(*p) && connection(pin.connection));
+        self.last_chosen
+            .retain(|p, c| provider(*p) && connection(*c));
+        self.usage.retain(|c, _| connection(*c));
+    }
+
     /// Deletes the pin of `session` for `provider` if it points to `connection` (a
     /// failover after a 429 on it, B §4). True when one was deleted.
     pub fn drop_pin(

@@ -19,13 +19,13 @@ pub struct Target {
 /// Precomputed routing facts derived from the config once at start-up.
 #[derive(Debug)]
 pub struct RouteTable {
-    /// Per provider: enabled connections sorted by (priority, file order).
+    /// Per provider id: enabled connections sorted by (priority, file order).
     by_provider: Vec<Vec<ConnectionId>>,
 }
 
 impl RouteTable {
     pub fn new(config: &Config) -> Self {
-        let mut by_provider = vec![Vec::new(); config.providers.len()];
+        let mut by_provider = vec![Vec::new(); config.ids.provider_bound()];
         for c in &config.connections {
             if c.enabled
                 && let Some(list) = by_provider.get_mut(usize::from(c.provider.0))
@@ -34,7 +34,12 @@ impl RouteTable {
             }
         }
         for list in &mut by_provider {
-            list.sort_by_key(|id| (config.connection(*id).priority, id.0));
+            list.sort_by_key(|id| {
+                (
+                    config.connection(*id).priority,
+                    config.connection_slot(*id).unwrap_or(usize::MAX),
+                )
+            });
         }
         Self { by_provider }
     }

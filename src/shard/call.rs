@@ -112,7 +112,7 @@ impl<A: App> Shard<A> {
             holds: P::HOLDS,
             answered: false,
         };
-        match monoio::time::timeout(bound, Wait(slot)).await {
+        match crate::timer::timeout(bound, std::pin::pin!(Wait(slot))).await {
             Ok(reply) => {
                 pending.answered = true;
                 P::unwrap(reply).ok_or(CallError::Mismatched)

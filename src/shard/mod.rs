@@ -110,6 +110,9 @@ pub struct Shared {
     pub keys: KeyIndex,
     /// Every shard's counters, for `/metrics`.
     pub metrics: Vec<Arc<ShardMetrics>>,
+    /// Every shard's labelled families for this configuration (a reload builds new ones
+    /// that continue the old values; see `metrics::Counters::carried`).
+    pub families: Vec<Arc<metrics::Families>>,
     pub shards: usize,
     pub driver: &'static str,
     /// The mesh's drop counters (`None` with one shard).
@@ -135,26 +138,25 @@ struct Generation {
     config: Config,
     /// The [`Shared::runtime`] generation `config` was built with.
     settings: u64,
-    /// Pool key of each provider's API root (`None` for in-process providers).
+    /// Pool key of each provider's API root, by provider id (`None` for in-process
+    /// providers).
     pool_keys: Vec<Option<PoolKey>>,
     next: std::cell::OnceCell<Box<Generation>>,
 }
 
 impl Generation {
     fn new(shared: Arc<Shared>) -> Self {
-        let pool_keys = shared
-            .config
-            .providers
-            .iter()
-            .map(|p| {
-                p.base_url.as_ref().map(|b| PoolKey {
+        let mut pool_keys = vec![None; shared.config.ids.provider_bound()];
+        for p in &shared.config.providers {
+            if let Some(slot) = pool_keys.get_mut(usize::from(p.id.0)) {
+                *slot = p.base_url.as_ref().map(|b| PoolKey {
                     scheme: b.scheme,
                     host: Rc::from(b.host.as_str()),
                     port: b.port,
                     tls_id: p.id.0,
-                })
-            })
-            .collect();
+                });
+            }
+        }
         let (settings, runtime) = shared.runtime.current();
         let config = runtime.apply_to(&shared.config);
         Self {
@@ -353,6 +355,13 @@ impl<A: App> Shard<A> {
 
     pub fn metrics(&self) -> &ShardMetrics {
         &self.metrics
+    }
+
+    /// This shard's labelled families for the configuration it runs.
+    pub fn families(&self) -> &metrics::Families {
+        static EMPTY: std::sync::LazyLock<metrics::Families> =
+            std::sync::LazyLock::new(metrics::Families::default);
+        self.shared().families.get(self.id).map_or(&EMPTY, |f| &**f)
     }
 
     pub fn state(&self) -> &A::State {

@@ -113,11 +113,10 @@ impl Records {
     pub fn to_contents(&self, config: &Config) -> Contents {
         let provider = |p: ProviderId| {
             config
-                .providers
-                .get(usize::from(p.0))
+                .provider_by_id(p)
                 .map_or_else(String::new, |p| p.name.clone())
         };
-        let connection = |c: ConnectionId| config.connections.get(c.0 as usize);
+        let connection = |c: ConnectionId| config.connection_by_id(c);
         let mut contents = Contents::default();
         for (key, r) in &self.breakers {
             let (p, c) = match *key {
@@ -127,6 +126,10 @@ impl Records {
                     None => continue,
                 },
             };
+            if p.is_empty() {
+                // A provider a reload removed: its state goes with it.
+                continue;
+            }
             contents.breakers.push(breaker_entry(p, c, r));
         }
         for (id, s) in &self.connections {
@@ -147,6 +150,9 @@ impl Records {
                     None => continue,
                 },
             };
+            if p.is_empty() {
+                continue;
+            }
             contents.provider_cooldowns.push(TrackerEntry {
                 provider: p,
                 connection: c,

@@ -20,6 +20,9 @@ use super::store::Store;
 #[derive(Debug)]
 pub enum ToWriter {
     Delta(Delta),
+    /// A reload's configuration: records are named by it from the next write on, and
+    /// records of providers and connections it no longer has are left out.
+    Config(Arc<Config>),
     /// Write what is pending and stop (shutdown, after every shard's last delta).
     Finish,
 }
@@ -69,7 +72,7 @@ impl Writer {
                     runtime: &*runtime,
                     on_write: &*on_write,
                 };
-                run(&config, store, records, &inputs, interval);
+                run(config, store, records, &inputs, interval);
             })?;
         Ok(Writer {
             tx,
@@ -99,7 +102,7 @@ struct Inputs<'a> {
 }
 
 fn run(
-    config: &Config,
+    mut config: Arc<Config>,
     mut store: Store,
     mut records: Records,
     io: &Inputs<'_>,
@@ -117,79 +120,80 @@ fn run(
     let mut last_write_ns: Option<u64> = None;
     // Another instance held `state_dir` at the last attempt (a handover); logged once.
     let mut waiting = false;
-    let mut write = |records: &mut Records, last_write_ns: &mut Option<u64>| -> bool {
-        let start = clock.now();
-        match store.take_over() {
-            Ok(true) if waiting => {
-                waiting = false;
-                tracing::info!(
-                    dir = %store.dir().display(),
-                    "snapshot: the previous instance released state_dir; writing from here on"
-                );
-            }
-            Ok(true) => {}
-            Ok(false) => {
-                if !waiting {
+    let mut write =
+        |config: &Config, records: &mut Records, last_write_ns: &mut Option<u64>| -> bool {
+            let start = clock.now();
+            match store.take_over() {
+                Ok(true) if waiting => {
+                    waiting = false;
                     tracing::info!(
                         dir = %store.dir().display(),
-                        "snapshot: another instance still writes state_dir (a handover); \
-                         writing waits until it exits"
+                        "snapshot: the previous instance released state_dir; writing from here on"
                     );
                 }
-                waiting = true;
-                *last_write_ns = Some(clock.now().mono_ns);
-                return false;
-            }
-            // Not fatal: the write below reports why it cannot write.
-            Err(e) => tracing::debug!("cannot take the state_dir lock: {e}"),
-        }
-        // Pins past their expiry are never restored; their owner sweeps them silently.
-        records
-            .pins
-            .retain(|_, p| p.expires_wall_ms > start.wall_ms);
-        let contents = records.to_contents(config);
-        let result = store.write(contents, start.wall_ms);
-        let end = clock.now().mono_ns;
-        *last_write_ns = Some(end);
-        let duration_ns = end.saturating_sub(start.mono_ns);
-        match result {
-            Ok(w) => {
-                if failing {
-                    tracing::info!(file = %w.path.display(), "snapshot written again");
+                Ok(true) => {}
+                Ok(false) => {
+                    if !waiting {
+                        tracing::info!(
+                            dir = %store.dir().display(),
+                            "snapshot: another instance still writes state_dir (a handover); \
+                             writing waits until it exits"
+                        );
+                    }
+                    waiting = true;
+                    *last_write_ns = Some(clock.now().mono_ns);
+                    return false;
                 }
-                failing = false;
-                tracing::debug!(
-                    file = %w.path.display(),
-                    generation = w.generation,
-                    bytes = w.bytes,
-                    "snapshot written"
-                );
-                on_write(WriteReport {
-                    ok: true,
-                    duration_ns,
-                    bytes: w.bytes,
-                    generation: w.generation,
-                });
-                true
+                // Not fatal: the write below reports why it cannot write.
+                Err(e) => tracing::debug!("cannot take the state_dir lock: {e}"),
             }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(
-                        dir = %store.dir().display(),
-                        "cannot write the snapshot: {e}; retrying every interval"
+            // Pins past their expiry are never restored; their owner sweeps them silently.
+            records
+                .pins
+                .retain(|_, p| p.expires_wall_ms > start.wall_ms);
+            let contents = records.to_contents(config);
+            let result = store.write(contents, start.wall_ms);
+            let end = clock.now().mono_ns;
+            *last_write_ns = Some(end);
+            let duration_ns = end.saturating_sub(start.mono_ns);
+            match result {
+                Ok(w) => {
+                    if failing {
+                        tracing::info!(file = %w.path.display(), "snapshot written again");
+                    }
+                    failing = false;
+                    tracing::debug!(
+                        file = %w.path.display(),
+                        generation = w.generation,
+                        bytes = w.bytes,
+                        "snapshot written"
                     );
+                    on_write(WriteReport {
+                        ok: true,
+                        duration_ns,
+                        bytes: w.bytes,
+                        generation: w.generation,
+                    });
+                    true
                 }
-                failing = true;
-                on_write(WriteReport {
-                    ok: false,
-                    duration_ns,
-                    bytes: 0,
-                    generation: 0,
-                });
-                false
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            dir = %store.dir().display(),
+                            "cannot write the snapshot: {e}; retrying every interval"
+                        );
+                    }
+                    failing = true;
+                    on_write(WriteReport {
+                        ok: false,
+                        duration_ns,
+                        bytes: 0,
+                        generation: 0,
+                    });
+                    false
+                }
             }
-        }
-    };
+        };
     loop {
         let now = clock.now().mono_ns;
         let due_in_ns = match last_write_ns {
@@ -201,6 +205,11 @@ fn run(
             Ok(ToWriter::Delta(d)) => {
                 dirty |= !d.is_empty();
                 records.apply(d);
+                false
+            }
+            Ok(ToWriter::Config(c)) => {
+                config = c;
+                dirty = true;
                 false
             }
             Ok(ToWriter::Finish) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
@@ -222,19 +231,23 @@ fn run(
         }
         if finishing {
             while let Ok(m) = rx.try_recv() {
-                if let ToWriter::Delta(d) = m {
-                    dirty |= !d.is_empty();
-                    records.apply(d);
+                match m {
+                    ToWriter::Delta(d) => {
+                        dirty |= !d.is_empty();
+                        records.apply(d);
+                    }
+                    ToWriter::Config(c) => config = c,
+                    ToWriter::Finish => {}
                 }
             }
             if dirty {
-                write(&mut records, &mut last_write_ns);
+                write(&config, &mut records, &mut last_write_ns);
             }
             return;
         }
         let now = clock.now().mono_ns;
         let due = last_write_ns.is_none_or(|t| now.saturating_sub(t) >= interval_ns);
-        if dirty && due && write(&mut records, &mut last_write_ns) {
+        if dirty && due && write(&config, &mut records, &mut last_write_ns) {
             dirty = false;
         }
     }

@@ -15,7 +15,7 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone, Copy, Debug, PartialEq, Eq)]
 struct Counts {
     #[serde(default)]
     prompt_tokens: Option<u64>,
@@ -45,12 +45,17 @@ struct Probe {
     response: Option<Holder>,
 }
 
+/// The searcher for `"usage"` in an event, built once (building one per event cost about
+/// as much as the search).
+static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+
 impl Usage {
     /// Takes in what `ev` reports, if anything (a later report replaces an earlier one
     /// field by field: Anthropic's output count is cumulative).
     pub fn observe(&mut self, ev: &Event<'_>) {
         let Some(data) = ev.data else { return };
-        if memchr::memmem::find(data, b"\"usage\"").is_none() {
+        if USAGE_KEY.find(data).is_none() {
             return;
         }
         let Ok(p) = serde_json::from_slice::<Probe>(data) else {
@@ -83,7 +88,10 @@ impl Usage {
     /// `prompt_tokens`/`input_tokens` and `completion_tokens`/`output_tokens`. `None` when
     /// there is none, or it is cut or not JSON.
     pub fn of_answer(body: &[u8]) -> Option<Usage> {
-        let at = memchr::memmem::rfind(body, b"\"usage\"")?;
+        // Built once: constructing a searcher per answer cost more than the search.
+        static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
+        let at = USAGE.rfind(body)?;
         let rest = body.get(at + 7..)?;
         let open = rest
             .iter()
@@ -92,6 +100,20 @@ impl Usage {
             return None;
         }
         let obj = rest.get(open..)?;
+        // A plain object is read where it starts (it ends where the brace count below would
+        // end it); anything else is cut out by counting braces and given to serde_json.
+        let c = match plain_prefix(obj) {
+            Some((c, _)) => c,
+            None => Self::counts_by_serde(obj)?,
+        };
+        Some(Usage {
+            prompt_tokens: c.prompt_tokens.or(c.input_tokens).unwrap_or(0),
+            completion_tokens: c.completion_tokens.or(c.output_tokens).unwrap_or(0),
+        })
+    }
+
+    /// The object at the start of `obj`, cut at its closing brace, read by `serde_json`.
+    fn counts_by_serde(obj: &[u8]) -> Option<Counts> {
         let (mut depth, mut in_str, mut esc) = (0usize, false, false);
         let mut end = None;
         for (i, &b) in obj.iter().enumerate() {
@@ -117,11 +139,130 @@ impl Usage {
                 _ => {}
             }
         }
-        let c: Counts = serde_json::from_slice(obj.get(..=end?)?).ok()?;
-        Some(Usage {
-            prompt_tokens: c.prompt_tokens.or(c.input_tokens).unwrap_or(0),
-            completion_tokens: c.completion_tokens.or(c.output_tokens).unwrap_or(0),
-        })
+        serde_json::from_slice::<Counts>(obj.get(..=end?)?).ok()
+    }
+}
+
+/// The whole of `obj` as a plain usage object (see [`plain_prefix`]), for the tests.
+#[cfg(test)]
+fn plain_counts(obj: &[u8]) -> Option<Counts> {
+    plain_prefix(obj).and_then(|(counts, len)| (len == obj.len()).then_some(counts))
+}
+
+/// Reads the `usage` object at the start of `bytes` when it has the plain shape every
+/// provider sends — string keys without escapes, unsigned integers, and one level of
+/// nested objects of the same kind (OpenAI's `prompt_tokens_details`) — without serde:
+/// its counts and its length. `None` when it is not exactly that (any other value, an
+/// escape, a repeated count), and then `serde_json` decides. Where this answers,
+/// `serde_json` reads the same counts (`plain_counts_agree_with_serde_json`).
+fn plain_prefix(bytes: &[u8]) -> Option<(Counts, usize)> {
+    let mut counts = Counts::default();
+    let mut at = Plain { bytes, at: 0 };
+    at.object(Some(&mut counts))?;
+    Some((counts, at.at))
+}
+
+struct Plain<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Plain<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, b: u8) -> Option<()> {
+        (self.peek()? == b).then(|| self.at += 1)
+    }
+
+    /// A printable-ASCII string without escapes.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let start = self.at;
+        loop {
+            match self.peek()? {
+                b'"' => break,
+                b'\\' => return None,
+                b' '..=b'~' => self.at += 1,
+                _ => return None,
+            }
+        }
+        let key = self.bytes.get(start..self.at)?;
+        self.at += 1;
+        Some(key)
+    }
+
+    /// An unsigned integer as JSON writes it (no leading zero, no fraction or exponent)
+    /// of at most 19 digits, so it fits a `u64`.
+    fn count(&mut self) -> Option<u64> {
+        let start = self.at;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.at += 1;
+        }
+        let digits = self.bytes.get(start..self.at)?;
+        if digits.is_empty() || digits.len() > 19 || (digits.len() > 1 && digits[0] == b'0') {
+            return None;
+        }
+        if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        Some(
+            digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
+        )
+    }
+
+    /// `{ "key": value, ... }`; the four counts are kept when `counts` is given (the
+    /// top level), a nested object's members are only checked.
+    fn object(&mut self, mut counts: Option<&mut Counts>) -> Option<()> {
+        let top = counts.is_some();
+        self.eat(b'{')?;
+        self.space();
+        if self.eat(b'}').is_some() {
+            return Some(());
+        }
+        loop {
+            self.space();
+            let key = self.key()?;
+            self.space();
+            self.eat(b':')?;
+            self.space();
+            let slot = match counts.as_deref_mut() {
+                Some(c) => match key {
+                    b"prompt_tokens" => Some(&mut c.prompt_tokens),
+                    b"completion_tokens" => Some(&mut c.completion_tokens),
+                    b"input_tokens" => Some(&mut c.input_tokens),
+                    b"output_tokens" => Some(&mut c.output_tokens),
+                    _ => None,
+                },
+                None => None,
+            };
+            match (self.peek()?, slot) {
+                (b'{', None) if top => self.object(None)?,
+                (b'0'..=b'9', Some(slot)) => {
+                    let n = self.count()?;
+                    if slot.replace(n).is_some() {
+                        return None; // serde_json refuses a repeated field
+                    }
+                }
+                (b'0'..=b'9', None) => {
+                    self.count()?;
+                }
+                _ => return None,
+            }
+            self.space();
+            if self.eat(b',').is_none() {
+                return self.eat(b'}');
+            }
+        }
     }
 }
 
@@ -210,5 +351,86 @@ mod tests {
         assert_eq!(Usage::of_answer(br#"{"usage":{"prompt_tokens":1"#), None);
         assert_eq!(Usage::of_answer(br#"{"usage": null}"#), None);
         assert_eq!(Usage::of_answer(b"no usage here"), None);
+    }
+
+    #[test]
+    fn plain_counts_read_real_usage_objects() {
+        let openai = br#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#;
+        let c = plain_counts(openai).unwrap();
+        assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(19), Some(10)));
+        let spaced = b"{ \"input_tokens\" : 5 ,\n\t\"output_tokens\":6 }";
+        let c = plain_counts(spaced).unwrap();
+        assert_eq!((c.input_tokens, c.output_tokens), (Some(5), Some(6)));
+        assert_eq!(plain_counts(b"{}"), Some(Counts::default()));
+        // Not the plain shape: serde_json decides.
+        for other in [
+            &br#"{"prompt_tokens":null}"#[..],
+            br#"{"prompt_tokens":1,"prompt_tokens":1}"#,
+            br#"{"prompt_tokens":01}"#,
+            br#"{"prompt_tokens":1.0}"#,
+            br#"{"prompt_tokens":1e2}"#,
+            br#"{"prompt_tokens":-1}"#,
+            br#"{"prompt_tokens":18446744073709551615}"#,
+            br#"{"prompt\u005ftokens":1}"#,
+            br#"{"prompt_tokens":1,}"#,
+            br#"{"a":{"b":{"c":1}}}"#,
+            br#"{"a":"text"}"#,
+            br#"{"a":1} "#,
+        ] {
+            assert_eq!(
+                plain_counts(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Wherever the plain reader answers, serde_json answers the same.
+        #[test]
+        fn plain_counts_agree_with_serde_json(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "{", "}", "{", "}", ",", ":", " ", "\n", "\"prompt_tokens\"", "\"completion_tokens\"",
+                "\"input_tokens\"", "\"output_tokens\"", "\"total_tokens\"", "\"x\"", "\"\\u0078\"",
+                "0", "7", "12", "012", "1.5", "1e3", "-3", "null", "true", "\"s\"",
+                "99999999999999999999", "1844674407370955161", "[", "]",
+            ]), 0..24)
+        ) {
+            let text = parts.concat();
+            if let Some(c) = plain_counts(text.as_bytes()) {
+                let serde: Result<Counts, _> = serde_json::from_slice(text.as_bytes());
+                proptest::prop_assert_eq!(serde.ok(), Some(c), "{}", text);
+            }
+        }
+
+        /// The same over objects built member by member (mostly well-formed, so the plain
+        /// reader answers often): keys repeat, values are counts or not.
+        #[test]
+        fn plain_counts_agree_with_serde_json_on_objects(
+            members in proptest::collection::vec((
+                proptest::sample::select(vec![
+                    "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens",
+                    "total_tokens", "cached_tokens", "x",
+                ]),
+                proptest::sample::select(vec![
+                    "0", "7", "12", "012", "1.5", "-3", "null", "{}", "{\"a\":1}",
+                    "{ \"a\" : 1 , \"b\":2}", "{\"a\":{}}", "99999999999999999999",
+                    "9999999999999999999", "\"s\"",
+                ]),
+                proptest::sample::select(vec!["", " ", "\n", "\t "]),
+            ), 0..6)
+        ) {
+            let body: Vec<String> = members
+                .iter()
+                .map(|(k, v, w)| format!("{w}\"{k}\"{w}:{w}{v}{w}"))
+                .collect();
+            let text = format!("{{{}}}", body.join(","));
+            let plain = plain_counts(text.as_bytes());
+            let serde: Option<Counts> = serde_json::from_slice(text.as_bytes()).ok();
+            if let Some(c) = plain {
+                proptest::prop_assert_eq!(serde, Some(c), "{}", text);
+            }
+        }
     }
 }

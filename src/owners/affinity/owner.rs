@@ -116,6 +116,17 @@ pub fn restore(shard: &Shard, records: &Records) {
         .restore(shard.now(), records, &keep);
 }
 
+impl Affinity {
+    /// Drops the pins of providers and connections the configuration no longer has (a
+    /// reload removed them).
+    fn forget_removed(&mut self, config: &Config) {
+        self.pins.retain(
+            |p| config.provider_by_id(p).is_some(),
+            |c| config.connection_by_id(c).is_some(),
+        );
+    }
+}
+
 impl Mechanism for Affinity {
     type Fact = Fact;
     type Request = Request;
@@ -182,6 +193,11 @@ impl Mechanism for Affinity {
 
     fn housekeeping(&mut self, cx: &mut Cx<'_>) {
         self.pins.sweep(cx.now.mono_ms());
+        self.forget_removed(cx.config);
+    }
+
+    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
+        self.forget_removed(cx.config);
     }
 }
 

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::admission::{
-    account_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated,
+    account_capacity, combo_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated,
 };
 use crate::flow::gates::{GateError, GateKey};
 use crate::owners::{Shard, reply_bound};
@@ -137,7 +137,8 @@ pub async fn quota_share_slot(
     {
         return None;
     }
-    let wait_ms = config.combos.get(combo)?.settings.queue_timeout_ms;
+    let combo = config.combos.get(combo)?;
+    let (wait_ms, combo) = (combo.settings.queue_timeout_ms, combo.id);
     let (home, reply) = ask_home(shard, connection, wait_ms, |deadline_ns| Request::QsSlot {
         combo,
         connection,
@@ -165,17 +166,23 @@ pub async fn combo_slot<'a>(
     connection: ConnectionId,
     model: &str,
 ) -> Result<GatePermit<'a>, GateError> {
-    let wait_ms = shard
-        .config()
-        .combos
-        .get(combo)
-        .map_or(0, |c| c.settings.queue_timeout_ms);
+    let Some(combo) = shard.config().combos.get(combo) else {
+        return Err(GateError::QueueFull);
+    };
+    let (wait_ms, queue_depth, combo) = (
+        combo.settings.queue_timeout_ms,
+        combo.settings.queue_depth,
+        combo.id,
+    );
+    let capacity = combo_capacity(shard.config(), combo, connection).unwrap_or(1);
     let (home, reply) = ask_home(shard, connection, wait_ms, |deadline_ns| {
         Request::ComboSlot {
             combo,
             connection,
             model: model.to_owned(),
             deadline_ns,
+            capacity,
+            queue_depth,
         }
     })
     .await;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::{Config, ConnectionId};
+use crate::config::{ComboId, Config, ConnectionId};
 use crate::flow::admission::{
     account_capacity, combo_capacity, gate_capacity, gate_requirements, model_capacity,
 };
@@ -67,8 +67,7 @@ impl Mechanism for Gates {
             } => {
                 let queue_depth = cx
                     .config
-                    .combos
-                    .get(combo)
+                    .combo_by_id(combo)
                     .map_or(20, |c| c.settings.queue_depth as usize);
                 let request = SlotRequest {
                     id,
@@ -89,11 +88,16 @@ impl Mechanism for Gates {
                 connection,
                 model,
                 deadline_ns,
+                capacity,
+                queue_depth,
             } => {
-                let Some((key, capacity, depth)) = combo_gate(cx.config, combo, connection, model)
-                else {
-                    return cx.reply(id, Reply::Denied(GateError::QueueFull));
-                };
+                // A combo this home's configuration does not have yet (a reload added it
+                // and this shard has not adopted it): the asker's reading of it.
+                let (key, capacity, depth) = combo_gate(cx.config, combo, connection, &model)
+                    .unwrap_or_else(|| {
+                        let key = GateKey::Combo(combo.0, connection, model.into_boxed_str());
+                        (key, capacity.max(1), queue_depth as usize)
+                    });
                 let request = AcquireRequest {
                     id,
                     gates: vec![GateReq::new(key, Some(capacity))],
@@ -218,20 +222,17 @@ impl Gates {
 
 /// A round-robin combo's semaphore for `model` on `connection` (B §2.2): its key, capacity
 /// (the connection's `max_concurrent` when set, else the combo's `concurrency_per_model`)
-/// and queue depth. `None`: no such combo (a reload removed it meanwhile).
+/// and queue depth. `None`: no such combo in `config` (a reload added or removed it, and
+/// this shard has not adopted the reload yet or any more).
 fn combo_gate(
     config: &Config,
-    combo: usize,
+    combo: ComboId,
     connection: ConnectionId,
-    model: String,
+    model: &str,
 ) -> Option<(GateKey, u32, usize)> {
-    let settings = &config.combos.get(combo)?.settings;
+    let settings = &config.combo_by_id(combo)?.settings;
     let capacity = combo_capacity(config, combo, connection)?;
-    let key = GateKey::Combo(
-        u16::try_from(combo).ok()?,
-        connection,
-        model.into_boxed_str(),
-    );
+    let key = GateKey::Combo(combo.0, connection, Box::from(model));
     Some((key, capacity, settings.queue_depth as usize))
 }
 
@@ -312,7 +313,7 @@ mod tests {
         };
         let slot = || Request::QsSlot {
             // No such combo: the default queue depth (20).
-            combo: 0,
+            combo: ComboId(0),
             connection: ConnectionId(0),
             deadline_ns: Some(now.mono_ns + 30_000_000_000),
         };

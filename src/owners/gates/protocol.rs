@@ -1,7 +1,7 @@
 //! The gates protocol: permit calls to a connection's gate home, and the facts that return
 //! or block them.
 
-use crate::config::ConnectionId;
+use crate::config::{ComboId, ConnectionId};
 use crate::flow::gates::GateError;
 
 pub enum Request {
@@ -15,18 +15,22 @@ pub enum Request {
     /// The connection's quota-share slot (B §2.3; fail open) for an attempt of quota-share
     /// combo `combo` (its `queue_depth` bounds the waiters).
     QsSlot {
-        combo: usize,
+        combo: ComboId,
         connection: ConnectionId,
         deadline_ns: Option<u64>,
     },
     /// Round-robin combo `combo`'s semaphore for `model` on `connection` (B §2.2): capacity
     /// the connection's `max_concurrent`, else the combo's `concurrency_per_model`; at most
-    /// `queue_depth` waiters (0: never wait).
+    /// `queue_depth` waiters (0: never wait). `capacity` and `queue_depth` are the asker's
+    /// reading of them: the home uses them when its configuration does not have the combo
+    /// (during a reload that added it, until the home adopts the reload).
     ComboSlot {
-        combo: usize,
+        combo: ComboId,
         connection: ConnectionId,
         model: String,
         deadline_ns: Option<u64>,
+        capacity: u32,
+        queue_depth: u32,
     },
 }
 

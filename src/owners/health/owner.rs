@@ -177,6 +177,7 @@ impl Mechanism for Health {
     fn settings_changed(&mut self, cx: &mut Cx<'_>) {
         let sent = cx.sent().len();
         self.retune(cx);
+        self.forget_removed(cx);
         self.dirty.views(cx, sent);
     }
 
@@ -195,6 +196,7 @@ impl Mechanism for Health {
     }
 
     fn housekeeping(&mut self, cx: &mut Cx<'_>) {
+        self.forget_removed(cx);
         // Entries the tracker's sweep forgets leave the snapshot too.
         let before: Vec<TrackerKey> = self.tracker.keys().collect();
         self.housekeeping_inner(cx);
@@ -447,6 +449,38 @@ impl Health {
             breakers,
             connections,
             lockouts,
+        }
+    }
+
+    /// Drops the state of providers and connections the configuration no longer has (a
+    /// reload removed them; a late report from a shard still on the old configuration
+    /// may bring some back, which housekeeping drops again). Kept ones are untouched:
+    /// their ids survived the reload with their names.
+    fn forget_removed(&mut self, cx: &mut Cx<'_>) {
+        let config = cx.config;
+        let provider = |p: ProviderId| config.provider_by_id(p).is_some();
+        let connection = |c: ConnectionId| config.connection_by_id(c).is_some();
+        let breakers = self.breakers.retain(|k| match k {
+            BreakerKey::Provider(p) => provider(p),
+            BreakerKey::Connection(c) => connection(c),
+        });
+        let records = self.connections.retain(connection);
+        let tracked = |k: TrackerKey| match k {
+            TrackerKey::Provider(p) => provider(p),
+            TrackerKey::Connection(p, c) => provider(p) && connection(c),
+        };
+        let trackers = self.tracker.retain(tracked);
+        self.tracker_sent.retain(|k, _| tracked(*k));
+        let locks = self.lockouts.retain_connections(connection);
+        self.lockout_views(cx);
+        if breakers + records + trackers + locks > 0 {
+            tracing::debug!(
+                breakers,
+                records,
+                trackers,
+                locks,
+                "state of removed providers and connections dropped"
+            );
         }
     }
 
@@ -756,6 +790,7 @@ impl Health {
             family: &failing_family,
             egress: conn.egress.as_deref(),
         };
+        // By position in `config.connections`.
         let families: Vec<String> = config
             .connections
             .iter()
@@ -774,7 +809,10 @@ impl Health {
                 };
                 SiblingView {
                     id: c.id,
-                    family: families.get(c.id.0 as usize).map_or("", String::as_str),
+                    family: config
+                        .connection_slot(c.id)
+                        .and_then(|i| families.get(i))
+                        .map_or("", String::as_str),
                     egress: c.egress.as_deref(),
                     takes_part: takes_part_in_egress_lock(config, c.id),
                     disable_cooling: c.disable_cooling,
@@ -1021,7 +1059,7 @@ fn log_lock(
 ) {
     let connection = key
         .connection
-        .and_then(|c| config.connections.get(c.0 as usize))
+        .and_then(|c| config.connection_by_id(c))
         .map_or("", |c| c.name.as_str());
     let (provider, model) = (&key.provider, key.model_part());
     match change {

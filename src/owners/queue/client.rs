@@ -168,7 +168,7 @@ pub fn target_name(shard: &Shard, connection: ConnectionId, model: &str) -> Stri
 async fn sleep_until(shard: &Shard, at_ns: u64) {
     let now = shard.now().mono_ns;
     if at_ns > now {
-        monoio::time::sleep(Duration::from_nanos(at_ns - now)).await;
+        crate::timer::sleep(Duration::from_nanos(at_ns - now)).await;
     }
 }
 

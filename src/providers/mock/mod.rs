@@ -52,8 +52,9 @@ pub fn behavior(model: &str) -> Behavior {
     Behavior::Echo
 }
 
-/// The planned reply: head, then `frames` (each spaced by `frame_delay_ms`), then either
-/// the end of the body or, with `stall_after_frames`, silence.
+/// The planned reply: head, then its frames (`frames`, a streamed reply's `words`, then
+/// `after`; each spaced by `frame_delay_ms`), then either the end of the body or, with
+/// `stall_after_frames`, silence. [`Plan::take_frames`] plays them in order.
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Never send a head (the client's response-header budget decides).
@@ -64,7 +65,12 @@ pub struct Plan {
     pub extra_headers: Vec<(&'static str, String)>,
     /// Streamed replies are sent chunked, one frame per chunk; others as one body.
     pub streamed: bool,
+    /// The frames before the words (every frame of a reply that is not streamed).
     pub frames: Vec<Bytes>,
+    /// A streamed reply's word frames, made as they are played.
+    pub words: Option<Words>,
+    /// The frames after the words.
+    pub after: Vec<Bytes>,
     pub frame_delay_ms: u64,
     pub stall_after_frames: bool,
 }
@@ -87,6 +93,8 @@ pub fn plan(
         extra_headers: Vec::new(),
         streamed: false,
         frames: Vec::new(),
+        words: None,
+        after: Vec::new(),
         frame_delay_ms: 0,
         stall_after_frames: false,
     };
@@ -112,9 +120,9 @@ pub fn plan(
     }
     let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let text = echo_text(endpoint, &req);
-    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    let word_count = text.split_inclusive(' ').count();
     let prompt_tokens = count_tokens(&req.to_string());
-    let completion_tokens = words.len().max(1) as u64;
+    let completion_tokens = word_count.max(1) as u64;
     let id = format!("mock-{seq}");
     let stream = stream && endpoint.streams();
     if !stream {
@@ -153,38 +161,42 @@ pub fn plan(
     plan.streamed = true;
     plan.content_type = "text/event-stream";
     plan.stall_after_frames = behavior == Behavior::Stall;
-    // Each frame in an allocation of its own size (a `format!` string's capacity can be
-    // twice its length): a drip stream keeps its frames for minutes.
-    let sse = |v: Value| Bytes::copy_from_slice(format!("data: {v}\n\n").as_bytes());
-    let named = |event: &str, v: Value| {
-        Bytes::copy_from_slice(format!("event: {event}\ndata: {v}\n\n").as_bytes())
-    };
     match endpoint {
         // Streams only where `Endpoint::streams`: these two never get here.
         Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::CountTokens => {
-            let chunk = |delta: Value, finish: Value| {
-                json!({"id": format!("chatcmpl-{id}"),
-                "object": "chat.completion.chunk", "created": now_s, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
-            };
-            plan.frames.push(sse(chunk(
+            let chat_id = format!("chatcmpl-{id}");
+            plan.frames.push(sse(chat_chunk(
+                &chat_id,
+                model,
+                now_s,
                 json!({"role": "assistant", "content": ""}),
                 Value::Null,
             )));
             if plan.stall_after_frames {
                 return plan;
             }
-            for w in &words {
-                plan.frames
-                    .push(sse(chunk(json!({"content": w}), Value::Null)));
-            }
-            plan.frames.push(sse(chunk(json!({}), json!("stop"))));
+            plan.after.push(sse(chat_chunk(
+                &chat_id,
+                model,
+                now_s,
+                json!({}),
+                json!("stop"),
+            )));
             if include_usage(&req) {
-                plan.frames.push(sse(json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
+                plan.after.push(sse(json!({"id": chat_id, "object": "chat.completion.chunk",
                     "created": now_s, "model": model, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}})));
             }
-            plan.frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            plan.after.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            plan.words = Some(Words::new(
+                text,
+                0,
+                Shape::Chat {
+                    id: chat_id,
+                    model: model.to_owned(),
+                    created: now_s,
+                },
+            ));
         }
         Endpoint::Messages => {
             plan.frames.push(named(
@@ -203,25 +215,19 @@ pub fn plan(
                 "content_block": {"type": "text", "text": ""}}),
             ));
             plan.frames.push(named("ping", json!({"type": "ping"})));
-            for w in &words {
-                plan.frames.push(named(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta",
-                    "index": 0, "delta": {"type": "text_delta", "text": w}}),
-                ));
-            }
-            plan.frames.push(named(
+            plan.after.push(named(
                 "content_block_stop",
                 json!({"type": "content_block_stop", "index": 0}),
             ));
-            plan.frames.push(named(
+            plan.after.push(named(
                 "message_delta",
                 json!({"type": "message_delta",
                 "delta": {"stop_reason": "end_turn", "stop_sequence": null},
                 "usage": {"output_tokens": completion_tokens}}),
             ));
-            plan.frames
+            plan.after
                 .push(named("message_stop", json!({"type": "message_stop"})));
+            plan.words = Some(Words::new(text, 0, Shape::Messages));
         }
         Endpoint::Responses => {
             let created = response_object(&id, model, now_s, "", "in_progress", 0, 0);
@@ -243,44 +249,39 @@ pub fn plan(
                 json!({"type": "message", "id": item_id, "status": status,
                     "role": "assistant", "content": content})
             };
+            // Sequence numbers: 1 and 2 here, one per word, then the closing frames'.
             let mut seq = 0usize;
-            let mut next = || {
-                seq += 1;
+            let mut next = |by: usize| {
+                seq += by;
                 seq
             };
             plan.frames.push(named(
                 "response.output_item.added",
-                json!({"type": "response.output_item.added", "sequence_number": next(),
+                json!({"type": "response.output_item.added", "sequence_number": next(1),
                 "output_index": 0, "item": item("in_progress", None)}),
             ));
             plan.frames.push(named(
                 "response.content_part.added",
-                json!({"type": "response.content_part.added", "sequence_number": next(),
+                json!({"type": "response.content_part.added", "sequence_number": next(1),
                 "item_id": item_id, "output_index": 0, "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": []}}),
             ));
-            for w in &words {
-                plan.frames.push(named(
-                    "response.output_text.delta",
-                    json!({"type": "response.output_text.delta",
-                    "sequence_number": next(), "item_id": item_id, "output_index": 0,
-                    "content_index": 0, "delta": w}),
-                ));
-            }
-            plan.frames.push(named(
+            let first_word_seq = next(1);
+            next(word_count.saturating_sub(1));
+            plan.after.push(named(
                 "response.output_text.done",
-                json!({"type": "response.output_text.done", "sequence_number": next(),
+                json!({"type": "response.output_text.done", "sequence_number": next(1),
                 "item_id": item_id, "output_index": 0, "content_index": 0, "text": text}),
             ));
-            plan.frames.push(named(
+            plan.after.push(named(
                 "response.content_part.done",
-                json!({"type": "response.content_part.done", "sequence_number": next(),
+                json!({"type": "response.content_part.done", "sequence_number": next(1),
                 "item_id": item_id, "output_index": 0, "content_index": 0,
                 "part": {"type": "output_text", "text": text, "annotations": []}}),
             ));
-            plan.frames.push(named(
+            plan.after.push(named(
                 "response.output_item.done",
-                json!({"type": "response.output_item.done", "sequence_number": next(),
+                json!({"type": "response.output_item.done", "sequence_number": next(1),
                 "output_index": 0, "item": item("completed", Some(&text))}),
             ));
             let done = response_object(
@@ -292,15 +293,144 @@ pub fn plan(
                 prompt_tokens,
                 completion_tokens,
             );
-            plan.frames.push(named(
+            plan.after.push(named(
                 "response.completed",
                 json!({"type": "response.completed",
-                "sequence_number": next(), "response": done}),
+                "sequence_number": next(1), "response": done}),
+            ));
+            plan.words = Some(Words::new(
+                text,
+                first_word_seq,
+                Shape::Responses { item_id },
             ));
         }
     }
     plan.frames.shrink_to_fit();
+    plan.after.shrink_to_fit();
     plan
+}
+
+/// An event-stream frame in an allocation of its own size (a `format!` string's capacity
+/// can be twice its length): a drip stream keeps its frames for minutes.
+fn sse(v: Value) -> Bytes {
+    Bytes::copy_from_slice(format!("data: {v}\n\n").as_bytes())
+}
+
+/// A named event-stream frame (Anthropic, Responses), sized as [`sse`].
+fn named(event: &str, v: Value) -> Bytes {
+    Bytes::copy_from_slice(format!("event: {event}\ndata: {v}\n\n").as_bytes())
+}
+
+fn chat_chunk(chat_id: &str, model: &str, created: u64, delta: Value, finish: Value) -> Value {
+    json!({"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+}
+
+/// A streamed reply's word frames, one per word of the echoed text (split after each
+/// space), made as they are played: a `drip-<ms>` stream plays for minutes, and its
+/// frames made up front held ~200 bytes a word for all that time.
+#[derive(Clone, Debug)]
+pub struct Words {
+    text: String,
+    /// Where the next word starts in `text`.
+    at: usize,
+    /// The next word frame's sequence number (Responses).
+    seq: usize,
+    shape: Shape,
+}
+
+/// What a word frame looks like, per endpoint.
+#[derive(Clone, Debug)]
+enum Shape {
+    Chat {
+        id: String,
+        model: String,
+        created: u64,
+    },
+    Messages,
+    Responses {
+        item_id: String,
+    },
+}
+
+impl Words {
+    fn new(text: String, seq: usize, shape: Shape) -> Self {
+        Self {
+            text,
+            at: 0,
+            seq,
+            shape,
+        }
+    }
+}
+
+impl Iterator for Words {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        let rest = self.text.get(self.at..).filter(|r| !r.is_empty())?;
+        let len = rest.find(' ').map_or(rest.len(), |i| i + 1);
+        let w = &rest[..len];
+        let frame = match &self.shape {
+            Shape::Chat { id, model, created } => sse(chat_chunk(
+                id,
+                model,
+                *created,
+                json!({"content": w}),
+                Value::Null,
+            )),
+            Shape::Messages => named(
+                "content_block_delta",
+                json!({"type": "content_block_delta",
+                "index": 0, "delta": {"type": "text_delta", "text": w}}),
+            ),
+            Shape::Responses { item_id } => named(
+                "response.output_text.delta",
+                json!({"type": "response.output_text.delta",
+                "sequence_number": self.seq, "item_id": item_id, "output_index": 0,
+                "content_index": 0, "delta": w}),
+            ),
+        };
+        self.at += len;
+        self.seq += 1;
+        Some(frame)
+    }
+}
+
+/// Every frame of a plan, in order.
+#[derive(Debug)]
+pub struct Frames {
+    before: std::vec::IntoIter<Bytes>,
+    words: Option<Words>,
+    after: std::vec::IntoIter<Bytes>,
+}
+
+impl Iterator for Frames {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        if let Some(f) = self.before.next() {
+            return Some(f);
+        }
+        if let Some(words) = self.words.as_mut() {
+            if let Some(f) = words.next() {
+                return Some(f);
+            }
+            self.words = None;
+        }
+        self.after.next()
+    }
+}
+
+impl Plan {
+    /// Takes the plan's frames, to play in order (the plan keeps its other fields).
+    pub fn take_frames(&mut self) -> Frames {
+        Frames {
+            before: std::mem::take(&mut self.frames).into_iter(),
+            words: self.words.take(),
+            after: std::mem::take(&mut self.after).into_iter(),
+        }
+    }
 }
 
 fn response_object(
@@ -422,10 +552,11 @@ mod tests {
     #[test]
     fn chat_stream_ends_with_done() {
         let body = br#"{"model":"echo","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a b c"}]}]}"#;
-        let p = plan(Endpoint::ChatCompletions, "echo", true, body, 1, 0);
+        let mut p = plan(Endpoint::ChatCompletions, "echo", true, body, 1, 0);
         assert!(p.streamed);
-        assert_eq!(p.frames.last().unwrap().as_ref(), b"data: [DONE]\n\n");
-        let text: String = p.frames[1..4]
+        let frames: Vec<Bytes> = p.take_frames().collect();
+        assert_eq!(frames.last().unwrap().as_ref(), b"data: [DONE]\n\n");
+        let text: String = frames[1..4]
             .iter()
             .map(|f| {
                 let v: Value = serde_json::from_slice(&f[6..f.len() - 2]).unwrap();
@@ -441,12 +572,11 @@ mod tests {
     #[test]
     fn anthropic_stream_has_the_event_sequence() {
         let body = br#"{"model":"echo","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"yo"}]}"#;
-        let p = plan(Endpoint::Messages, "echo", true, body, 1, 0);
+        let mut p = plan(Endpoint::Messages, "echo", true, body, 1, 0);
         let events: Vec<String> = p
-            .frames
-            .iter()
+            .take_frames()
             .map(|f| {
-                String::from_utf8_lossy(f)
+                String::from_utf8_lossy(&f)
                     .lines()
                     .next()
                     .unwrap()
@@ -455,6 +585,32 @@ mod tests {
             .collect();
         assert_eq!(events.first().unwrap(), "event: message_start");
         assert_eq!(events.last().unwrap(), "event: message_stop");
+    }
+
+    #[test]
+    fn responses_stream_numbers_every_event_in_order_and_spells_the_text() {
+        let body = br#"{"model":"echo","stream":true,"input":"one two three"}"#;
+        let mut p = plan(Endpoint::Responses, "echo", true, body, 1, 0);
+        let events: Vec<Value> = p
+            .take_frames()
+            .map(|f| {
+                let s = String::from_utf8(f.to_vec()).unwrap();
+                let data = s.lines().nth(1).unwrap().strip_prefix("data: ").unwrap();
+                serde_json::from_str(data).unwrap()
+            })
+            .collect();
+        let seqs: Vec<u64> = events
+            .iter()
+            .map(|e| e["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (0..events.len() as u64).collect::<Vec<_>>());
+        let text: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .map(|e| e["delta"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(text, "one two three");
+        assert_eq!(events.last().unwrap()["type"], "response.completed");
     }
 
     #[test]

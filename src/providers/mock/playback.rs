@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::Plan;
+use super::{Frames, Plan};
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::http1::BodyKind;
 
@@ -31,7 +31,7 @@ pub enum Ready {
 /// The body of a mock answer.
 #[derive(Debug)]
 pub struct MockBody {
-    frames: std::vec::IntoIter<Bytes>,
+    frames: Frames,
     gap_ms: u64,
     sent: usize,
     stall: bool,
@@ -47,29 +47,40 @@ fn head_timeout(budget: Duration) -> GatewayError {
     )
 }
 
+fn idle_timeout(idle: Duration) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle),
+        format!(
+            "upstream body idle for {} ms (server.body_idle_timeout_ms)",
+            idle.as_millis()
+        ),
+    )
+}
+
 /// Plays `plan` up to its head: waits its head delay, or the whole `header_budget` and
 /// fails like an upstream that never answers.
 pub async fn open(
-    plan: Plan,
+    mut plan: Plan,
     header_budget: Duration,
 ) -> Result<(MockHead, MockBody), GatewayError> {
     if plan.stall_before_head {
-        monoio::time::sleep(header_budget).await;
+        crate::timer::sleep(header_budget).await;
         return Err(head_timeout(header_budget));
     }
     if plan.head_delay_ms > 0 {
         let wait = Duration::from_millis(plan.head_delay_ms);
         if wait >= header_budget {
-            monoio::time::sleep(header_budget).await;
+            crate::timer::sleep(header_budget).await;
             return Err(head_timeout(header_budget));
         }
-        monoio::time::sleep(wait).await;
+        crate::timer::sleep(wait).await;
     }
     let kind = if plan.streamed {
         BodyKind::Chunked
     } else {
         BodyKind::Length(plan.frames.iter().map(|f| f.len() as u64).sum())
     };
+    let frames = plan.take_frames();
     let head = MockHead {
         status: plan.status,
         content_type: plan.content_type,
@@ -77,7 +88,7 @@ pub async fn open(
         kind,
     };
     let body = MockBody {
-        frames: plan.frames.into_iter(),
+        frames,
         gap_ms: plan.frame_delay_ms,
         sent: 0,
         stall: plan.stall_after_frames,
@@ -87,24 +98,24 @@ pub async fn open(
 
 impl MockBody {
     /// The next frame after its gap; after the last, the end — or, for a stalling plan,
-    /// silence until `idle` passes and a body-idle timeout.
+    /// silence. A wait longer than `idle` is a body-idle timeout when `idle` passes, as
+    /// from a network upstream.
     pub async fn next(&mut self, idle: Duration) -> Result<Option<Bytes>, GatewayError> {
         if let Some(f) = self.frames.next() {
             if self.sent > 0 && self.gap_ms > 0 {
-                monoio::time::sleep(Duration::from_millis(self.gap_ms)).await;
+                let gap = Duration::from_millis(self.gap_ms);
+                if gap > idle {
+                    crate::timer::sleep(idle).await;
+                    return Err(idle_timeout(idle));
+                }
+                crate::timer::sleep(gap).await;
             }
             self.sent += 1;
             return Ok(Some(f));
         }
         if self.stall {
-            monoio::time::sleep(idle).await;
-            return Err(GatewayError::new(
-                ErrorKind::UpstreamTimeout(TimeoutPhase::BodyIdle),
-                format!(
-                    "upstream body idle for {} ms (server.body_idle_timeout_ms)",
-                    idle.as_millis()
-                ),
-            ));
+            crate::timer::sleep(idle).await;
+            return Err(idle_timeout(idle));
         }
         Ok(None)
     }

@@ -3,11 +3,13 @@
 //! default the target assumes anyway, dropped by a rule `docs/translation.md` states, or
 //! refused with a [`Refused`] naming its JSON path.
 
+#[cfg(test)]
 use serde_json::{Map, Value};
 
 use super::Refused;
 use super::json::{J, Pairs, jo, set};
 
+#[cfg(test)]
 type Obj = Map<String, Value>;
 
 /// `max_tokens` sent to an Anthropic provider when the OpenAI request names none
@@ -36,6 +38,7 @@ pub struct Translated {
     pub include_usage: bool,
 }
 
+#[cfg(test)]
 pub(super) fn parse_object(body: &[u8]) -> Result<Obj, Refused> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
@@ -44,6 +47,7 @@ pub(super) fn parse_object(body: &[u8]) -> Result<Obj, Refused> {
     }
 }
 
+#[cfg(test)]
 pub(super) fn to_bytes(v: &Obj) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
@@ -75,7 +79,8 @@ pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused>
     })
 }
 
-/// The object form of [`chat_to_messages`] (for the Responses path and the tests).
+/// The object form of [`chat_to_messages`] (for the tests).
+#[cfg(test)]
 pub fn chat_to_messages_obj(req: &Obj, model: &str) -> Result<(Obj, bool), Refused> {
     let t = chat_to_messages(&to_bytes(req), model)?;
     let out = parse_object(&t.body)?;
@@ -149,7 +154,10 @@ fn jdefault_only(v: &J<'_>, field: &str, ok: &[J<'_>], target: &str) -> Result<(
     }
 }
 
-fn chat_to_messages_j<'a>(req: &J<'a>, model: &'a str) -> Result<(J<'a>, bool), Refused> {
+pub(super) fn chat_to_messages_j<'a>(
+    req: &J<'a>,
+    model: &'a str,
+) -> Result<(J<'a>, bool), Refused> {
     let mut out: Pairs<'a> = Vec::with_capacity(12);
     set(&mut out, "model", J::from(model));
     let mut max_tokens: Option<u64> = None;

@@ -1,8 +1,9 @@
 //! The OpenAI Responses API (`/v1/responses`) served by a provider that speaks only Chat
 //! Completions or only Anthropic Messages, for the subset Codex-style clients use.
 //!
-//! A Responses request becomes a Chat Completions request ([`to_chat`]); for an Anthropic
-//! provider that request then goes through the Chat Completions → Messages converter. The
+//! A Responses request becomes a Chat Completions request ([`translate_request`], read into
+//! the borrowing tree the chat converters use); for an Anthropic provider that request then
+//! goes straight through the Chat Completions → Messages converter. The
 //! answer comes back the same way: an Anthropic message or stream is first translated to
 //! Chat Completions (the existing converters), and a chat completion or chunk stream becomes
 //! a Responses object or event stream here ([`completion_to_response`], [`ToResponses`]).
@@ -10,12 +11,16 @@
 
 use std::io::Write;
 
-use serde_json::{Map, Value, json};
+#[cfg(test)]
+use serde_json::Map;
+use serde_json::Value;
 
 use super::chunk::OChunk;
+use super::json::{J, Pairs, jo, set};
 use super::{Refused, request, response};
 use crate::sse::Event;
 
+#[cfg(test)]
 type Obj = Map<String, Value>;
 
 const RESPONSES: &str = "a translated Responses request";
@@ -48,8 +53,9 @@ fn flat_name(namespace: &str, name: &str) -> String {
 const MAX_TOOL_NAME: usize = 64;
 
 impl Echo {
-    fn add(&mut self, key: &'static str, v: &Value) {
-        self.settings.push((key, v.to_string()));
+    fn add(&mut self, key: &'static str, v: &J<'_>) {
+        self.settings
+            .push((key, serde_json::to_string(v).unwrap_or_default()));
     }
 
     fn get(&self, key: &str) -> Option<&str> {
@@ -83,19 +89,26 @@ const ECHOED: [(&str, &str); 8] = [
 ];
 
 /// A Responses request body for the provider: Chat Completions, or Anthropic Messages when
-/// `anthropic` (through the Chat Completions form); and what the answer echoes of it.
+/// `anthropic` (through the Chat Completions form); and what the answer echoes of it. The
+/// body is read into the borrowing tree the chat converters use (`J`), the chat form is
+/// built from it without copying the conversation's strings, and for an Anthropic provider
+/// that form goes straight on to the Chat Completions → Messages converter (no second parse).
 pub fn translate_request(
     body: &[u8],
     model: &str,
     anthropic: bool,
 ) -> Result<(Vec<u8>, Echo), Refused> {
-    let req = request::parse_object(body)?;
-    let (chat, echo) = to_chat(&req, model, anthropic)?;
+    let req = match J::parse(body) {
+        Ok(j @ J::Obj(_)) => j,
+        Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
+        Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
+    };
+    let (chat, echo) = to_chat_j(&req, model, anthropic)?;
     if !anthropic {
-        return Ok((request::to_bytes(&chat), echo));
+        return Ok((chat.to_vec(), echo));
     }
-    let (messages, _) = request::chat_to_messages_obj(&chat, model)?;
-    Ok((request::to_bytes(&messages), echo))
+    let (messages, _) = request::chat_to_messages_j(&chat, model)?;
+    Ok((messages.to_vec(), echo))
 }
 
 /// A complete answer (a `chat.completion`, or an Anthropic message when `anthropic`) as a
@@ -119,17 +132,27 @@ pub fn translate_answer(
     Ok(completion_to_response(&v, echo, created))
 }
 
-/// A Responses request as a Chat Completions request (an object), and its [`Echo`].
-/// `anthropic`: the request goes on to an Anthropic provider, so what it cannot express is
-/// refused here under the Responses field's own name.
+/// A Responses request as a Chat Completions request (an object), and its [`Echo`]: the
+/// object form of the translation (for the tests; the gateway uses [`translate_request`]).
+#[cfg(test)]
 pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), Refused> {
-    let mut out = Obj::new();
-    out.insert("model".into(), json!(model));
-    let mut messages: Vec<Value> = Vec::new();
-    let mut input: Option<&Value> = None;
+    let body = request::to_bytes(req);
+    let j = J::parse(&body).map_err(|e| Refused::new("body", format!("is not valid JSON: {e}")))?;
+    let (chat, echo) = to_chat_j(&j, model, anthropic)?;
+    Ok((request::parse_object(&chat.to_vec())?, echo))
+}
+
+/// A Responses request as a Chat Completions request, and its [`Echo`]. `anthropic`: the
+/// request goes on to an Anthropic provider, so what it cannot express is refused here
+/// under the Responses field's own name. Field paths are formatted only for a refusal.
+fn to_chat_j<'a>(req: &J<'a>, model: &'a str, anthropic: bool) -> Result<(J<'a>, Echo), Refused> {
+    let mut out: Pairs<'a> = Vec::with_capacity(12);
+    set(&mut out, "model", J::from(model));
+    let mut messages: Vec<J<'a>> = Vec::new();
+    let mut input: Option<&J<'a>> = None;
     let mut echo = Echo::default();
-    for (k, v) in req {
-        let k = k.as_str();
+    for (k, v) in req.as_object().into_iter().flatten() {
+        let k: &str = k;
         if v.is_null() {
             continue;
         }
@@ -137,16 +160,15 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
             "model" => {}
             "input" => input = Some(v),
             "instructions" => {
-                let s = v
-                    .as_str()
+                v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
-                messages.push(json!({"role": "system", "content": s}));
+                messages.push(jo! {"role" => "system", "content" => v.clone()});
                 echo.add("instructions", v);
             }
             "max_output_tokens" => {
                 v.as_u64()
                     .ok_or_else(|| Refused::new(k, "must be a non-negative integer"))?;
-                out.insert("max_tokens".into(), v.clone());
+                set(&mut out, "max_tokens", v.clone());
                 echo.add("max_output_tokens", v);
             }
             "temperature" => {
@@ -159,40 +181,41 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                         "must be between 0 and 1 for an Anthropic provider",
                     ));
                 }
-                out.insert(k.into(), v.clone());
+                set(&mut out, "temperature", v.clone());
                 echo.add("temperature", v);
             }
             "top_p" => {
                 v.as_f64()
                     .ok_or_else(|| Refused::new(k, "must be a number"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "top_p", v.clone());
                 echo.add("top_p", v);
             }
             "stream" => {
                 let b = v
                     .as_bool()
                     .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
-                out.insert("stream".into(), json!(b));
+                set(&mut out, "stream", J::Bool(b));
                 if b {
                     // The usage chunk feeds `response.completed`'s usage.
-                    out.insert("stream_options".into(), json!({"include_usage": true}));
+                    set(&mut out, "stream_options", jo! {"include_usage" => true});
                 }
             }
             "tools" => {
-                out.insert(
-                    "tools".into(),
+                set(
+                    &mut out,
+                    "tools",
                     tools_to_chat(v, anthropic, &mut echo.namespaced)?,
                 );
                 echo.add("tools", v);
             }
             "tool_choice" => {
-                out.insert(k.into(), tool_choice_to_chat(v)?);
+                set(&mut out, "tool_choice", tool_choice_to_chat(v)?);
                 echo.add("tool_choice", v);
             }
             "parallel_tool_calls" => {
                 v.as_bool()
                     .ok_or_else(|| Refused::new(k, "must be a boolean"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "parallel_tool_calls", v.clone());
                 echo.add("parallel_tool_calls", v);
             }
             "reasoning" => {
@@ -203,10 +226,10 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
             "user" => {
                 v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
-                out.insert(k.into(), v.clone());
+                set(&mut out, "user", v.clone());
             }
             // Nothing is stored: the answer is not kept for `previous_response_id`.
-            "store" if v == &json!(false) => {}
+            "store" if matches!(v, J::Bool(false)) => {}
             "store" => {
                 return Err(Refused::new(
                     k,
@@ -220,7 +243,7 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                 v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
                 if !anthropic {
-                    out.insert(k.into(), v.clone());
+                    set(&mut out, "prompt_cache_key", v.clone());
                 }
             }
             // The client's own labels for the request (Codex sends its turn metadata
@@ -229,9 +252,9 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
                 v.as_object()
                     .ok_or_else(|| Refused::new(k, "must be an object"))?;
             }
-            "truncation" if v == &json!("disabled") => {}
-            "metadata" if v.as_object().is_some_and(Map::is_empty) => {}
-            "background" if v == &json!(false) => {}
+            "truncation" if v.as_str() == Some("disabled") => {}
+            "metadata" if v.as_object().is_some_and(Vec::is_empty) => {}
+            "background" if matches!(v, J::Bool(false)) => {}
             other => {
                 return Err(Refused::new(
                     other,
@@ -242,8 +265,8 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
     }
     match input {
         None => return Err(Refused::new("input", "is required")),
-        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => input_items(items, anthropic, &mut messages)?,
+        Some(s @ J::Str(_)) => messages.push(jo! {"role" => "user", "content" => s.clone()}),
+        Some(J::Arr(items)) => input_items(items, anthropic, &mut messages)?,
         Some(_) => {
             return Err(Refused::new(
                 "input",
@@ -251,11 +274,11 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
             ));
         }
     }
-    out.insert("messages".into(), Value::Array(messages));
-    Ok((out, echo))
+    set(&mut out, "messages", J::Arr(messages));
+    Ok((J::Obj(out), echo))
 }
 
-fn include(v: &Value) -> Result<(), Refused> {
+fn include(v: &J<'_>) -> Result<(), Refused> {
     let list = v
         .as_array()
         .ok_or_else(|| Refused::new("include", "must be an array"))?;
@@ -272,7 +295,7 @@ fn include(v: &Value) -> Result<(), Refused> {
     Ok(())
 }
 
-fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused> {
+fn reasoning_to_chat<'a>(v: &J<'a>, anthropic: bool, out: &mut Pairs<'a>) -> Result<(), Refused> {
     let r = v
         .as_object()
         .ok_or_else(|| Refused::new("reasoning", "must be an object"))?;
@@ -280,7 +303,7 @@ fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Re
         if v.is_null() {
             continue;
         }
-        match k.as_str() {
+        match k.as_ref() {
             "effort" => {
                 let e = v
                     .as_str()
@@ -292,7 +315,7 @@ fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Re
                         "must be none, minimal, low, medium or high for an Anthropic provider",
                     ));
                 }
-                out.insert("reasoning_effort".into(), json!(e));
+                set(out, "reasoning_effort", v.clone());
             }
             // Summaries are the reasoning text the target streams back, when it gives any.
             "summary" | "generate_summary" => {
@@ -310,7 +333,7 @@ fn reasoning_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Re
     Ok(())
 }
 
-fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused> {
+fn text_to_chat<'a>(v: &J<'a>, anthropic: bool, out: &mut Pairs<'a>) -> Result<(), Refused> {
     let t = v
         .as_object()
         .ok_or_else(|| Refused::new("text", "must be an object"))?;
@@ -318,9 +341,9 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
         if v.is_null() {
             continue;
         }
-        match k.as_str() {
+        match k.as_ref() {
             "format" => {
-                let kind = v.get("type").and_then(Value::as_str);
+                let kind = v.get("type").and_then(J::as_str);
                 match kind {
                     Some("text") => {}
                     Some("json_object") | Some("json_schema") if anthropic => {
@@ -330,18 +353,19 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
                         ));
                     }
                     Some("json_object") => {
-                        out.insert("response_format".into(), json!({"type": "json_object"}));
+                        set(out, "response_format", jo! {"type" => "json_object"});
                     }
                     Some("json_schema") => {
-                        let mut schema = Obj::new();
+                        let mut schema: Pairs<'a> = Vec::new();
                         for f in ["name", "description", "schema", "strict"] {
                             if let Some(x) = v.get(f) {
-                                schema.insert(f.into(), x.clone());
+                                schema.push((f.into(), x.clone()));
                             }
                         }
-                        out.insert(
-                            "response_format".into(),
-                            json!({"type": "json_schema", "json_schema": schema}),
+                        set(
+                            out,
+                            "response_format",
+                            jo! {"type" => "json_schema", "json_schema" => J::Obj(schema)},
                         );
                     }
                     _ => {
@@ -352,9 +376,7 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
                     }
                 }
             }
-            "verbosity" if !anthropic => {
-                out.insert("verbosity".into(), v.clone());
-            }
+            "verbosity" if !anthropic => set(out, "verbosity", v.clone()),
             other => {
                 return Err(Refused::new(
                     format!("text.{other}"),
@@ -370,37 +392,33 @@ fn text_to_chat(v: &Value, anthropic: bool, out: &mut Obj) -> Result<(), Refused
 /// function tools, as Codex offers its multi-agent tools) has no counterpart there: each of
 /// its function tools is offered on its own under [`flat_name`], recorded in `namespaced`
 /// so the answer's calls get their namespace and name back.
-fn tools_to_chat(
-    v: &Value,
+fn tools_to_chat<'a>(
+    v: &J<'a>,
     anthropic: bool,
     namespaced: &mut Vec<Namespaced>,
-) -> Result<Value, Refused> {
+) -> Result<J<'a>, Refused> {
     let list = v
         .as_array()
         .ok_or_else(|| Refused::new("tools", "must be an array"))?;
     let mut out = Vec::with_capacity(list.len());
-    // (name for the provider, the field it came from)
-    let mut names: Vec<(String, String)> = Vec::with_capacity(list.len());
+    // Where each offered tool came from: (tools index, index inside its namespace).
+    let mut origins: Vec<(usize, Option<usize>)> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
-        let here = format!("tools[{i}]");
         let t = t
             .as_object()
-            .ok_or_else(|| Refused::new(here.clone(), "must be an object"))?;
-        match t.get("type").and_then(Value::as_str) {
+            .ok_or_else(|| Refused::new(format!("tools[{i}]"), "must be an object"))?;
+        match member(t, "type").and_then(J::as_str) {
             Some("function") => {
-                let f = function_to_chat(t, &here, anthropic, None)?;
-                names.push((tool_name(&f), format!("{here}.name")));
-                out.push(json!({"type": "function", "function": f}));
+                let f = function_to_chat(t, (i, None), anthropic, None)?;
+                out.push(jo! {"type" => "function", "function" => J::Obj(f)});
+                origins.push((i, None));
             }
             Some("namespace") => {
-                for f in namespace_to_chat(t, &here, anthropic, namespaced)? {
-                    out.push(json!({"type": "function", "function": f.0}));
-                    names.push((f.1, f.2));
-                }
+                namespace_to_chat(t, i, anthropic, namespaced, &mut out, &mut origins)?;
             }
             Some(kind @ ("web_search" | "web_search_preview" | "web_search_2025_08_26")) => {
                 return Err(Refused::new(
-                    format!("{here}.type"),
+                    tool_field(i, None, "type"),
                     format!(
                         "{kind:?} is a hosted tool that only OpenAI's own Responses API runs; a Chat Completions or Anthropic provider cannot run it, so leave it out (Codex CLI: web_search = \"disabled\")"
                     ),
@@ -408,139 +426,158 @@ fn tools_to_chat(
             }
             _ => {
                 return Err(Refused::new(
-                    format!("{here}.type"),
+                    tool_field(i, None, "type"),
                     "only function and namespace tools can be offered to a provider that does not speak the Responses API",
                 ));
             }
         }
     }
-    for (k, (name, at)) in names.iter().enumerate() {
-        if names[..k].iter().any(|(n, _)| n == name) {
+    for (k, t) in out.iter().enumerate() {
+        let name = offered_name(t);
+        if out[..k].iter().any(|u| offered_name(u) == name) {
+            let (i, j) = origins[k];
             return Err(Refused::new(
-                at.clone(),
+                tool_field(i, j, "name"),
                 format!("gives a second tool the name {name:?} once namespaces are flattened"),
             ));
         }
     }
-    Ok(Value::Array(out))
+    Ok(J::Arr(out))
 }
 
-fn tool_name(f: &Obj) -> String {
-    f.get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned()
+/// The member `key` of an object's pairs.
+fn member<'p, 'a>(pairs: &'p Pairs<'a>, key: &str) -> Option<&'p J<'a>> {
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v)
 }
 
-/// A `namespace` tool's function tools, each as a chat function named [`flat_name`], with
-/// its name and the field it came from; the namespace's description leads each tool's.
-fn namespace_to_chat(
-    t: &Obj,
-    here: &str,
+/// The name a chat tool is offered by.
+fn offered_name<'p>(t: &'p J<'_>) -> &'p str {
+    t.at("function").at("name").as_str().unwrap_or("")
+}
+
+/// The path of field `f` of tool `i`, or of function tool `j` inside namespace tool `i`
+/// (formatted only for a refusal).
+fn tool_field(i: usize, j: Option<usize>, f: &str) -> String {
+    match j {
+        None => format!("tools[{i}].{f}"),
+        Some(j) => format!("tools[{i}].tools[{j}].{f}"),
+    }
+}
+
+/// Namespace tool `i`'s function tools, each pushed to `out` as a chat function tool named
+/// [`flat_name`] (its origin to `origins`); the namespace's description leads each tool's.
+fn namespace_to_chat<'a>(
+    t: &Pairs<'a>,
+    i: usize,
     anthropic: bool,
     namespaced: &mut Vec<Namespaced>,
-) -> Result<Vec<(Obj, String, String)>, Refused> {
+    out: &mut Vec<J<'a>>,
+    origins: &mut Vec<(usize, Option<usize>)>,
+) -> Result<(), Refused> {
+    let here = |f: &str| tool_field(i, None, f);
     let mut ns_name = None;
     let mut ns_description = None;
     let mut tools = None;
     for (k, v) in t {
-        match k.as_str() {
+        match k.as_ref() {
             "type" => {}
             "name" => {
-                let n = v.as_str().filter(|n| !n.is_empty()).ok_or_else(|| {
-                    Refused::new(format!("{here}.name"), "must be a non-empty string")
-                })?;
+                let n = v
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| Refused::new(here("name"), "must be a non-empty string"))?;
                 ns_name = Some(n);
             }
             "description" if v.is_null() => {}
             "description" => {
-                let d = v.as_str().ok_or_else(|| {
-                    Refused::new(format!("{here}.description"), "must be a string")
-                })?;
+                let d = v
+                    .as_str()
+                    .ok_or_else(|| Refused::new(here("description"), "must be a string"))?;
                 ns_description = Some(d).filter(|d| !d.is_empty());
             }
             "tools" => {
-                tools =
-                    Some(v.as_array().ok_or_else(|| {
-                        Refused::new(format!("{here}.tools"), "must be an array")
-                    })?);
+                tools = Some(
+                    v.as_array()
+                        .ok_or_else(|| Refused::new(here("tools"), "must be an array"))?,
+                );
             }
             other => {
                 return Err(Refused::new(
-                    format!("{here}.{other}"),
+                    here(other),
                     format!("is not supported in {RESPONSES}"),
                 ));
             }
         }
     }
-    let ns_name = ns_name.ok_or_else(|| Refused::new(format!("{here}.name"), "is required"))?;
-    let tools = tools.ok_or_else(|| Refused::new(format!("{here}.tools"), "is required"))?;
-    let mut out = Vec::with_capacity(tools.len());
+    let ns_name = ns_name.ok_or_else(|| Refused::new(here("name"), "is required"))?;
+    let tools = tools.ok_or_else(|| Refused::new(here("tools"), "is required"))?;
     for (j, inner) in tools.iter().enumerate() {
-        let at = format!("{here}.tools[{j}]");
         let inner = inner
             .as_object()
-            .ok_or_else(|| Refused::new(at.clone(), "must be an object"))?;
-        if inner.get("type").and_then(Value::as_str) != Some("function") {
+            .ok_or_else(|| Refused::new(format!("tools[{i}].tools[{j}]"), "must be an object"))?;
+        if member(inner, "type").and_then(J::as_str) != Some("function") {
             return Err(Refused::new(
-                format!("{at}.type"),
+                tool_field(i, Some(j), "type"),
                 "only function tools can be translated inside a namespace",
             ));
         }
-        let mut f = function_to_chat(inner, &at, anthropic, ns_description)?;
-        let name = tool_name(&f);
+        let mut f = function_to_chat(inner, (i, Some(j)), anthropic, ns_description)?;
+        let name = member(&f, "name")
+            .and_then(J::as_str)
+            .unwrap_or("")
+            .to_owned();
         let flat = flat_name(ns_name, &name);
         if flat.len() > MAX_TOOL_NAME {
             return Err(Refused::new(
-                format!("{at}.name"),
+                tool_field(i, Some(j), "name"),
                 format!(
                     "with its namespace makes {flat:?}, longer than the {MAX_TOOL_NAME} characters a provider takes as a tool name"
                 ),
             ));
         }
-        f.insert("name".into(), json!(flat));
+        set(&mut f, "name", J::from(flat.clone()));
         namespaced.push(Namespaced {
-            flat: flat.clone(),
+            flat,
             namespace: ns_name.to_owned(),
             name,
         });
-        out.push((f, flat, format!("{at}.name")));
+        out.push(jo! {"type" => "function", "function" => J::Obj(f)});
+        origins.push((i, Some(j)));
     }
-    Ok(out)
+    Ok(())
 }
 
-/// A Responses function tool (`tools[i]` at `here`) as the `function` object of a chat
-/// tool; `lead`: a text put before its description (its namespace's).
-fn function_to_chat(
-    t: &Obj,
-    here: &str,
+/// A Responses function tool (tool `i`, or function tool `j` of namespace tool `i`) as the
+/// `function` object of a chat tool; `lead`: a text put before its description (its
+/// namespace's).
+fn function_to_chat<'a>(
+    t: &Pairs<'a>,
+    (i, j): (usize, Option<usize>),
     anthropic: bool,
     lead: Option<&str>,
-) -> Result<Obj, Refused> {
-    let at = |f: &str| format!("{here}.{f}");
-    let mut f = Obj::new();
+) -> Result<Pairs<'a>, Refused> {
+    let at = |f: &str| tool_field(i, j, f);
+    let mut f: Pairs<'a> = Vec::with_capacity(4);
     for (k, v) in t {
-        match k.as_str() {
+        match k.as_ref() {
             "type" => {}
             "name" => {
                 v.as_str()
                     .ok_or_else(|| Refused::new(at("name"), "must be a string"))?;
-                f.insert("name".into(), v.clone());
+                f.push((k.clone(), v.clone()));
             }
             "description" | "parameters" if !v.is_null() => {
-                f.insert(k.clone(), v.clone());
+                f.push((k.clone(), v.clone()));
             }
             "description" | "parameters" => {}
-            "strict" if anthropic && v == &json!(true) => {
+            "strict" if anthropic && matches!(v, J::Bool(true)) => {
                 return Err(Refused::new(
                     at("strict"),
                     "strict schemas cannot be enforced by an Anthropic provider",
                 ));
             }
             "strict" if anthropic || v.is_null() => {}
-            "strict" => {
-                f.insert("strict".into(), v.clone());
-            }
+            "strict" => f.push((k.clone(), v.clone())),
             other => {
                 return Err(Refused::new(
                     at(other),
@@ -549,37 +586,36 @@ fn function_to_chat(
             }
         }
     }
-    if !f.contains_key("name") {
+    if member(&f, "name").is_none() {
         return Err(Refused::new(at("name"), "is required"));
     }
     if let Some(lead) = lead {
-        let d = match f.get("description").and_then(Value::as_str) {
+        let d = match member(&f, "description").and_then(J::as_str) {
             Some(d) if !d.is_empty() => format!("{lead}\n\n{d}"),
             _ => lead.to_owned(),
         };
-        f.insert("description".into(), json!(d));
+        set(&mut f, "description", J::from(d));
     }
     Ok(f)
 }
 
-fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
+fn tool_choice_to_chat<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
     match v {
-        Value::String(s) if matches!(s.as_str(), "auto" | "none" | "required") => Ok(v.clone()),
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o
-                .get("name")
-                .and_then(Value::as_str)
+        J::Str(s) if matches!(s.as_ref(), "auto" | "none" | "required") => Ok(v.clone()),
+        J::Obj(_) if v.at("type").as_str() == Some("function") => {
+            let name = v.at("name");
+            let plain = name
+                .as_str()
                 .ok_or_else(|| Refused::new("tool_choice.name", "must be a string"))?;
-            let name = match o.get("namespace").filter(|n| !n.is_null()) {
-                None => name.to_owned(),
-                Some(ns) => {
-                    let ns = ns
-                        .as_str()
-                        .ok_or_else(|| Refused::new("tool_choice.namespace", "must be a string"))?;
-                    flat_name(ns, name)
+            // A namespaced tool is chosen by the name it was offered by.
+            let name = match v.at("namespace") {
+                J::Null => name.clone(),
+                J::Str(ns) => J::from(flat_name(ns, plain)),
+                _ => {
+                    return Err(Refused::new("tool_choice.namespace", "must be a string"));
                 }
             };
-            Ok(json!({"type": "function", "function": {"name": name}}))
+            Ok(jo! {"type" => "function", "function" => jo! {"name" => name}})
         }
         _ => Err(Refused::new(
             "tool_choice",
@@ -588,74 +624,86 @@ fn tool_choice_to_chat(v: &Value) -> Result<Value, Refused> {
     }
 }
 
-/// Content of a message item as Chat Completions content: a string stays a string; parts
-/// become text and image parts.
-fn content_to_chat(v: &Value, at: &str, assistant: bool) -> Result<Value, Refused> {
+/// Content of input item `i`'s `field` (`content`, or a function call's `output`) as Chat
+/// Completions content: a string stays a string; parts become text and image parts.
+fn content_to_chat<'a>(
+    v: &J<'a>,
+    i: usize,
+    field: &str,
+    assistant: bool,
+) -> Result<J<'a>, Refused> {
     let parts = match v {
-        Value::String(_) => return Ok(v.clone()),
-        Value::Array(a) => a,
-        _ => return Err(Refused::new(at, "must be a string or an array of parts")),
+        J::Str(_) => return Ok(v.clone()),
+        J::Arr(a) => a,
+        _ => {
+            return Err(Refused::new(
+                format!("input[{i}].{field}"),
+                "must be a string or an array of parts",
+            ));
+        }
     };
+    let here = |j: usize, f: &str| format!("input[{i}].{field}[{j}]{f}");
     let mut out = Vec::with_capacity(parts.len());
     for (j, p) in parts.iter().enumerate() {
-        let here = format!("{at}[{j}]");
-        let kind = p.get("type").and_then(Value::as_str);
-        match kind {
+        match p.at("type").as_str() {
             Some("input_text") | Some("output_text") => {
-                let text = p
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| Refused::new(format!("{here}.text"), "must be a string"))?;
-                out.push(json!({"type": "text", "text": text}));
+                let text = p.at("text");
+                text.as_str()
+                    .ok_or_else(|| Refused::new(here(j, ".text"), "must be a string"))?;
+                out.push(jo! {"type" => "text", "text" => text.clone()});
             }
             Some("refusal") if assistant => {
-                let text = p
-                    .get("refusal")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| Refused::new(format!("{here}.refusal"), "must be a string"))?;
-                out.push(json!({"type": "text", "text": text}));
+                let text = p.at("refusal");
+                text.as_str()
+                    .ok_or_else(|| Refused::new(here(j, ".refusal"), "must be a string"))?;
+                out.push(jo! {"type" => "text", "text" => text.clone()});
             }
             Some("input_image") if !assistant => {
-                let Some(url) = p.get("image_url").and_then(Value::as_str) else {
+                let url = p.at("image_url");
+                if url.as_str().is_none() {
                     return Err(Refused::new(
-                        format!("{here}.image_url"),
+                        here(j, ".image_url"),
                         "is required (images by file_id cannot be translated)",
                     ));
-                };
-                let mut image = Obj::new();
-                image.insert("url".into(), json!(url));
-                if let Some(d) = p.get("detail").filter(|d| !d.is_null() && *d != "auto") {
-                    image.insert("detail".into(), d.clone());
                 }
-                out.push(json!({"type": "image_url", "image_url": image}));
+                let mut image: Pairs<'a> = vec![("url".into(), url.clone())];
+                let detail = p.at("detail");
+                if !detail.is_null() && detail.as_str() != Some("auto") {
+                    image.push(("detail".into(), detail.clone()));
+                }
+                out.push(jo! {"type" => "image_url", "image_url" => J::Obj(image)});
             }
             _ => {
                 return Err(Refused::new(
-                    format!("{here}.type"),
+                    here(j, ".type"),
                     format!("is not supported in {RESPONSES}"),
                 ));
             }
         }
     }
-    Ok(Value::Array(out))
+    Ok(J::Arr(out))
 }
 
 /// The input items as chat messages, appended to `messages` (which holds the
 /// instructions, if any). An assistant message followed by function calls is one chat
 /// assistant message with `tool_calls`.
-fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> Result<(), Refused> {
+fn input_items<'a>(
+    items: &[J<'a>],
+    anthropic: bool,
+    messages: &mut Vec<J<'a>>,
+) -> Result<(), Refused> {
     let mut seen_turn = false;
     for (i, item) in items.iter().enumerate() {
         let at = |f: &str| format!("input[{i}].{f}");
-        let o = item
-            .as_object()
-            .ok_or_else(|| Refused::new(format!("input[{i}]"), "must be an object"))?;
-        let kind = o.get("type").and_then(Value::as_str).unwrap_or("message");
+        if item.as_object().is_none() {
+            return Err(Refused::new(format!("input[{i}]"), "must be an object"));
+        }
+        let kind = item.at("type").as_str().unwrap_or("message");
         match kind {
             "message" => {
-                let role = o
-                    .get("role")
-                    .and_then(Value::as_str)
+                let role_j = item.at("role");
+                let role = role_j
+                    .as_str()
                     .ok_or_else(|| Refused::new(at("role"), "must be a string"))?;
                 let system = matches!(role, "system" | "developer");
                 if !system && !matches!(role, "user" | "assistant") {
@@ -671,55 +719,55 @@ fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> R
                     ));
                 }
                 seen_turn |= !system;
-                let content = o.get("content").unwrap_or(&Value::Null);
-                let content = content_to_chat(content, &at("content"), role == "assistant")?;
-                messages.push(json!({"role": role, "content": content}));
+                let content =
+                    content_to_chat(item.at("content"), i, "content", role == "assistant")?;
+                messages.push(jo! {"role" => role_j.clone(), "content" => content});
             }
             "function_call" => {
                 seen_turn = true;
                 let field = |f: &str| {
-                    o.get(f)
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| Refused::new(at(f), "must be a string"))
+                    let v = item.at(f);
+                    match v {
+                        J::Str(_) => Ok(v.clone()),
+                        _ => Err(Refused::new(at(f), "must be a string")),
+                    }
                 };
                 // A call of a namespaced tool goes under the name the tool was offered by.
-                let name = match o.get("namespace").filter(|n| !n.is_null()) {
-                    None => field("name")?.to_owned(),
-                    Some(Value::String(ns)) => flat_name(ns, field("name")?),
-                    Some(_) => return Err(Refused::new(at("namespace"), "must be a string")),
-                };
-                let call = json!({"id": field("call_id")?, "type": "function",
-                    "function": {"name": name, "arguments": field("arguments")?}});
-                // Joins the assistant message right before it (its text, or earlier calls).
-                let joined = match messages.last_mut() {
-                    Some(Value::Object(m)) if m.get("role") == Some(&json!("assistant")) => {
-                        let calls = m.entry("tool_calls").or_insert_with(|| json!([]));
-                        if let Value::Array(c) = calls {
-                            c.push(call.clone());
-                        }
-                        true
+                let name = match item.at("namespace") {
+                    J::Null => field("name")?,
+                    J::Str(ns) => {
+                        let name = field("name")?;
+                        J::from(flat_name(ns, name.as_str().unwrap_or("")))
                     }
-                    _ => false,
+                    _ => return Err(Refused::new(at("namespace"), "must be a string")),
                 };
-                if !joined {
-                    messages
-                        .push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+                let call = jo! {"id" => field("call_id")?, "type" => "function",
+                "function" => jo! {"name" => name, "arguments" => field("arguments")?}};
+                // Joins the assistant message right before it (its text, or earlier calls).
+                match messages.last_mut() {
+                    Some(m) if m.at("role").as_str() == Some("assistant") => {
+                        match m.get_mut("tool_calls") {
+                            Some(J::Arr(calls)) => calls.push(call),
+                            _ => m.insert("tool_calls", J::Arr(vec![call])),
+                        }
+                    }
+                    _ => messages.push(
+                        jo! {"role" => "assistant", "content" => J::Null, "tool_calls" => J::Arr(vec![call])},
+                    ),
                 }
             }
             "function_call_output" => {
                 seen_turn = true;
-                let id = o
-                    .get("call_id")
-                    .and_then(Value::as_str)
+                let id = item.at("call_id");
+                id.as_str()
                     .ok_or_else(|| Refused::new(at("call_id"), "must be a string"))?;
-                let output = match o.get("output") {
-                    Some(Value::String(s)) => json!(s),
-                    Some(v @ Value::Array(_)) => {
-                        let parts = content_to_chat(v, &at("output"), false)?;
-                        if parts
-                            .as_array()
-                            .is_some_and(|p| p.iter().any(|x| x["type"] != "text"))
-                        {
+                let output = match item.at("output") {
+                    s @ J::Str(_) => s.clone(),
+                    v @ J::Arr(_) => {
+                        let parts = content_to_chat(v, i, "output", false)?;
+                        if parts.as_array().is_some_and(|p| {
+                            p.iter().any(|x| x.at("type").as_str() != Some("text"))
+                        }) {
                             return Err(Refused::new(
                                 at("output"),
                                 "tool outputs carry text only once translated",
@@ -729,7 +777,9 @@ fn input_items(items: &[Value], anthropic: bool, messages: &mut Vec<Value>) -> R
                     }
                     _ => return Err(Refused::new(at("output"), "must be a string or parts")),
                 };
-                messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+                messages.push(
+                    jo! {"role" => "tool", "tool_call_id" => id.clone(), "content" => output},
+                );
             }
             // Earlier reasoning is not input the target takes (Anthropic wants its own
             // signed thinking, chat servers none): dropped, as reasoning_content is.
@@ -1026,7 +1076,7 @@ pub struct ToResponses {
     items: Vec<Item>,
     /// The output index of the open reasoning or message item.
     open: Option<usize>,
-    finish: Option<String>,
+    pub(super) finish: Option<String>,
     usage: Option<Usage>,
     pub(super) done: bool,
     pub(super) broken: bool,

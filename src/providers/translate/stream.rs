@@ -164,6 +164,18 @@ impl StreamTranslator {
         }
     }
 
+    /// The upstream body ending now would break the client's stream: neither the client's
+    /// stream has ended nor has the upstream sent its finish (Anthropic `message_delta`
+    /// with a stop reason, an OpenAI `finish_reason`). Mid-stream continuation takes such
+    /// an end as a cut instead of letting [`Self::finish`] write the in-band error.
+    pub fn incomplete(&self) -> bool {
+        match &self.dir {
+            Dir::ToChat(t) => !t.done && t.finish.is_none(),
+            Dir::ToMessages(t) => !t.stopped && t.stop.is_none(),
+            Dir::Responses { t, .. } => !t.done && t.finish.is_none(),
+        }
+    }
+
     /// The client's stream ended with an in-band error (the upstream sent one, or ended
     /// before its last event).
     pub fn broken(&self) -> bool {

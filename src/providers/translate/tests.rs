@@ -822,6 +822,53 @@ fn a_stream_cut_short_ends_with_an_error_in_the_clients_shape() {
     assert!(!text.contains("message_stop"));
 }
 
+/// Where the upstream body may end: `incomplete` (an end there breaks the client's stream,
+/// which mid-stream continuation takes as a cut) holds until the upstream's finish (an
+/// Anthropic stop reason, an OpenAI `finish_reason`), for each direction.
+#[test]
+fn a_stream_is_incomplete_until_the_upstream_finishes() {
+    let cases = [
+        (
+            Translation::ChatToMessages,
+            anthropic_recording(),
+            "message_delta",
+        ),
+        (
+            Translation::ResponsesToMessages,
+            anthropic_recording(),
+            "message_delta",
+        ),
+        (
+            Translation::MessagesToChat,
+            openai_recording(),
+            "\"finish_reason\":\"tool_calls\"",
+        ),
+        (
+            Translation::ResponsesToChat,
+            openai_recording(),
+            "\"finish_reason\":\"tool_calls\"",
+        ),
+    ];
+    for (t, rec, finish) in cases {
+        let text = String::from_utf8_lossy(&rec).into_owned();
+        // The end of the event that carries the finish.
+        let at = text.find(finish).unwrap_or_else(|| panic!("{t:?}"));
+        let end = at + text[at..].find("\n\n").unwrap_or(0) + 2;
+        let mut tr = StreamTranslator::new(t, true, 0);
+        let mut out = Vec::new();
+        assert!(tr.incomplete(), "{t:?} before anything");
+        tr.feed(&rec[..end - 3], &mut out);
+        assert!(tr.incomplete(), "{t:?} before the finish");
+        tr.feed(&rec[end - 3..end], &mut out);
+        assert!(!tr.incomplete(), "{t:?} after the finish");
+        tr.feed(&rec[end..], &mut out);
+        assert!(
+            !tr.incomplete() && tr.ended() && !tr.broken(),
+            "{t:?} at the end"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 

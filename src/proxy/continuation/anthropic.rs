@@ -13,10 +13,7 @@ impl Splice {
         let index = v.get("index").and_then(Value::as_u64);
         match kind {
             "message_start" => {
-                let u = v.pointer("/message/usage");
-                let input = u
-                    .and_then(|u| u.get("input_tokens"))
-                    .and_then(Value::as_u64);
+                let input = start_input_tokens(v);
                 if self.prompt.is_none() {
                     self.prompt = input;
                 }
@@ -69,9 +66,7 @@ impl Splice {
         match kind.as_str() {
             "ping" => {}
             "message_start" => {
-                let input = v
-                    .pointer("/message/usage/input_tokens")
-                    .and_then(Value::as_u64);
+                let input = start_input_tokens(&v);
                 self.note_usage(input, None);
             }
             "content_block_start" => {
@@ -141,7 +136,12 @@ impl Splice {
             "message_delta" => {
                 self.off = true;
                 let c = v.pointer("/usage/output_tokens").and_then(Value::as_u64);
-                self.note_usage(None, c);
+                // A stream translated from OpenAI reports its input tokens here.
+                let input = v
+                    .pointer("/usage/input_tokens")
+                    .and_then(Value::as_u64)
+                    .filter(|n| *n > 0);
+                self.note_usage(input, c);
                 self.flush_before(out);
                 let (prompt, completion) = self.totals(c.unwrap_or(0));
                 if let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) {
@@ -169,4 +169,12 @@ impl Splice {
             .find(|(from, _)| *from == i)
             .and_then(|(_, to)| *to)
     }
+}
+
+/// The input tokens a `message_start` reports; 0 counts as not reported (a stream
+/// translated from OpenAI starts with zeros: OpenAI reports usage at the end).
+fn start_input_tokens(v: &Value) -> Option<u64> {
+    v.pointer("/message/usage/input_tokens")
+        .and_then(Value::as_u64)
+        .filter(|n| *n > 0)
 }

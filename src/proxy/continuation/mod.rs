@@ -1,8 +1,11 @@
 //! Mid-stream continuation (`stream_recovery.continue_mid_stream`, spec B §7.3, issue 11
-//! item 6): a same-format event stream that breaks after its first client byte (an upstream
-//! cut, a content stall, a broken frame, the idle or active budget) is not ended at once;
-//! the walk asks the next candidate to continue it, with the text the client already holds
-//! as an assistant prefill, and splices that answer into the open client stream.
+//! item 6, issue 15 item 3): an event stream on chat completions or messages that breaks
+//! after its first client byte (an upstream cut, a content stall, a broken frame, the idle
+//! or active budget) is not ended at once; the walk asks the next candidate to continue it,
+//! with the text the client already holds as an assistant prefill, and splices that answer
+//! into the open client stream. The splice works on the client's format: a part served by
+//! a provider of the other format goes through it after its translation
+//! (`proxy::translate`), so any part may be of either format.
 //!
 //! A [`Splice`] follows one client stream across its parts:
 //! - **the original part** goes out as it comes, but only in whole events (an event cut by
@@ -200,10 +203,22 @@ impl Splice {
         }
         let (prompt, completion) = self.totals(self.part_completion.unwrap_or(self.part_deltas));
         let m = shard.metrics();
-        m.usage_prompt_tokens
-            .fetch_add(prompt, std::sync::atomic::Ordering::Relaxed);
-        m.usage_completion_tokens
-            .fetch_add(completion, std::sync::atomic::Ordering::Relaxed);
+        crate::shard::metrics::add_one_writer(&m.usage_prompt_tokens, prompt);
+        crate::shard::metrics::add_one_writer(&m.usage_completion_tokens, completion);
+    }
+
+    /// The prompt tokens a cut part's upstream reported in its own format: a translated
+    /// part's client events may not carry them (an Anthropic `message_start` becomes an
+    /// OpenAI role chunk). Taken as the whole answer's prompt when the part asked with the
+    /// original request (the first part or a replay) and nothing better is known.
+    pub fn upstream_prompt(&mut self, prompt: u64) {
+        if self.prompt.is_none()
+            && prompt > 0
+            && matches!(self.phase, Phase::Original | Phase::Replay)
+        {
+            self.prompt = Some(prompt);
+            self.reported = true;
+        }
     }
 
     /// The stream was cut and waits for a continuation.
@@ -252,16 +267,17 @@ impl Splice {
         self.cut.take()
     }
 
-    /// The original request with the delivered text as an assistant prefill: a trailing
-    /// assistant message (an existing trailing assistant message is extended). Anthropic
-    /// refuses a prefill ending in whitespace, so that is left out (and skipped if the
-    /// continuation starts with it). `None` when the body is not a JSON object with
-    /// `messages`.
-    pub fn prefill_body(&mut self, original: &[u8]) -> Option<Bytes> {
+    /// The original request (in the client's format) with the delivered text as an
+    /// assistant prefill: a trailing assistant message (an existing trailing assistant
+    /// message is extended). `for_anthropic`: the candidate speaks Anthropic (the body is
+    /// then translated for it when the client does not), which refuses a prefill ending in
+    /// whitespace, so that is left out (and skipped if the continuation starts with it).
+    /// `None` when the body is not a JSON object with `messages`.
+    pub fn prefill_body(&mut self, original: &[u8], for_anthropic: bool) -> Option<Bytes> {
         let mut body: Value = serde_json::from_slice(original).ok()?;
         let mut text = self.delivered.clone();
         self.trimmed = 0;
-        if self.endpoint == Endpoint::Messages {
+        if for_anthropic {
             let kept = text.trim_end().len();
             self.trimmed = text.len() - kept;
             text.truncate(kept);

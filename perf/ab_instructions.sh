@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Instructions per proxied request of one or more Tidegate builds, counted by callgrind
+# (load-independent; the same method as perf/instructions.sh, with perf/keepalive_posts.py
+# as the client so no oha is needed): Tidegate (workers = 1, epoll driver) under
+# `valgrind --tool=callgrind` serving N1 and then N2 requests over 4 keep-alive
+# connections; prints (I(N2) - I(N1)) / (N2 - N1) per build.
+#
+#   perf/ab_instructions.sh DIR [DIR...]           (each DIR holds tidegate + tidegate-mock)
+#   N1=200 N2=1000 STREAM=1 perf/ab_instructions.sh DIR_BEFORE DIR_AFTER
+#
+# Callgrind output stays in perf/out/ (callgrind_annotate it). Traffic stays on 127.0.0.1;
+# every process started here is ended by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N1=${N1:-200}; N2=${N2:-1000}; STREAM=${STREAM:-0}
+OUT=perf/out; mkdir -p "$OUT"
+command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+for dir in "$@"; do
+  tag=$(basename "$dir")
+  port=$((20000 + RANDOM % 20000))
+  "$dir/tidegate-mock" --listen 127.0.0.1:$port --workers 1 > "$OUT/ab-mock.log" 2>&1 &
+  mock=$!; pids+=($mock)
+  cat > "$OUT/ab-instr.toml" <<TOML
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+pin_threads = false
+
+[[client_keys]]
+id = "perf"
+key = "perf-key"
+
+[[providers]]
+id = "perf"
+format = "openai"
+base_url = "http://127.0.0.1:$port/v1"
+models = ["gpt-4o-mini"]
+
+[[connections]]
+id = "perf-1"
+provider = "perf"
+TOML
+  count() {
+    local n=$1 log="$OUT/ab-instr-$tag-$1.log" cg="$OUT/callgrind.out.$tag.s$STREAM.$1"
+    rm -f "$cg"
+    TIDEGATE_DRIVER=epoll TIDEGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$cg" \
+      "$dir/tidegate" serve --config "$OUT/ab-instr.toml" > "$log" 2>&1 &
+    local pid=$!; pids+=($pid)
+    for _ in $(seq 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
+    local addr
+    addr=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$log")
+    [ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+    python3 perf/keepalive_posts.py "$addr" "$n" 4 "$STREAM" >&2
+    kill -TERM "$pid"; wait "$pid" || true
+    awk '/^summary:/ {print $2}' "$cg"
+  }
+  i1=$(count "$N1"); i2=$(count "$N2")
+  echo "$dir stream=$STREAM: N=$N1 -> $i1, N=$N2 -> $i2; per request: $(( (i2 - i1) / (N2 - N1) ))"
+  kill "$mock" 2>/dev/null || true
+done
