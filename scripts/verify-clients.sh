@@ -16,7 +16,9 @@
 # a status-200 access-log line for the run's model, show the round trip. Claude Code and
 # Codex also run one tool round trip each through an Anthropic-format and an OpenAI
 # (Chat Completions) provider served by scripts/verify_clients_upstream.py: the model has
-# the client run `echo <marker>-tool` and answers with the tool's output.
+# the client run `echo <marker>-tool` and answers with the tool's output. Codex runs with
+# its default tools but the hosted web search, and (models `…/agent`) also has its
+# multi-agent `close_agent` called through the gateway's flattened namespace tool.
 #
 # A client whose install fails is skipped with a message (no registry reachable, say);
 # a client that runs and fails makes the script exit 1. The gateway's access log and each
@@ -237,11 +239,11 @@ run_codex() { # MODEL PROMPT HOME
     {
         echo "model = \"$1\""
         echo 'model_provider = "tidegate"'
-        # Tools that only OpenAI's own Responses API runs (hosted web search, namespaced
-        # multi-agent tools) cannot be offered through a translated request.
+        # The hosted web search runs only on OpenAI's own Responses API, so a translated
+        # request cannot offer it: Codex's one setting for that. Everything else is Codex's
+        # default (its multi-agent namespace tools are translated).
         case $1 in up-anthropic/* | up-chat/* | tool-*)
             echo 'web_search = "disabled"'
-            printf '[features]\nmulti_agent = false\n'
             ;;
         esac
         printf '[model_providers.tidegate]\nname = "Tidegate"\n'
@@ -265,7 +267,7 @@ run_aider() { # MODEL PROMPT HOME
 models_for() {
     case $1 in
         claude) echo mock/echo up-anthropic/echo up-openai/echo tool-anthropic/tool tool-openai/tool ;;
-        codex) echo mock/echo up-openai/echo up-anthropic/echo up-chat/echo tool-openai/tool tool-anthropic/tool ;;
+        codex) echo mock/echo up-openai/echo up-anthropic/echo up-chat/echo tool-openai/tool tool-anthropic/tool tool-openai/agent tool-anthropic/agent ;;
         aider) echo mock/echo up-openai/echo up-anthropic/echo ;;
     esac
 }

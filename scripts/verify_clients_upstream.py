@@ -8,6 +8,11 @@ model that uses the client's shell tool once:
 - a request whose conversation holds no tool result is answered with one call of the
   client's shell tool (Claude Code's `Bash`, Codex CLI's `exec_command`, or `shell`), whose
   command echoes the marker found in the prompt (`tidegate-check-…`) with `-tool` appended;
+- for the model `agent`, when Codex's multi-agent namespace is offered (flattened by the
+  gateway to `multi_agent_v1__close_agent` and so on), the call is `close_agent` with the
+  id `<marker>-tool`, which Codex refuses with an error quoting the id: that answer reaches
+  the model only if the gateway gave the call back its namespace (a call of a plain
+  `close_agent`, or of the flat name, is "unsupported call" to Codex);
 - a request that holds a tool result is answered with text quoting that result.
 
 So the client's final answer holds `<marker>-tool` only if the client ran the command and
@@ -20,6 +25,8 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MARKER = re.compile(r"tidegate-check-[a-z]+-[0-9]+")
+# The model name `agent` asks for this tool instead of the shell.
+AGENT_TOOL = "multi_agent_v1__close_agent"
 
 
 def texts(v):
@@ -55,6 +62,10 @@ def tool_call(req, anthropic):
         names.append(t.get("name") if anthropic else (t.get("function") or {}).get("name"))
     m = MARKER.search(" ".join(texts(req.get("messages", []))))
     command = "echo %s-tool" % (m.group(0) if m else "tidegate-check-none-0")
+    if req.get("model") == "agent" and AGENT_TOOL in names:
+        # Codex's namespaced multi-agent tool, flattened by the gateway: closing an agent
+        # that does not exist makes Codex answer with an error that quotes the id.
+        return AGENT_TOOL, {"target": "%s-tool" % (m.group(0) if m else "tidegate-check-none-0")}
     if "Bash" in names:
         return "Bash", {"command": command, "description": "Echo the marker"}
     if "exec_command" in names:

@@ -1018,6 +1018,135 @@ fn a_responses_stream_is_served_by_an_anthropic_provider() {
     assert_eq!(sent["tools"][0]["name"], "shell");
 }
 
+/// Codex CLI 0.171.0's default tool list, shortened: function tools, the multi-agent
+/// `namespace` (a group of function tools), and, with `web_search`, the hosted web search.
+fn codex_default_tools(web_search: bool) -> serde_json::Value {
+    let f = |name: &str| {
+        json!({"type": "function", "name": name, "description": format!("{name}."), "strict": false,
+               "parameters": {"type": "object", "properties": {"target": {"type": "string"}}}})
+    };
+    let mut tools = vec![
+        f("exec_command"),
+        json!({"type": "namespace", "name": "multi_agent_v1",
+               "description": "Tools for spawning and managing sub-agents.",
+               "tools": [f("spawn_agent"), f("close_agent")]}),
+    ];
+    if web_search {
+        tools.push(json!({"type": "web_search", "external_web_access": true}));
+    }
+    serde_json::Value::Array(tools)
+}
+
+#[test]
+fn codex_multi_agent_namespace_tools_are_served_by_chat_and_anthropic_providers() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    // The Chat Completions provider calls a namespaced tool by its flat name.
+    openai.on(
+        "/v1/chat/completions",
+        Reply::json(
+            200,
+            json!({"id": "chatcmpl-n", "object": "chat.completion", "created": 1, "model": "gpt-c-1",
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+                    "content": null, "tool_calls": [{"id": "call_s", "type": "function",
+                    "function": {"name": "multi_agent_v1__spawn_agent", "arguments": "{\"target\":\"t\"}"}}]}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        ),
+    );
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    anthropic.on(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(json!({"type": "message_start", "message": {"id": "msg_n", "type": "message",
+                "role": "assistant", "model": "claude-x-1", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 4, "output_tokens": 1}}})),
+            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use",
+                "id": "toolu_c", "name": "multi_agent_v1__close_agent", "input": {}}})),
+            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta",
+                "partial_json": "{\"target\":\"1\"}"}})),
+            event(json!({"type": "content_block_stop", "index": 0})),
+            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 6}})),
+            event(json!({"type": "message_stop"})),
+        ]),
+    );
+    let gw = start(&openai, &anthropic);
+    // A later turn: Codex sends the earlier namespaced call back with its namespace.
+    let request = |model: &str, stream: bool| {
+        let mut req = codex_request(model, stream);
+        req["tools"] = codex_default_tools(false);
+        req["input"] = json!([
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Spawn a helper."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "wait_agent", "namespace": "multi_agent_v1", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "no agents"}
+        ]);
+        req
+    };
+
+    let r = post(&gw, "/v1/responses", &request("oc/gpt-c", false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["output"][0]["type"], "function_call");
+    assert_eq!(v["output"][0]["name"], "spawn_agent");
+    assert_eq!(v["output"][0]["namespace"], "multi_agent_v1");
+    assert_eq!(v["output"][0]["call_id"], "call_s");
+    let sent = openai.requests_to("/v1/chat/completions")[0].json();
+    let names: Vec<&str> = sent["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "exec_command",
+            "multi_agent_v1__spawn_agent",
+            "multi_agent_v1__close_agent"
+        ]
+    );
+    assert_eq!(
+        sent["messages"][2]["tool_calls"][0]["function"]["name"],
+        "multi_agent_v1__wait_agent"
+    );
+
+    let r = post(&gw, "/v1/responses", &request("an/claude-x", true));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let data: Vec<serde_json::Value> = r.sse_events().iter().map(|e| e.json()).collect();
+    let added = data
+        .iter()
+        .find(|d| d["type"] == "response.output_item.added")
+        .expect("an item");
+    assert_eq!(added["item"]["name"], "close_agent");
+    assert_eq!(added["item"]["namespace"], "multi_agent_v1");
+    let done = &data.last().unwrap()["response"];
+    assert_eq!(data.last().unwrap()["type"], "response.completed");
+    assert_eq!(done["output"][0]["name"], "close_agent");
+    assert_eq!(done["output"][0]["namespace"], "multi_agent_v1");
+    assert_eq!(done["output"][0]["arguments"], "{\"target\":\"1\"}");
+    let sent = anthropic.requests_to("/v1/messages")[0].json();
+    assert_eq!(sent["tools"][1]["name"], "multi_agent_v1__spawn_agent");
+    assert_eq!(
+        sent["messages"][1]["content"][0]["name"],
+        "multi_agent_v1__wait_agent"
+    );
+
+    // With the hosted web search still on (Codex's default), the refusal names it and the
+    // one setting that drops it.
+    for model in ["oc/gpt-c", "an/claude-x"] {
+        let mut req = request(model, true);
+        req["tools"] = codex_default_tools(true);
+        let r = post(&gw, "/v1/responses", &req);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], "tools[2].type");
+        let msg = e["message"].as_str().unwrap();
+        assert!(msg.contains("\"web_search\""), "{msg}");
+        assert!(msg.contains("web_search = \"disabled\""), "{msg}");
+    }
+    assert_eq!(openai.requests_to("/v1/chat/completions").len(), 1);
+    assert_eq!(anthropic.requests_to("/v1/messages").len(), 1);
+}
+
 #[test]
 fn a_responses_request_is_refused_naming_the_field_and_errors_come_back_in_openai_shape() {
     let openai = MockUpstream::start();

@@ -30,8 +30,9 @@ impl MeshSafe for LastError {}
 mod health {
     use crate::mesh_safe;
     use crate::owners::health::protocol::{
-        AdminRequest, BreakerEntry, ComboAttempt, ConnectionEntry, Ended, Fact, LockEntry, Outcome,
-        OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+        AdminRequest, BreakerEntry, ComboAttempt, ConnectionEntry, EgressCooled, Ended, Fact,
+        LockEntry, Outcome, OwnerStatus, ProviderReport, Reply, Request, TrackerView, Verdict,
+        View,
     };
     use crate::resilience::FallbackDecision;
     use crate::resilience::lockout::{KeyModel, LockKey, LockUpdate};
@@ -39,12 +40,12 @@ mod health {
 
     use crate::resilience::connection::ClearOutcome;
 
-    mesh_safe!(copy: ProviderReport, TrackerKey, TrackerView, ComboAttempt);
+    mesh_safe!(copy: ProviderReport, TrackerKey, TrackerView, ComboAttempt, EgressCooled);
     // The management API's answers: ids, numbers, closed enums and names.
     mesh_safe!(copy: BreakerEntry, ConnectionEntry, ClearOutcome);
     mesh_safe!(enum Reply {
         Probe { key, ticket, retry_after_ms },
-        Applied,
+        Applied { egress },
         Reset { breakers, lockouts },
         Cleared { outcome, lockouts },
         Removed { any },
@@ -82,6 +83,7 @@ mod health {
             Probe(key),
             Outcome(outcome),
             ProviderResult(report),
+            EgressCool(cooled),
             Admin(request),
         }
     );

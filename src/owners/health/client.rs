@@ -17,8 +17,13 @@ use crate::owners::Shard;
 /// How long a shard waits for an owner's probe answer.
 pub const PROBE_REPLY_TIMEOUT_MS: u64 = 1_000;
 
-/// How long a failure's report waits for its owner's acknowledgement.
-pub const ACK_TIMEOUT_MS: u64 = 100;
+/// How long a failure's report waits for its owner's acknowledgement. A healthy owner
+/// answers within microseconds; the bound only matters when the owner's thread is not
+/// running, and a request that stops waiting routes its retry on the views from before its
+/// own failure. 100 ms was too short on a loaded 2-core machine (4 to 7 in 200 runs of
+/// `resilience_lockout::one_429_cools_every_connection_behind_the_same_egress` retried on
+/// the cooled egress sibling; 1 s: 3 in 200; 2 s: none).
+pub const ACK_TIMEOUT_MS: u64 = 2000;
 
 /// Asks the owner of `key` for the half-open probe permit: `Ok(Some(ticket))` — the probe
 /// is ours; `Ok(None)` with a wait — not now (0: the breaker is closed after all).
@@ -170,9 +175,19 @@ pub async fn report(
     if wait_for_owner {
         // A lost or late acknowledgement only means the next request may route on an older
         // view; the outcome itself is delivered (the outbox keeps it).
-        let _ = shard
+        let reply = shard
             .call::<Health>(owner, Request::Outcome(outcome), bound)
             .await;
+        // Egress siblings the failure cooled live on their own owners, which were only
+        // told: asking each of them too means their views are here (ring order, as above)
+        // before this shard routes the request's retry, or its next request.
+        if let Ok(Reply::Applied { egress }) = reply {
+            for e in egress {
+                let _ = shard
+                    .call::<Health>(shard.owner(&e.connection), Request::EgressCool(e), bound)
+                    .await;
+            }
+        }
     } else {
         shard.send_fact(owner, Fact::Outcome(outcome).into());
     }

@@ -27,8 +27,8 @@ use crate::shard::metrics::FlowGauges;
 use crate::snapshot::state::{Delta, Records};
 
 use super::protocol::{
-    AdminRequest, BreakerEntry, ConnectionEntry, Ended, Fact, LockEntry, Outcome, OwnerStatus,
-    ProviderEnded, ProviderReport, Reply, Request, TrackerView, Verdict, View,
+    AdminRequest, BreakerEntry, ConnectionEntry, EgressCooled, Ended, Fact, LockEntry, Outcome,
+    OwnerStatus, ProviderEnded, ProviderReport, Reply, Request, TrackerView, Verdict, View,
 };
 use crate::owners::{Cx, Mechanism, Shard};
 
@@ -47,6 +47,8 @@ pub struct Health {
     dirty: Dirty,
     /// Housekeeping runs so far (the breaker sweep runs every few).
     ticks: u64,
+    /// The egress siblings the outcome being handled cooled, for its answer.
+    egress_told: Vec<EgressCooled>,
 }
 
 /// The keys a snapshot delta must re-read (see [`Health::take_delta`]).
@@ -120,6 +122,7 @@ impl Mechanism for Health {
             tracker_sent: HashMap::new(),
             dirty: Dirty::default(),
             ticks: 0,
+            egress_told: Vec::new(),
         }
     }
 
@@ -137,6 +140,7 @@ impl Mechanism for Health {
             }
         }
         self.fact_inner(cx, fact, now);
+        self.egress_told.clear();
         self.dirty.views(cx, sent);
     }
 
@@ -148,6 +152,9 @@ impl Mechanism for Health {
             }
             Request::Outcome(o) => self.dirty.outcome(o),
             Request::ProviderResult(r) => self.dirty.provider(r),
+            Request::EgressCool(e) => {
+                self.dirty.connections.insert(e.connection);
+            }
             // What a management request changes is announced as views, read below.
             Request::Admin(_) => {}
         }
@@ -224,19 +231,29 @@ impl Health {
                 connection,
                 until_ms,
                 reason,
-            } => {
-                if let Some(t) = self
-                    .connections
-                    .cool_for_egress(connection, until_ms, reason, now)
-                {
-                    cx.view(View::Connection {
-                        connection,
-                        view: t.view,
-                    });
-                }
-            }
+            } => self.cool_for_egress(
+                cx,
+                EgressCooled {
+                    connection,
+                    until_ms,
+                    reason,
+                },
+            ),
         }
         self.lockout_views(cx);
+    }
+
+    fn cool_for_egress(&mut self, cx: &mut Cx<'_>, e: EgressCooled) {
+        let c = e.connection;
+        if let Some(t) = self
+            .connections
+            .cool_for_egress(c, e.until_ms, e.reason, cx.now)
+        {
+            cx.view(View::Connection {
+                connection: c,
+                view: t.view,
+            });
+        }
     }
 
     fn call_inner(&mut self, cx: &mut Cx<'_>, id: CallId, request: Request) {
@@ -266,11 +283,18 @@ impl Health {
                 self.outcome(cx, &o);
                 // Views first, then the answer: on the asker's ring they arrive in order.
                 self.lockout_views(cx);
-                cx.reply(id, Reply::Applied);
+                let egress = std::mem::take(&mut self.egress_told);
+                cx.reply(id, Reply::Applied { egress });
             }
             Request::ProviderResult(r) => {
                 self.provider_result(cx, &r);
-                cx.reply(id, Reply::Applied);
+                self.egress_told.clear();
+                cx.reply(id, Reply::Applied { egress: Vec::new() });
+            }
+            Request::EgressCool(e) => {
+                self.cool_for_egress(cx, e);
+                // The view first, then the answer (as for outcomes).
+                cx.reply(id, Reply::Applied { egress: Vec::new() });
             }
             Request::Admin(a) => {
                 let reply = self.admin(cx, a);
@@ -750,7 +774,9 @@ impl Health {
 
     /// The egress lock cooled the failing connection until `until_ms`: every sibling
     /// behind the same egress cools to the same deadline.
-    fn egress(&self, cx: &mut Cx<'_>, o: &Outcome, until_ms: u64, reason: Reason, now: Now) {
+    /// The siblings are told here (delivered even if the asker gives up) and listed in
+    /// `egress_told` for the asker, which waits for their views before it routes again.
+    fn egress(&mut self, cx: &mut Cx<'_>, o: &Outcome, until_ms: u64, reason: Reason, now: Now) {
         let config = cx.config;
         let conn = config.connection(o.connection);
         // The kind's egress family (the opencode kinds share one), else the provider alone.
@@ -797,6 +823,11 @@ impl Health {
             .collect();
         for sibling in egress_siblings(&failing, until_ms, siblings.iter()) {
             let to = owner_of(&sibling, cx.shards);
+            self.egress_told.push(EgressCooled {
+                connection: sibling,
+                until_ms,
+                reason,
+            });
             cx.tell(
                 to,
                 Fact::EgressCool {
@@ -1239,6 +1270,138 @@ mod tests {
             .map(|i| per_model_quota(&config, ProviderId(i)))
             .collect();
         assert_eq!(per_model, vec![true, false, true, true]);
+    }
+
+    mod egress {
+        use super::*;
+        use crate::config::ConnectionId;
+        use crate::owners::health::protocol::LastError;
+        use crate::owners::{Fact as AnyFact, Reply as AnyReply};
+        use crate::resilience::Reason;
+        use crate::shard::call::global_id;
+        use crate::shard::{Dest, Msg};
+
+        const TOML: &str = "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+            [[connections]]\nid = \"a1\"\nprovider = \"p\"\negress = \"x\"\n\
+            [[connections]]\nid = \"a2\"\nprovider = \"p\"\negress = \"x\"\n\
+            [[connections]]\nid = \"b1\"\nprovider = \"p\"\negress = \"y\"\n";
+
+        fn rate_limited() -> Outcome {
+            let mut decision = FallbackDecision::new(true, 20_000, Reason::RateLimitExceeded);
+            decision.used_upstream_retry_hint = true;
+            Outcome {
+                provider: ProviderId(0),
+                connection: ConnectionId(0),
+                model: "m".to_owned(),
+                ended: Ended::Failed(Box::new(Verdict {
+                    status: 429,
+                    decision,
+                    breaker: Failure::Status(429),
+                    error_type: None,
+                    credits_signal: false,
+                    last_error: LastError::new("rate limited"),
+                })),
+                probe: None,
+                combo: None,
+            }
+        }
+
+        /// The flake of `resilience_lockout::one_429_cools_every_connection_behind_the_same_egress`:
+        /// the failing connection's owner only told the sibling's owner, so the asker could
+        /// route its retry to the sibling before that owner's view reached it. The answer now
+        /// lists the siblings, and the sibling's owner answers the asker's call only after
+        /// its view is out (in ring order ahead of the answer).
+        #[test]
+        fn a_failure_names_the_siblings_it_cooled_and_their_owner_answers_after_the_view() {
+            let config = crate::config::load_str(TOML, &|_| None).unwrap().config;
+            let views = Views::default();
+            let now = at(1_000);
+            let mut owner = Health::new(&config);
+            let mut cx = Cx::detached(&config, &views, now, 2);
+            owner.call(
+                &mut cx,
+                global_id(1, 7),
+                Request::Outcome(Box::new(rate_limited())),
+            );
+            let out = cx.take();
+            let told: Vec<EgressCooled> = out
+                .iter()
+                .filter_map(|(_, m)| match m {
+                    Msg::Fact(AnyFact::Health(Fact::EgressCool {
+                        connection,
+                        until_ms,
+                        reason,
+                    })) => Some(EgressCooled {
+                        connection: *connection,
+                        until_ms: *until_ms,
+                        reason: *reason,
+                    }),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(told.len(), 1, "a2 only");
+            assert_eq!(told[0].connection, ConnectionId(1));
+            let answered: Vec<&Vec<EgressCooled>> = out
+                .iter()
+                .filter_map(|(d, m)| match (d, m) {
+                    (
+                        Dest::Shard(1),
+                        Msg::Reply {
+                            reply: AnyReply::Health(Reply::Applied { egress }),
+                            ..
+                        },
+                    ) => Some(egress),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(answered, vec![&told], "the answer lists what was told");
+
+            // The sibling's owner, asked by the asker: the view, then the answer.
+            let mut sibling_owner = Health::new(&config);
+            let mut cx = Cx::detached(&config, &views, now, 2);
+            sibling_owner.call(&mut cx, global_id(1, 8), Request::EgressCool(told[0]));
+            let out = cx.take();
+            let view_at = out.iter().position(|(d, m)| {
+                matches!(
+                    (d, m),
+                    (Dest::All, Msg::View(View::Connection { connection, view }))
+                        if *connection == ConnectionId(1)
+                            && view.cooldown.is_some_and(|c| c.until_ms == told[0].until_ms)
+                )
+            });
+            let reply_at = out.iter().position(|(d, m)| {
+                matches!(
+                    (d, m),
+                    (
+                        Dest::Shard(1),
+                        Msg::Reply {
+                            reply: AnyReply::Health(Reply::Applied { .. }),
+                            ..
+                        }
+                    )
+                )
+            });
+            assert!(
+                view_at.is_some() && reply_at.is_some(),
+                "{} messages",
+                out.len()
+            );
+            assert!(view_at < reply_at, "the view goes ahead of the answer");
+            // The told fact arriving after the call changes nothing more.
+            let mut cx = Cx::detached(&config, &views, now, 2);
+            sibling_owner.fact(
+                &mut cx,
+                Fact::EgressCool {
+                    connection: told[0].connection,
+                    until_ms: told[0].until_ms,
+                    reason: told[0].reason,
+                },
+            );
+            assert!(
+                !cx.take().iter().any(|(_, m)| matches!(m, Msg::View(_))),
+                "no second view"
+            );
+        }
     }
 
     mod combo {

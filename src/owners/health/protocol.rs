@@ -168,6 +168,14 @@ pub enum Fact {
     },
 }
 
+/// An egress sibling a failure's owner cooled (told the sibling's owner to cool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EgressCooled {
+    pub connection: ConnectionId,
+    pub until_ms: u64,
+    pub reason: Reason,
+}
+
 pub enum Request {
     /// May I send the half-open probe for this breaker?
     Probe(BreakerKey),
@@ -177,6 +185,10 @@ pub enum Request {
     /// A failure the provider's owner applies (a network failure, a settled half-open
     /// probe, a combo failure for the tracker): answered once applied, as `Outcome`.
     ProviderResult(ProviderReport),
+    /// To a sibling's owner, from the shard whose failure egress-cooled it: the same
+    /// cooling as `Fact::EgressCool` (whichever arrives second changes nothing), answered
+    /// once its view is sent, so the asker routes its retry on it.
+    EgressCool(EgressCooled),
     /// The management API (asked of every shard, or of one connection's owner).
     Admin(AdminRequest),
 }
@@ -249,8 +261,11 @@ pub enum Reply {
         ticket: Option<ProbeTicket>,
         retry_after_ms: u64,
     },
-    /// The outcome was applied.
-    Applied,
+    /// The outcome was applied; `egress`: the siblings its failure egress-cooled (their
+    /// owners were told; the asker makes sure of their views before it routes again).
+    Applied {
+        egress: Vec<EgressCooled>,
+    },
     /// `AdminRequest::Reset`: breakers reset and lock entries removed here.
     Reset {
         breakers: u32,

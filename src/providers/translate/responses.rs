@@ -26,21 +26,52 @@ type Obj = Map<String, Value>;
 const RESPONSES: &str = "a translated Responses request";
 
 /// What the answer echoes of the request (the Responses object repeats its settings): each
-/// setting the request gave, with its value as JSON.
+/// setting the request gave, with its value as JSON; and the function tools of `namespace`
+/// tools, whose flattened names the answer's calls are mapped back from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Echo(Vec<(&'static str, String)>);
+pub struct Echo {
+    settings: Vec<(&'static str, String)>,
+    namespaced: Vec<Namespaced>,
+}
+
+/// A function tool offered inside a `namespace` tool: the name it has for the provider
+/// (`flat`), and the namespace and name the client knows it by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Namespaced {
+    flat: String,
+    namespace: String,
+    name: String,
+}
+
+/// Joins a namespace and a function name into one function name for a provider that has no
+/// namespaces (`multi_agent_v1` + `spawn_agent` → `multi_agent_v1__spawn_agent`).
+fn flat_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}__{name}")
+}
+
+/// Longest function name a Chat Completions or Anthropic provider takes.
+const MAX_TOOL_NAME: usize = 64;
 
 impl Echo {
     fn add(&mut self, key: &'static str, v: &J<'_>) {
-        self.0
+        self.settings
             .push((key, serde_json::to_string(v).unwrap_or_default()));
     }
 
     fn get(&self, key: &str) -> Option<&str> {
-        self.0
+        self.settings
             .iter()
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The name and namespace a provider's tool call stands for: a flattened name of a
+    /// namespaced tool of the request maps back to both; any other name is itself.
+    fn unflatten<'a>(&'a self, name: &'a str) -> (&'a str, Option<&'a str>) {
+        match self.namespaced.iter().find(|n| n.flat == name) {
+            Some(n) => (&n.name, Some(&n.namespace)),
+            None => (name, None),
+        }
     }
 }
 
@@ -170,7 +201,11 @@ fn to_chat_j<'a>(req: &J<'a>, model: &'a str, anthropic: bool) -> Result<(J<'a>,
                 }
             }
             "tools" => {
-                set(&mut out, "tools", tools_to_chat(v, anthropic)?);
+                set(
+                    &mut out,
+                    "tools",
+                    tools_to_chat(v, anthropic, &mut echo.namespaced)?,
+                );
                 echo.add("tools", v);
             }
             "tool_choice" => {
@@ -353,58 +388,215 @@ fn text_to_chat<'a>(v: &J<'a>, anthropic: bool, out: &mut Pairs<'a>) -> Result<(
     Ok(())
 }
 
-fn tools_to_chat<'a>(v: &J<'a>, anthropic: bool) -> Result<J<'a>, Refused> {
+/// The tools as Chat Completions function tools. A `namespace` tool (a named group of
+/// function tools, as Codex offers its multi-agent tools) has no counterpart there: each of
+/// its function tools is offered on its own under [`flat_name`], recorded in `namespaced`
+/// so the answer's calls get their namespace and name back.
+fn tools_to_chat<'a>(
+    v: &J<'a>,
+    anthropic: bool,
+    namespaced: &mut Vec<Namespaced>,
+) -> Result<J<'a>, Refused> {
     let list = v
         .as_array()
         .ok_or_else(|| Refused::new("tools", "must be an array"))?;
     let mut out = Vec::with_capacity(list.len());
+    // Where each offered tool came from: (tools index, index inside its namespace).
+    let mut origins: Vec<(usize, Option<usize>)> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
-        let at = |f: &str| format!("tools[{i}].{f}");
         let t = t
             .as_object()
             .ok_or_else(|| Refused::new(format!("tools[{i}]"), "must be an object"))?;
-        let kind = t.iter().find(|(k, _)| k == "type").map(|(_, v)| v);
-        if kind.and_then(J::as_str) != Some("function") {
-            return Err(Refused::new(
-                at("type"),
-                "only function tools can be offered to a provider that does not speak the Responses API",
-            ));
-        }
-        let mut f: Pairs<'a> = Vec::with_capacity(4);
-        for (k, v) in t {
-            match k.as_ref() {
-                "type" => {}
-                "name" => {
-                    v.as_str()
-                        .ok_or_else(|| Refused::new(at("name"), "must be a string"))?;
-                    f.push((k.clone(), v.clone()));
-                }
-                "description" | "parameters" if !v.is_null() => {
-                    f.push((k.clone(), v.clone()));
-                }
-                "description" | "parameters" => {}
-                "strict" if anthropic && matches!(v, J::Bool(true)) => {
-                    return Err(Refused::new(
-                        at("strict"),
-                        "strict schemas cannot be enforced by an Anthropic provider",
-                    ));
-                }
-                "strict" if anthropic || v.is_null() => {}
-                "strict" => f.push((k.clone(), v.clone())),
-                other => {
-                    return Err(Refused::new(
-                        at(other),
-                        format!("is not supported in {RESPONSES}"),
-                    ));
-                }
+        match member(t, "type").and_then(J::as_str) {
+            Some("function") => {
+                let f = function_to_chat(t, (i, None), anthropic, None)?;
+                out.push(jo! {"type" => "function", "function" => J::Obj(f)});
+                origins.push((i, None));
+            }
+            Some("namespace") => {
+                namespace_to_chat(t, i, anthropic, namespaced, &mut out, &mut origins)?;
+            }
+            Some(kind @ ("web_search" | "web_search_preview" | "web_search_2025_08_26")) => {
+                return Err(Refused::new(
+                    tool_field(i, None, "type"),
+                    format!(
+                        "{kind:?} is a hosted tool that only OpenAI's own Responses API runs; a Chat Completions or Anthropic provider cannot run it, so leave it out (Codex CLI: web_search = \"disabled\")"
+                    ),
+                ));
+            }
+            _ => {
+                return Err(Refused::new(
+                    tool_field(i, None, "type"),
+                    "only function and namespace tools can be offered to a provider that does not speak the Responses API",
+                ));
             }
         }
-        if !f.iter().any(|(k, _)| k == "name") {
-            return Err(Refused::new(at("name"), "is required"));
+    }
+    for (k, t) in out.iter().enumerate() {
+        let name = offered_name(t);
+        if out[..k].iter().any(|u| offered_name(u) == name) {
+            let (i, j) = origins[k];
+            return Err(Refused::new(
+                tool_field(i, j, "name"),
+                format!("gives a second tool the name {name:?} once namespaces are flattened"),
+            ));
         }
-        out.push(jo! {"type" => "function", "function" => J::Obj(f)});
     }
     Ok(J::Arr(out))
+}
+
+/// The member `key` of an object's pairs.
+fn member<'p, 'a>(pairs: &'p Pairs<'a>, key: &str) -> Option<&'p J<'a>> {
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// The name a chat tool is offered by.
+fn offered_name<'p>(t: &'p J<'_>) -> &'p str {
+    t.at("function").at("name").as_str().unwrap_or("")
+}
+
+/// The path of field `f` of tool `i`, or of function tool `j` inside namespace tool `i`
+/// (formatted only for a refusal).
+fn tool_field(i: usize, j: Option<usize>, f: &str) -> String {
+    match j {
+        None => format!("tools[{i}].{f}"),
+        Some(j) => format!("tools[{i}].tools[{j}].{f}"),
+    }
+}
+
+/// Namespace tool `i`'s function tools, each pushed to `out` as a chat function tool named
+/// [`flat_name`] (its origin to `origins`); the namespace's description leads each tool's.
+fn namespace_to_chat<'a>(
+    t: &Pairs<'a>,
+    i: usize,
+    anthropic: bool,
+    namespaced: &mut Vec<Namespaced>,
+    out: &mut Vec<J<'a>>,
+    origins: &mut Vec<(usize, Option<usize>)>,
+) -> Result<(), Refused> {
+    let here = |f: &str| tool_field(i, None, f);
+    let mut ns_name = None;
+    let mut ns_description = None;
+    let mut tools = None;
+    for (k, v) in t {
+        match k.as_ref() {
+            "type" => {}
+            "name" => {
+                let n = v
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| Refused::new(here("name"), "must be a non-empty string"))?;
+                ns_name = Some(n);
+            }
+            "description" if v.is_null() => {}
+            "description" => {
+                let d = v
+                    .as_str()
+                    .ok_or_else(|| Refused::new(here("description"), "must be a string"))?;
+                ns_description = Some(d).filter(|d| !d.is_empty());
+            }
+            "tools" => {
+                tools = Some(
+                    v.as_array()
+                        .ok_or_else(|| Refused::new(here("tools"), "must be an array"))?,
+                );
+            }
+            other => {
+                return Err(Refused::new(
+                    here(other),
+                    format!("is not supported in {RESPONSES}"),
+                ));
+            }
+        }
+    }
+    let ns_name = ns_name.ok_or_else(|| Refused::new(here("name"), "is required"))?;
+    let tools = tools.ok_or_else(|| Refused::new(here("tools"), "is required"))?;
+    for (j, inner) in tools.iter().enumerate() {
+        let inner = inner
+            .as_object()
+            .ok_or_else(|| Refused::new(format!("tools[{i}].tools[{j}]"), "must be an object"))?;
+        if member(inner, "type").and_then(J::as_str) != Some("function") {
+            return Err(Refused::new(
+                tool_field(i, Some(j), "type"),
+                "only function tools can be translated inside a namespace",
+            ));
+        }
+        let mut f = function_to_chat(inner, (i, Some(j)), anthropic, ns_description)?;
+        let name = member(&f, "name")
+            .and_then(J::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let flat = flat_name(ns_name, &name);
+        if flat.len() > MAX_TOOL_NAME {
+            return Err(Refused::new(
+                tool_field(i, Some(j), "name"),
+                format!(
+                    "with its namespace makes {flat:?}, longer than the {MAX_TOOL_NAME} characters a provider takes as a tool name"
+                ),
+            ));
+        }
+        set(&mut f, "name", J::from(flat.clone()));
+        namespaced.push(Namespaced {
+            flat,
+            namespace: ns_name.to_owned(),
+            name,
+        });
+        out.push(jo! {"type" => "function", "function" => J::Obj(f)});
+        origins.push((i, Some(j)));
+    }
+    Ok(())
+}
+
+/// A Responses function tool (tool `i`, or function tool `j` of namespace tool `i`) as the
+/// `function` object of a chat tool; `lead`: a text put before its description (its
+/// namespace's).
+fn function_to_chat<'a>(
+    t: &Pairs<'a>,
+    (i, j): (usize, Option<usize>),
+    anthropic: bool,
+    lead: Option<&str>,
+) -> Result<Pairs<'a>, Refused> {
+    let at = |f: &str| tool_field(i, j, f);
+    let mut f: Pairs<'a> = Vec::with_capacity(4);
+    for (k, v) in t {
+        match k.as_ref() {
+            "type" => {}
+            "name" => {
+                v.as_str()
+                    .ok_or_else(|| Refused::new(at("name"), "must be a string"))?;
+                f.push((k.clone(), v.clone()));
+            }
+            "description" | "parameters" if !v.is_null() => {
+                f.push((k.clone(), v.clone()));
+            }
+            "description" | "parameters" => {}
+            "strict" if anthropic && matches!(v, J::Bool(true)) => {
+                return Err(Refused::new(
+                    at("strict"),
+                    "strict schemas cannot be enforced by an Anthropic provider",
+                ));
+            }
+            "strict" if anthropic || v.is_null() => {}
+            "strict" => f.push((k.clone(), v.clone())),
+            other => {
+                return Err(Refused::new(
+                    at(other),
+                    format!("is not supported in {RESPONSES}"),
+                ));
+            }
+        }
+    }
+    if member(&f, "name").is_none() {
+        return Err(Refused::new(at("name"), "is required"));
+    }
+    if let Some(lead) = lead {
+        let d = match member(&f, "description").and_then(J::as_str) {
+            Some(d) if !d.is_empty() => format!("{lead}\n\n{d}"),
+            _ => lead.to_owned(),
+        };
+        set(&mut f, "description", J::from(d));
+    }
+    Ok(f)
 }
 
 fn tool_choice_to_chat<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
@@ -412,9 +604,18 @@ fn tool_choice_to_chat<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {
         J::Str(s) if matches!(s.as_ref(), "auto" | "none" | "required") => Ok(v.clone()),
         J::Obj(_) if v.at("type").as_str() == Some("function") => {
             let name = v.at("name");
-            name.as_str()
+            let plain = name
+                .as_str()
                 .ok_or_else(|| Refused::new("tool_choice.name", "must be a string"))?;
-            Ok(jo! {"type" => "function", "function" => jo! {"name" => name.clone()}})
+            // A namespaced tool is chosen by the name it was offered by.
+            let name = match v.at("namespace") {
+                J::Null => name.clone(),
+                J::Str(ns) => J::from(flat_name(ns, plain)),
+                _ => {
+                    return Err(Refused::new("tool_choice.namespace", "must be a string"));
+                }
+            };
+            Ok(jo! {"type" => "function", "function" => jo! {"name" => name}})
         }
         _ => Err(Refused::new(
             "tool_choice",
@@ -531,8 +732,17 @@ fn input_items<'a>(
                         _ => Err(Refused::new(at(f), "must be a string")),
                     }
                 };
+                // A call of a namespaced tool goes under the name the tool was offered by.
+                let name = match item.at("namespace") {
+                    J::Null => field("name")?,
+                    J::Str(ns) => {
+                        let name = field("name")?;
+                        J::from(flat_name(ns, name.as_str().unwrap_or("")))
+                    }
+                    _ => return Err(Refused::new(at("namespace"), "must be a string")),
+                };
                 let call = jo! {"id" => field("call_id")?, "type" => "function",
-                "function" => jo! {"name" => field("name")?, "arguments" => field("arguments")?}};
+                "function" => jo! {"name" => name, "arguments" => field("arguments")?}};
                 // Joins the assistant message right before it (its text, or earlier calls).
                 match messages.last_mut() {
                     Some(m) if m.at("role").as_str() == Some("assistant") => {
@@ -719,7 +929,14 @@ fn output_text(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(b",\"annotations\":[]}");
 }
 
-fn call_item(out: &mut Vec<u8>, call_id: &str, name: &str, args: &str, done: bool) {
+/// A `function_call` item; `namespace`: the namespace of the tool it calls, if any.
+fn call_item(
+    out: &mut Vec<u8>,
+    call_id: &str,
+    (name, namespace): (&str, Option<&str>),
+    args: &str,
+    done: bool,
+) {
     out.extend_from_slice(b"{\"id\":");
     push_str(out, &format!("fc_{call_id}"));
     let status = if done { "completed" } else { "in_progress" };
@@ -730,6 +947,10 @@ fn call_item(out: &mut Vec<u8>, call_id: &str, name: &str, args: &str, done: boo
     push_str(out, call_id);
     out.extend_from_slice(b",\"name\":");
     push_str(out, name);
+    if let Some(ns) = namespace {
+        out.extend_from_slice(b",\"namespace\":");
+        push_str(out, ns);
+    }
     out.extend_from_slice(b",\"arguments\":");
     push_str(out, args);
     out.push(b'}');
@@ -786,7 +1007,7 @@ pub fn completion_to_response(c: &Value, echo: &Echo, created: u64) -> Vec<u8> {
                 call_item(
                     o,
                     s("/id"),
-                    s("/function/name"),
+                    echo.unflatten(s("/function/name")),
                     s("/function/arguments"),
                     true,
                 );
@@ -814,7 +1035,9 @@ enum Item {
         /// The chat tool-call index.
         index: u64,
         call_id: String,
+        /// The name the client knows the tool by, and its namespace if it has one.
         name: String,
+        namespace: Option<String>,
         args: String,
         done: bool,
     },
@@ -830,9 +1053,10 @@ impl Item {
             Item::Call {
                 call_id,
                 name,
+                namespace,
                 args,
                 ..
-            } => call_item(out, call_id, name, args, true),
+            } => call_item(out, call_id, (name, namespace.as_deref()), args, true),
         }
     }
 }
@@ -1103,15 +1327,17 @@ impl ToResponses {
                 self.close_open(out);
                 let i = self.items.len();
                 let call_id = id.unwrap_or("").to_owned();
-                let name = name.unwrap_or("").to_owned();
+                let (name, namespace) = self.echo.unflatten(name.unwrap_or(""));
+                let (name, namespace) = (name.to_owned(), namespace.map(str::to_owned));
                 self.event(out, "response.output_item.added");
                 let _ = write!(out, ",\"output_index\":{i},\"item\":");
-                call_item(out, &call_id, &name, "", false);
+                call_item(out, &call_id, (&name, namespace.as_deref()), "", false);
                 Self::end_event(out);
                 self.items.push(Item::Call {
                     index,
                     call_id,
                     name,
+                    namespace,
                     args: String::new(),
                     done: false,
                 });

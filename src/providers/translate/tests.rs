@@ -1472,6 +1472,219 @@ mod responses {
         assert_eq!(r["usage"]["output_tokens"], 20);
     }
 
+    /// Codex's default tools: function tools, the multi-agent `namespace` of function tools
+    /// (as Codex CLI 0.171.0 sends it), and the hosted web search.
+    fn codex_tools(web_search: bool) -> Value {
+        let f = |name: &str| {
+            json!({"type": "function", "name": name, "description": format!("{name} it"), "strict": false,
+                   "parameters": {"type": "object", "properties": {"target": {"type": "string"}}}})
+        };
+        let mut tools = vec![
+            f("exec_command"),
+            json!({"type": "namespace", "name": "multi_agent_v1",
+                   "description": "Tools for spawning and managing sub-agents.",
+                   "tools": [f("spawn_agent"), f("close_agent")]}),
+            f("get_goal"),
+        ];
+        if web_search {
+            tools.push(json!({"type": "web_search", "external_web_access": true}));
+        }
+        Value::Array(tools)
+    }
+
+    fn with_tools(tools: Value) -> serde_json::Map<String, Value> {
+        let mut r = codex_request();
+        r["tools"] = tools;
+        obj(r)
+    }
+
+    #[test]
+    fn a_namespace_tool_is_offered_as_flat_function_tools() {
+        for anthropic in [false, true] {
+            let (chat, _) =
+                to_chat(&with_tools(codex_tools(false)), "m", anthropic).expect("translates");
+            let names: Vec<&str> = chat["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                names,
+                [
+                    "exec_command",
+                    "multi_agent_v1__spawn_agent",
+                    "multi_agent_v1__close_agent",
+                    "get_goal"
+                ]
+            );
+            let spawn = &chat["tools"][1]["function"];
+            assert_eq!(
+                spawn["description"],
+                "Tools for spawning and managing sub-agents.\n\nspawn_agent it"
+            );
+            assert_eq!(
+                spawn["parameters"]["properties"]["target"]["type"],
+                "string"
+            );
+        }
+        // Through to an Anthropic request: the flat names are valid tool names there too.
+        let mut req = codex_request();
+        req["tools"] = codex_tools(false);
+        let body = serde_json::to_vec(&req).unwrap();
+        let (sent, _) = translate_request(&body, "claude-x", true).expect("translates");
+        let sent: Value = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(sent["tools"][2]["name"], "multi_agent_v1__close_agent");
+    }
+
+    #[test]
+    fn a_namespaced_call_in_the_input_goes_back_under_its_flat_name() {
+        let mut req = codex_request();
+        req["tools"] = codex_tools(false);
+        req["input"] = json!([
+            {"role": "user", "content": "spawn one"},
+            {"type": "function_call", "call_id": "call_9", "name": "spawn_agent",
+             "namespace": "multi_agent_v1", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_9", "output": "agent 1"}
+        ]);
+        req["tool_choice"] =
+            json!({"type": "function", "name": "close_agent", "namespace": "multi_agent_v1"});
+        let (chat, _) = to_chat(&obj(req), "m", false).expect("translates");
+        let call = &chat["messages"][2]["tool_calls"][0];
+        assert_eq!(call["id"], "call_9");
+        assert_eq!(call["function"]["name"], "multi_agent_v1__spawn_agent");
+        assert_eq!(
+            chat["tool_choice"]["function"]["name"],
+            "multi_agent_v1__close_agent"
+        );
+    }
+
+    #[test]
+    fn a_call_of_a_flat_name_comes_back_with_its_namespace() {
+        let (_, echo) = to_chat(&with_tools(codex_tools(false)), "m", false).expect("translates");
+        let completion = json!({"id": "c1", "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "multi_agent_v1__close_agent", "arguments": "{\"target\":\"1\"}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "exec_command", "arguments": "{}"}}]}}]});
+        let body = serde_json::to_vec(&completion).unwrap();
+        let r: Value =
+            serde_json::from_slice(&translate_answer(&body, false, &echo, 1).unwrap()).unwrap();
+        assert_eq!(r["output"][0]["type"], "function_call");
+        assert_eq!(r["output"][0]["name"], "close_agent");
+        assert_eq!(r["output"][0]["namespace"], "multi_agent_v1");
+        assert_eq!(r["output"][0]["arguments"], "{\"target\":\"1\"}");
+        assert_eq!(r["output"][1]["name"], "exec_command");
+        assert!(r["output"][1].get("namespace").is_none());
+        // The response repeats the tools as the client gave them.
+        assert_eq!(r["tools"], codex_tools(false));
+        // Without the namespace in the request, a name with `__` is just a name.
+        let r: Value =
+            serde_json::from_slice(&translate_answer(&body, false, &Echo::default(), 1).unwrap())
+                .unwrap();
+        assert_eq!(r["output"][0]["name"], "multi_agent_v1__close_agent");
+        assert!(r["output"][0].get("namespace").is_none());
+    }
+
+    #[test]
+    fn a_namespaced_call_streams_back_with_its_namespace_however_it_is_split() {
+        let (_, echo) = to_chat(&with_tools(codex_tools(false)), "m", false).expect("translates");
+        let chunk = |delta: Value, finish: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({"id": "chatcmpl-n", "object": "chat.completion.chunk", "created": 1, "model": "gpt",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            )
+        };
+        let rec = [
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_n", "type": "function",
+                        "function": {"name": "multi_agent_v1__spawn_agent", "arguments": ""}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"target\":\"x\"}"}}]}),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("tool_calls")),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let rec = rec.as_bytes();
+        let go = |pieces: &[&[u8]]| {
+            let mut tr = StreamTranslator::new(Translation::ResponsesToChat, false, 42)
+                .with_echo(echo.clone());
+            let mut out = Vec::new();
+            for p in pieces {
+                tr.feed(p, &mut out);
+            }
+            tr.finish(&mut out);
+            out
+        };
+        let whole = go(&[rec]);
+        for i in 0..=rec.len() {
+            let (a, b) = rec.split_at(i);
+            assert_eq!(go(&[a, b]), whole, "split at {i}");
+        }
+        let events: Vec<Value> = events_of(&whole)
+            .into_iter()
+            .map(|(_, d)| serde_json::from_str(&d).unwrap())
+            .collect();
+        let item = |kind: &str| {
+            events
+                .iter()
+                .find(|e| e["type"] == kind)
+                .map(|e| e["item"].clone())
+                .unwrap()
+        };
+        for it in [
+            item("response.output_item.added"),
+            item("response.output_item.done"),
+        ] {
+            assert_eq!(it["type"], "function_call");
+            assert_eq!(it["name"], "spawn_agent");
+            assert_eq!(it["namespace"], "multi_agent_v1");
+        }
+        let args_done = events
+            .iter()
+            .find(|e| e["type"] == "response.function_call_arguments.done")
+            .unwrap();
+        assert_eq!(args_done["name"], "spawn_agent");
+        assert_eq!(args_done["arguments"], "{\"target\":\"x\"}");
+        let done = &events.last().unwrap()["response"];
+        assert_eq!(done["output"][0]["namespace"], "multi_agent_v1");
+        assert_eq!(done["output"][0]["call_id"], "call_n");
+    }
+
+    #[test]
+    fn tools_that_cannot_be_flattened_or_run_are_refused_naming_the_field() {
+        let refused = |tools: Value| {
+            to_chat(&with_tools(tools), "m", false)
+                .map(|_| ())
+                .expect_err("refused")
+        };
+        // Codex's default set: the namespace translates; the hosted web search does not.
+        let r = refused(codex_tools(true));
+        assert_eq!(r.field, "tools[3].type");
+        assert!(r.why.contains("web_search"), "{}", r.why);
+        assert!(r.why.contains("web_search = \"disabled\""), "{}", r.why);
+        // A plain tool already named like a flattened one.
+        let mut tools = codex_tools(false);
+        tools[2]["name"] = json!("multi_agent_v1__close_agent");
+        assert_eq!(refused(tools).field, "tools[2].name");
+        // Something other than a function inside a namespace.
+        let mut tools = codex_tools(false);
+        tools[1]["tools"][1] = json!({"type": "web_search"});
+        assert_eq!(refused(tools).field, "tools[1].tools[1].type");
+        // A flat name longer than providers take.
+        let mut tools = codex_tools(false);
+        tools[1]["name"] = json!("n".repeat(60));
+        assert_eq!(refused(tools).field, "tools[1].tools[0].name");
+        let mut tools = codex_tools(false);
+        tools[1]["defer_loading"] = json!(true);
+        assert_eq!(refused(tools).field, "tools[1].defer_loading");
+    }
+
     #[test]
     fn a_responses_stream_cut_short_ends_with_a_responses_error_event() {
         for (t, rec) in [
