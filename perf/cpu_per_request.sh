@@ -25,9 +25,7 @@ command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq lin
 write_config "$OUT/cpu.toml" 1 false
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/cpu.toml" > "$OUT/cpu-tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
-for _ in $(seq 100); do grep -q "listening on" "$OUT/cpu-tidegate.log" && break; sleep 0.1; done
-TG_ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/cpu-tidegate.log")
-[ -n "$TG_ADDR" ] || { cat "$OUT/cpu-tidegate.log"; exit 1; }
+TG_ADDR=$(listening_addr "$OUT/cpu-tidegate.log")
 URL="http://$TG_ADDR/v1/chat/completions"
 body='{"model":"perf/gpt-4o-mini","stream":false,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the load test in a few words please."}]}'
 load() { # load RATE SECONDS OUTFILE

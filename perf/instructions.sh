@@ -27,10 +27,8 @@ count() {
     "$BIN/tidegate" serve --config "$OUT/instr.toml" > "$log" 2>&1 &
   local pid=$!
   pids+=($pid)
-  for _ in $(seq 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
   local addr
-  addr=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$log")
-  [ -n "$addr" ] || { cat "$log"; exit 1; }
+  addr=$(listening_addr "$log" 600)
   if [ "$n" -gt 0 ]; then
     "$OHA" -n "$n" -c 4 --no-tui -m POST -H "Authorization: Bearer perf-key" \
       -T application/json -d "$body" "http://$addr/v1/chat/completions" > "$OUT/oha-$n.txt"

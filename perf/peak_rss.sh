@@ -47,9 +47,7 @@ LOG="$OUT/peak_rss-tidegate.log"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$CFG" > "$LOG" 2>&1 &
 TG=$!
 pids+=($TG)
-for _ in $(seq 100); do grep -q "listening on" "$LOG" && break; sleep 0.1; done
-ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$LOG")
-[ -n "$ADDR" ] || { cat "$LOG"; exit 1; }
+ADDR=$(listening_addr "$LOG")
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$MOCK_PORT) 2>/dev/null && break; sleep 0.1; done
 
 kib() { awk -v k="$1" '$1 == k":" {print $2}' /proc/$TG/status; }

@@ -39,9 +39,7 @@ pids+=($!)
 write_config "$OUT/perf.toml" "$TIDEGATE_WORKERS" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/perf.toml" > "$OUT/tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
-for _ in $(seq 100); do grep -q "listening on" "$OUT/tidegate.log" && break; sleep 0.1; done
-TG_ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/tidegate.log")
-[ -n "$TG_ADDR" ] || { cat "$OUT/tidegate.log"; exit 1; }
+TG_ADDR=$(listening_addr "$OUT/tidegate.log")
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$NGINX_PORT) 2>/dev/null && break; sleep 0.1; done
 
 PATH_=/v1/chat/completions

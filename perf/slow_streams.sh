@@ -71,7 +71,5 @@ LOG="$OUT/slow_streams-tidegate.log"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$CFG" > "$LOG" 2>&1 &
 TG=$!
 pids+=($TG)
-for _ in $(seq 100); do grep -q "listening on" "$LOG" && break; sleep 0.1; done
-ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$LOG")
-[ -n "$ADDR" ] || { cat "$LOG"; exit 1; }
+ADDR=$(listening_addr "$LOG")
 python3 perf/slow_streams.py "$ADDR" "$TG" "$N" "$SECONDS_" "perf/drip-1000" | tee "$OUT/slow_streams-$MODE-$N.json"

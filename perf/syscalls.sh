@@ -24,34 +24,11 @@ command -v bpftrace >/dev/null || { apt-get update -qq && apt-get install -y -qq
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 . perf/binaries.sh   # $BIN, pids, cleanup
 
-MOCK_PORT=$((20000 + RANDOM % 20000))
-"$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/sys-mock.log" 2>&1 &
-pids+=($!)
-cat > "$OUT/sys.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-workers = $WORKERS
-pin_threads = ${TIDEGATE_PIN:-true}
-
-[[client_keys]]
-id = "perf"
-key = "perf-key"
-
-[[providers]]
-id = "perf"
-format = "openai"
-base_url = "http://127.0.0.1:$MOCK_PORT/v1"
-models = ["gpt-4o-mini"]
-
-[[connections]]
-id = "perf-1"
-provider = "perf"
-TOML
+start_mock "$BIN" "$OUT/sys-mock.log"; MOCK_PORT=$STARTED_PORT
+gateway_config "$OUT/sys.toml" "$MOCK_PORT" "$WORKERS" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/sys.toml" > "$OUT/sys-tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
-for _ in $(seq 100); do grep -q "listening on" "$OUT/sys-tidegate.log" && break; sleep 0.1; done
-TG_ADDR=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/sys-tidegate.log")
-[ -n "$TG_ADDR" ] || { cat "$OUT/sys-tidegate.log"; exit 1; }
+TG_ADDR=$(listening_addr "$OUT/sys-tidegate.log")
 DRIVER=$(sed -n 's/.*driver=\([a-z_]*\).*/\1/p' "$OUT/sys-tidegate.log")
 
 NGINX_PORT=$((MOCK_PORT + 1))

@@ -24,29 +24,8 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk;
 command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq linux-perf; }
 . perf/binaries.sh   # $BIN, pids, cleanup
 
-MOCK_PORT=$((20000 + RANDOM % 20000))
-"$BIN/tidegate-mock" --listen 127.0.0.1:$MOCK_PORT --workers 1 > "$OUT/setup-mock.log" 2>&1 &
-pids+=($!)
-cat > "$OUT/setup.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-workers = $WORKERS
-pin_threads = ${TIDEGATE_PIN:-true}
-
-[[client_keys]]
-id = "perf"
-key = "perf-key"
-
-[[providers]]
-id = "perf"
-format = "openai"
-base_url = "http://127.0.0.1:$MOCK_PORT/v1"
-models = ["gpt-4o-mini"]
-
-[[connections]]
-id = "perf-1"
-provider = "perf"
-TOML
+start_mock "$BIN" "$OUT/setup-mock.log"; MOCK_PORT=$STARTED_PORT
+gateway_config "$OUT/setup.toml" "$MOCK_PORT" "$WORKERS" "${TIDEGATE_PIN:-true}"
 declare -A PID=() URL=() RPS=() CPU=()
 [ -n "${BASE_BIN:-}" ] && SETUPS="base $SETUPS"
 for s in $SETUPS; do
@@ -56,9 +35,7 @@ for s in $SETUPS; do
   else env=(TIDEGATE_DRIVER=io_uring "TIDEGATE_URING_SETUP=$s"); fi
   env "${env[@]}" TIDEGATE_LOG=warn "$bin/tidegate" serve --config "$OUT/setup.toml" > "$OUT/setup-$s.log" 2>&1 &
   PID[$s]=$!; pids+=($!)
-  for _ in $(seq 100); do grep -q "listening on" "$OUT/setup-$s.log" && break; sleep 0.1; done
-  addr=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/setup-$s.log")
-  [ -n "$addr" ] || { cat "$OUT/setup-$s.log"; exit 1; }
+  addr=$(listening_addr "$OUT/setup-$s.log")
   URL[$s]="http://$addr/v1/chat/completions"
   STREAM=0 wrk -t2 -c"$CONNS" -d2s -s perf/post.lua "${URL[$s]}" > /dev/null   # warm-up
 done
