@@ -440,58 +440,7 @@ fn odd_json_never_fails_classification() {
 
 /// `parse` as it was before session 7: lines split by a closure per byte.
 fn parse_by_split<'a>(raw: &'a [u8], joined: &'a mut Vec<u8>) -> Event<'a> {
-    let mut name = None;
-    let mut first: Option<&'a [u8]> = None;
-    let mut lines_of_data = 0usize;
-    let mut comment = false;
-    for line in raw.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            continue;
-        }
-        if line[0] == b':' {
-            comment = true;
-            continue;
-        }
-        let (field, value) = match memchr::memchr(b':', line) {
-            Some(i) => {
-                let v = &line[i + 1..];
-                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
-            }
-            None => (line, &line[line.len()..]),
-        };
-        match field {
-            b"event" => name = Some(value),
-            b"data" => {
-                lines_of_data += 1;
-                match lines_of_data {
-                    1 => first = Some(value),
-                    2 => {
-                        joined.clear();
-                        joined.extend_from_slice(first.unwrap_or_default());
-                        joined.push(b'\n');
-                        joined.extend_from_slice(value);
-                    }
-                    _ => {
-                        joined.push(b'\n');
-                        joined.extend_from_slice(value);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    let joined: &'a Vec<u8> = joined;
-    let data = if lines_of_data > 1 {
-        Some(joined.as_slice())
-    } else {
-        first
-    };
-    Event {
-        name,
-        data,
-        comment,
-    }
+    event_of_lines(raw.split(|&b| b == b'\n'), joined)
 }
 
 proptest! {
