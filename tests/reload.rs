@@ -36,6 +36,23 @@ fn chat(addr: std::net::SocketAddr, key: &str, model: &str) -> support::Response
     )
 }
 
+/// A chat request for `model` with client key `key`, sent and left waiting for its answer
+/// (the upstream holds it), so the shard that took it has a request in flight.
+fn start_chat(addr: std::net::SocketAddr, key: &str, model: &str) -> Client {
+    let mut held = Client::connect(addr);
+    let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    held.start_request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", &format!("Bearer {key}")),
+            ("content-type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    held
+}
+
 fn hup(gw: &mut Gateway) {
     gw.signal(libc::SIGHUP);
 }
@@ -50,17 +67,7 @@ fn sighup_applies_a_new_config_once_in_flight_requests_finish_on_the_old_one() {
     let addr = gw.addr();
 
     // A request in flight across the reload.
-    let mut held = Client::connect(addr);
-    let body = br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#;
-    held.start_request(
-        "POST",
-        CHAT,
-        &[
-            ("authorization", "Bearer key-one"),
-            ("content-type", "application/json"),
-        ],
-        body,
-    );
+    let mut held = start_chat(addr, "key-one", "up/m1");
     mock.wait_for_hits(CHAT, 1, secs(10));
 
     std::fs::write(
@@ -356,16 +363,7 @@ fn sighup_removes_a_connection_its_in_flight_request_finishes_and_no_traffic_fol
     let addr = gw.addr();
 
     // A request on c1 in flight across the reload that removes c1.
-    let mut held = Client::connect(addr);
-    held.start_request(
-        "POST",
-        CHAT,
-        &[
-            ("authorization", "Bearer k"),
-            ("content-type", "application/json"),
-        ],
-        br#"{"model":"up/m1","messages":[{"role":"user","content":"hi"}]}"#,
-    );
+    let mut held = start_chat(addr, "k", "up/m1");
     mock.wait_for_hits(CHAT, 1, secs(10));
     reload_to(&mut gw, &file(&connection_at("c2", "up", 5)));
     assert!(
@@ -657,16 +655,7 @@ fn round_robin_combos_added_by_a_reload_serve_while_a_shard_still_runs_the_old_f
     // One shard keeps a request in flight, so it keeps the old file (no combos) until the
     // end of the test: the owner of some of the combos' semaphores has not adopted them
     // when the other shard's requests ask it for a slot.
-    let mut held = Client::connect(addr);
-    held.start_request(
-        "POST",
-        CHAT,
-        &[
-            ("authorization", "Bearer k"),
-            ("content-type", "application/json"),
-        ],
-        br#"{"model":"pa/m1","messages":[{"role":"user","content":"hi"}]}"#,
-    );
+    let mut held = start_chat(addr, "k", "pa/m1");
     a.wait_for_hits(CHAT, 1, secs(10));
     let combos: String = (0..4)
         .map(|i| {
