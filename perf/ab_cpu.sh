@@ -21,36 +21,15 @@ command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq lin
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
+. perf/stack.sh   # start_mock, gateway_config, listening_addr
 declare -A URL TG
 for side in A B; do
   dir=${!side}
-  port=$((20000 + RANDOM % 20000))
-  "$dir/tidegate-mock" --listen 127.0.0.1:$port --workers 1 > "$OUT/ab-mock-$side.log" 2>&1 &
-  pids+=($!)
-  cat > "$OUT/ab-$side.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-pin_threads = false
-
-[[client_keys]]
-id = "perf"
-key = "perf-key"
-
-[[providers]]
-id = "perf"
-format = "openai"
-base_url = "http://127.0.0.1:$port/v1"
-models = ["gpt-4o-mini"]
-
-[[connections]]
-id = "perf-1"
-provider = "perf"
-TOML
+  start_mock "$dir" "$OUT/ab-mock-$side.log"
+  gateway_config "$OUT/ab-$side.toml" "$STARTED_PORT" 1 false
   TIDEGATE_LOG=warn "$dir/tidegate" serve --config "$OUT/ab-$side.toml" > "$OUT/ab-tg-$side.log" 2>&1 &
   TG[$side]=$!; pids+=($!)
-  for _ in $(seq 100); do grep -q "listening on" "$OUT/ab-tg-$side.log" && break; sleep 0.1; done
-  URL[$side]=http://$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$OUT/ab-tg-$side.log")/v1/chat/completions
+  URL[$side]=http://$(listening_addr "$OUT/ab-tg-$side.log")/v1/chat/completions
   STREAM=0 wrk -t1 -c8 -d2s -s perf/post.lua "${URL[$side]}" > /dev/null
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }

@@ -18,42 +18,20 @@ command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
+. perf/stack.sh   # start_mock, gateway_config, listening_addr
 
 for dir in "$@"; do
   tag=$(basename "$dir")
-  port=$((20000 + RANDOM % 20000))
-  "$dir/tidegate-mock" --listen 127.0.0.1:$port --workers 1 > "$OUT/ab-mock.log" 2>&1 &
-  mock=$!; pids+=($mock)
-  cat > "$OUT/ab-instr.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-workers = 1
-pin_threads = false
-
-[[client_keys]]
-id = "perf"
-key = "perf-key"
-
-[[providers]]
-id = "perf"
-format = "openai"
-base_url = "http://127.0.0.1:$port/v1"
-models = ["gpt-4o-mini"]
-
-[[connections]]
-id = "perf-1"
-provider = "perf"
-TOML
+  start_mock "$dir" "$OUT/ab-mock.log"; mock=${pids[-1]}
+  gateway_config "$OUT/ab-instr.toml" "$STARTED_PORT" 1 false
   count() {
     local n=$1 log="$OUT/ab-instr-$tag-$1.log" cg="$OUT/callgrind.out.$tag.s$STREAM.$1"
     rm -f "$cg"
     TIDEGATE_DRIVER=epoll TIDEGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$cg" \
       "$dir/tidegate" serve --config "$OUT/ab-instr.toml" > "$log" 2>&1 &
     local pid=$!; pids+=($pid)
-    for _ in $(seq 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
     local addr
-    addr=$(sed -n 's/^tidegate listening on \([^ ]*\) .*/\1/p' "$log")
-    [ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+    addr=$(listening_addr "$log" 600)
     python3 perf/keepalive_posts.py "$addr" "$n" 4 "$STREAM" >&2
     kill -TERM "$pid"; wait "$pid" || true
     awk '/^summary:/ {print $2}' "$cg"
