@@ -314,6 +314,9 @@ pub(super) async fn continue_stream(
         // The prefill as this candidate's format takes it (`open` translates the request
         // for a candidate of the other format).
         let provider = shard.config().provider(target.provider);
+        if !takes_prefill(request.endpoint, provider) {
+            continue;
+        }
         let for_anthropic = provider.format == ProviderFormat::Anthropic;
         let cont = down
             .splice
@@ -390,6 +393,15 @@ fn continuation_request(
         key: request.plan.key,
     };
     Some((body, plan))
+}
+
+/// Whether a candidate can be asked to continue a stream on `endpoint` with a prefill. A
+/// provider serving `/v1/responses` as it is cannot: the Responses API has no assistant
+/// prefill (an assistant item at the end of `input` is an earlier turn, which the model
+/// answers anew rather than continues), so only a candidate the request is translated for
+/// (Chat Completions or Anthropic) is asked.
+fn takes_prefill(endpoint: Endpoint, provider: &crate::config::Provider) -> bool {
+    endpoint != Endpoint::Responses || Translation::between(endpoint, provider).is_some()
 }
 
 /// A continuation's target answered that it takes no assistant prefill.
@@ -918,7 +930,7 @@ pub(super) async fn deliver(
             // Mid-stream continuation: the splice follows the stream (in the client's
             // format: a translated answer goes through it after its translation).
             if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
-                down.splice = Splice::new(req.endpoint).map(Box::new);
+                down.splice = Splice::new(req.endpoint, translation.is_some()).map(Box::new);
             }
             if let Some((t, carry)) = translation {
                 let tr = super::translate::Translated {

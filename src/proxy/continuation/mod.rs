@@ -32,6 +32,7 @@
 
 mod anthropic;
 mod openai;
+mod responses;
 
 use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
@@ -67,6 +68,27 @@ enum Phase {
     Replay,
     /// A later part past its overlap or repeated prefix: streamed, still transformed.
     Pass,
+}
+
+/// What a Responses splice keeps besides the shared state.
+#[derive(Debug, Default)]
+struct Responses {
+    /// The next `sequence_number` of the client's stream.
+    seq: u64,
+    /// The first part's response `id` and `created_at`.
+    id: Option<Value>,
+    created_at: Option<Value>,
+    /// The client's open message item: its id, where its text starts in the delivered
+    /// text, and the content index of its text part.
+    msg_id: Option<String>,
+    msg_start: usize,
+    msg_content: u64,
+    /// The client's output index the current part's message item goes on in (the open
+    /// message item carried over from an earlier part).
+    carried: Option<u64>,
+    /// Finished output items, at the client's output indices (`response.completed`'s
+    /// `output`).
+    items: Vec<(u64, Value)>,
 }
 
 /// A text event of a prefill part held back while the overlap is not decided.
@@ -115,12 +137,26 @@ pub struct Splice {
     open_block: Option<u64>,
     next_block: u64,
     blocks: Vec<(u64, Option<u64>)>,
+    /// Responses (the output items play the part of Anthropic's blocks above: `open_block`
+    /// is the client's open message item, `blocks` maps the part's output indices).
+    resp: Responses,
 }
 
 impl Splice {
-    /// A splice for a stream on `endpoint`; `None` for endpoints continuation does not serve.
-    pub fn new(endpoint: Endpoint) -> Option<Splice> {
-        if !matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Messages) {
+    /// A splice for a stream on `endpoint` whose first part is `translated` (from a
+    /// provider of the other format) or not; `None` for streams continuation does not
+    /// serve. A `/v1/responses` stream is continued only when it is translated: one relayed
+    /// as it is from a provider serving the Responses API names a response that provider
+    /// stores (`previous_response_id` would later find it without the continuation's
+    /// text), and may carry items no continuation can restate (encrypted reasoning,
+    /// built-in tool calls).
+    pub fn new(endpoint: Endpoint, translated: bool) -> Option<Splice> {
+        let served = match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Messages => true,
+            Endpoint::Responses => translated,
+            _ => false,
+        };
+        if !served {
             return None;
         }
         Some(Splice {
@@ -147,6 +183,7 @@ impl Splice {
             open_block: None,
             next_block: 0,
             blocks: Vec::new(),
+            resp: Responses::default(),
         })
     }
 
@@ -260,6 +297,7 @@ impl Splice {
         self.pending.clear();
         self.pending_len = 0;
         self.blocks.clear();
+        self.resp.carried = None;
     }
 
     /// The error that ends the stream when no continuation comes.
@@ -281,6 +319,10 @@ impl Splice {
             let kept = text.trim_end().len();
             self.trimmed = text.len() - kept;
             text.truncate(kept);
+        }
+        if self.endpoint == Endpoint::Responses {
+            Self::prefill_responses(&mut body, text)?;
+            return serde_json::to_vec(&body).ok().map(Bytes::from);
         }
         let messages = body.get_mut("messages")?.as_array_mut()?;
         let last_assistant = messages
@@ -373,6 +415,7 @@ impl Splice {
         };
         match self.endpoint {
             Endpoint::Messages => self.record_anthropic(name, &v),
+            Endpoint::Responses => self.record_responses(name, &v),
             _ => self.record_openai(&v),
         }
     }
@@ -421,6 +464,7 @@ impl Splice {
         };
         match self.endpoint {
             Endpoint::Messages => self.transform_anthropic(name, v, out),
+            Endpoint::Responses => self.transform_responses(name, v, out),
             _ => self.transform_openai(v, out),
         }
     }
@@ -459,14 +503,14 @@ impl Splice {
                     self.phase = Phase::Pass;
                     self.delivered.push_str(&text[skip..]);
                     let v = with_text(self.endpoint, v, &text[skip..]);
-                    emit(out, name.as_deref(), &v);
+                    self.send(out, name.as_deref(), v);
                 } else {
                     self.fail("the re-sent request's answer differs from the text already sent");
                 }
             }
             Phase::Pass | Phase::Original => {
                 self.delivered.push_str(&text);
-                emit(out, name.as_deref(), &v);
+                self.send(out, name.as_deref(), v);
             }
         }
     }
@@ -507,9 +551,18 @@ impl Splice {
             }
             self.delivered.push_str(&h.text[cut..]);
             let v = with_text(self.endpoint, h.json, &h.text[cut..]);
-            emit(out, h.name.as_deref(), &v);
+            self.send(out, h.name.as_deref(), v);
         }
         self.pending_len = 0;
+    }
+
+    /// Appends one event of a later part; a Responses event gets the next sequence number
+    /// of the client's stream (held events are numbered when they go out).
+    fn send(&mut self, out: &mut BytesMut, name: Option<&str>, mut v: Value) {
+        if self.endpoint == Endpoint::Responses {
+            self.resp.number(&mut v);
+        }
+        emit(out, name, &v);
     }
 }
 
@@ -555,6 +608,7 @@ fn overlap(delivered: &str, next: &str) -> usize {
 fn with_text(endpoint: Endpoint, mut v: Value, text: &str) -> Value {
     let path = match endpoint {
         Endpoint::Messages => "/delta/text",
+        Endpoint::Responses => "/delta",
         _ => "/choices/0/delta/content",
     };
     if let Some(slot) = v.pointer_mut(path) {

@@ -1,0 +1,481 @@
+//! Mid-stream continuation of `/v1/responses` streams (`stream_recovery.continue_mid_stream`,
+//! issue 15 items 3 and 5): a Responses stream translated from a Chat Completions or an
+//! Anthropic provider and cut after its first client byte is continued by the next
+//! candidate of either format, asked with the delivered text as a trailing assistant input
+//! item. Its events go on in the client's open message item (same item id, output index and
+//! content index, sequence numbers counting on); the done events and `response.completed`
+//! carry the whole text and the first part's response id, and the usage covers the whole
+//! answer. A stream that carried a function call is not continued, a candidate serving the
+//! Responses API as it is is never asked (it takes no prefill), and a stream relayed as it
+//! is from such a provider is not continued.
+//!
+//! Every test reads the client's whole event stream and what the upstreams saw.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+const MESSAGES: &str = "/v1/messages";
+const RESPONSES: &str = "/v1/responses";
+const ASK: &str = r#"{"model":"m1","stream":true,"instructions":"Count.","input":"count","max_output_tokens":100}"#;
+
+/// A provider table of `format`: `chat` (OpenAI format, Chat Completions only), `responses`
+/// (OpenAI format serving the Responses API as it is) or `anthropic`.
+fn provider_of(id: &str, m: &MockUpstream, format: &str) -> String {
+    let p = provider(id, &m.base_url(), &["m1"]);
+    match format {
+        "chat" => p.replace(
+            "format = \"openai\"",
+            "format = \"openai\"\nresponses_api = false",
+        ),
+        "responses" => p,
+        other => p.replace("format = \"openai\"", &format!("format = \"{other}\"")),
+    }
+}
+
+/// Providers `a` then `b` (model `m1`), one connection each, continuation on.
+fn config(a: &MockUpstream, a_format: &str, b: &MockUpstream, b_format: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}\
+         [resilience.stream_watchdog]\nstall_timeout_ms = 5000\n\n\
+         [resilience.stream_recovery]\ncontinue_mid_stream = true\n",
+        provider_of("a", a, a_format),
+        connection("first", "a"),
+        provider_of("b", b, b_format),
+        connection("second", "b"),
+    )
+}
+
+fn words(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("word{i} ")).collect()
+}
+
+fn raw(chunks: &[String]) -> Vec<Chunk> {
+    chunks.iter().map(Chunk::raw).collect()
+}
+
+fn chat_chunk(id: &str, delta: Value, finish: Value) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "model": "mock-model", "choices": [{"index": 0, "delta": delta,
+            "finish_reason": finish}]})
+    )
+}
+
+/// A chat upstream's first part: a role chunk and 12 words.
+fn chat_start() -> Vec<String> {
+    let mut chunks = vec![chat_chunk(
+        "chatcmpl-a",
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    chunks.extend(
+        words(0..12)
+            .iter()
+            .map(|w| chat_chunk("chatcmpl-a", json!({"content": w}), Value::Null)),
+    );
+    chunks
+}
+
+/// A chat upstream's continuation: a role chunk, the last two delivered words again (14
+/// characters), two new pieces, the finish, usage (40 prompt, 4 completion), `[DONE]`.
+fn chat_continuation() -> Vec<String> {
+    let mut chunks = vec![chat_chunk(
+        "chatcmpl-b",
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    for t in ["word10 word11 ", "word12 ", "end."] {
+        chunks.push(chat_chunk("chatcmpl-b", json!({"content": t}), Value::Null));
+    }
+    chunks.push(chat_chunk("chatcmpl-b", json!({}), json!("stop")));
+    chunks.push(format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-b", "object": "chat.completion.chunk", "choices": [],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44}})
+    ));
+    chunks.push("data: [DONE]\n\n".to_owned());
+    chunks
+}
+
+fn anthropic_event(v: Value) -> String {
+    format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap())
+}
+
+/// An Anthropic upstream's message start (`input` tokens) and one text block of `texts`.
+fn anthropic_start(id: &str, input: u64, texts: &[String]) -> Vec<String> {
+    let mut chunks = vec![
+        anthropic_event(json!({"type": "message_start", "message": {"id": id,
+            "type": "message", "role": "assistant", "model": "m1", "content": [],
+            "stop_reason": null, "usage": {"input_tokens": input, "output_tokens": 1}}})),
+        anthropic_event(json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}})),
+    ];
+    for t in texts {
+        chunks.push(anthropic_event(
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": t}}),
+        ));
+    }
+    chunks
+}
+
+/// An Anthropic upstream's continuation: its start (45 input tokens) and a ping, a block
+/// starting with the space the prefill left out, its end, 4 output tokens.
+fn anthropic_continuation() -> Vec<String> {
+    let mut chunks = anthropic_start("msg_b", 45, &[" word12".to_owned(), " fin.".to_owned()]);
+    chunks.insert(1, anthropic_event(json!({"type": "ping"})));
+    chunks.push(anthropic_event(
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    chunks.push(anthropic_event(json!({"type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+        "usage": {"output_tokens": 4}})));
+    chunks.push(anthropic_event(json!({"type": "message_stop"})));
+    chunks
+}
+
+/// Asks `ASK` and reads the stream: `(status, de-chunked body, cleanly terminated)`.
+fn ask(addr: std::net::SocketAddr) -> (u16, String, bool) {
+    let mut c = Client::connect(addr);
+    c.start_request("POST", RESPONSES, &[], ASK.as_bytes());
+    let head = c.read_head();
+    assert_eq!(head.header("transfer-encoding"), Some("chunked"));
+    let mut body = Vec::new();
+    let terminated = loop {
+        match c.next_body_piece(Duration::from_secs(20)) {
+            Piece::Data(d) => body.extend_from_slice(&d),
+            Piece::End => break true,
+            Piece::Closed => break false,
+            Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
+        }
+    };
+    (head.status, String::from_utf8(body).unwrap(), terminated)
+}
+
+/// The client's events: `(event name, data)`; the name must equal the data's `type`.
+fn events(body: &str) -> Vec<(String, Value)> {
+    parse_sse(body.as_bytes())
+        .into_iter()
+        .map(|e| {
+            let v = e.json();
+            let name = e.event.unwrap_or_default();
+            assert_eq!(v["type"].as_str(), Some(name.as_str()), "{body}");
+            (name, v)
+        })
+        .collect()
+}
+
+fn names(evs: &[(String, Value)]) -> Vec<&str> {
+    evs.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+fn the<'a>(evs: &'a [(String, Value)], name: &str) -> &'a Value {
+    let found: Vec<&Value> = evs
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(found.len(), 1, "one {name}: {evs:?}");
+    found[0]
+}
+
+/// Checks a continued stream's shape and returns its text deltas, concatenated: the events
+/// of one response with one message item (`item_id` at output index 0, content index 0),
+/// sequence numbers 0, 1, 2… without a gap, the done events and `response.completed`
+/// carrying the whole text, `response.completed` the id and creation time of
+/// `response.created`, and `usage` (input, output tokens).
+fn check_continued(body: &str, item_id: &str, usage: (u64, u64)) -> String {
+    let evs = events(body);
+    let seq: Vec<u64> = evs
+        .iter()
+        .map(|(_, v)| v["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seq, (0..evs.len() as u64).collect::<Vec<_>>(), "{body}");
+    let n = names(&evs);
+    let deltas = n
+        .iter()
+        .filter(|x| **x == "response.output_text.delta")
+        .count();
+    let mut want = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    want.extend(std::iter::repeat_n("response.output_text.delta", deltas));
+    want.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(n, want, "{body}");
+    let mut text = String::new();
+    for (name, v) in &evs {
+        if name == "response.output_text.delta" {
+            assert_eq!(v["item_id"], item_id, "{v}");
+            assert_eq!(v["output_index"], 0, "{v}");
+            assert_eq!(v["content_index"], 0, "{v}");
+            text.push_str(v["delta"].as_str().unwrap());
+        }
+    }
+    let added = the(&evs, "response.output_item.added");
+    assert_eq!(added["item"]["id"], item_id);
+    let done = the(&evs, "response.output_text.done");
+    assert_eq!(
+        (&done["item_id"], &done["text"]),
+        (&json!(item_id), &json!(text))
+    );
+    let part = the(&evs, "response.content_part.done");
+    assert_eq!(part["item_id"], item_id);
+    assert_eq!(part["part"]["text"], text.as_str());
+    let item = the(&evs, "response.output_item.done");
+    assert_eq!(item["output_index"], 0);
+    assert_eq!(item["item"]["id"], item_id);
+    assert_eq!(item["item"]["content"][0]["text"], text.as_str());
+    let created = &the(&evs, "response.created")["response"];
+    let completed = &the(&evs, "response.completed")["response"];
+    assert_eq!(completed["id"], created["id"], "{body}");
+    assert_eq!(completed["created_at"], created["created_at"], "{body}");
+    assert_eq!(completed["status"], "completed");
+    assert_eq!(completed["instructions"], "Count.");
+    assert_eq!(completed["output"], json!([item["item"]]), "{body}");
+    let (input, output) = usage;
+    assert_eq!(completed["usage"]["input_tokens"], input, "{body}");
+    assert_eq!(completed["usage"]["output_tokens"], output, "{body}");
+    assert_eq!(completed["usage"]["total_tokens"], input + output, "{body}");
+    text
+}
+
+/// The last input message of the one request `m` got on `path`, and that request.
+fn last_message(m: &MockUpstream, path: &str) -> (Value, Value) {
+    let seen = m.requests_to(path);
+    assert_eq!(seen.len(), 1, "{path}");
+    let body = seen[0].json();
+    let last = body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    (last, body)
+}
+
+#[test]
+fn a_responses_stream_from_a_chat_provider_cut_mid_answer_is_continued_by_a_chat_provider() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let mut steps = raw(&chat_start());
+    steps.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(steps));
+    b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
+    let gw = Gateway::start(&config(&a, "chat", &b, "chat"));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    // b's text goes on in a's message item, its 14 repeated characters skipped; usage: b's
+    // prompt less the 12 delivered deltas, 12 + 4 output tokens.
+    let text = check_continued(&body, "msg_chatcmpl-a_0", (28, 16));
+    let delivered = words(0..12).concat();
+    assert_eq!(text, format!("{delivered}word12 end."));
+    assert!(terminated, "a continued stream ends cleanly: {body}");
+    assert!(!body.contains("event: error"), "{body}");
+    // b got the Responses request translated, with the delivered text as a trailing
+    // assistant message (its trailing space kept).
+    let (last, to_b) = last_message(&b, CHAT);
+    assert_eq!(last, json!({"role": "assistant", "content": delivered}));
+    assert_eq!(
+        to_b["messages"].as_array().unwrap()[..2],
+        [
+            json!({"role": "system", "content": "Count."}),
+            json!({"role": "user", "content": "count"})
+        ]
+    );
+    assert_eq!(to_b["max_tokens"], 100);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 28);
+    assert_eq!(
+        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+        16
+    );
+}
+
+#[test]
+fn a_responses_stream_from_a_chat_provider_cut_mid_answer_is_continued_by_an_anthropic_provider() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let mut steps = raw(&chat_start());
+    steps.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(steps));
+    b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
+    let gw = Gateway::start(&config(&a, "chat", &b, "anthropic"));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    // b's ping, message start and thinking-free block start dropped, its leading space
+    // (left out of the prefill) skipped; usage: b's 45 input tokens less the 12 delivered
+    // deltas, 12 + 4 output tokens.
+    let text = check_continued(&body, "msg_chatcmpl-a_0", (33, 16));
+    let delivered = words(0..12).concat();
+    assert_eq!(text, format!("{delivered}word12 fin."));
+    assert!(terminated, "{body}");
+    // b got an Anthropic request: the prefill without its trailing space.
+    let (last, to_b) = last_message(&b, MESSAGES);
+    assert_eq!(
+        last,
+        json!({"role": "assistant", "content": delivered.trim_end()})
+    );
+    assert_eq!(to_b["system"], "Count.");
+    assert_eq!(to_b["max_tokens"], 100);
+    assert_eq!(to_b["stream"], true);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 33);
+}
+
+#[test]
+fn a_responses_stream_from_an_anthropic_provider_cut_mid_answer_is_continued() {
+    for b_format in ["chat", "anthropic"] {
+        let a = MockUpstream::start();
+        let b = MockUpstream::start();
+        let mut steps = raw(&anthropic_start("msg_a", 21, &words(0..12)));
+        steps.push(Chunk::close());
+        a.on_always(MESSAGES, Reply::sse(steps));
+        b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
+        b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
+        let gw = Gateway::start(&config(&a, "anthropic", &b, b_format));
+        let (status, body, terminated) = ask(gw.addr());
+        assert_eq!(status, 200);
+        // Usage: a's 21 input tokens (its message_start), 12 + 4 output tokens.
+        let text = check_continued(&body, "msg_msg_a_0", (21, 16));
+        let delivered = words(0..12).concat();
+        let (tail, path) = match b_format {
+            "chat" => ("word12 end.", CHAT),
+            _ => ("word12 fin.", MESSAGES),
+        };
+        assert_eq!(text, format!("{delivered}{tail}"), "{b_format}");
+        assert!(terminated, "{b_format}: {body}");
+        let (last, _) = last_message(&b, path);
+        let prefill = if path == CHAT {
+            delivered.as_str()
+        } else {
+            delivered.trim_end()
+        };
+        assert_eq!(last, json!({"role": "assistant", "content": prefill}));
+        assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
+        assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
+        assert_eq!(
+            metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
+            16
+        );
+    }
+}
+
+#[test]
+fn a_responses_stream_that_carried_a_function_call_is_not_continued() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let mut chunks = vec![chat_chunk(
+        "chatcmpl-a",
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    chunks.push(chat_chunk(
+        "chatcmpl-a",
+        json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}),
+        Value::Null,
+    ));
+    let mut steps = raw(&chunks);
+    steps.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(steps));
+    b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
+    let gw = Gateway::start(&config(&a, "chat", &b, "chat"));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    let evs = events(&body);
+    let n = names(&evs);
+    assert!(
+        n.contains(&"response.function_call_arguments.delta"),
+        "{body}"
+    );
+    assert_eq!(n.last(), Some(&"error"), "{body}");
+    assert!(!n.contains(&"response.completed"), "{body}");
+    assert!(!terminated);
+    assert_eq!(b.total_hits(), 0, "b is never asked");
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
+}
+
+#[test]
+fn a_candidate_serving_the_responses_api_as_it_is_is_not_asked_to_continue() {
+    // a (chat) is cut; b serves /v1/responses as it is, which takes no prefill: no
+    // candidate is left, the stream ends with the in-band error.
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let mut steps = raw(&chat_start());
+    steps.push(Chunk::close());
+    a.on_always(CHAT, Reply::sse(steps));
+    b.on_always(RESPONSES, Reply::error(500, "not to be asked"));
+    let gw = Gateway::start(&config(&a, "chat", &b, "responses"));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    let evs = events(&body);
+    let (name, err) = evs.last().unwrap();
+    assert_eq!(name, "error", "{body}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("no candidate could continue the stream"),
+        "{body}"
+    );
+    let text: String = evs
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, v)| v["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, words(0..12).concat());
+    assert!(!terminated);
+    assert_eq!(b.total_hits(), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
+}
+
+#[test]
+fn a_responses_stream_relayed_as_it_is_is_not_continued() {
+    // a serves the Responses API as it is: its stream goes to the client byte for byte
+    // and a cut ends it with the in-band error, though b could take a prefill.
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let created = json!({"type": "response.created", "sequence_number": 0,
+        "response": {"id": "resp_a", "object": "response", "status": "in_progress",
+        "output": []}});
+    let added = json!({"type": "response.output_item.added", "sequence_number": 1,
+        "output_index": 0, "item": {"id": "msg_a", "type": "message", "role": "assistant",
+        "status": "in_progress", "content": []}});
+    let delta = json!({"type": "response.output_text.delta", "sequence_number": 2,
+        "item_id": "msg_a", "output_index": 0, "content_index": 0, "delta": "Hello there "});
+    let sent: Vec<String> = [created, added, delta]
+        .iter()
+        .map(|v| anthropic_event(v.clone()))
+        .collect();
+    let mut steps = raw(&sent);
+    steps.push(Chunk::close());
+    a.on_always(RESPONSES, Reply::sse(steps));
+    b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
+    let gw = Gateway::start(&config(&a, "responses", &b, "chat"));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    let rest = body
+        .strip_prefix(&sent.concat())
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(rest.starts_with("event: error\n"), "{rest}");
+    assert_eq!(events(rest).len(), 1, "{rest}");
+    assert!(!terminated);
+    assert_eq!(b.total_hits(), 0);
+    assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
+}
