@@ -576,3 +576,134 @@ fn the_openai_sdk_responses_stream_helper_reads_the_mock_responses_stream() {
         "output_item.added before the text: {events:?}"
     );
 }
+
+#[test]
+fn the_openai_sdk_reads_a_responses_stream_continued_after_a_cut() {
+    // Two Chat-Completions-only upstreams for `m1`, mid-stream continuation on: `a` cuts its
+    // stream after a reasoning summary and some text, `b` continues it (repeating the last
+    // 15 characters, with reasoning of its own that the client never sees).
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let chunk = |id: &str, delta: serde_json::Value, finish: Option<&str>| {
+        Chunk::json(
+            serde_json::json!({"id": id, "object": "chat.completion.chunk",
+            "created": 1, "model": "gpt-c", "choices": [{"index": 0, "delta": delta,
+            "finish_reason": finish}]}),
+        )
+    };
+    let role = serde_json::json!({"role": "assistant", "content": ""});
+    a.on_always(
+        "/v1/chat/completions",
+        Reply::sse(vec![
+            chunk("chatcmpl-a", role.clone(), None),
+            chunk(
+                "chatcmpl-a",
+                serde_json::json!({"reasoning_content": "Let me "}),
+                None,
+            ),
+            chunk(
+                "chatcmpl-a",
+                serde_json::json!({"reasoning_content": "think."}),
+                None,
+            ),
+            chunk(
+                "chatcmpl-a",
+                serde_json::json!({"content": "The answer "}),
+                None,
+            ),
+            chunk(
+                "chatcmpl-a",
+                serde_json::json!({"content": "is forty"}),
+                None,
+            ),
+            Chunk::close(),
+        ]),
+    );
+    b.on_always(
+        "/v1/chat/completions",
+        Reply::sse(vec![
+            chunk("chatcmpl-b", role, None),
+            chunk(
+                "chatcmpl-b",
+                serde_json::json!({"reasoning_content": "Again."}),
+                None,
+            ),
+            chunk(
+                "chatcmpl-b",
+                serde_json::json!({"content": "answer is forty"}),
+                None,
+            ),
+            chunk("chatcmpl-b", serde_json::json!({"content": "-two."}), None),
+            chunk("chatcmpl-b", serde_json::json!({}), Some("stop")),
+            Chunk::json(serde_json::json!({"id": "chatcmpl-b",
+                "object": "chat.completion.chunk", "created": 1, "model": "gpt-c",
+                "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 6,
+                "total_tokens": 36}})),
+            Chunk::done(),
+        ]),
+    );
+    let chat_only = |id: &str, m: &MockUpstream| {
+        format!(
+            "[[providers]]\nid = \"{id}\"\nformat = \"openai\"\nbase_url = \"{}\"\n\
+             models = [\"m1\"]\nresponses_api = false\n\n\
+             [[connections]]\nid = \"{id}-1\"\nprovider = \"{id}\"\n\n",
+            m.base_url()
+        )
+    };
+    let gw = Gateway::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n\
+         [[client_keys]]\nid = \"sdk\"\nkey = \"sdk-key\"\n\n{}{}\
+         [resilience.stream_recovery]\ncontinue_mid_stream = true\n",
+        chat_only("a", &a),
+        chat_only("b", &b),
+    ));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["responses-stream", "m1"],
+    );
+    let s = &r["stream"];
+    // What the deltas built, and the final response the SDK parsed from response.completed.
+    assert_eq!(s["text"], "The answer is forty-two.", "{r}");
+    assert_eq!(s["final_text"], "The answer is forty-two.", "{r}");
+    assert_eq!(s["summary"], "Let me think.", "{r}");
+    assert_eq!(s["id"], "resp_chatcmpl-a", "{r}");
+    assert_eq!(
+        s["output_ids"],
+        serde_json::json!(["rs_chatcmpl-a_0", "msg_chatcmpl-a_1"]),
+        "{r}"
+    );
+    // Usage over the whole answer: b's prompt less a's 2 text deltas, 2 + 6 output tokens.
+    assert_eq!(
+        (&s["input_tokens"], &s["output_tokens"]),
+        (&serde_json::json!(28), &serde_json::json!(8)),
+        "{r}"
+    );
+    let kinds = s["kinds"].as_array().unwrap();
+    let count = |k: &str| kinds.iter().filter(|x| *x == k).count();
+    assert_eq!(count("response.created"), 1, "{r}");
+    assert_eq!(count("response.output_item.added"), 2, "{r}");
+    assert_eq!(count("response.completed"), 1, "{r}");
+    let seqs: Vec<u64> = s["sequence_numbers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "{r}");
+    // b was asked with the delivered text as an assistant prefill.
+    let sent = b.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), 1);
+    let last = sent[0].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        last,
+        serde_json::json!({"role": "assistant", "content": "The answer is forty"})
+    );
+}

@@ -5,6 +5,7 @@ Usage: sdk_translate.py BASE_URL API_KEY openai MODEL     (an Anthropic-format u
        sdk_translate.py BASE_URL API_KEY anthropic MODEL  (an OpenAI-format upstream)
        sdk_translate.py BASE_URL API_KEY responses MODEL  (a Chat-Completions-only or an
                                                           Anthropic-format upstream)
+       sdk_translate.py BASE_URL API_KEY responses-stream MODEL
 
 openai mode, calls in this order (the scripted mock upstream relies on it):
   1. chat.completions.create with a system prompt and an image (base64 data URL)
@@ -22,6 +23,9 @@ responses mode:
   2. responses.create with that call and its function_call_output sent back: a text answer
   3. responses.stream with reasoning (summary auto): reasoning summary and text deltas, the
      final response from response.completed equal to what the deltas built, with usage
+
+responses-stream mode: call 3 of responses mode alone (a stream the gateway may splice
+  from two upstreams), also reporting the event types, sequence numbers and final output
 
 Every answer is parsed by the SDK's own types. Prints one JSON line with what was seen and
 exits 0, or says what failed on stderr and exits 1.
@@ -204,13 +208,20 @@ def responses_mode(origin, key, model):
     require(r.usage and r.usage.input_tokens > 0, "call output: no usage")
     out["answer"] = {"text": r.output_text, "input_tokens": r.usage.input_tokens}
 
-    kinds, summary, pieces = [], [], []
+    out["stream"] = responses_stream(c, model)
+    return out
+
+
+def responses_stream(c, model):
+    """responses.stream with reasoning: the checks of responses mode's call 3."""
+    kinds, seqs, summary, pieces = [], [], [], []
     with c.responses.stream(
         model=model, input="Think, then answer", reasoning={"effort": "medium", "summary": "auto"},
         max_output_tokens=2000, store=False,
     ) as stream:
         for event in stream:
             kinds.append(event.type)
+            seqs.append(event.sequence_number)
             if event.type == "response.reasoning_summary_text.delta":
                 summary.append(event.delta)
             elif event.type == "response.output_text.delta":
@@ -224,9 +235,15 @@ def responses_mode(origin, key, model):
     require(types == ["reasoning", "message"], f"stream: final output {types}")
     require(final.output[0].summary[0].text == "".join(summary), "stream: summary differs")
     require(final.usage and final.usage.output_tokens > 0, "stream: no usage")
-    out["stream"] = {"summary": "".join(summary), "text": "".join(pieces),
-                     "output_tokens": final.usage.output_tokens}
-    return out
+    return {"summary": "".join(summary), "text": "".join(pieces), "final_text": final.output_text,
+            "output_tokens": final.usage.output_tokens, "input_tokens": final.usage.input_tokens,
+            "kinds": kinds, "sequence_numbers": seqs, "id": final.id,
+            "output_ids": [o.id for o in final.output]}
+
+
+def responses_stream_mode(origin, key, model):
+    c = openai.OpenAI(base_url=origin + "/v1", api_key=key, max_retries=0, timeout=TIMEOUT_S)
+    return {"stream": responses_stream(c, model)}
 
 
 def main():
@@ -234,7 +251,8 @@ def main():
     if origin.endswith("/v1"):
         origin = origin[:-3]
     try:
-        modes = {"openai": openai_mode, "anthropic": anthropic_mode, "responses": responses_mode}
+        modes = {"openai": openai_mode, "anthropic": anthropic_mode, "responses": responses_mode,
+                 "responses-stream": responses_stream_mode}
         out = modes[mode](origin, key, model)
     except (CheckFailed, openai.APIError, anthropic.APIError) as e:
         print(json.dumps({"ok": False}))
