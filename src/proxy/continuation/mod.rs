@@ -1,11 +1,13 @@
 //! Mid-stream continuation (`stream_recovery.continue_mid_stream`, spec B §7.3, issue 11
-//! item 6, issue 15 item 3): an event stream on chat completions or messages that breaks
-//! after its first client byte (an upstream cut, a content stall, a broken frame, the idle
-//! or active budget) is not ended at once; the walk asks the next candidate to continue it,
-//! with the text the client already holds as an assistant prefill, and splices that answer
-//! into the open client stream. The splice works on the client's format: a part served by
-//! a provider of the other format goes through it after its translation
-//! (`proxy::translate`), so any part may be of either format.
+//! item 6, issue 15 items 3 and 5): an event stream on chat completions or messages, or on
+//! responses translated from a Chat Completions or Anthropic provider, that breaks after its
+//! first client byte (an upstream cut, a content stall, a broken frame, the idle or active
+//! budget) is not ended at once; the walk asks the next candidate to continue it, with the
+//! text the client already holds as an assistant prefill, and splices that answer into the
+//! open client stream. The splice works on the client's format: a part served by a provider
+//! of the other format goes through it after its translation (`proxy::translate`), so any
+//! part may be of either format. `openai.rs`, `anthropic.rs` and `responses.rs` hold the
+//! three client shapes.
 //!
 //! A [`Splice`] follows one client stream across its parts:
 //! - **the original part** goes out as it comes, but only in whole events (an event cut by
