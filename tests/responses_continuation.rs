@@ -1,6 +1,7 @@
 //! Mid-stream continuation of `/v1/responses` streams (`stream_recovery.continue_mid_stream`,
 //! issue 15 items 3 and 5): a Responses stream translated from a Chat Completions or an
-//! Anthropic provider and cut after its first client byte is continued by the next
+//! Anthropic provider and cut, stalled or ended before its finish after its first client
+//! byte is continued by the next
 //! candidate of either format, asked with the delivered text as a trailing assistant input
 //! item. Its events go on in the client's open message item (same item id, output index and
 //! content index, sequence numbers counting on); the done events and `response.completed`
@@ -41,9 +42,20 @@ fn provider_of(id: &str, m: &MockUpstream, format: &str) -> String {
 
 /// Providers `a` then `b` (model `m1`), one connection each, continuation on.
 fn config(a: &MockUpstream, a_format: &str, b: &MockUpstream, b_format: &str) -> String {
+    config_stalling(a, a_format, b, b_format, 5_000)
+}
+
+/// [`config`] with a content-stall budget of `stall_ms`.
+fn config_stalling(
+    a: &MockUpstream,
+    a_format: &str,
+    b: &MockUpstream,
+    b_format: &str,
+    stall_ms: u64,
+) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}\
-         [resilience.stream_watchdog]\nstall_timeout_ms = 5000\n\n\
+         [resilience.stream_watchdog]\nstall_timeout_ms = {stall_ms}\n\n\
          [resilience.stream_recovery]\ncontinue_mid_stream = true\n",
         provider_of("a", a, a_format),
         connection("first", "a"),
@@ -271,13 +283,29 @@ fn last_message(m: &MockUpstream, path: &str) -> (Value, Value) {
 
 #[test]
 fn a_responses_stream_from_a_chat_provider_cut_mid_answer_is_continued_by_a_chat_provider() {
+    chat_continued_by_chat(Some(Chunk::close()));
+}
+
+#[test]
+fn a_responses_stream_ending_before_its_finish_is_continued_like_a_cut() {
+    // a's body ends cleanly, but without a finish_reason or [DONE].
+    chat_continued_by_chat(None);
+}
+
+#[test]
+fn a_responses_stream_stalled_mid_answer_is_continued() {
+    chat_continued_by_chat(Some(Chunk::stall()));
+}
+
+/// a (Chat Completions only): 12 words, then `end`; b (the same) continues.
+fn chat_continued_by_chat(end: Option<Chunk>) {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
     let mut steps = raw(&chat_start());
-    steps.push(Chunk::close());
+    steps.extend(end);
     a.on_always(CHAT, Reply::sse(steps));
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config(&a, "chat", &b, "chat"));
+    let gw = Gateway::start(&config_stalling(&a, "chat", &b, "chat", 1_000));
     let (status, body, terminated) = ask(gw.addr());
     assert_eq!(status, 200);
     // b's text goes on in a's message item, its 14 repeated characters skipped; usage: b's
