@@ -1,14 +1,13 @@
 //! Mid-stream continuation of `/v1/responses` streams (`stream_recovery.continue_mid_stream`,
 //! issue 15 items 3 and 5): a Responses stream translated from a Chat Completions or an
 //! Anthropic provider and cut, stalled or ended before its finish after its first client
-//! byte is continued by the next
-//! candidate of either format, asked with the delivered text as a trailing assistant input
-//! item. Its events go on in the client's open message item (same item id, output index and
-//! content index, sequence numbers counting on); the done events and `response.completed`
-//! carry the whole text and the first part's response id, and the usage covers the whole
-//! answer. A stream that carried a function call is not continued, a candidate serving the
-//! Responses API as it is is never asked (it takes no prefill), and a stream relayed as it
-//! is from such a provider is not continued.
+//! byte is continued by the next candidate of either format, asked with the delivered text
+//! as a trailing assistant input item. Its events go on in the client's open message item
+//! (same item id, output index and content index, sequence numbers counting on); the done
+//! events and `response.completed` carry the whole text and the first part's response id,
+//! and the usage covers the whole answer. A stream that carried a function call is not
+//! continued, a candidate serving the Responses API as it is is never asked (it takes no
+//! prefill), and a stream relayed as it is from such a provider is not continued.
 //!
 //! Every test reads the client's whole event stream and what the upstreams saw.
 
