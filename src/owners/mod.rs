@@ -39,6 +39,8 @@ pub struct Tidegate;
 
 /// A shard of this application.
 pub type Shard = shard::Shard<Tidegate>;
+/// A request on a shard of this application, holding its configuration generation.
+pub type Req<'a> = shard::Req<'a, Tidegate>;
 /// The envelope of this application's messages.
 pub type Msg = shard::Msg<Tidegate>;
 /// Views: owner → every shard.
@@ -351,7 +353,8 @@ impl App for Tidegate {
 /// Runs owner handlers with a context over this shard's views and clock, then sends what
 /// they produced (after every borrow is released).
 fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
-    let config = shard.config();
+    let current = shard.current();
+    let config = current.config();
     let (out, transitions) = {
         let views = shard.state().views.borrow();
         let mut cx = Cx {
@@ -368,7 +371,7 @@ fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
     };
     for (i, n) in transitions.into_iter().enumerate() {
         if n > 0 {
-            shard.families().breaker_transitions.add(i, n);
+            current.families(shard.id()).breaker_transitions.add(i, n);
         }
     }
     shard.dispatch(out);
