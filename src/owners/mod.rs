@@ -393,6 +393,78 @@ mod tests {
     use super::*;
     use crate::mesh::placement::owner_of;
 
+    /// One shard's read-only facts for an empty file.
+    fn shared() -> std::sync::Arc<crate::shard::Shared> {
+        use std::sync::Arc;
+        let config = crate::config::load_str("", &|_| None)
+            .map(|o| o.config)
+            .unwrap_or_else(|e| panic!("config: {e}"));
+        Arc::new(crate::shard::Shared {
+            routes: crate::routing::resolve::RouteTable::new(&config),
+            tls: crate::net::tls::TlsConfigs::build(&config).unwrap_or_else(|e| panic!("{e}")),
+            keys: crate::auth::KeyIndex::new(&config),
+            metrics: vec![Arc::default()],
+            families: vec![Arc::default()],
+            shards: 1,
+            driver: "test",
+            mesh_stats: None,
+            runtime: Arc::new(crate::shard::settings::SettingsCell::new(
+                crate::config::runtime::RuntimeSettings::from_config(&config),
+            )),
+            started_wall_ms: 0,
+            snapshot: Arc::default(),
+            config: Arc::new(config),
+        })
+    }
+
+    /// A request keeps the generation it started with through any number of settings
+    /// changes (as `PATCH /api/resilience` makes) and reloads; the shard keeps only the
+    /// current one, and the request's is freed when the request ends.
+    #[test]
+    fn old_generations_are_freed_when_the_last_request_holding_them_ends() {
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let shared = shared();
+            let shard = Shard::new(0, shared.clone(), None);
+            let request = Req::enter(&shard);
+            let started = std::rc::Rc::downgrade(request.generation());
+            let mut between = Vec::new();
+            for ttl_ms in 1..=200u64 {
+                let changed = shared.runtime.update(|current| {
+                    let mut next = current.clone();
+                    next.resilience.session_affinity_ttl_ms = ttl_ms;
+                    Ok::<_, ()>(next)
+                });
+                assert!(changed.is_ok());
+                shard.refresh();
+                between.push(std::rc::Rc::downgrade(&shard.current()));
+                assert_eq!(
+                    shard.current().config().resilience.session_affinity_ttl_ms,
+                    ttl_ms
+                );
+            }
+            shard.adopt(shared.clone());
+            // The request still reads the settings it started with.
+            assert_eq!(request.config().resilience.session_affinity_ttl_ms, 0);
+            assert!(started.upgrade().is_some());
+            // Every generation between was freed as soon as the next replaced it.
+            assert!(between.iter().all(|g| g.upgrade().is_none()));
+            assert_eq!(shard.in_flight(), 1);
+            drop(request);
+            assert!(
+                started.upgrade().is_none(),
+                "the request's generation is freed"
+            );
+            assert_eq!(shard.in_flight(), 0);
+            // A request that starts now runs on the reloaded file with the last settings.
+            let next = Req::enter(&shard);
+            assert_eq!(next.config().resilience.session_affinity_ttl_ms, 200);
+        });
+    }
+
     #[test]
     fn homes_hash_like_their_keys_and_global_has_its_own_domain() {
         let b = ConnectionId(1);
