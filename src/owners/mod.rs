@@ -429,8 +429,8 @@ mod tests {
         rt.block_on(async {
             let shared = shared();
             let shard = Shard::new(0, shared.clone(), None);
+            let started = std::rc::Rc::downgrade(&shard.current());
             let request = Req::enter(&shard);
-            let started = std::rc::Rc::downgrade(request.generation());
             let mut between = Vec::new();
             for ttl_ms in 1..=200u64 {
                 let changed = shared.runtime.update(|current| {

@@ -692,11 +692,6 @@ impl<'a, A: App> Req<'a, A> {
         self.shard
     }
 
-    /// The request's generation.
-    pub fn generation(&self) -> &Rc<Generation> {
-        &self.generation
-    }
-
     /// The request's configuration (the one in force when it started).
     pub fn config(&self) -> &Config {
         &self.generation.config
