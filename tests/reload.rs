@@ -983,3 +983,44 @@ fn the_emergency_fallback_follows_its_provider_when_a_reload_adds_and_removes_pr
     );
     assert_eq!(chat(addr, "k", "new2/n2").status, 200);
 }
+
+#[test]
+fn a_reloaded_max_concurrent_is_enforced_at_once_while_every_shard_is_busy() {
+    let mock = MockUpstream::start();
+    let (old_gate, new_gate) = (Gate::new(), Gate::new());
+    // Four requests of the old file, held: both shards are busy across the reload.
+    for _ in 0..4 {
+        mock.on(CHAT, Reply::openai_chat("old").wait_for(&old_gate));
+    }
+    mock.on_always(CHAT, Reply::openai_chat("new").wait_for(&new_gate));
+    let up = support::provider("up", &mock.base_url(), &["m1"]);
+    let mut gw = Gateway::start(&format!("{}{up}{}", head(2), connection_at("c1", "up", 5)));
+    let addr = gw.addr();
+    let mut old: Vec<Client> = (0..4).map(|_| start_chat(addr, "k", "up/m1")).collect();
+    mock.wait_for_hits(CHAT, 4, secs(10));
+
+    // The reload caps c1 at one request at a time, waiting at most 50 ms for the slot.
+    let capped = "[[connections]]\nid = \"c1\"\nprovider = \"up\"\npriority = 5\nmax_concurrent = 1\n\
+                  [connections.rate_limit_overrides]\nmax_wait_ms = 50\n\n";
+    reload_to(&mut gw, &format!("{}{up}{capped}", head(2)));
+    // One new request takes the slot (the old file's requests took none)…
+    let mut first = start_chat(addr, "k", "up/m1");
+    mock.wait_for_hits(CHAT, 5, secs(10));
+    // …and every other one, on either shard, is refused once its wait is over.
+    for _ in 0..8 {
+        let r = chat(addr, "k", "up/m1");
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("semaphore_timeout"));
+    }
+    assert_eq!(mock.hits(CHAT), 5, "the cap let nothing else through");
+    new_gate.open();
+    assert_eq!(first.read_response().status, 200);
+    old_gate.open();
+    for mut c in old.drain(..) {
+        assert_eq!(
+            c.read_response().status,
+            200,
+            "the old file's requests finish"
+        );
+    }
+}
