@@ -367,7 +367,8 @@ fn main() -> ExitCode {
 }
 
 /// SIGHUP: re-reads and validates the file; any problem keeps the running configuration
-/// (each logged), otherwise every shard adopts it at its next quiet point.
+/// (each logged), otherwise every shard adopts it at once (requests in flight finish on the
+/// configuration they started with).
 fn reload(path: &std::path::Path, fleet: &mut fleet::Fleet) {
     tracing::info!(signal = "SIGHUP", "reloading {}", path.display());
     let refuse = |problems: &[String]| {
@@ -408,10 +409,24 @@ fn reload(path: &std::path::Path, fleet: &mut fleet::Fleet) {
             for c in &done.changes {
                 tracing::info!("reload: {c}");
             }
-            tracing::info!(
-                "configuration reloaded from {}; each shard applies it once its in-flight requests end",
-                path.display()
-            );
+            if done.adopted == fleet.shards {
+                tracing::info!(
+                    shards = done.adopted,
+                    "configuration reloaded from {}: every shard adopted it (new requests use it; \
+                     requests in flight finish on the configuration they started with)",
+                    path.display()
+                );
+            } else {
+                tracing::warn!(
+                    shards = fleet.shards,
+                    adopted = done.adopted,
+                    "configuration reloaded from {}: only {} of {} shards adopted it so far; the rest \
+                     adopt it when their threads next run",
+                    path.display(),
+                    done.adopted,
+                    fleet.shards
+                );
+            }
         }
         Err(problems) => refuse(&problems),
     }

@@ -14,6 +14,7 @@ use monoio::time::TimeDriver;
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
 use crate::auth::KeyIndex;
+use crate::clock::Clock as _;
 use crate::config::Config;
 use crate::mesh::ring::{Mesh, MeshEnd};
 use crate::net::claim::{self, Claim};
@@ -90,7 +91,7 @@ pub struct Fleet {
     pub driver: Driver,
     stops: Vec<flume::Sender<()>>,
     /// Each shard's inbox for a reloaded configuration.
-    reloads: Vec<flume::Sender<Arc<Shared>>>,
+    reloads: Vec<flume::Sender<Reload>>,
     /// The configuration the shards run (or are about to adopt).
     current: Arc<Shared>,
     /// Set when shutdown begins, before the listeners close.
@@ -230,7 +231,7 @@ pub fn start(
     for (id, listener) in listeners.into_iter().enumerate() {
         let mesh_end = mesh_ends.get_mut(id).and_then(Option::take);
         let (stop_tx, stop_rx) = flume::bounded::<()>(1);
-        let (reload_tx, reload_rx) = flume::unbounded::<Arc<Shared>>();
+        let (reload_tx, reload_rx) = flume::unbounded::<Reload>();
         let core = if cores.is_empty() {
             None
         } else {
@@ -312,7 +313,7 @@ async fn serve_tls(
     tls: Arc<rustls::ServerConfig>,
     stream: monoio::net::TcpStream,
 ) {
-    let budget = Duration::from_millis(shard.config().server.header_timeout_ms);
+    let budget = Duration::from_millis(shard.current().config().server.header_timeout_ms);
     let acceptor = monoio_rustls::TlsAcceptor::from(tls);
     let peer = stream.peer_addr().ok();
     match crate::timer::timeout(budget, std::pin::pin!(acceptor.accept(stream))).await {
@@ -322,13 +323,26 @@ async fn serve_tls(
     }
 }
 
-/// What a reload did: settings that cannot change live and were kept, and the providers,
-/// connections and combos it added or removed (one line each).
+/// What a reload did: settings that cannot change live and were kept, the providers,
+/// connections and combos it added or removed (one line each), and how many shards had
+/// adopted it when [`Fleet::reload`] returned.
 #[derive(Debug, Default)]
 pub struct Reloaded {
     pub kept: Vec<String>,
     pub changes: Vec<String>,
+    pub adopted: usize,
 }
+
+/// A reloaded configuration on its way to a shard, with where the shard says it adopted it.
+struct Reload {
+    shared: Arc<Shared>,
+    adopted: flume::Sender<usize>,
+}
+
+/// How long [`Fleet::reload`] waits for every shard to say it adopted a reload. A shard
+/// adopts it the next time its thread runs (it waits for no request), so this only bounds
+/// a shard that is stuck.
+const ADOPT_WAIT_MS: u64 = 5_000;
 
 /// `connections: added c2; removed c1 (…)` for the names `new` has that `old` lacks and
 /// back; `None` when both have the same names.
@@ -356,8 +370,9 @@ fn layout_change<'a>(
 }
 
 impl Fleet {
-    /// Hands a validated configuration to every shard; each adopts it at its next quiet
-    /// point (no request in flight), so in-flight requests finish on the old one.
+    /// Hands a validated configuration to every shard and waits (at most `ADOPT_WAIT_MS`)
+    /// until each has adopted it. A shard adopts it at once: requests that start from then
+    /// on run on it, requests in flight finish on the configuration they started with.
     /// Providers, connections and combos may be added, removed and reordered: the reloaded
     /// ones keep their ids by name (`config::renumber`), so the owner state keyed by them
     /// (breakers, cooldowns, lockouts, gates, pins, metrics) stays with its name, removed
@@ -454,13 +469,27 @@ impl Fleet {
             .reset(crate::config::runtime::RuntimeSettings::from_config(
                 &shared.config,
             ));
+        let (adopted_tx, adopted_rx) = flume::unbounded::<usize>();
         for r in &self.reloads {
-            let _ = r.send(shared.clone());
+            let _ = r.send(Reload {
+                shared: shared.clone(),
+                adopted: adopted_tx.clone(),
+            });
         }
+        drop(adopted_tx);
         if let Some(w) = &self.writer {
             let _ = w.sink().send(ToWriter::Config(shared.config.clone()));
         }
         self.current = shared;
+        let clock = crate::clock::MonoClock;
+        let deadline_ns = clock.mono_ns().saturating_add(ADOPT_WAIT_MS * 1_000_000);
+        while reloaded.adopted < self.reloads.len() {
+            let left = Duration::from_nanos(deadline_ns.saturating_sub(clock.mono_ns()));
+            if adopted_rx.recv_timeout(left).is_err() {
+                break;
+            }
+            reloaded.adopted += 1;
+        }
         Ok(reloaded)
     }
 
@@ -500,8 +529,8 @@ impl Fleet {
 struct Stop {
     flag: Arc<AtomicBool>,
     signal: flume::Receiver<()>,
-    /// Reloaded configurations, adopted at the shard's next quiet point.
-    reload: flume::Receiver<Arc<Shared>>,
+    /// Reloaded configurations, adopted as they arrive.
+    reload: flume::Receiver<Reload>,
 }
 
 /// Opens `state_dir`: the newest valid snapshot slot becomes the records every shard
@@ -782,20 +811,12 @@ async fn shard_main(
         let shard = shard.clone();
         let reload = stop.reload;
         monoio::spawn(async move {
-            while let Ok(mut next) = reload.recv_async().await {
-                // A quiet point: no request in flight, so each request runs on one
-                // configuration from start to end. A newer reload replaces a waiting one.
-                loop {
-                    while let Ok(newer) = reload.try_recv() {
-                        next = newer;
-                    }
-                    if shard.in_flight() == 0 {
-                        break;
-                    }
-                    monoio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
-                }
-                shard.adopt(next);
+            // Adopted at once, whatever is in flight: each request holds the configuration
+            // it started with to its end (`shard::Req`), new ones take this one.
+            while let Ok(next) = reload.recv_async().await {
+                shard.adopt(next.shared);
                 tracing::debug!(shard = id, "reloaded configuration adopted");
+                let _ = next.adopted.send(id);
             }
         });
     }
@@ -806,7 +827,7 @@ async fn shard_main(
         let sink = persist.sink.clone();
         monoio::spawn(async move {
             loop {
-                let every = shard.config().server.snapshot_interval_ms.max(1);
+                let every = shard.current().config().server.snapshot_interval_ms.max(1);
                 monoio::time::sleep(Duration::from_millis(every)).await;
                 if shard.is_draining() {
                     break;
@@ -839,7 +860,7 @@ async fn shard_main(
             Ok((stream, _)) if stopping.get() || stop.flag.load(Ordering::SeqCst) => drop(stream),
             Ok((stream, _)) => {
                 let _ = stream.set_nodelay(true);
-                match shard.shared().tls.listener.clone() {
+                match shard.current().shared().tls.listener.clone() {
                     None => {
                         monoio::spawn(downstream::serve(
                             shard.clone(),
@@ -861,7 +882,7 @@ async fn shard_main(
     }
     drop(listener);
     shard.start_draining();
-    let grace = Duration::from_millis(shard.config().server.shutdown_grace_ms);
+    let grace = Duration::from_millis(shard.current().config().server.shutdown_grace_ms);
     let start = shard.now().mono_ns;
     while shard.in_flight() > 0 {
         let waited = Duration::from_nanos(shard.now().mono_ns.saturating_sub(start));

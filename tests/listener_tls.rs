@@ -110,7 +110,7 @@ fn the_listener_speaks_tls_to_a_verifying_client_and_reloads_its_certificate() {
     let (ca, chain, key) = material();
     let cert_path = dir.write("cert.pem", &chain);
     let key_path = dir.write("key.pem", &key);
-    // Each shard adopts a reload at its own quiet point and says so at DEBUG: the test
+    // Each shard adopts a reload as soon as it gets it and says so at DEBUG: the test
     // waits for every shard before it asks that the old certificate is never served again.
     let mut gw = Gateway::start_with_env(
         &config(&cert_path, &key_path),

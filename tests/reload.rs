@@ -1,12 +1,23 @@
-//! SIGHUP reloads the configuration file: a valid one is adopted by every shard at its next
-//! quiet point (requests in flight finish on the old one); any problem keeps the running
+//! SIGHUP reloads the configuration file: a valid one is adopted by every shard at once —
+//! requests that start after it run on it, requests in flight finish on the configuration
+//! they started with, even while every shard stays busy; any problem keeps the running
 //! configuration and logs each problem; `listen`, `workers` and `state_dir` are reported and kept.
-// Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Test code: a failed unwrap is a failed test. The load test orders its streams against the
+// reload by the wall clock of this process (the gateway is a separate process).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
 
 mod support;
 
-use support::{Client, Gate, Gateway, MockUpstream, Reply, eventually, secs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use support::{Chunk, Client, Gate, Gateway, MockUpstream, Reply, eventually, secs};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -634,7 +645,7 @@ fn sighup_drops_a_removed_connection_s_cooldown_and_no_kept_one_inherits_it() {
 }
 
 #[test]
-fn round_robin_combos_added_by_a_reload_serve_while_a_shard_still_runs_the_old_file() {
+fn round_robin_combos_added_by_a_reload_serve_while_a_request_on_the_old_file_is_in_flight() {
     let (a, b) = (MockUpstream::start(), MockUpstream::start());
     let gate = Gate::new();
     a.on(CHAT, Reply::openai_chat("held").wait_for(&gate));
@@ -652,9 +663,9 @@ fn round_robin_combos_added_by_a_reload_serve_while_a_shard_still_runs_the_old_f
     }
     let mut gw = Gateway::start(&format!("{}{providers}", head(2)));
     let addr = gw.addr();
-    // One shard keeps a request in flight, so it keeps the old file (no combos) until the
-    // end of the test: the owner of some of the combos' semaphores has not adopted them
-    // when the other shard's requests ask it for a slot.
+    // A request on the old file (no combos) stays in flight to the end of the test; its
+    // shard adopts the reload all the same, so both shards' owners hold the combos'
+    // semaphores.
     let mut held = start_chat(addr, "k", "pa/m1");
     a.wait_for_hits(CHAT, 1, secs(10));
     let combos: String = (0..4)
@@ -667,18 +678,349 @@ fn round_robin_combos_added_by_a_reload_serve_while_a_shard_still_runs_the_old_f
     reload_to(&mut gw, &format!("{}{providers}{combos}", head(2)));
     for i in 0..4 {
         let combo = format!("r{i}");
-        let r = eventually(
-            secs(10),
-            "the shard that adopted the reload to answer",
-            || {
-                let r = chat(addr, "k", &combo);
-                // 404: the shard still on the old file does not know the combo.
-                (r.status != 404).then_some(r)
-            },
-        );
+        let r = eventually(secs(10), "the reloaded combo to answer", || {
+            let r = chat(addr, "k", &combo);
+            (r.status != 404).then_some(r)
+        });
         assert_eq!(r.status, 200, "{combo}: {}", r.text());
         assert_eq!(served_by(&r), Some(format!("c{i}")));
     }
     gate.open();
     assert_eq!(held.read_response().status, 200);
+}
+
+// -- Reloads under load: adopted at once, in-flight requests finish on their own file ------
+
+/// A slow stream: `pieces` deltas, one every `every_ms`, then `[DONE]`.
+fn slow_stream(pieces: usize, every_ms: u64) -> Reply {
+    let mut chunks = Vec::with_capacity(pieces * 2 + 1);
+    for i in 0..pieces {
+        chunks.push(Chunk::delay_ms(every_ms));
+        chunks.push(Chunk::openai_delta(&format!("p{i} ")));
+    }
+    chunks.push(Chunk::done());
+    Reply::sse(chunks)
+}
+
+/// One stream a loader ran: the connection that served it, whether it arrived whole
+/// (every piece, then `[DONE]`), and when it ended.
+struct Streamed {
+    connection: Option<String>,
+    whole: bool,
+    sent: Instant,
+    ended: Instant,
+}
+
+/// Keeps one streamed request in flight on its own keep-alive connection, starting the next
+/// as soon as one ends, until `stop`.
+fn loader(addr: std::net::SocketAddr, pieces: usize, stop: Arc<AtomicBool>) -> Vec<Streamed> {
+    let mut done = Vec::new();
+    let mut client = Client::connect(addr);
+    client.set_timeout(secs(30));
+    let body = br#"{"model":"slow/m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    while !stop.load(Ordering::SeqCst) {
+        let sent = Instant::now();
+        client.start_request(
+            "POST",
+            CHAT,
+            &[
+                ("authorization", "Bearer k"),
+                ("content-type", "application/json"),
+            ],
+            body,
+        );
+        let r = client.read_response();
+        let text = r.text();
+        let whole = r.status == 200
+            && (0..pieces).all(|i| text.contains(&format!("p{i} ")))
+            && text.trim_end().ends_with("data: [DONE]");
+        done.push(Streamed {
+            connection: r
+                .header("x-omniroute-selected-connection-id")
+                .map(str::to_owned),
+            whole,
+            sent,
+            ended: Instant::now(),
+        });
+        if r.header("connection") == Some("close") {
+            client = Client::connect(addr);
+            client.set_timeout(secs(30));
+        }
+    }
+    done
+}
+
+#[test]
+fn a_reload_under_continuous_streaming_load_applies_at_once_on_every_shard() {
+    // Streams of 3 s (30 pieces, 100 ms apart) on twelve keep-alive connections, restarted
+    // as they end: both shards always have requests in flight, so a reload that waited for
+    // a quiet point would never apply.
+    let (slow, fast) = (MockUpstream::start(), MockUpstream::start());
+    const PIECES: usize = 30;
+    slow.on_always(CHAT, slow_stream(PIECES, 100));
+    fast.on_always(CHAT, Reply::openai_chat("ok"));
+    let providers = format!(
+        "{}{}",
+        support::provider("slow", &slow.base_url(), &["m1"]),
+        support::provider("up", &fast.base_url(), &["m1"]),
+    );
+    let before = format!(
+        "{}{providers}{}{}",
+        head(2),
+        connection_at("s1", "slow", 5),
+        connection_at("c1", "up", 5)
+    );
+    let mut gw = Gateway::start(&before);
+    let addr = gw.addr();
+    assert_eq!(served_by(&chat(addr, "k", "up/m1")).as_deref(), Some("c1"));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let loaders: Vec<_> = (0..12)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || loader(addr, PIECES, stop))
+        })
+        .collect();
+    eventually(secs(10), "twelve streams in flight", || {
+        (slow.current_in_flight() >= 12).then_some(())
+    });
+
+    // The reload adds a connection that runs first to each provider.
+    let after = format!(
+        "{}{providers}{}{}{}{}",
+        head(2),
+        connection_at("s2", "slow", 1),
+        connection_at("s1", "slow", 5),
+        connection_at("c2", "up", 1),
+        connection_at("c1", "up", 5)
+    );
+    let reloaded = Instant::now();
+    reload_to(&mut gw, &after);
+    // New requests on fresh connections (spread over both shards by the kernel) all run on
+    // the new file within a second, while the streams started before are still running.
+    eventually(
+        secs(1),
+        "every new request to run on the reloaded file",
+        || {
+            (0..20)
+                .all(|_| served_by(&chat(addr, "k", "up/m1")).as_deref() == Some("c2"))
+                .then_some(())
+        },
+    );
+    let applied = Instant::now();
+    assert!(
+        slow.current_in_flight() >= 1,
+        "the streams started before the reload are still running"
+    );
+
+    // Let every stream started before the reload end, and a few started after.
+    std::thread::sleep(secs(4));
+    stop.store(true, Ordering::SeqCst);
+    let streams: Vec<Streamed> = loaders
+        .into_iter()
+        .flat_map(|l| l.join().unwrap())
+        .collect();
+    for s in &streams {
+        assert!(
+            s.whole,
+            "a stream ended short (served by {:?})",
+            s.connection
+        );
+    }
+    // The streams in flight across the reload finished on the old file's connection, after
+    // the new file was already in force for new requests.
+    let old_after = streams
+        .iter()
+        .filter(|s| s.connection.as_deref() == Some("s1") && s.ended > applied)
+        .count();
+    assert!(
+        old_after >= 1,
+        "streams of the old file finished after the new one applied"
+    );
+    // Streams that started after it ran on the new one.
+    assert!(
+        streams
+            .iter()
+            .any(|s| s.connection.as_deref() == Some("s2") && s.ended > reloaded),
+        "restarted streams run on the reloaded file"
+    );
+    assert!(
+        streams
+            .iter()
+            .filter(|s| s.sent > applied)
+            .all(|s| s.connection.as_deref() == Some("s2")),
+        "no stream that started after the reload ran on the old file"
+    );
+}
+
+#[test]
+fn sighup_removes_a_provider_its_in_flight_request_finishes_and_its_state_is_gone() {
+    let (gone, up) = (MockUpstream::start(), MockUpstream::start());
+    let gate = Gate::new();
+    // One failure first, so the provider has breaker state and metrics to drop.
+    gone.on(CHAT, Reply::error(500, "boom"));
+    gone.on(CHAT, Reply::openai_chat("held").wait_for(&gate));
+    up.on_always(CHAT, Reply::openai_chat("ok"));
+    let pg = support::provider("gone", &gone.base_url(), &["m9"]);
+    let pu = support::provider("up", &up.base_url(), &["m1"]);
+    // `disable_cooling` keeps the failed connection routable for the held request.
+    let cg = "[[connections]]\nid = \"g1\"\nprovider = \"gone\"\ndisable_cooling = true\n\n";
+    let cu = connection_at("u1", "up", 5);
+    let mut gw = Gateway::start(&format!("{}{pg}{pu}{cg}{cu}", head(2)));
+    let addr = gw.addr();
+    assert_eq!(chat(addr, "k", "gone/m9").status, 500);
+    let attempts = "tidegate_upstream_attempts_by_connection_total{provider=\"gone\",connection=\"g1\",class=\"5xx\"}";
+    assert_eq!(sample(addr, attempts), Some(1));
+    let providers_in_health = |addr| {
+        let health = admin(addr, "GET", "/api/monitoring/health", b"").json();
+        health["providerHealth"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<String>>()
+    };
+    eventually(secs(10), "gone's breaker to be listed", || {
+        providers_in_health(addr)
+            .iter()
+            .any(|k| k.starts_with("gone"))
+            .then_some(())
+    });
+
+    // A request on `gone` in flight across the reload that removes the provider.
+    let mut held = start_chat(addr, "k", "gone/m9");
+    gone.wait_for_hits(CHAT, 2, secs(10));
+    reload_to(&mut gw, &format!("{}{pu}{cu}", head(2)));
+    let logs = gw.logs();
+    assert!(logs.contains("reload: providers: removed gone"), "{logs}");
+    assert!(logs.contains("reload: connections: removed g1"), "{logs}");
+    // New requests for its model get the documented answer at once, on every shard.
+    for _ in 0..10 {
+        let r = chat(addr, "k", "gone/m9");
+        assert_eq!(r.status, 404, "{}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("model_not_found"));
+        assert_eq!(chat(addr, "k", "up/m1").status, 200);
+    }
+    gate.open();
+    let r = held.read_response();
+    assert_eq!(
+        r.status,
+        200,
+        "the in-flight request finishes: {}",
+        r.text()
+    );
+    assert_eq!(served_by(&r).as_deref(), Some("g1"));
+    assert_eq!(r.header("x-tidegate-provider"), Some("gone"));
+    // Its state is gone from every owner and from /metrics.
+    eventually(secs(10), "gone's state to be dropped", || {
+        (0..4)
+            .all(|_| {
+                !providers_in_health(addr)
+                    .iter()
+                    .any(|k| k.starts_with("gone") || k.starts_with("unknown"))
+                    && sample(addr, attempts).is_none()
+            })
+            .then_some(())
+    });
+    let metrics = admin(addr, "GET", "/metrics", b"").text();
+    assert!(!metrics.contains("provider=\"gone\""), "{metrics}");
+}
+
+#[test]
+fn the_emergency_fallback_follows_its_provider_when_a_reload_adds_and_removes_providers_before_it()
+{
+    let (paid, rescue, other) = (
+        MockUpstream::start(),
+        MockUpstream::start(),
+        MockUpstream::start(),
+    );
+    paid.on_always(CHAT, Reply::error(402, "Payment Required: out of credits"));
+    rescue.on_always(CHAT, Reply::openai_chat("rescued"));
+    other.on_always(CHAT, Reply::openai_chat("other"));
+    let provider = |id: &str, mock: &MockUpstream, model: &str| {
+        format!(
+            "{}{}",
+            support::provider(id, &mock.base_url(), &[model]),
+            support::connection(&format!("{id}-c"), id)
+        )
+    };
+    let fallback = "[emergency_fallback]\ntarget = \"rescue/big\"\n";
+    let file = |providers: &[String]| format!("{}{}{fallback}", head(2), providers.concat());
+    // `old` sits before `rescue`; the reload removes it and puts two new providers first.
+    let mut gw = Gateway::start(&file(&[
+        provider("old", &other, "m0"),
+        provider("paid", &paid, "m1"),
+        provider("rescue", &rescue, "big"),
+    ]));
+    let addr = gw.addr();
+    let rescued = |addr| {
+        let r = chat(addr, "k", "paid/m1");
+        (r.status == 200
+            && r.header("x-omniroute-emergency-fallback") == Some("from=paid/m1; to=rescue/big")
+            && served_by(&r).as_deref() == Some("rescue-c"))
+        .then_some(())
+    };
+    assert!(rescued(addr).is_some());
+    reload_to(
+        &mut gw,
+        &file(&[
+            provider("new1", &other, "n1"),
+            provider("new2", &other, "n2"),
+            provider("paid", &paid, "m1"),
+            provider("rescue", &rescue, "big"),
+        ]),
+    );
+    for _ in 0..10 {
+        assert!(
+            rescued(addr).is_some(),
+            "the fallback still goes to rescue/big"
+        );
+    }
+    assert_eq!(
+        other.hits(CHAT),
+        0,
+        "no request went to a renumbered neighbour"
+    );
+    assert_eq!(chat(addr, "k", "new2/n2").status, 200);
+}
+
+#[test]
+fn a_reloaded_max_concurrent_is_enforced_at_once_while_every_shard_is_busy() {
+    let mock = MockUpstream::start();
+    let (old_gate, new_gate) = (Gate::new(), Gate::new());
+    // Four requests of the old file, held: both shards are busy across the reload.
+    for _ in 0..4 {
+        mock.on(CHAT, Reply::openai_chat("old").wait_for(&old_gate));
+    }
+    mock.on_always(CHAT, Reply::openai_chat("new").wait_for(&new_gate));
+    let up = support::provider("up", &mock.base_url(), &["m1"]);
+    let mut gw = Gateway::start(&format!("{}{up}{}", head(2), connection_at("c1", "up", 5)));
+    let addr = gw.addr();
+    let mut old: Vec<Client> = (0..4).map(|_| start_chat(addr, "k", "up/m1")).collect();
+    mock.wait_for_hits(CHAT, 4, secs(10));
+
+    // The reload caps c1 at one request at a time, waiting at most 50 ms for the slot.
+    let capped = "[[connections]]\nid = \"c1\"\nprovider = \"up\"\npriority = 5\nmax_concurrent = 1\n\
+                  [connections.rate_limit_overrides]\nmax_wait_ms = 50\n\n";
+    reload_to(&mut gw, &format!("{}{up}{capped}", head(2)));
+    // One new request takes the slot (the old file's requests took none)…
+    let mut first = start_chat(addr, "k", "up/m1");
+    mock.wait_for_hits(CHAT, 5, secs(10));
+    // …and every other one, on either shard, is refused once its wait is over.
+    for _ in 0..8 {
+        let r = chat(addr, "k", "up/m1");
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("semaphore_timeout"));
+    }
+    assert_eq!(mock.hits(CHAT), 5, "the cap let nothing else through");
+    new_gate.open();
+    assert_eq!(first.read_response().status, 200);
+    old_gate.open();
+    for mut c in old.drain(..) {
+        assert_eq!(
+            c.read_response().status,
+            200,
+            "the old file's requests finish"
+        );
+    }
 }

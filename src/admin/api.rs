@@ -37,7 +37,7 @@ pub async fn serve(
         (Route::MonitoringHealth, _) => health(shard).await?,
         (Route::ResilienceReset, _) => reset(shard).await?,
         (Route::Resilience, Method::Patch) => patch_settings(shard, body)?,
-        (Route::Resilience, _) => settings_json(shard.config(), None),
+        (Route::Resilience, _) => settings_json(shard.current().config(), None),
         (Route::Cooldowns, Method::Post) => clear_cooldowns(shard, body).await?,
         (Route::Cooldowns, _) => list_cooldowns(shard, head.query()).await?,
         (Route::ModelCooldowns, Method::Delete) => clear_model_cooldowns(shard, body).await?,
@@ -146,7 +146,8 @@ fn lockouts_json(config: &Config, status: &OwnerStatus) -> Vec<Value> {
 
 /// `GET /api/monitoring/health` (A §1.10).
 async fn health(shard: &Shard) -> Result<Value, GatewayError> {
-    let config = shard.config();
+    let generation = shard.current();
+    let config = generation.config();
     let now = shard.now();
     let status = status_all(shard).await?;
     let mut counts = BreakerCounts::default();
@@ -208,7 +209,7 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         .iter()
         .filter(|c| c.test_status.is_terminal())
         .count();
-    let metrics = &shard.shared().metrics;
+    let metrics = &generation.shared().metrics;
     let sum = |f: fn(&crate::shard::metrics::ShardMetrics) -> u64| -> u64 {
         metrics.iter().map(|m| f(m)).sum()
     };
@@ -226,7 +227,9 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         "byShard": pins.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
     });
     use std::sync::atomic::Ordering::Relaxed;
-    let uptime_ms = now.wall_ms.saturating_sub(shard.shared().started_wall_ms);
+    let uptime_ms = now
+        .wall_ms
+        .saturating_sub(generation.shared().started_wall_ms);
     Ok(json!({
         "status": "healthy",
         "timestamp": format_rfc3339_ms(now.wall_ms),
@@ -234,7 +237,7 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         "uptime": uptime_ms / 1000,
         "uptimeMs": uptime_ms,
         "shards": shard.shards(),
-        "driver": shard.shared().driver,
+        "driver": generation.shared().driver,
         "activeConnections": config.connections.len(),
         "circuitBreakers": counts,
         "providerBreakers": provider_breakers,
@@ -291,7 +294,7 @@ fn settings_json(config: &Config, ok: Option<bool>) -> Value {
 
 /// `PATCH /api/resilience` (A §5.3): validated like the file, applied to every shard.
 fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
-    let updated = shard.shared().runtime.update(|current| {
+    let updated = shard.current().shared().runtime.update(|current| {
         let resilience = patch::apply(&current.resilience, body)?;
         let mut next = current.clone();
         next.resilience = resilience;
@@ -306,7 +309,7 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
             tracing::info!("management: resilience settings changed");
             shard.refresh();
             crate::owners::gates::client::reconfigure_everywhere(shard);
-            Ok(settings_json(shard.config(), Some(true)))
+            Ok(settings_json(shard.current().config(), Some(true)))
         }
         Err(PatchError::Json(_)) => Err(invalid(vec![("body".into(), "Invalid JSON body".into())])),
         Err(PatchError::Invalid(details)) => Err(invalid(details)),
@@ -317,7 +320,8 @@ fn patch_settings(shard: &Shard, body: &[u8]) -> Result<Value, GatewayError> {
 /// settings, applied to every shard before its next request.
 fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, GatewayError> {
     let id = path.strip_prefix(CONNECTION_PREFIX).unwrap_or_default();
-    let config = shard.config();
+    let generation = shard.current();
+    let config = generation.config();
     let Some((position, conn)) = config
         .connections
         .iter()
@@ -330,7 +334,7 @@ fn patch_connection(shard: &Shard, path: &str, body: &[u8]) -> Result<Value, Gat
         ));
     };
     let obj = json_object(body)?;
-    let updated = shard.shared().runtime.update(|current| {
+    let updated = shard.current().shared().runtime.update(|current| {
         let now = current
             .connections
             .get(&conn.name)
@@ -393,7 +397,8 @@ async fn list_cooldowns(shard: &Shard, query: Option<&str>) -> Result<Value, Gat
     if provider.chars().count() > MAX_ID_CHARS {
         return Err(bad_request("Invalid provider"));
     }
-    let config = shard.config();
+    let generation = shard.current();
+    let config = generation.config();
     let now = shard.now();
     let status = status_all(shard).await?;
     let connections: Vec<Value> = config
@@ -502,7 +507,8 @@ async fn clear_cooldowns(shard: &Shard, body: &[u8]) -> Result<Value, GatewayErr
     if !details.is_empty() {
         return Err(invalid(details));
     }
-    let config = shard.config();
+    let generation = shard.current();
+    let config = generation.config();
     let targets: Vec<ConnectionId> = config
         .connections
         .iter()
@@ -553,7 +559,8 @@ async fn clear_cooldowns(shard: &Shard, body: &[u8]) -> Result<Value, GatewayErr
 
 /// `GET /api/resilience/model-cooldowns` (A §4.8).
 async fn list_model_cooldowns(shard: &Shard) -> Result<Value, GatewayError> {
-    let config = shard.config();
+    let generation = shard.current();
+    let config = generation.config();
     let status = status_all(shard).await?;
     Ok(json!({ "items": lockouts_json(config, &status) }))
 }

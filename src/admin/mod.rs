@@ -31,7 +31,8 @@ pub async fn serve(
     body: &Bytes,
     peer: Option<IpAddr>,
 ) -> Result<Answer, GatewayError> {
-    let config = shard.config();
+    let generation = shard.current();
+    let config = generation.config();
     match route {
         // While the shard drains for shutdown both say `draining`, so a load balancer
         // stops sending before the connections close.
@@ -45,8 +46,8 @@ pub async fn serve(
             "application/json",
             format!(
                 "{{\"status\":\"ok\",\"shards\":{},\"driver\":\"{}\"}}",
-                shard.shared().shards,
-                shard.shared().driver
+                shard.shards(),
+                generation.shared().driver
             ),
         )),
         Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
@@ -152,7 +153,7 @@ fn authorize(
     peer: Option<IpAddr>,
     access: Access,
 ) -> Result<(), GatewayError> {
-    let caller = shard.shared().keys.identify(head);
+    let caller = shard.current().shared().keys.identify(head);
     decide(config, caller, presented_key(head).is_some(), peer, access)
 }
 

@@ -11,8 +11,9 @@ use crate::shard::metrics;
 
 /// The whole exposition.
 pub fn render(shard: &Shard) -> String {
-    let shared = shard.shared();
-    let config = shard.config();
+    let generation = shard.current();
+    let shared = generation.shared();
+    let config = generation.config();
     let mut out = metrics::render(
         &shared.metrics,
         &shared.families,

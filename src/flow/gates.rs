@@ -368,18 +368,19 @@ impl GateTable {
         self.remove_waiter(id).is_some()
     }
 
-    /// Applies new capacities to every live gate after settings were PATCHed
-    /// (`capacity_of` reads the new settings; `None`/0 lifts a gate for the permits and
-    /// waiters already on it) and grants the waiters a larger capacity lets in, oldest
-    /// first. Idle gates are not kept, so later acquires name their capacity themselves.
+    /// Applies new capacities to every live gate after settings were PATCHed or reloaded
+    /// (`capacity_of` reads the new settings and is given the gate's capacity now; `None`/0
+    /// lifts a gate for the permits and waiters already on it) and grants the waiters a
+    /// larger capacity lets in, oldest first. Idle gates are not kept, so later acquires name
+    /// their capacity themselves.
     pub fn reconfigure(
         &mut self,
-        capacity_of: impl Fn(&GateKey) -> Option<u32>,
+        capacity_of: impl Fn(&GateKey, u32) -> Option<u32>,
         now: Now,
     ) -> Wakeups {
         let mut raised: Vec<GateKey> = Vec::new();
         for (k, g) in &mut self.gates {
-            let cap = match capacity_of(k) {
+            let cap = match capacity_of(k, g.capacity) {
                 Some(c) if c > 0 => c,
                 _ => u32::MAX,
             };
@@ -934,7 +935,7 @@ mod tests {
         let g2 = [(GateKey::Account(A), Some(2))];
         assert_eq!(t.acquire(req(3, &g2, None), at(1)), Acquire::Queued);
         t.check_invariants().unwrap();
-        let w = t.reconfigure(|_| Some(2), at(2));
+        let w = t.reconfigure(|_, _| Some(2), at(2));
         assert_eq!(ids(&w), vec![2]);
         assert_eq!(t.stats(&GateKey::Account(A)).map(|s| s.capacity), Some(2));
         // Lowering applies at once through an acquire.
@@ -1167,7 +1168,7 @@ mod tests {
                         }
                         if apply {
                             let now_caps = run.caps;
-                            let cap_of = |k: &GateKey| (0..6).find(|i| key(*i) == *k).map(|i| now_caps[i]);
+                            let cap_of = |k: &GateKey, _| (0..6).find(|i| key(*i) == *k).map(|i| now_caps[i]);
                             let w = t.reconfigure(cap_of, now);
                             run.absorb(&t, w)?;
                         }

@@ -38,8 +38,9 @@ pub struct Limits {
 
 /// What serves the requests of a connection.
 pub trait Handler {
-    /// A request's in-flight mark, held from its complete head to the end of its response.
-    type InFlight<'a>
+    /// A request, held from its complete head to the end of its response (its in-flight
+    /// mark, and whatever the handler keeps for it from the start, e.g. its configuration).
+    type Request<'a>
     where
         Self: 'a;
 
@@ -51,10 +52,11 @@ pub trait Handler {
     fn connection_opened(&self);
     fn connection_closed(&self);
     /// A complete request head has arrived.
-    fn request_started(&self) -> Self::InFlight<'_>;
+    fn request_started(&self) -> Self::Request<'_>;
     /// Serves one request whose head and body have been read, writing its whole response.
     fn handle(
         &self,
+        request: &Self::Request<'_>,
         head: &RequestHead,
         body: Bytes,
         client: &mut ClientStream,
@@ -83,7 +85,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
                 break;
             }
         };
-        let _in_flight = handler.request_started();
+        let request = handler.request_started();
         let mut body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
             Ok(b) => b,
             Err(Some(err)) => {
@@ -107,12 +109,13 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
         // before the future is made, so the future is built in it: `Box::pin(make())`
         // built it on the stack and copied all of it (12 KiB, the largest user-space cost
         // per request in the session-7 profile) into the box.
-        let request = Box::write(
+        let work = Box::write(
             Box::new_uninit(),
-            handler.handle(&head, body, &mut stream, &mut buf),
+            handler.handle(&request, &head, body, &mut stream, &mut buf),
         );
         // One clock reading per poll of the request (`clock::OneReading`).
-        let after = OneReading(Box::into_pin(request)).await;
+        let after = OneReading(Box::into_pin(work)).await;
+        drop(request);
         if after == After::Close || handler.is_draining() {
             break;
         }

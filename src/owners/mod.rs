@@ -39,6 +39,8 @@ pub struct Tidegate;
 
 /// A shard of this application.
 pub type Shard = shard::Shard<Tidegate>;
+/// A request on a shard of this application, holding its configuration generation.
+pub type Req<'a> = shard::Req<'a, Tidegate>;
 /// The envelope of this application's messages.
 pub type Msg = shard::Msg<Tidegate>;
 /// Views: owner → every shard.
@@ -351,7 +353,8 @@ impl App for Tidegate {
 /// Runs owner handlers with a context over this shard's views and clock, then sends what
 /// they produced (after every borrow is released).
 fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
-    let config = shard.config();
+    let current = shard.current();
+    let config = current.config();
     let (out, transitions) = {
         let views = shard.state().views.borrow();
         let mut cx = Cx {
@@ -368,7 +371,7 @@ fn run_owners(shard: &Shard, from: usize, handle: impl FnOnce(&mut Cx<'_>)) {
     };
     for (i, n) in transitions.into_iter().enumerate() {
         if n > 0 {
-            shard.families().breaker_transitions.add(i, n);
+            current.families(shard.id()).breaker_transitions.add(i, n);
         }
     }
     shard.dispatch(out);
@@ -389,6 +392,78 @@ pub fn reply_bound(wait_ms: u64) -> std::time::Duration {
 mod tests {
     use super::*;
     use crate::mesh::placement::owner_of;
+
+    /// One shard's read-only facts for an empty file.
+    fn shared() -> std::sync::Arc<crate::shard::Shared> {
+        use std::sync::Arc;
+        let config = crate::config::load_str("", &|_| None)
+            .map(|o| o.config)
+            .unwrap_or_else(|e| panic!("config: {e}"));
+        Arc::new(crate::shard::Shared {
+            routes: crate::routing::resolve::RouteTable::new(&config),
+            tls: crate::net::tls::TlsConfigs::build(&config).unwrap_or_else(|e| panic!("{e}")),
+            keys: crate::auth::KeyIndex::new(&config),
+            metrics: vec![Arc::default()],
+            families: vec![Arc::default()],
+            shards: 1,
+            driver: "test",
+            mesh_stats: None,
+            runtime: Arc::new(crate::shard::settings::SettingsCell::new(
+                crate::config::runtime::RuntimeSettings::from_config(&config),
+            )),
+            started_wall_ms: 0,
+            snapshot: Arc::default(),
+            config: Arc::new(config),
+        })
+    }
+
+    /// A request keeps the generation it started with through any number of settings
+    /// changes (as `PATCH /api/resilience` makes) and reloads; the shard keeps only the
+    /// current one, and the request's is freed when the request ends.
+    #[test]
+    fn old_generations_are_freed_when_the_last_request_holding_them_ends() {
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let shared = shared();
+            let shard = Shard::new(0, shared.clone(), None);
+            let started = std::rc::Rc::downgrade(&shard.current());
+            let request = Req::enter(&shard);
+            let mut between = Vec::new();
+            for ttl_ms in 1..=200u64 {
+                let changed = shared.runtime.update(|current| {
+                    let mut next = current.clone();
+                    next.resilience.session_affinity_ttl_ms = ttl_ms;
+                    Ok::<_, ()>(next)
+                });
+                assert!(changed.is_ok());
+                shard.refresh();
+                between.push(std::rc::Rc::downgrade(&shard.current()));
+                assert_eq!(
+                    shard.current().config().resilience.session_affinity_ttl_ms,
+                    ttl_ms
+                );
+            }
+            shard.adopt(shared.clone());
+            // The request still reads the settings it started with.
+            assert_eq!(request.config().resilience.session_affinity_ttl_ms, 0);
+            assert!(started.upgrade().is_some());
+            // Every generation between was freed as soon as the next replaced it.
+            assert!(between.iter().all(|g| g.upgrade().is_none()));
+            assert_eq!(shard.in_flight(), 1);
+            drop(request);
+            assert!(
+                started.upgrade().is_none(),
+                "the request's generation is freed"
+            );
+            assert_eq!(shard.in_flight(), 0);
+            // A request that starts now runs on the reloaded file with the last settings.
+            let next = Req::enter(&shard);
+            assert_eq!(next.config().resilience.session_affinity_ttl_ms, 200);
+        });
+    }
 
     #[test]
     fn homes_hash_like_their_keys_and_global_has_its_own_domain() {

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::error::GatewayError;
 use crate::http1::RequestHead;
-use crate::owners::Shard;
+use crate::owners::{Req, Shard};
 
 /// Request header read (and response header written) for the request id.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -20,7 +20,7 @@ const CORS_EXPOSE: &str = "x-request-id, x-tidegate-error, x-tidegate-provider, 
 
 /// The `Access-Control-Allow-Origin` value for a request: its `Origin` when
 /// `server.cors_allow_origins` lists it, `*` when the list has `"*"`; else none.
-pub fn cors_origin(shard: &Shard, head: &RequestHead) -> Option<String> {
+pub fn cors_origin(shard: &Req<'_>, head: &RequestHead) -> Option<String> {
     let allowed = &shard.config().server.cors_allow_origins;
     if allowed.is_empty() {
         return None;
@@ -82,7 +82,7 @@ pub struct AccessLog {
 }
 
 impl AccessLog {
-    pub fn new(shard: &Shard, head: &RequestHead) -> Self {
+    pub fn new(shard: &Req<'_>, head: &RequestHead) -> Self {
         let now = shard.now();
         let given = head
             .header(REQUEST_ID_HEADER)

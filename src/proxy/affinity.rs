@@ -4,7 +4,7 @@
 //! kept by the session's owner (`owners::affinity`).
 
 use crate::config::{ConnectionId, ProviderId};
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::owners::affinity::client::{Session, choose};
 use crate::routing::affinity::Eligible;
 use crate::routing::resolve::Target;
@@ -14,7 +14,7 @@ use super::select::{Gate, gate};
 /// Puts each provider's pinned connection first. `combo`: the candidates are a combo's
 /// targets (the provider cooldown tracker counts for eligibility).
 pub async fn prefer(
-    shard: &Shard,
+    shard: &Req<'_>,
     session: Session,
     combo: bool,
     candidates: &mut [(Target, ConnectionId)],
@@ -46,7 +46,7 @@ pub async fn prefer(
 /// local views let through now without a probe: not cooling, not terminal, not locked for
 /// the target's model, breakers closed (and for a combo, not tracker-cooled).
 fn eligible(
-    shard: &Shard,
+    shard: &Req<'_>,
     provider: ProviderId,
     combo: bool,
     candidates: &[(Target, ConnectionId)],

@@ -36,7 +36,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::flow::gates::GateError;
 use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::owners::gates::{self, client::GatePermit};
 use crate::owners::health::protocol::ComboAttempt;
 use crate::providers::Endpoint;
@@ -95,7 +95,7 @@ enum Ended {
 }
 
 struct Runner<'a, 'r> {
-    shard: &'a Shard,
+    shard: &'a Req<'a>,
     req: &'a Request<'r>,
     s: &'a ComboSettings,
     combo: usize,
@@ -120,7 +120,7 @@ struct Runner<'a, 'r> {
 /// candidates are ordered by its home first (the ticket counts the pick in flight until
 /// the request ends), then the combo runs by its settings.
 pub(super) async fn serve(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     endpoint: Endpoint,
     body: Bytes,
@@ -157,7 +157,7 @@ pub(super) async fn serve(
 }
 
 /// Runs the combo `combo` of `req.plan`.
-async fn run(shard: &Shard, req: &Request<'_>, combo: usize, down: &mut Downstream<'_>) -> After {
+async fn run(shard: &Req<'_>, req: &Request<'_>, combo: usize, down: &mut Downstream<'_>) -> After {
     let config = shard.config();
     let s = &config.combos[combo].settings;
     let mut steps: Vec<Step> = Vec::new();
@@ -1300,7 +1300,7 @@ impl<'a> Runner<'a, '_> {
     /// waiters already): the candidate is skipped for `concurrency_cap`. The wait is
     /// raced against the client hanging up and bounded by the combo's time left.
     async fn slot(&self, k: usize, down: &mut Downstream<'_>) -> Result<Slot<'a>, After> {
-        let shard: &'a Shard = self.shard;
+        let shard: &'a Req<'a> = self.shard;
         if shard.config().combos[self.combo].strategy != ComboStrategy::RoundRobin {
             return Ok(Slot::Free);
         }

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
-use crate::owners::Shard;
+use crate::owners::Req;
 
 /// Which budget a [`Deadline`] enforces, and its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct Deadline {
 
 impl Deadline {
     /// `ms` from now; `None` when the budget is 0 (off).
-    pub fn after(shard: &Shard, budget: Budget) -> Option<Deadline> {
+    pub fn after(shard: &Req<'_>, budget: Budget) -> Option<Deadline> {
         let ms = match budget {
             Budget::Request { ms } | Budget::Active { ms } => ms,
         };
@@ -80,7 +80,7 @@ pub fn earliest(a: Option<Deadline>, b: Option<Deadline>) -> Option<Deadline> {
 /// both as its argument and as the value it awaits, so every by-value wrapper doubled the
 /// size of what it wrapped (and of every request's task) — see `docs/architecture.md`.
 pub async fn within<F: Future>(
-    shard: &Shard,
+    shard: &Req<'_>,
     deadline: Option<Deadline>,
     wait: Pin<&mut F>,
 ) -> Result<F::Output, GatewayError> {

@@ -31,11 +31,10 @@ use crate::http1::{Method, RequestHead};
 pub use crate::net::downstream::After;
 use crate::net::downstream::{Handler, Limits};
 use crate::net::io::write_all;
-use crate::owners::Shard;
+use crate::owners::{Req, Shard};
 use crate::providers::translate::Translation;
 use crate::providers::{Endpoint, serves};
 use crate::routing::resolve::resolve;
-use crate::shard::InFlight;
 use crate::shard::metrics::{bump, drop_one};
 
 use relay::Plan;
@@ -43,10 +42,11 @@ use respond::{keep_alive_now, note_error, send_error};
 
 /// A shard serves its client connections: `net` reads requests, `handle` answers them.
 impl Handler for Shard {
-    type InFlight<'a> = InFlight<'a, crate::owners::Tidegate>;
+    type Request<'a> = Req<'a>;
 
     fn limits(&self) -> Limits {
-        let s = &self.config().server;
+        let current = self.current();
+        let s = &current.config().server;
         Limits {
             idle_timeout_ms: s.idle_timeout_ms,
             header_timeout_ms: s.header_timeout_ms,
@@ -71,15 +71,17 @@ impl Handler for Shard {
         drop_one(&self.metrics().connections_open);
     }
 
-    fn request_started(&self) -> Self::InFlight<'_> {
+    fn request_started(&self) -> Self::Request<'_> {
         // Runtime settings changed by the management API apply from this request on.
         self.refresh();
         bump(&self.metrics().requests);
-        InFlight::enter(self)
+        // The request takes the current configuration and keeps it to its end.
+        Req::enter(self)
     }
 
     async fn handle(
         &self,
+        req: &Self::Request<'_>,
         head: &RequestHead,
         body: Bytes,
         client: &mut ClientStream,
@@ -87,8 +89,8 @@ impl Handler for Shard {
     ) -> After {
         let route = observe::route_index(head.path());
         let started = self.now().mono_ns;
-        let after = handle(self, head, body, client, pending).await;
-        let f = self.families();
+        let after = handle(req, head, body, client, pending).await;
+        let f = req.families();
         f.requests.add(route, 1);
         f.request_duration
             .observe_ns(route, self.now().mono_ns.saturating_sub(started));
@@ -181,7 +183,7 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
 
 /// Serves one request whose head and body have been read, writing the whole response.
 pub async fn handle(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     body: Bytes,
     client: &mut ClientStream,
@@ -247,7 +249,7 @@ const CORS_ALLOW_HEADERS: &str =
 /// A CORS preflight (`OPTIONS` with `Origin`): 204 with the allowed methods and fields when
 /// the origin is allowed, 403 otherwise.
 async fn preflight(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     client: &mut ClientStream,
     keep_alive: bool,
@@ -295,7 +297,7 @@ async fn preflight(
 
 /// Checks the caller may use `scope`; returns the client key index when a key was used.
 fn authorize(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     scope: Scope,
 ) -> Result<Option<usize>, GatewayError> {
@@ -330,7 +332,7 @@ fn authorize(
 
 #[allow(clippy::too_many_arguments)]
 async fn inference(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     endpoint: Endpoint,
     body: Bytes,
@@ -397,7 +399,7 @@ async fn inference(
 
 /// Authenticate → peek → resolve → select.
 fn plan(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     endpoint: Endpoint,
     body: &[u8],

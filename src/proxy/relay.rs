@@ -29,7 +29,7 @@ use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
 use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::owners::affinity::{self, client::Session};
 use crate::owners::health::client::{ProbePermits, report};
 use crate::owners::health::protocol::{ComboAttempt, Ended, Verdict};
@@ -96,7 +96,7 @@ pub(super) struct Request<'r> {
 
 impl<'r> Request<'r> {
     pub(super) fn new(
-        shard: &Shard,
+        shard: &Req<'_>,
         head: &'r RequestHead,
         endpoint: Endpoint,
         body: &'r Bytes,
@@ -144,7 +144,7 @@ pub(super) enum AttemptEnd {
 
 /// Tries the plan's candidates in order and relays the first acceptable answer.
 pub async fn run(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     endpoint: Endpoint,
     body: Bytes,
@@ -294,7 +294,7 @@ pub async fn run(
 /// open stream; a continuation cut in turn goes on with the candidates after it. With no
 /// candidate left the stream ends with the in-band error.
 pub(super) async fn continue_stream(
-    shard: &Shard,
+    shard: &Req<'_>,
     request: &Request<'_>,
     cut_at: usize,
     walk: &mut Walk,
@@ -427,7 +427,7 @@ impl CooldownWaits {
     /// and only `max_retries` times.
     fn next(
         &self,
-        shard: &Shard,
+        shard: &Req<'_>,
         excluded: &[Excluded],
         deadline: Option<Deadline>,
     ) -> Option<u64> {
@@ -460,7 +460,7 @@ impl CooldownWaits {
 /// Responses request with `background: true` is served synchronously (the flag goes out as
 /// `null`, the client is told). Returns the body to send and the notes for the response.
 pub(super) async fn prepare(
-    shard: &Shard,
+    shard: &Req<'_>,
     endpoint: Endpoint,
     plan: &mut Plan,
     body: Bytes,
@@ -493,7 +493,7 @@ pub(super) async fn prepare(
 
 /// Remembers the first target whose answer said its budget is spent (B §9.1).
 pub(super) fn note_budget(
-    shard: &Shard,
+    shard: &Req<'_>,
     spent: &mut Option<Target>,
     target: &Target,
     failure: &LastFailure,
@@ -510,7 +510,7 @@ pub(super) fn note_budget(
 /// Whether a spent budget on `target` sends the request to the emergency target: one is
 /// configured (and not switched off), it is another target, the request has no tools, and
 /// the endpoint has an output limit to cap.
-fn emergency_applies(shard: &Shard, req: &Request<'_>, target: &Target) -> bool {
+fn emergency_applies(shard: &Req<'_>, req: &Request<'_>, target: &Target) -> bool {
     shard
         .config()
         .emergency_fallback
@@ -535,7 +535,7 @@ fn output_limit_field(endpoint: Endpoint) -> Option<&'static str> {
 /// `None` when it does not apply or nothing on the target could serve (the original
 /// failure is answered then).
 pub(super) async fn emergency(
-    shard: &Shard,
+    shard: &Req<'_>,
     req: &Request<'_>,
     from: &Target,
     walk: &mut Walk,
@@ -621,7 +621,7 @@ pub(super) async fn emergency(
 /// no in-flight ticket; it stays at the end of the list, where its attempt is skipped and
 /// named in the terminal answer. With nothing available nobody is asked.
 pub(super) async fn order_available<'s>(
-    shard: &'s Shard,
+    shard: &'s Req<'s>,
     combo: usize,
     candidates: &mut Vec<(Target, ConnectionId)>,
 ) -> Option<quota_share::client::QsTicket<'s>> {
@@ -674,7 +674,7 @@ const MAX_EARLY_RETRIES: usize = 4;
 impl Walk {
     /// With stream recovery on, an attempt that failed before its first client byte is
     /// reopened on the same candidate once, up to [`MAX_EARLY_RETRIES`] per request.
-    fn may_retry_early(&self, shard: &Shard) -> bool {
+    fn may_retry_early(&self, shard: &Req<'_>) -> bool {
         shard.config().resilience.stream_recovery.enabled && self.early_retries < MAX_EARLY_RETRIES
     }
 }
@@ -769,7 +769,7 @@ impl Exhausted {
 /// a client abort: its probe permits go back when they drop, nothing counts against the
 /// upstream.
 pub(super) struct Attempted<'s> {
-    shard: &'s Shard,
+    shard: &'s Req<'s>,
     target: &'s Target,
     connection: ConnectionId,
     /// A combo target (the owners apply the combo path's rules; its failures feed the
@@ -825,7 +825,7 @@ impl<'s> Attempted<'s> {
 
 /// One attempt on `(target, connection)`; `combo` when it is for a combo's target.
 pub(super) async fn attempt(
-    shard: &Shard,
+    shard: &Req<'_>,
     req: &Request<'_>,
     target: &Target,
     connection: ConnectionId,
@@ -888,7 +888,7 @@ pub(super) struct Streaming<'s> {
 
 /// Writes a ready answer to the client; `attempts` so far are reported with it.
 pub(super) async fn deliver(
-    shard: &Shard,
+    shard: &Req<'_>,
     req: &Request<'_>,
     ready: Ready<'_>,
     attempts: usize,
@@ -996,7 +996,7 @@ pub(super) async fn deliver(
 /// admission wait is raced against `client` hanging up when it is given (a hedged attempt
 /// leaves that to its caller).
 pub(super) async fn open<'s>(
-    shard: &'s Shard,
+    shard: &'s Req<'s>,
     req: &Request<'_>,
     target: &'s Target,
     connection: ConnectionId,
@@ -1370,7 +1370,7 @@ fn move_on_or_stop(failure: LastFailure) -> AttemptEnd {
 
 /// How long an error answer asked to wait: its `Retry-After`, else the reset hint its
 /// classification found (ms).
-fn retry_hint_ms(shard: &Shard, buffered: &Buffered, verdict: &Verdict) -> Option<u64> {
+fn retry_hint_ms(shard: &Req<'_>, buffered: &Buffered, verdict: &Verdict) -> Option<u64> {
     let now = shard.now();
     buffered
         .headers
@@ -1393,7 +1393,7 @@ async fn hung_up(attempted: Attempted<'_>, phase: Abandoned) -> AttemptEnd {
 
 /// Restates and classifies an error answer (once, here), and tells the connection's
 /// request queue what it learned.
-fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buffered) -> Verdict {
+fn classify_answer(shard: &Req<'_>, attempted: &Attempted<'_>, buffered: &mut Buffered) -> Verdict {
     let config = shard.config();
     let target = attempted.target;
     let connection = attempted.connection;
@@ -1454,7 +1454,7 @@ fn classify_answer(shard: &Shard, attempted: &Attempted<'_>, buffered: &mut Buff
 
 /// The answer when every candidate failed or was skipped.
 pub(super) async fn answer_last(
-    shard: &Shard,
+    shard: &Req<'_>,
     plan: &Plan,
     last: Option<LastFailure>,
     excluded: &[Excluded],
@@ -1485,7 +1485,7 @@ pub(super) async fn answer_last(
 }
 
 /// The answer when no candidate could even be tried (spec A §1.8, B §3.4).
-fn exclusion_error(shard: &Shard, plan: &Plan, excluded: &[Excluded]) -> GatewayError {
+fn exclusion_error(shard: &Req<'_>, plan: &Plan, excluded: &[Excluded]) -> GatewayError {
     let config = shard.config();
     let now = shard.now();
     let min_wait = excluded.iter().filter_map(|e| e.retry_after_ms).min();

@@ -9,7 +9,7 @@
 use crate::clock::Now;
 use crate::config::{Config, ConnectionId, ProviderId};
 use crate::error::{ErrorKind, GatewayError};
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::owners::health::client::{ProbePermits, ask_probe};
 use crate::owners::health::protocol::Fact;
 use crate::owners::health::views::Views;
@@ -159,7 +159,7 @@ pub fn gate(
 /// Decides whether `(target, connection)` may be attempted now; `combo`: it is a combo
 /// target (the provider cooldown tracker applies).
 pub async fn admit<'s>(
-    shard: &'s Shard,
+    shard: &'s Req<'s>,
     target: &Target,
     connection: ConnectionId,
     combo: bool,

@@ -27,7 +27,7 @@ use crate::http1::{
 use crate::net::downstream::unless_client_gone;
 use crate::net::io::write_all;
 use crate::net::upstream::Buffered as InBuffer;
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::owners::health::protocol::Ended;
 use crate::providers::Endpoint;
 use crate::shard::metrics::{Abandoned, add_one_writer, bump};
@@ -106,7 +106,7 @@ pub async fn buffer_error(
 
 /// Relays a buffered upstream error answer.
 pub async fn relay_buffered(
-    shard: &Shard,
+    shard: &Req<'_>,
     b: &Buffered,
     attempts: usize,
     client: &mut ClientStream,
@@ -163,7 +163,7 @@ pub async fn relay_buffered(
 /// another keeps every argument it passes on twice, for as long as the answer streams.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
-    shard: &Shard,
+    shard: &Req<'_>,
     client_head: &RequestHead,
     mut up: Up,
     first: Option<Bytes>,
@@ -392,7 +392,7 @@ pub async fn commit(
 }
 
 /// Adds what an answer reported about its tokens to the usage counters (once per answer).
-pub fn count_usage(shard: &Shard, usage: Option<Usage>) {
+pub fn count_usage(shard: &Req<'_>, usage: Option<Usage>) {
     if let Some(usage) = usage {
         let m = shard.metrics();
         add_one_writer(&m.usage_prompt_tokens, usage.prompt_tokens);
@@ -403,7 +403,7 @@ pub fn count_usage(shard: &Shard, usage: Option<Usage>) {
 /// The client went away mid-answer: the upstream connection is dropped (the upstream sees
 /// the hang-up), the request is counted as abandoned while streaming, and nothing counts
 /// against the upstream.
-fn client_gone(shard: &Shard, up: Up) -> (After, Ended) {
+fn client_gone(shard: &Req<'_>, up: Up) -> (After, Ended) {
     drop(up);
     shard.metrics().abandoned(Abandoned::Streaming);
     (After::Close, Ended::ClientAbort)
@@ -412,7 +412,7 @@ fn client_gone(shard: &Shard, up: Up) -> (After, Ended) {
 /// Appends every piece already buffered (each one scanned by the watchdog); true when the
 /// body ended. A decode failure is left for the next blocking read to report.
 fn gather(
-    shard: &Shard,
+    shard: &Req<'_>,
     up: &mut Up,
     out: &mut BytesMut,
     chunked: bool,
@@ -448,7 +448,7 @@ fn gather(
 /// event in the endpoint's shape for event streams, then the connection is closed without
 /// the chunked terminator — never a clean end, never a `[DONE]`.
 pub(super) async fn break_stream(
-    shard: &Shard,
+    shard: &Req<'_>,
     conn: &Connection,
     err: &GatewayError,
     chunked: bool,

@@ -23,7 +23,7 @@ use crate::error::{Dialect, ErrorKind, GatewayError};
 use crate::http1::{Framing, RequestHead, write_last_chunk, write_response_head};
 use crate::net::downstream::unless_client_gone;
 use crate::net::io::{ClientStream, write_all};
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::owners::health::protocol::Ended;
 use crate::providers::translate::responses::{self, Echo};
 use crate::providers::translate::stream::StreamTranslator;
@@ -132,7 +132,7 @@ fn dialect(t: Translation) -> Dialect {
 /// (of this format) writes into the client's open stream.
 #[allow(clippy::too_many_arguments)]
 pub async fn commit(
-    shard: &Shard,
+    shard: &Req<'_>,
     client_head: &RequestHead,
     up: Up,
     first: Option<Bytes>,
@@ -198,7 +198,7 @@ pub async fn commit(
 
 #[allow(clippy::too_many_arguments)]
 async fn commit_stream(
-    shard: &Shard,
+    shard: &Req<'_>,
     client_head: &RequestHead,
     mut up: Up,
     first: Option<Bytes>,
@@ -401,7 +401,7 @@ async fn commit_stream(
 /// A complete answer: read whole, translated, written with its length.
 #[allow(clippy::too_many_arguments)]
 async fn commit_whole(
-    shard: &Shard,
+    shard: &Req<'_>,
     mut up: Up,
     first: Option<Bytes>,
     tr: &Translated<'_>,
@@ -502,7 +502,7 @@ async fn commit_whole(
 /// The client went away mid-answer: the upstream connection is dropped (the upstream sees
 /// the hang-up), the request is counted as abandoned while streaming, and nothing counts
 /// against the upstream.
-fn client_gone(shard: &Shard, up: Up) -> (After, Ended) {
+fn client_gone(shard: &Req<'_>, up: Up) -> (After, Ended) {
     drop(up);
     shard.metrics().abandoned(Abandoned::Streaming);
     (After::Close, Ended::ClientAbort)

@@ -10,7 +10,7 @@ use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry};
 use crate::http1::{BodyKind, RequestHead, ResponseHead};
 use crate::net::upstream::{self, BodyReader, Buffered};
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::providers::Endpoint;
 use crate::providers::mock::{self, playback};
 use crate::shard::metrics::bump;
@@ -23,7 +23,7 @@ pub struct Budgets {
 }
 
 impl Budgets {
-    pub fn of(shard: &Shard) -> Self {
+    pub fn of(shard: &Req<'_>) -> Self {
         let s = &shard.config().server;
         Self {
             connect: Duration::from_millis(s.connect_timeout_ms),
@@ -116,7 +116,7 @@ impl Up {
     }
 
     /// Hands a cleanly finished connection back to the pool.
-    pub fn finish(self, shard: &Shard) {
+    pub fn finish(self, shard: &Req<'_>) {
         if let UpBody::Net(reader) = self.body
             && let Some(conn) = reader.into_reusable()
         {
@@ -128,7 +128,7 @@ impl Up {
 /// Sends the request to `provider` on `conn` and waits for the answer's head.
 #[allow(clippy::too_many_arguments)]
 pub async fn open(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     provider: &Provider,
     conn: &Connection,
@@ -163,7 +163,7 @@ pub async fn open(
 }
 
 async fn open_net(
-    shard: &Shard,
+    shard: &Req<'_>,
     head: &RequestHead,
     provider: &Provider,
     conn: &Connection,

@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use super::deadline::Deadline;
 use super::upstream::Up;
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::sse::throughput::{self, Decision, Meter, Policy};
 use crate::sse::usage::Usage;
 use crate::sse::{Scanner, classify};
@@ -53,7 +53,7 @@ pub struct Watchdog {
 impl Watchdog {
     /// The watch over an event stream (`None` for anything else): the stall budget when it
     /// is not 0, the throughput meter when it is on, and the usage it reports in any case.
-    pub fn arm(shard: &Shard, event_stream: bool) -> Option<Watchdog> {
+    pub fn arm(shard: &Req<'_>, event_stream: bool) -> Option<Watchdog> {
         let resilience = &shard.config().resilience;
         let ms = resilience.stream_watchdog.stall_timeout_ms;
         let tw = &resilience.stream_recovery.throughput_watchdog;
@@ -185,7 +185,7 @@ impl Watchdog {
 /// per budget, each wrapping the one inside, made every stream's future larger by a monoio
 /// timer entry apiece.)
 pub async fn next(
-    shard: &Shard,
+    shard: &Req<'_>,
     up: &mut Up,
     idle: Duration,
     wd: Option<&mut Watchdog>,
@@ -261,7 +261,7 @@ impl HoldBack {
     pub const MAX_BYTES: usize = 64 * 1024;
 
     /// The hold-back when stream recovery is on.
-    pub fn of(shard: &Shard) -> Option<HoldBack> {
+    pub fn of(shard: &Req<'_>) -> Option<HoldBack> {
         shard
             .config()
             .resilience
@@ -280,7 +280,7 @@ impl HoldBack {
 /// client, so the attempt can fail over. Every read is bounded by `deadline` too. `None`
 /// for an empty body.
 pub async fn first_bytes(
-    shard: &Shard,
+    shard: &Req<'_>,
     up: &mut Up,
     idle: Duration,
     mut wd: Option<&mut Watchdog>,

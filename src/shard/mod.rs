@@ -64,7 +64,7 @@ pub trait App: Sized + 'static {
     fn late_reply(shard: &Shard<Self>, from: usize, id: CallId, reply: Self::Reply);
     /// Periodic upkeep (anti-entropy, sweeps), every [`HOUSEKEEPING_MS`].
     fn housekeeping(shard: &Shard<Self>);
-    /// The shard's configuration changed (runtime settings or a reload; `shard.config()`
+    /// The shard's configuration changed (runtime settings or a reload; `shard.current()`
     /// already returns the new one): re-tune what was built from the old one.
     fn settings_changed(shard: &Shard<Self>);
 }
@@ -127,12 +127,13 @@ pub struct Shared {
     pub snapshot: Arc<metrics::SnapshotMetrics>,
 }
 
-/// One configuration a shard has served with. A reload appends the next (`next` is set
-/// once, at a quiet point), and so does adopting new runtime settings (before the next
-/// request or owner message); the latest is current. Earlier ones stay until the shard
-/// ends, so a `&Config` handed out before a change stays valid (reloads and settings
-/// changes are operator actions: rare and small).
-struct Generation {
+/// One configuration a shard serves with: the file's (as last reloaded) with the runtime
+/// settings of one [`Shared::runtime`] generation in place. The shard holds the current one;
+/// a reload or new runtime settings replace it at once. Each request holds the one it
+/// started with ([`Req`]) until it ends, so a request runs on one configuration from start
+/// to end while requests that start later run on the new one; a generation is freed when
+/// the last request holding it ends.
+pub struct Generation {
     shared: Arc<Shared>,
     /// `shared.config` with the runtime settings of generation `settings` in place.
     config: Config,
@@ -141,7 +142,6 @@ struct Generation {
     /// Pool key of each provider's API root, by provider id (`None` for in-process
     /// providers).
     pool_keys: Vec<Option<PoolKey>>,
-    next: std::cell::OnceCell<Box<Generation>>,
 }
 
 impl Generation {
@@ -164,22 +164,41 @@ impl Generation {
             config,
             settings,
             pool_keys,
-            next: std::cell::OnceCell::new(),
         }
     }
 
-    fn latest(&self) -> &Generation {
-        let mut g = self;
-        while let Some(next) = g.next.get() {
-            g = next;
-        }
-        g
+    /// The configuration: the file's with the runtime settings in place.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The read-only facts built with the file (routes, TLS, keys, metric families).
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// The upstream pool key of `provider`'s API root (`None`: in-process or unknown).
+    pub fn pool_key(&self, provider: ProviderId) -> Option<PoolKey> {
+        self.pool_keys
+            .get(usize::from(provider.0))
+            .cloned()
+            .flatten()
+    }
+
+    /// Shard `shard`'s labelled metric families for this configuration.
+    pub fn families(&self, shard: usize) -> &metrics::Families {
+        static EMPTY: std::sync::LazyLock<metrics::Families> =
+            std::sync::LazyLock::new(metrics::Families::default);
+        self.shared.families.get(shard).map_or(&EMPTY, |f| &**f)
     }
 }
 
 pub struct Shard<A: App> {
     id: usize,
-    generations: Generation,
+    /// The shard count (fixed for the process).
+    shards: usize,
+    /// The configuration new work starts on (see [`Generation`]).
+    current: RefCell<Rc<Generation>>,
     clock: MonoClock,
     pool: Pool,
     dns: DnsCache,
@@ -248,7 +267,8 @@ impl<A: App> Shard<A> {
             cut_waiters: RefCell::new(Slots::default()),
             scratch: RefCell::new(Vec::with_capacity(16 * 1024)),
             seq: Cell::new(0),
-            generations: Generation::new(shared),
+            shards: shared.shards,
+            current: RefCell::new(Rc::new(Generation::new(shared))),
         });
         *shard.me.borrow_mut() = Rc::downgrade(&shard);
         shard
@@ -297,43 +317,38 @@ impl<A: App> Shard<A> {
     }
 
     pub fn shards(&self) -> usize {
-        self.shared().shards
+        self.shards
     }
 
-    /// Makes `shared` (a reloaded configuration) current. Call only at a quiet point (no
-    /// request in flight), so every request runs on one configuration from start to end.
+    /// Makes `shared` (a reloaded configuration) current, at once: requests that start
+    /// from here run on it, requests in flight finish on the generation they hold, and the
+    /// application re-tunes its owner tables.
     pub fn adopt(&self, shared: Arc<Shared>) {
-        let _ = self
-            .generations
-            .latest()
-            .next
-            .set(Box::new(Generation::new(shared)));
+        let next = Rc::new(Generation::new(shared));
+        drop(self.current.replace(next));
         A::settings_changed(self);
     }
 
     /// Adopts the newest runtime settings if they changed since this shard's current
-    /// generation was built (one atomic load otherwise): appends a generation with them in
-    /// place and lets the application re-tune its owner tables. Called before each request
-    /// and each owner message; never inside an owner handler.
+    /// generation was built (one atomic load otherwise): replaces the current generation
+    /// with one that has them in place and lets the application re-tune its owner tables.
+    /// Called before each request and each owner message; never inside an owner handler.
     pub fn refresh(&self) {
-        let latest = self.generations.latest();
-        if latest.shared.runtime.generation() == latest.settings {
-            return;
-        }
-        let _ = latest
-            .next
-            .set(Box::new(Generation::new(latest.shared.clone())));
-        A::settings_changed(self);
+        let shared = {
+            let current = self.current.borrow();
+            if current.shared.runtime.generation() == current.settings {
+                return;
+            }
+            current.shared.clone()
+        };
+        self.adopt(shared);
     }
 
-    pub fn shared(&self) -> &Shared {
-        &self.generations.latest().shared
-    }
-
-    /// The configuration in force: the file's (as last reloaded) with the runtime
-    /// settings in place.
-    pub fn config(&self) -> &Config {
-        &self.generations.latest().config
+    /// The configuration in force now, for work that is not a request (owner handlers,
+    /// housekeeping, the management API): hold it for the duration of the work. A request
+    /// uses the generation it started with ([`Req::config`]).
+    pub fn current(&self) -> Rc<Generation> {
+        self.current.borrow().clone()
     }
 
     pub fn now(&self) -> Now {
@@ -355,13 +370,6 @@ impl<A: App> Shard<A> {
 
     pub fn metrics(&self) -> &ShardMetrics {
         &self.metrics
-    }
-
-    /// This shard's labelled families for the configuration it runs.
-    pub fn families(&self) -> &metrics::Families {
-        static EMPTY: std::sync::LazyLock<metrics::Families> =
-            std::sync::LazyLock::new(metrics::Families::default);
-        self.shared().families.get(self.id).map_or(&EMPTY, |f| &**f)
     }
 
     pub fn state(&self) -> &A::State {
@@ -413,18 +421,9 @@ impl<A: App> Shard<A> {
         self.calls.outstanding()
     }
 
-    pub fn pool_key(&self, provider: ProviderId) -> Option<PoolKey> {
-        self.generations
-            .latest()
-            .pool_keys
-            .get(usize::from(provider.0))
-            .cloned()
-            .flatten()
-    }
-
     /// The shard that owns `key`.
     pub fn owner<K: OwnerKey + ?Sized>(&self, key: &K) -> usize {
-        owner_of(key, self.shared().shards)
+        owner_of(key, self.shards)
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -455,7 +454,7 @@ impl<A: App> Shard<A> {
 
     /// Sends a view to every other shard (the caller applies it here).
     pub fn broadcast(&self, view: &A::View) {
-        for to in 0..self.shared().shards {
+        for to in 0..self.shards {
             if to != self.id {
                 self.send_view(to, view.clone());
             }
@@ -667,20 +666,60 @@ impl<A: App> Drop for CutSignal<'_, A> {
     }
 }
 
-/// Counts a request as in flight until dropped (covers every exit path).
-pub struct InFlight<'a, A: App> {
+/// A request on its shard, from its complete head to the end of its response: counts it
+/// as in flight until dropped (covers every exit path) and holds the configuration
+/// generation current when it started, which everything done for the request reads
+/// (routing, selection, relay, watchdogs, owner calls, the access log). It derefs to the
+/// shard for everything else.
+pub struct Req<'a, A: App> {
     shard: &'a Shard<A>,
+    generation: Rc<Generation>,
 }
 
-impl<'a, A: App> InFlight<'a, A> {
+impl<'a, A: App> Req<'a, A> {
+    /// A request starts on `shard`'s current generation.
     pub fn enter(shard: &'a Shard<A>) -> Self {
         shard.in_flight.set(shard.in_flight.get() + 1);
         metrics::bump(&shard.metrics.in_flight);
-        Self { shard }
+        Self {
+            generation: shard.current(),
+            shard,
+        }
+    }
+
+    /// The shard the request runs on.
+    pub fn shard(&self) -> &'a Shard<A> {
+        self.shard
+    }
+
+    /// The request's configuration (the one in force when it started).
+    pub fn config(&self) -> &Config {
+        &self.generation.config
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.generation.shared
+    }
+
+    pub fn pool_key(&self, provider: ProviderId) -> Option<PoolKey> {
+        self.generation.pool_key(provider)
+    }
+
+    /// The shard's labelled metric families of the request's configuration.
+    pub fn families(&self) -> &metrics::Families {
+        self.generation.families(self.shard.id)
     }
 }
 
-impl<A: App> Drop for InFlight<'_, A> {
+impl<A: App> std::ops::Deref for Req<'_, A> {
+    type Target = Shard<A>;
+
+    fn deref(&self) -> &Shard<A> {
+        self.shard
+    }
+}
+
+impl<A: App> Drop for Req<'_, A> {
     fn drop(&mut self) {
         self.shard
             .in_flight

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::{ConnectionId, ProviderId};
 use crate::http1::RequestHead;
-use crate::owners::Shard;
+use crate::owners::{Req, Shard};
 use crate::routing::affinity::Eligible;
 use crate::routing::session::{digest, session_key};
 
@@ -19,7 +19,7 @@ use super::protocol::{Fact, Reply, Request};
 const CHOOSE_REPLY_TIMEOUT_MS: u64 = 1_000;
 
 /// The session of a request when session affinity is on (`session_affinity_ttl_ms` > 0).
-pub fn session_of(shard: &Shard, head: &RequestHead, body: &[u8]) -> Option<Session> {
+pub fn session_of(shard: &Req<'_>, head: &RequestHead, body: &[u8]) -> Option<Session> {
     if shard.config().resilience.session_affinity_ttl_ms == 0 {
         return None;
     }
@@ -31,7 +31,7 @@ pub fn session_of(shard: &Shard, head: &RequestHead, body: &[u8]) -> Option<Sess
 /// plan's order) the session uses: its pin, or a fresh pick now pinned. `None` when none is
 /// eligible or the owner did not answer (the plan's order stands).
 pub async fn choose(
-    shard: &Shard,
+    shard: &Req<'_>,
     session: Session,
     provider: ProviderId,
     eligible: Vec<Eligible>,

@@ -11,7 +11,7 @@ use crate::flow::admission::{
     account_capacity, combo_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated,
 };
 use crate::flow::gates::{GateError, GateKey};
-use crate::owners::{Shard, reply_bound};
+use crate::owners::{Req, Shard, reply_bound};
 use crate::shard::call::CallError;
 
 use super::Gates;
@@ -59,7 +59,7 @@ impl Drop for GatePermit<'_> {
 /// deadline"): the deadline is already due, so a contended request is refused with
 /// `semaphore_timeout` at once and an uncontended one is granted.
 async fn ask_home(
-    shard: &Shard,
+    shard: &Req<'_>,
     connection: ConnectionId,
     wait_ms: u64,
     request: impl FnOnce(Option<u64>) -> Request,
@@ -81,7 +81,7 @@ async fn ask_home(
 /// budget (`max_wait_ms`, per-connection override first; 0 = do not wait). `Ok(None)`: not
 /// gated.
 pub async fn acquire<'a>(
-    shard: &'a Shard,
+    shard: &Req<'a>,
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<GatePermit<'a>>, GatewayError> {
@@ -100,7 +100,7 @@ pub async fn acquire<'a>(
     .await;
     match reply {
         Ok(Reply::Granted(serial)) => Ok(Some(GatePermit {
-            shard,
+            shard: shard.shard(),
             home,
             connection,
             serial,
@@ -126,11 +126,11 @@ pub async fn acquire<'a>(
 /// disabled, no cap, queue full (the combo's `queue_depth` waiting), a wait past its
 /// `queue_timeout_ms` or an unreachable home all give `None`, and the attempt runs without
 /// a slot.
-pub async fn quota_share_slot(
-    shard: &Shard,
+pub async fn quota_share_slot<'a>(
+    shard: &Req<'a>,
     combo: usize,
     connection: ConnectionId,
-) -> Option<GatePermit<'_>> {
+) -> Option<GatePermit<'a>> {
     let config = shard.config();
     if !config.resilience.quota_share_concurrency_limit.enabled
         || account_capacity(config, connection).is_none()
@@ -147,7 +147,7 @@ pub async fn quota_share_slot(
     .await;
     match reply {
         Ok(Reply::Granted(serial)) => Some(GatePermit {
-            shard,
+            shard: shard.shard(),
             home,
             connection,
             serial,
@@ -161,7 +161,7 @@ pub async fn quota_share_slot(
 /// `queue_depth` others (0: never wait). `Err`: the semaphore is busy (timed out, queue
 /// full, or the home could not be asked) — the combo skips the target.
 pub async fn combo_slot<'a>(
-    shard: &'a Shard,
+    shard: &Req<'a>,
     combo: usize,
     connection: ConnectionId,
     model: &str,
@@ -188,7 +188,7 @@ pub async fn combo_slot<'a>(
     .await;
     match reply {
         Ok(Reply::Granted(serial)) => Ok(GatePermit {
-            shard,
+            shard: shard.shard(),
             home,
             connection,
             serial,

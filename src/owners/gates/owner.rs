@@ -183,11 +183,22 @@ impl Gates {
     /// Applies the capacities of the settings in force to every live gate: a rise grants
     /// the waiters it lets in at once, oldest first (a drop only stops new grants; permits
     /// held are kept).
+    /// New settings or a reloaded file: every live gate takes its new capacity at once. The
+    /// gate of a provider, connection or combo the file no longer has keeps the capacity it
+    /// had: its holders and waiters are requests of the old file, which finish on it under
+    /// the limit they were admitted with; the gate goes once it is idle.
     fn reconfigure(&mut self, cx: &mut Cx<'_>) {
         let config = cx.config;
-        let wakeups = self
-            .gates
-            .reconfigure(|key| gate_capacity(config, key), cx.now);
+        let wakeups = self.gates.reconfigure(
+            |key, now| {
+                if removed(config, key) {
+                    Some(now)
+                } else {
+                    gate_capacity(config, key)
+                }
+            },
+            cx.now,
+        );
         self.wake(cx, wakeups);
         self.arm(cx);
     }
@@ -216,6 +227,22 @@ impl Gates {
         {
             self.timer = Some(at);
             cx.at(at, Fact::Tick);
+        }
+    }
+}
+
+/// Whether `key` names a provider, connection or combo `config` does not have (a reload
+/// removed it).
+fn removed(config: &Config, key: &GateKey) -> bool {
+    let ids = &config.ids;
+    match key {
+        GateKey::Global => false,
+        GateKey::Provider(p) => ids.provider_slot(*p).is_none(),
+        GateKey::Account(c) | GateKey::Model(c, _) | GateKey::QuotaShare(c) => {
+            ids.connection_slot(*c).is_none()
+        }
+        GateKey::Combo(combo, c, _) => {
+            ids.combo_slot(ComboId(*combo)).is_none() || ids.connection_slot(*c).is_none()
         }
     }
 }
@@ -377,6 +404,88 @@ mod tests {
             ),
             "disabled limit: {}",
             show(&out)
+        );
+    }
+
+    /// A reload: a kept connection's gate takes its new `max_concurrent` at once (a raise
+    /// admits its waiter), and a removed connection's gate keeps its old capacity for the
+    /// requests of the old file still holding or waiting for it, until it drains.
+    #[test]
+    fn a_reload_retunes_kept_gates_at_once_and_drains_removed_ones_under_their_old_limit() {
+        let file = |conns: &str| {
+            format!(
+                "[[providers]]\nid = \"p\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{conns}"
+            )
+        };
+        let old = crate::config::load_str(
+            &file(
+                "[[connections]]\nid = \"gone\"\nprovider = \"p\"\nmax_concurrent = 1\n\
+                 [[connections]]\nid = \"kept\"\nprovider = \"p\"\nmax_concurrent = 1\n",
+            ),
+            &|_| None,
+        )
+        .unwrap()
+        .config;
+        let mut new = crate::config::load_str(
+            &file("[[connections]]\nid = \"kept\"\nprovider = \"p\"\nmax_concurrent = 2\n"),
+            &|_| None,
+        )
+        .unwrap()
+        .config;
+        crate::config::renumber::carry_ids(&mut new, &old).unwrap();
+        let (gone, kept) = (ConnectionId(0), ConnectionId(1));
+        assert_eq!(new.connections[0].id, kept);
+        let now = Now {
+            mono_ns: 1_000_000_000,
+            wall_ms: 1_800_000_000_000,
+        };
+        let acquire = |connection| Request::Acquire {
+            connection,
+            model: "m".to_owned(),
+            deadline_ns: Some(now.mono_ns + 60_000_000_000),
+        };
+        let granted = |out: &[(Dest, Msg)]| -> Vec<(CallId, u64)> {
+            out.iter()
+                .filter_map(|(_, m)| match m {
+                    Msg::Reply {
+                        id,
+                        reply: AnyReply::Gates(Reply::Granted(serial)),
+                    } => Some((*id, *serial)),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut gates = Gates::new(&old);
+        let mut held = Vec::new();
+        for (n, c) in [(1, gone), (3, kept)] {
+            let out = call(&mut gates, &old, now, global_id(1, n), acquire(c));
+            held.extend(granted(&out));
+            // A second request on each waits behind the first.
+            let out = call(&mut gates, &old, now, global_id(1, n + 1), acquire(c));
+            assert!(granted(&out).is_empty(), "{}", show(&out));
+        }
+        assert_eq!(held.len(), 2);
+        let views = Views::default();
+        let mut cx = Cx::detached(&new, &views, now, 2);
+        gates.settings_changed(&mut cx);
+        let out = cx.take();
+        assert_eq!(
+            granted(&out).iter().map(|g| g.0).collect::<Vec<_>>(),
+            vec![global_id(1, 4)],
+            "the kept connection's raise admits its waiter; the removed one's waits: {}",
+            show(&out)
+        );
+        // The removed connection's holder ends: its waiter gets the slot, then it drains.
+        let out = fact(&mut gates, &new, now, Fact::Release { serial: held[0].1 });
+        let next = granted(&out);
+        assert_eq!(
+            next.iter().map(|g| g.0).collect::<Vec<_>>(),
+            vec![global_id(1, 2)]
+        );
+        let _ = fact(&mut gates, &new, now, Fact::Release { serial: next[0].1 });
+        assert!(
+            gates.gates.stats(&GateKey::Account(gone)).is_none(),
+            "drained and gone"
         );
     }
 

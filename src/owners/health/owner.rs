@@ -965,16 +965,17 @@ pub fn restore(shard: &Shard, records: &Records) {
         return;
     }
     let me = shard.id();
+    let current = shard.current();
     let out = {
         let views = shard.state().views.borrow();
-        let mut cx = Cx::detached(shard.config(), &views, shard.now(), shard.shards());
+        let mut cx = Cx::detached(current.config(), &views, shard.now(), shard.shards());
         shard
             .state()
             .owners
             .health
             .borrow_mut()
             .restore(&mut cx, records, &|owner| owner == me);
-        Health::new(shard.config()).restore(&mut cx, records, &|owner| owner != me);
+        Health::new(current.config()).restore(&mut cx, records, &|owner| owner != me);
         cx.take()
     };
     let mut views = shard.state().views.borrow_mut();

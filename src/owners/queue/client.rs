@@ -17,7 +17,7 @@ use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::admission::{limiter_settings, queue_of, window_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
-use crate::owners::{Shard, reply_bound};
+use crate::owners::{Req, Shard, reply_bound};
 use crate::resilience::OwnedHeaders;
 use crate::shard::call::{CallError, CallId};
 
@@ -95,7 +95,7 @@ pub fn error(e: QueueError, target: &str) -> GatewayError {
 /// Takes a slot in the connection's request queue, after a start in its provider's sliding
 /// window when the provider has one. `Ok(None)`: neither applies.
 pub async fn acquire<'a>(
-    shard: &'a Shard,
+    shard: &Req<'a>,
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<QueueSlot<'a>>, GatewayError> {
@@ -142,7 +142,7 @@ pub async fn acquire<'a>(
             }
         };
         let slot = QueueSlot {
-            shard,
+            shard: shard.shard(),
             connection,
             id,
             // Only a request queue bounds the execution; the gateway has no separate
@@ -159,7 +159,7 @@ pub async fn acquire<'a>(
 }
 
 /// `<provider>/<model>`, as queue errors name their target.
-pub fn target_name(shard: &Shard, connection: ConnectionId, model: &str) -> String {
+pub fn target_name(shard: &Req<'_>, connection: ConnectionId, model: &str) -> String {
     let config = shard.config();
     let provider = &config.provider(config.connection(connection).provider).name;
     format!("{provider}/{model}")

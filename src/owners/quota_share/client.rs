@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::flow::admission::QuotaShareHome;
-use crate::owners::Shard;
+use crate::owners::{Req, Shard};
 use crate::routing::resolve::Target;
 
 use super::QuotaShare;
@@ -37,7 +37,7 @@ impl Drop for QsTicket<'_> {
 
 /// Reorders `candidates` of combo `combo` by the home's quota-share selection.
 pub async fn order<'a>(
-    shard: &'a Shard,
+    shard: &Req<'a>,
     combo: usize,
     candidates: &mut Vec<(Target, ConnectionId)>,
 ) -> Option<QsTicket<'a>> {
@@ -69,7 +69,7 @@ pub async fn order<'a>(
     // A late answer's ticket is returned by the late hook.
     let Reply::Picked(pick) = shard.call::<QuotaShare>(home, request, bound).await.ok()?;
     let ticket = pick.ticket.map(|serial| QsTicket {
-        shard,
+        shard: shard.shard(),
         home,
         serial,
     });

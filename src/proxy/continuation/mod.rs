@@ -45,7 +45,7 @@ use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::write_chunk;
 use crate::net::io::{ClientStream, write_all};
-use crate::owners::Shard;
+use crate::owners::Req;
 use crate::providers::Endpoint;
 use crate::routing::resolve::Target;
 use crate::shard::metrics::bump;
@@ -236,7 +236,7 @@ impl Splice {
 
     /// Adds the whole answer's usage (what the client's usage block says) to the token
     /// counters, once, when the spliced stream is over; nothing when no part reported usage.
-    pub fn count_usage(&mut self, shard: &Shard) {
+    pub fn count_usage(&mut self, shard: &Req<'_>) {
         if !std::mem::take(&mut self.reported) {
             return;
         }
@@ -571,7 +571,7 @@ impl Splice {
 /// No candidate went on with a cut stream: it ends with the in-band error event in the
 /// endpoint's shape and a close without the chunked terminator (as any broken stream).
 pub async fn give_up(
-    shard: &Shard,
+    shard: &Req<'_>,
     splice: Option<&mut Splice>,
     cut: &GatewayError,
     endpoint: Endpoint,
