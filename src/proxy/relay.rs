@@ -37,7 +37,9 @@ use crate::owners::{gates, queue, quota_share, tool_limits};
 use crate::providers::Endpoint;
 use crate::providers::translate::Translation;
 use crate::resilience::backoff::retry_after_header;
-use crate::resilience::breaker::{Failure, circuit_open_response};
+use crate::resilience::breaker::{
+    BreakerKey, Failure, circuit_open_response, connections_open_message,
+};
 use crate::resilience::classify::parse_error_body;
 use crate::resilience::connection::Terminal;
 use crate::resilience::emergency::{emergency_body, is_budget_failure};
@@ -1543,13 +1545,34 @@ fn exclusion_error(shard: &Shard, plan: &Plan, excluded: &[Excluded]) -> Gateway
     let providers: std::collections::BTreeSet<u16> =
         excluded.iter().map(|e| e.provider.0).collect();
     let single_provider = providers.len() == 1;
-    if single_provider && all(|r| *r == Exclusion::CircuitOpen) {
+    if single_provider && all(|r| matches!(r, Exclusion::CircuitOpen(_))) {
         let name = &config.provider(excluded[0].provider).name;
-        let resp = circuit_open_response(name, min_wait.unwrap_or(1_000));
-        return GatewayError::new(ErrorKind::ProviderCircuitOpen, resp.message)
+        let mut resp = circuit_open_response(name, min_wait.unwrap_or(1_000));
+        // Only connections' breakers are open (not the provider's): the message names them.
+        let mut open: Vec<&str> = Vec::new();
+        for e in excluded {
+            if let Exclusion::CircuitOpen(BreakerKey::Connection(c)) = e.reason {
+                let conn = config.connection(c).name.as_str();
+                if !open.contains(&conn) {
+                    open.push(conn);
+                }
+            }
+        }
+        let connection_scoped = excluded
+            .iter()
+            .all(|e| matches!(e.reason, Exclusion::CircuitOpen(BreakerKey::Connection(_))));
+        if connection_scoped {
+            resp.message = connections_open_message(name, &open);
+        }
+        let err = GatewayError::new(ErrorKind::ProviderCircuitOpen, resp.message)
             .with_retry_after(resp.retry_after_s)
             .with_extra("provider", json!(resp.provider))
             .with_extra("retry_after", json!(resp.retry_after_s));
+        return if connection_scoped {
+            err.with_extra("connections", json!(open))
+        } else {
+            err
+        };
     }
     if single_provider && all(|r| matches!(r, Exclusion::Terminal(_))) {
         let name = &config.provider(excluded[0].provider).name;
