@@ -281,10 +281,17 @@ fn claude_code_and_codex_session_headers_key_their_sessions() {
     // Claude Code's session is pinned first (c1), Codex's next (the least recently used: c2).
     let claude = [("x-claude-code-session-id", "0b9e4c52-claude")];
     assert_eq!(served_by(&ask(&gw, "m1", &claude)), "c1");
-    assert_eq!(served_by(&ask(&gw, "m1", &[("session_id", "codex-1")])), "c2");
+    assert_eq!(
+        served_by(&ask(&gw, "m1", &[("session_id", "codex-1")])),
+        "c2"
+    );
     for i in 0..6 {
         assert_eq!(served_by(&ask(&gw, "m1", &claude)), "c1", "claude {i}");
-        let codex = if i % 2 == 0 { "session_id" } else { "session-id" };
+        let codex = if i % 2 == 0 {
+            "session_id"
+        } else {
+            "session-id"
+        };
         assert_eq!(
             served_by(&ask(&gw, "m1", &[(codex, "codex-1")])),
             "c2",

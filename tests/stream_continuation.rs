@@ -1122,7 +1122,11 @@ fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpo
         prefill,
         json!({"role": "assistant", "content": delivered.trim_end()})
     );
-    assert_eq!(seen[1].text(), ASK_MESSAGES, "the replay is the original request");
+    assert_eq!(
+        seen[1].text(),
+        ASK_MESSAGES,
+        "the replay is the original request"
+    );
 }
 
 #[test]
@@ -1150,6 +1154,11 @@ fn a_translated_target_refusing_the_prefill_is_asked_again_with_the_original_req
     assert_eq!(seen.len(), 2);
     // The replay is the original chat request, translated: its last message is the user's.
     let replay = seen[1].json();
-    let last = replay["messages"].as_array().unwrap().last().cloned().unwrap();
+    let last = replay["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
     assert_eq!(last["role"], "user", "{replay}");
 }

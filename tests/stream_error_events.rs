@@ -55,7 +55,12 @@ fn stream(addr: std::net::SocketAddr, path: &str) -> (u16, Option<String>, Strin
             Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
         }
     };
-    (head.status, attempts, String::from_utf8(body).unwrap(), ended)
+    (
+        head.status,
+        attempts,
+        String::from_utf8(body).unwrap(),
+        ended,
+    )
 }
 
 /// The connection `id` as `/api/resilience/cooldowns` shows it, once its last error type
@@ -63,7 +68,10 @@ fn stream(addr: std::net::SocketAddr, path: &str) -> (u16, Option<String>, Strin
 fn connection_once(addr: std::net::SocketAddr, id: &str, want: &str) -> Value {
     eventually(Duration::from_secs(5), "the failure recorded", || {
         let r = Client::connect(addr).request("GET", "/api/resilience/cooldowns", &[], b"");
-        let list = r.json()["connections"].as_array().cloned().unwrap_or_default();
+        let list = r.json()["connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         list.into_iter()
             .find(|c| c["id"] == id && c["lastErrorType"] == want)
     })
@@ -133,16 +141,26 @@ fn an_openai_error_chunk_mid_stream_ends_the_stream_broken_and_fails_the_attempt
     let (status, _, body, terminated) = stream(addr, CHAT);
     assert_eq!(status, 200);
     assert_eq!(body, format!("{}{error}\n\n", sent.concat()));
-    assert!(!terminated, "a stream ended by an error must not end cleanly");
+    assert!(
+        !terminated,
+        "a stream ended by an error must not end cleanly"
+    );
     let c1 = connection_once(addr, "c1", "server_error");
     assert!(
         c1["errorCode"].as_u64() == Some(500) || c1["errorCode"] == "500",
         "{c1}"
     );
-    assert_eq!(breaker_failures(addr), 1, "a 5xx-class error counts on the breaker");
+    assert_eq!(
+        breaker_failures(addr),
+        1,
+        "a 5xx-class error counts on the breaker"
+    );
     assert_eq!(metric(addr, "tidegate_streams_broken_total"), 1);
     assert_eq!(
-        metric(addr, "tidegate_upstream_errors_total{type=\"server_error\"}"),
+        metric(
+            addr,
+            "tidegate_upstream_errors_total{type=\"server_error\"}"
+        ),
         1
     );
 }

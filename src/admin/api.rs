@@ -163,7 +163,10 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
             BreakerKey::Connection(c) => {
                 let conn = config.connection_by_id(c);
                 let provider = conn.and_then(|c| config.provider_by_id(c.provider));
-                (provider.map(|p| p.name.as_str()), conn.map(|c| c.name.as_str()))
+                (
+                    provider.map(|p| p.name.as_str()),
+                    conn.map(|c| c.name.as_str()),
+                )
             }
         };
         provider_breakers.push(json!({

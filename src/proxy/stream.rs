@@ -29,8 +29,8 @@ use crate::net::io::write_all;
 use crate::net::upstream::Buffered as InBuffer;
 use crate::owners::Shard;
 use crate::owners::health::protocol::{Ended, LastError};
-use crate::resilience::connection::ProviderErrorType;
 use crate::providers::Endpoint;
+use crate::resilience::connection::ProviderErrorType;
 use crate::shard::metrics::{Abandoned, add_one_writer, bump};
 use crate::sse::usage::{AnswerTail, Usage};
 

@@ -1474,7 +1474,14 @@ impl ConnectionTable {
         p: &ConnectionPolicy,
         now: Now,
     ) -> Marked {
-        let d = record_stream_stall(&self.state(id), message, error_type, disable_cooling, p, now);
+        let d = record_stream_stall(
+            &self.state(id),
+            message,
+            error_type,
+            disable_cooling,
+            p,
+            now,
+        );
         self.run(id, d, Cause::StreamStall, now)
     }
 

@@ -157,7 +157,11 @@ mod tests {
         assert_eq!(key(&[], body).as_deref(), Some("metadata:m"));
         // The coding clients' own headers come after the gateway's, before the body.
         assert_eq!(
-            key(&[("x-claude-code-session-id", "cc"), ("x-session-id", "b")], body).as_deref(),
+            key(
+                &[("x-claude-code-session-id", "cc"), ("x-session-id", "b")],
+                body
+            )
+            .as_deref(),
             Some("header:b")
         );
         for h in ["x-claude-code-session-id", "session_id", "Session-Id"] {
