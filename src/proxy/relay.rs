@@ -1329,7 +1329,12 @@ pub(super) async fn open<'s>(
             if let Some(ev) = wd.as_ref().and_then(|w| w.error_event()) {
                 let mut buffered = event_answer(&ev.data, provider, conn);
                 let verdict = classify_answer(shard, &attempted, &mut buffered);
-                walk.note = Some(FailureNote::of_answer(&verdict, None, ""));
+                let message = parse_error_body(&ev.data).error.message;
+                walk.note = Some(FailureNote::of_answer(
+                    &verdict,
+                    None,
+                    message.as_deref().unwrap_or_default(),
+                ));
                 if let Some(t) = translation {
                     super::translate::reshape_error(&mut buffered, t);
                 }
