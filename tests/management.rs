@@ -250,6 +250,18 @@ fn a_patch_that_lowers_the_breaker_threshold_is_obeyed_on_both_shards() {
     // A 503 is counted on the connection-scoped breaker (A §1.9).
     assert_eq!(h["providerHealth"]["up::conn::c1"]["state"], "OPEN", "{h}");
     assert_eq!(h["providerBreakers"][0]["failureCount"], 2, "{h}");
+    // Listed with its provider's name, its connection's in its own field.
+    let open: Vec<&serde_json::Value> = h["providerBreakers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["state"] == "OPEN")
+        .collect();
+    assert_eq!(open.len(), 1, "{h}");
+    assert_eq!(open[0]["provider"], "up", "{h}");
+    assert_eq!(open[0]["connection"], "c1", "{h}");
+    assert_eq!(open[0]["scope"], "connection", "{h}");
+    assert_eq!(open[0]["breaker"], "up::conn::c1", "{h}");
     let r = admin(&gw, "POST", "/api/resilience/reset", b"ignored");
     assert_eq!(r.status, 200);
     let r = r.json();

@@ -77,6 +77,13 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
     assert_eq!(body["error"]["type"], "server_error");
     assert_eq!(body["error"]["code"], "provider_circuit_open");
     assert_eq!(body["error"]["provider"], "up");
+    // 5xx answers count on the connection's breaker: the answer says it is that one (not
+    // the provider's) which is open.
+    assert_eq!(
+        body["error"]["message"],
+        "Connection c1 circuit breaker is open (provider up)"
+    );
+    assert_eq!(body["error"]["connections"], serde_json::json!(["c1"]));
     // Every shard answers from its own view without touching the upstream.
     for _ in 0..20 {
         assert!(is_open(&ask(&gw)));

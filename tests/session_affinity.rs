@@ -268,3 +268,41 @@ fn a_target_timeout_in_a_combo_evicts_the_pin_to_the_timed_out_connection() {
         "c2"
     );
 }
+
+/// docs/clients.md: Claude Code's `x-claude-code-session-id` and Codex CLI's `session_id` /
+/// `session-id` name a session (all requests here share their first user message, which
+/// would otherwise make them one session), and they still reach the upstream: they are the
+/// clients' own headers for their provider.
+#[test]
+fn claude_code_and_codex_session_headers_key_their_sessions() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "session_affinity_ttl_ms = 600000");
+    // Claude Code's session is pinned first (c1), Codex's next (the least recently used: c2).
+    let claude = [("x-claude-code-session-id", "0b9e4c52-claude")];
+    assert_eq!(served_by(&ask(&gw, "m1", &claude)), "c1");
+    assert_eq!(
+        served_by(&ask(&gw, "m1", &[("session_id", "codex-1")])),
+        "c2"
+    );
+    for i in 0..6 {
+        assert_eq!(served_by(&ask(&gw, "m1", &claude)), "c1", "claude {i}");
+        let codex = if i % 2 == 0 {
+            "session_id"
+        } else {
+            "session-id"
+        };
+        assert_eq!(
+            served_by(&ask(&gw, "m1", &[(codex, "codex-1")])),
+            "c2",
+            "codex {i} ({codex})"
+        );
+    }
+    let seen = mock.requests_to(CHAT);
+    assert_eq!(seen.len(), 14);
+    assert_eq!(
+        seen[0].header("x-claude-code-session-id"),
+        Some("0b9e4c52-claude")
+    );
+    assert_eq!(seen[1].header("session_id"), Some("codex-1"));
+}

@@ -5,7 +5,8 @@
 //! target that refuses the prefill gets the original request again and is used only if it
 //! repeats the delivered text exactly. The usage block covers the whole answer. A part
 //! served by a provider of the other format (translated) may be cut or go on like any
-//! other (issue 15 item 3).
+//! other (issue 15 item 3). The prefill refusal and its replay work for an Anthropic-format
+//! target on `/v1/messages` and for a target of the other format (translated) too.
 //!
 //! Every test asserts the client's body byte for byte (de-chunked) and what the upstreams
 //! saw.
@@ -1041,4 +1042,123 @@ fn a_messages_stream_cut_mid_answer_is_continued_by_an_openai_target_translated(
         metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
         16
     );
+}
+
+/// The text of every Anthropic `text_delta` in a Messages client's stream, concatenated.
+fn anthropic_text(body: &str) -> String {
+    parse_sse(body.as_bytes())
+        .into_iter()
+        .filter(|e| e.event.as_deref() == Some("content_block_delta"))
+        .filter_map(|e| e.json()["delta"]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Anthropic's refusal of an assistant prefill, in its own error shape.
+fn anthropic_refusal() -> Reply {
+    Reply::json(
+        400,
+        json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": "This model does not support assistant message prefill. The conversation must end with a user message."}}),
+    )
+}
+
+/// An Anthropic upstream's whole answer to the original request: `pieces` in block 0, its
+/// end and `output` tokens.
+fn anthropic_replay(pieces: &[&str], output: u64) -> Vec<String> {
+    let pieces: Vec<String> = pieces.iter().map(|p| (*p).to_owned()).collect();
+    let mut chunks = anthropic_start("msg_r", 21, &pieces);
+    chunks.push(anthropic_event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    chunks.push(anthropic_event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+            "stop_sequence": null}, "usage": {"output_tokens": output}}),
+    ));
+    chunks.push(anthropic_event(
+        "message_stop",
+        json!({"type": "message_stop"}),
+    ));
+    chunks
+}
+
+#[test]
+fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpoint() {
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let a_chunks = anthropic_start("msg_a", 21, &words(0..12));
+    let a_sent = sse(&a_chunks);
+    let mut steps = raw(&a_chunks);
+    steps.push(Chunk::close());
+    a.on_always(MESSAGES, Reply::sse(steps));
+    // b refuses the prefill, then answers the original request from the start (split
+    // differently from a's pieces).
+    let delivered = words(0..12).concat();
+    let mut all = delivered.clone();
+    all.push_str("fin.");
+    let (p1, p2) = all.split_at(30);
+    b.on(MESSAGES, anthropic_refusal())
+        .on_always(MESSAGES, Reply::sse(raw(&anthropic_replay(&[p1, p2], 14))));
+    let gw = Gateway::start(&config(&a, &b, "anthropic", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
+    assert_eq!(status, 200);
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(anthropic_text(&body), all, "{body}");
+    assert_eq!(anthropic_text(rest), "fin.", "{body}");
+    assert!(!rest.contains("event: error"), "{body}");
+    assert!(terminated, "{body}");
+    let seen = b.requests_to(MESSAGES);
+    assert_eq!(seen.len(), 2);
+    let prefill = seen[0].json()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        prefill,
+        json!({"role": "assistant", "content": delivered.trim_end()})
+    );
+    assert_eq!(
+        seen[1].text(),
+        ASK_MESSAGES,
+        "the replay is the original request"
+    );
+}
+
+#[test]
+fn a_translated_target_refusing_the_prefill_is_asked_again_with_the_original_request() {
+    // An OpenAI client; a (OpenAI) is cut, b (Anthropic) refuses the translated prefill,
+    // then answers the original request, translated.
+    let a = MockUpstream::start();
+    let b = MockUpstream::start();
+    let (a_sent, delivered) = cut_after_25(&a);
+    let mut all = delivered.clone();
+    all.push_str("the end.");
+    let (p1, p2) = all.split_at(100);
+    b.on(MESSAGES, anthropic_refusal())
+        .on_always(MESSAGES, Reply::sse(raw(&anthropic_replay(&[p1, p2], 27))));
+    let gw = Gateway::start(&mixed(&a, "openai", &b, "anthropic", &on(5_000)));
+    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
+    assert_eq!(status, 200);
+    let rest = body
+        .strip_prefix(&a_sent)
+        .unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(content(&body), (all.clone(), 1), "{body}");
+    assert_eq!(content(rest).0, "the end.", "{body}");
+    assert!(terminated, "{body}");
+    let seen = b.requests_to(MESSAGES);
+    assert_eq!(seen.len(), 2);
+    // The replay is the original chat request, translated: its last message is the user's.
+    let replay = seen[1].json();
+    let last = replay["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(last["role"], "user", "{replay}");
 }

@@ -147,6 +147,18 @@ fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
     assert_eq!(metric(addr, "tidegate_streams_broken_total"), 1);
     assert_eq!(tokens(addr), (7, 1));
     assert_eq!(access_lines(&gw, "stalled"), 1, "{}", gw.logs());
+    // A stall is recorded as one (a cut is not: see below).
+    eventually(Duration::from_secs(5), "the stall recorded", || {
+        let r = Client::connect(addr).request("GET", "/api/resilience/cooldowns", &[], b"");
+        (r.json()["connections"][0]["lastErrorType"] == "stream_content_stall").then_some(())
+    });
+    assert_eq!(
+        metric(
+            addr,
+            "tidegate_upstream_errors_total{type=\"stream_content_stall\"}"
+        ),
+        1
+    );
 }
 
 #[test]
@@ -271,10 +283,11 @@ fn breaker_failures(addr: std::net::SocketAddr) -> u64 {
     })
 }
 
-/// docs/resilience.md: a stream that fails after its first byte records a stream stall on
-/// its connection — an error only: no breaker failure, no cooldown, no backoff step.
+/// docs/resilience.md: a stream cut after its first byte records the cut on its connection
+/// (`lastErrorType` `stream_interrupted`, not a stall: nothing stalled) — an error only: no
+/// breaker failure, no cooldown, no backoff step; `/metrics` counts it under the same type.
 #[test]
-fn a_stream_cut_after_its_first_byte_records_a_stream_stall_only() {
+fn a_stream_cut_after_its_first_byte_records_an_interruption_only() {
     let mock = MockUpstream::start();
     let mut chunks = openai_stream_chunks(&["Hel", "lo"]);
     chunks.truncate(3);
@@ -291,13 +304,20 @@ fn a_stream_cut_after_its_first_byte_records_a_stream_stall_only() {
     let state = eventually(Duration::from_secs(5), "the stall recorded", || {
         let r = Client::connect(addr).request("GET", "/api/resilience/cooldowns", &[], b"");
         let c1 = r.json()["connections"][0].clone();
-        (c1["lastErrorType"] == "stream_content_stall").then_some(c1)
+        (c1["lastErrorType"] == "stream_interrupted").then_some(c1)
     });
     assert_eq!(state["id"], "c1", "{state}");
     assert_eq!(state["cooldownRemainingMs"], 0, "{state}");
     assert_eq!(state["backoffLevel"], 0, "{state}");
     assert_eq!(breaker_failures(addr), 0);
     assert_eq!(metric(addr, "tidegate_streams_broken_total"), 1);
+    assert_eq!(
+        metric(
+            addr,
+            "tidegate_upstream_errors_total{type=\"stream_interrupted\"}"
+        ),
+        1
+    );
     // The next request is served by the same connection at once.
     let mut c = Client::connect(addr);
     start_as(&mut c, CHAT, Some("again"));

@@ -447,6 +447,15 @@ fn an_upstream_error_event_reaches_the_client_in_its_own_shape_without_a_fake_en
     assert_eq!(e, json!({"type": "api_error", "message": "boom"}));
     no_fake_end(&got.body);
 
+    // The first request's error event failed its attempt (an overloaded 503 cools the
+    // connection): cleared, so the next one reaches the upstream.
+    let r = Client::connect(gw.addr()).request(
+        "POST",
+        "/api/resilience/cooldowns",
+        &[],
+        br#"{"all":true}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     // The same Anthropic error event → the Responses client's `event: error`.
     let got = ask(&gw, RESPONSES, responses_ask("an/m1"));
     assert_eq!(got.status, 200);

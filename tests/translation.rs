@@ -1215,3 +1215,111 @@ fn a_responses_stream_cut_short_ends_with_a_responses_error_event() {
     assert!(!text.contains("response.completed"));
     assert!(text.contains("\"delta\":\"Half\""), "{text}");
 }
+
+/// Anthropic's server tools (web search) run at Anthropic: their `server_tool_use` and
+/// `web_search_tool_result` blocks are not the OpenAI client's tool calls. A complete answer
+/// and a stream translate them the same way — left out — and the client's own tool call
+/// keeps tool-call index 0.
+#[test]
+fn server_tool_blocks_are_left_out_of_complete_answers_and_streams_alike() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let search = json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+        "input": {"query": "tidegate"}});
+    let results = json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+        "content": [{"type": "web_search_result", "url": "https://example.com", "title": "T",
+            "encrypted_content": "x"}]});
+    let call = json!({"type": "tool_use", "id": "toolu_2", "name": "f", "input": {"a": 1}});
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            200,
+            json!({"id": "msg_w", "type": "message", "role": "assistant", "model": "claude-x",
+                "content": [search, results, {"type": "text", "text": "Found it."}, call],
+                "stop_reason": "tool_use", "usage": {"input_tokens": 9, "output_tokens": 12}}),
+        ),
+    );
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    let block_start = |i: u64, block: &serde_json::Value| {
+        let mut b = block.clone();
+        if b["type"] != "web_search_tool_result" {
+            b["input"] = json!({});
+        }
+        event(json!({"type": "content_block_start", "index": i, "content_block": b}))
+    };
+    let input = |i: u64, json: &str| {
+        event(json!({"type": "content_block_delta", "index": i,
+            "delta": {"type": "input_json_delta", "partial_json": json}}))
+    };
+    let stop = |i: u64| event(json!({"type": "content_block_stop", "index": i}));
+    anthropic.on(
+        "/v1/messages",
+        Reply::sse(vec![
+            event(json!({"type": "message_start", "message": {"id": "msg_w", "type": "message",
+                "role": "assistant", "model": "claude-x", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 9, "output_tokens": 1}}})),
+            block_start(0, &search),
+            input(0, "{\"query\": \"tidegate\"}"),
+            stop(0),
+            block_start(1, &results),
+            stop(1),
+            event(json!({"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}})),
+            event(json!({"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Found it."}})),
+            stop(2),
+            block_start(3, &call),
+            input(3, "{\"a\":1}"),
+            stop(3),
+            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 12}})),
+            event(json!({"type": "message_stop"})),
+        ]),
+    );
+    let gw = start(&openai, &anthropic);
+    let ask = |stream: bool| {
+        post(
+            &gw,
+            "/v1/chat/completions",
+            &json!({"model": "an/claude-x", "stream": stream, "max_tokens": 50,
+                "messages": [{"role": "user", "content": "search"}]}),
+        )
+    };
+
+    let r = ask(false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let message = &r.json()["choices"][0]["message"];
+    assert_eq!(message["content"], "Found it.", "{message}");
+    assert_eq!(
+        message["tool_calls"],
+        json!([{"id": "toolu_2", "type": "function",
+            "function": {"name": "f", "arguments": "{\"a\":1}"}}]),
+        "{message}"
+    );
+
+    let r = ask(true);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let chunks: Vec<serde_json::Value> = r
+        .sse_events()
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .map(|e| e.json())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Found it.");
+    let calls: Vec<&serde_json::Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert!(!calls.is_empty(), "{}", r.text());
+    assert!(calls.iter().all(|c| c["index"] == 0), "{}", r.text());
+    assert_eq!(calls[0]["id"], "toolu_2", "{}", r.text());
+    assert_eq!(calls[0]["function"]["name"], "f", "{}", r.text());
+    let args: String = calls
+        .iter()
+        .filter_map(|c| c["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(args, "{\"a\":1}");
+    assert!(!r.text().contains("web_search"), "{}", r.text());
+}

@@ -157,8 +157,23 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         counts.add(b.state);
         let name = b.key.name(config);
         let last = b.last_failure_wall_ms.map(format_rfc3339_ms);
+        // `provider` is the provider's name for every entry; a connection's breaker also
+        // names its connection. `breaker` is the registry name (`providerHealth`'s key).
+        let (provider, connection) = match b.key {
+            BreakerKey::Provider(p) => (config.provider_by_id(p).map(|p| p.name.as_str()), None),
+            BreakerKey::Connection(c) => {
+                let conn = config.connection_by_id(c);
+                let provider = conn.and_then(|c| config.provider_by_id(c.provider));
+                (
+                    provider.map(|p| p.name.as_str()),
+                    conn.map(|c| c.name.as_str()),
+                )
+            }
+        };
         provider_breakers.push(json!({
-            "provider": name,
+            "provider": provider.unwrap_or("unknown"),
+            "connection": connection,
+            "breaker": name,
             "state": b.state,
             "failureCount": b.failure_count,
             "lastFailure": last,

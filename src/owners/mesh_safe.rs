@@ -92,7 +92,7 @@ mod health {
         enum Ended {
             Success,
             Failed(verdict),
-            StreamStall,
+            StreamBroken { error_type, last_error },
             ClientAbort,
         }
     );

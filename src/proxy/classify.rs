@@ -195,6 +195,59 @@ fn forbidden_type(a: &Answer<'_>) -> Option<ProviderErrorType> {
     }
 }
 
+/// The status an error event sent inside a stream stands for, so it can be classified as
+/// an error answer: a status the error object carries (`status`, `status_code`, a numeric
+/// `code`), else its `code` or `type` read by the status table error bodies use (the
+/// OpenAI and Anthropic names: `rate_limit_error` 429, `overloaded_error` 503, `api_error`
+/// 500, …), else 500. The error object is the event's `error` (an OpenAI chunk, an
+/// Anthropic `error` event), a Responses `response.failed`'s `response.error`, or the event
+/// itself (a Responses `error` event).
+pub fn status_of_error_event(data: &str) -> u16 {
+    use serde_json::Value;
+    let Ok(v) = serde_json::from_str::<Value>(data) else {
+        return 500;
+    };
+    let error = v
+        .get("error")
+        .filter(|e| e.is_object())
+        .or_else(|| v.pointer("/response/error").filter(|e| e.is_object()))
+        .unwrap_or(&v);
+    let numeric = |f: &str| match error.get(f) {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.parse().ok(),
+        _ => None,
+    };
+    if let Some(status) = ["status", "status_code", "code"]
+        .into_iter()
+        .filter_map(numeric)
+        .find(|s| (400..600).contains(s))
+    {
+        return u16::try_from(status).unwrap_or(500);
+    }
+    ["code", "type"]
+        .into_iter()
+        .filter_map(|f| error.get(f).and_then(Value::as_str))
+        .find_map(status_of_error_name)
+        .unwrap_or(500)
+}
+
+/// The status an error's type or code name stands for (`None`: a name not listed).
+fn status_of_error_name(name: &str) -> Option<u16> {
+    Some(match name.to_ascii_lowercase().as_str() {
+        "invalid_request_error" | "bad_request" | "context_length_exceeded" => 400,
+        "authentication_error" | "invalid_api_key" => 401,
+        "billing_error" | "payment_required" => 402,
+        "permission_error" | "permission_denied" => 403,
+        "not_found_error" | "not_found" | "model_not_found" => 404,
+        "request_too_large" => 413,
+        "rate_limit_error" | "rate_limit_exceeded" | "rate_limited" | "insufficient_quota" => 429,
+        "api_error" | "server_error" | "internal_server_error" => 500,
+        "overloaded_error" | "overloaded" | "service_unavailable" => 503,
+        "gateway_timeout" | "timeout" => 504,
+        _ => return None,
+    })
+}
+
 /// A provider's configured daily reset as classification's clock.
 fn daily_reset(c: DailyResetClock) -> DailyReset {
     DailyReset {
@@ -231,6 +284,40 @@ mod tests {
             auth,
         };
         error_type_of(&a, &FallbackDecision::new(true, 0, reason))
+    }
+
+    #[test]
+    fn error_events_stand_for_the_status_their_type_names() {
+        let cases: &[(&str, u16)] = &[
+            (r#"{"error":{"message":"x","type":"server_error"}}"#, 500),
+            (
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                503,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}"#,
+                429,
+            ),
+            (
+                r#"{"error":{"type":"invalid_request_error","code":"insufficient_quota"}}"#,
+                429,
+            ),
+            (r#"{"error":{"message":"x","code":502}}"#, 502),
+            (r#"{"error":{"message":"x","status":"429"}}"#, 429),
+            (
+                r#"{"type":"error","code":"rate_limit_exceeded","message":"x","param":null}"#,
+                429,
+            ),
+            (
+                r#"{"type":"response.failed","response":{"error":{"code":"server_error"}}}"#,
+                500,
+            ),
+            (r#"{"error":{"message":"x","type":"something_new"}}"#, 500),
+            ("not json", 500),
+        ];
+        for (data, want) in cases {
+            assert_eq!(status_of_error_event(data), *want, "{data}");
+        }
     }
 
     #[test]

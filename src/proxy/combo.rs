@@ -799,7 +799,7 @@ impl Runner<'_, '_> {
             && self
                 .excluded
                 .iter()
-                .all(|e| e.reason == Exclusion::CircuitOpen);
+                .all(|e| matches!(e.reason, Exclusion::CircuitOpen(_)));
         let attempted_now = self.excluded.len() < self.req.plan.candidates.len();
         if all_open && !attempted_now {
             for e in &self.excluded {
@@ -917,7 +917,7 @@ impl Runner<'_, '_> {
         let cooling = |r: &Exclusion| {
             matches!(
                 r,
-                Exclusion::CircuitOpen
+                Exclusion::CircuitOpen(_)
                     | Exclusion::ConnectionCooldown
                     | Exclusion::Unreachable
                     | Exclusion::ModelLockout

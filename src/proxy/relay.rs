@@ -23,7 +23,7 @@ use super::select::{self, Admit, Excluded, Exclusion, Gate};
 use super::stream::{self, Buffered};
 use super::upstream::{self, Budgets};
 use super::{After, observe, peek};
-use crate::config::{ConnectionId, ProviderFormat, ProviderId};
+use crate::config::{Connection, ConnectionId, Provider, ProviderFormat, ProviderId};
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
@@ -37,7 +37,9 @@ use crate::owners::{gates, queue, quota_share, tool_limits};
 use crate::providers::Endpoint;
 use crate::providers::translate::Translation;
 use crate::resilience::backoff::retry_after_header;
-use crate::resilience::breaker::{Failure, circuit_open_response};
+use crate::resilience::breaker::{
+    BreakerKey, Failure, circuit_open_response, connections_open_message,
+};
 use crate::resilience::classify::parse_error_body;
 use crate::resilience::connection::Terminal;
 use crate::resilience::emergency::{emergency_body, is_budget_failure};
@@ -780,6 +782,11 @@ pub(super) struct Attempted<'s> {
 
 impl<'s> Attempted<'s> {
     async fn end(mut self, ended: Ended) {
+        // A stalled or broken stream is a failed attempt of its type (a classified failure
+        // was counted when it was classified).
+        if let Ended::StreamBroken { error_type, .. } = &ended {
+            self.shard.metrics().upstream_error(Some(*error_type));
+        }
         if let Some(permits) = self.permits.take() {
             report(
                 self.shard,
@@ -918,7 +925,7 @@ pub(super) async fn deliver(
                 translation,
                 up,
                 first,
-                wd,
+                mut wd,
                 active,
                 _held,
             } = *s;
@@ -950,7 +957,7 @@ pub(super) async fn deliver(
                     down.client,
                     down.pending,
                     down.keep_alive,
-                    wd,
+                    &mut wd,
                     down.log,
                     active,
                     down.splice.as_deref_mut(),
@@ -959,6 +966,7 @@ pub(super) async fn deliver(
                 if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
                     s.cut_on(attempted.target, attempted.connection);
                 }
+                let ended = failed_by_event(shard, &attempted, ended, wd.as_ref());
                 attempted.end(ended).await;
                 drop(_held);
                 return AttemptEnd::Done(after);
@@ -976,7 +984,7 @@ pub(super) async fn deliver(
                 down.keep_alive,
                 req.budgets.idle,
                 req.endpoint,
-                wd,
+                &mut wd,
                 down.log,
                 active,
                 down.splice.as_deref_mut(),
@@ -985,6 +993,7 @@ pub(super) async fn deliver(
             if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
                 s.cut_on(attempted.target, attempted.connection);
             }
+            let ended = failed_by_event(shard, &attempted, ended, wd.as_ref());
             attempted.end(ended).await;
             drop(_held);
             AttemptEnd::Done(after)
@@ -1322,11 +1331,34 @@ pub(super) async fn open<'s>(
                 || e.kind == ErrorKind::StreamThroughputTooLow =>
         {
             tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
-            attempted.end(Ended::StreamStall).await;
+            attempted.end(stream::broken(&e)).await;
             walk.note = Some(FailureNote::of_error(&e));
             return Opened::End(E::Early(LastFailure::Gateway(e)));
         }
         Err(e) => {
+            // The upstream's stream began with an error event: an error answer, as if it
+            // had come with its status.
+            if let Some(ev) = wd.as_ref().and_then(|w| w.error_event()) {
+                let mut buffered = event_answer(&ev.data, provider, conn);
+                let verdict = classify_answer(shard, &attempted, &mut buffered);
+                let message = parse_error_body(&ev.data).error.message;
+                walk.note = Some(FailureNote::of_answer(
+                    &verdict,
+                    None,
+                    message.as_deref().unwrap_or_default(),
+                ));
+                if let Some(t) = translation {
+                    super::translate::reshape_error(&mut buffered, t);
+                }
+                let move_on = verdict.decision.should_fallback || verdict.status >= 500;
+                tracing::info!(connection = %conn.name, status = verdict.status, "the upstream's stream began with an error event");
+                attempted.end(Ended::Failed(Box::new(verdict))).await;
+                return if move_on {
+                    Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))))
+                } else {
+                    Opened::Ready(Ready::Relay(Box::new(buffered)))
+                };
+            }
             tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
             attempted.end_with_error(&e).await;
             walk.note = Some(FailureNote::of_error(&e));
@@ -1389,6 +1421,42 @@ async fn hung_up(attempted: Attempted<'_>, phase: Abandoned) -> AttemptEnd {
     attempted.shard.metrics().abandoned(phase);
     attempted.end(Ended::ClientAbort).await;
     AttemptEnd::Done(After::Close)
+}
+
+/// An error event the upstream sent in its stream, as the error answer it stands for: the
+/// status its type or code names (`classify::status_of_error_event`), the event's data as
+/// the body.
+fn event_answer(data: &str, provider: &Provider, conn: &Connection) -> Buffered {
+    Buffered {
+        status: classify::status_of_error_event(data),
+        headers: vec![("content-type".to_owned(), b"application/json".to_vec())],
+        body: Bytes::from(data.to_owned()),
+        provider: provider.name.clone(),
+        connection: conn.name.clone(),
+        retry_after_s: None,
+    }
+}
+
+/// A stream that ended with the upstream's own error event (after its first byte) failed
+/// as that event says: classified like an error answer with the event's status and text
+/// (connection state, breaker, lockouts, `tidegate_upstream_errors_total`), not as a bare
+/// stream break. Any other ending is kept.
+fn failed_by_event(
+    shard: &Req<'_>,
+    attempted: &Attempted<'_>,
+    ended: Ended,
+    wd: Option<&super::watchdog::Watchdog>,
+) -> Ended {
+    match (ended, wd.and_then(|w| w.error_event())) {
+        (Ended::StreamBroken { .. }, Some(ev)) => {
+            let config = shard.config();
+            let provider = config.provider(attempted.target.provider);
+            let conn = config.connection(attempted.connection);
+            let mut answer = event_answer(&ev.data, provider, conn);
+            Ended::Failed(Box::new(classify_answer(shard, attempted, &mut answer)))
+        }
+        (ended, _) => ended,
+    }
 }
 
 /// Restates and classifies an error answer (once, here), and tells the connection's
@@ -1494,13 +1562,34 @@ fn exclusion_error(shard: &Req<'_>, plan: &Plan, excluded: &[Excluded]) -> Gatew
     let providers: std::collections::BTreeSet<u16> =
         excluded.iter().map(|e| e.provider.0).collect();
     let single_provider = providers.len() == 1;
-    if single_provider && all(|r| *r == Exclusion::CircuitOpen) {
+    if single_provider && all(|r| matches!(r, Exclusion::CircuitOpen(_))) {
         let name = &config.provider(excluded[0].provider).name;
-        let resp = circuit_open_response(name, min_wait.unwrap_or(1_000));
-        return GatewayError::new(ErrorKind::ProviderCircuitOpen, resp.message)
+        let mut resp = circuit_open_response(name, min_wait.unwrap_or(1_000));
+        // Only connections' breakers are open (not the provider's): the message names them.
+        let mut open: Vec<&str> = Vec::new();
+        for e in excluded {
+            if let Exclusion::CircuitOpen(BreakerKey::Connection(c)) = e.reason {
+                let conn = config.connection(c).name.as_str();
+                if !open.contains(&conn) {
+                    open.push(conn);
+                }
+            }
+        }
+        let connection_scoped = excluded
+            .iter()
+            .all(|e| matches!(e.reason, Exclusion::CircuitOpen(BreakerKey::Connection(_))));
+        if connection_scoped {
+            resp.message = connections_open_message(name, &open);
+        }
+        let err = GatewayError::new(ErrorKind::ProviderCircuitOpen, resp.message)
             .with_retry_after(resp.retry_after_s)
             .with_extra("provider", json!(resp.provider))
             .with_extra("retry_after", json!(resp.retry_after_s));
+        return if connection_scoped {
+            err.with_extra("connections", json!(open))
+        } else {
+            err
+        };
     }
     if single_provider && all(|r| matches!(r, Exclusion::Terminal(_))) {
         let name = &config.provider(excluded[0].provider).name;

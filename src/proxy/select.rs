@@ -22,7 +22,8 @@ use crate::routing::resolve::Target;
 /// Why a candidate was skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exclusion {
-    CircuitOpen,
+    /// The breaker that is open: the provider's or the connection's.
+    CircuitOpen(BreakerKey),
     ConnectionCooldown,
     /// Cooling after network errors: the upstream could not be reached.
     Unreachable,
@@ -37,7 +38,7 @@ pub enum Exclusion {
 impl Exclusion {
     pub fn as_str(self) -> &'static str {
         match self {
-            Exclusion::CircuitOpen => "circuit_open",
+            Exclusion::CircuitOpen(_) => "circuit_open",
             Exclusion::ConnectionCooldown => "connection_cooldown",
             Exclusion::Unreachable => "connection_unreachable",
             Exclusion::ModelLockout => "model_lockout",
@@ -145,7 +146,7 @@ pub fn gate(
         match views.breaker(&key).map(|v| v.gate(now)) {
             None | Some(ViewGate::Pass) => {}
             Some(ViewGate::Blocked { retry_after_ms }) => {
-                return Gate::Skip(Exclusion::CircuitOpen, Some(retry_after_ms));
+                return Gate::Skip(Exclusion::CircuitOpen(key), Some(retry_after_ms));
             }
             Some(ViewGate::Probe) => need.get_or_insert_with(Vec::new).push(key),
         }
@@ -222,7 +223,7 @@ pub async fn admit<'s>(
             // No ticket and no wait: the owner's breaker is closed after all.
             Ok((None, 0)) => {}
             Ok((None, retry_after_ms)) => {
-                return excluded(Exclusion::CircuitOpen, Some(retry_after_ms));
+                return excluded(Exclusion::CircuitOpen(key), Some(retry_after_ms));
             }
             Err(_) => {
                 return Admit::Failed(GatewayError::new(

@@ -28,8 +28,9 @@ use crate::net::downstream::unless_client_gone;
 use crate::net::io::write_all;
 use crate::net::upstream::Buffered as InBuffer;
 use crate::owners::Req;
-use crate::owners::health::protocol::Ended;
+use crate::owners::health::protocol::{Ended, LastError};
 use crate::providers::Endpoint;
+use crate::resilience::connection::ProviderErrorType;
 use crate::shard::metrics::{Abandoned, add_one_writer, bump};
 use crate::sse::usage::{AnswerTail, Usage};
 
@@ -175,7 +176,7 @@ pub async fn commit(
     keep_alive: bool,
     idle: Duration,
     endpoint: Endpoint,
-    mut wd: Option<Watchdog>,
+    wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
     mut splice: Option<&mut Splice>,
@@ -280,7 +281,7 @@ pub async fn commit(
             // A replay that does not repeat the delivered text ends the stream.
             if let Some(e) = splice.as_deref_mut().and_then(Splice::failure) {
                 let after = break_stream(shard, conn, &e, chunked, true, endpoint, client).await;
-                break 'relay (after, Ended::StreamStall);
+                break 'relay (after, broken(&e));
             }
             // Pinned in place, the wrapper holding it by reference (`deadline::within` says
             // why); one timer bounds the wait, for whichever budget runs out first.
@@ -316,22 +317,27 @@ pub async fn commit(
                     continue;
                 }
                 Err(e) => {
+                    // The upstream ended its stream with its own error event (relayed): not
+                    // continued, no second error event; the attempt failed as the event says
+                    // (`relay::deliver` classifies it).
+                    let upstream_said = wd.as_ref().is_some_and(|w| w.error_event().is_some());
                     // With continuation on, the walk looks for a candidate to go on with.
-                    if let Some(s) = splice.as_deref_mut()
+                    if !upstream_said
+                        && let Some(s) = splice.as_deref_mut()
                         && s.cut_by(&e)
                     {
                         tracing::info!(connection = %conn.name, "stream cut after the first byte: {e}; looking for a continuation");
-                        break 'relay (After::Close, Ended::StreamStall);
+                        break 'relay (After::Close, broken(&e));
                     }
                     let close_delimited = framing == Framing::Close;
-                    let inband = event_stream && (chunked || close_delimited);
+                    let inband = event_stream && (chunked || close_delimited) && !upstream_said;
                     let after =
                         break_stream(shard, conn, &e, chunked, inband, endpoint, client).await;
                     if e.kind == ErrorKind::ShuttingDown {
                         // Not the upstream's doing: nothing counts against it.
                         break 'relay (after, Ended::ClientAbort);
                     }
-                    break 'relay (after, Ended::StreamStall);
+                    break 'relay (after, broken(&e));
                 }
             };
             if let Some(t) = tail.as_mut() {
@@ -423,6 +429,9 @@ fn gather(
     // One clock reading for everything already here.
     let mut now_ns = None;
     loop {
+        if wd.as_deref().is_some_and(|w| w.error_event().is_some()) {
+            return false;
+        }
         match up.next_buffered() {
             Ok(InBuffer::Piece(p)) => {
                 if let Some(w) = wd.as_deref_mut() {
@@ -430,6 +439,16 @@ fn gather(
                     w.observe(&p, now);
                     if w.tripped() {
                         // The throughput watchdog ended the stream: the next read reports it.
+                        return false;
+                    }
+                    if w.error_event().is_some() {
+                        // The upstream's error event is the last thing relayed: the next
+                        // read reports the failure.
+                        let p = w.cut_at_error(p);
+                        if let Some(t) = tail.as_deref_mut() {
+                            t.feed(&p);
+                        }
+                        emit(out, &p, chunked, splice.as_deref_mut());
                         return false;
                     }
                 }
@@ -441,6 +460,25 @@ fn gather(
             Ok(InBuffer::End) => return true,
             Ok(InBuffer::Empty) | Err(_) => return false,
         }
+    }
+}
+
+/// How a stream that failed is recorded on its connection (never on a breaker): a content
+/// stall or the throughput watchdog as `stream_content_stall`, a body-idle or hard-deadline
+/// budget that ran out as `timeout`, anything else that broke it after its first byte (a
+/// cut or reset, broken framing, an end before its last event, a continuation that could
+/// not go on) as `stream_interrupted`; the error's message is its last error.
+pub(super) fn broken(e: &GatewayError) -> Ended {
+    let error_type = match e.kind {
+        ErrorKind::StreamContentStall | ErrorKind::StreamThroughputTooLow => {
+            ProviderErrorType::StreamContentStall
+        }
+        ErrorKind::UpstreamTimeout(_) => ProviderErrorType::Timeout,
+        _ => ProviderErrorType::StreamInterrupted,
+    };
+    Ended::StreamBroken {
+        error_type,
+        last_error: LastError::new(&e.message),
     }
 }
 

@@ -140,7 +140,7 @@ pub async fn commit(
     client: &mut ClientStream,
     pending: &mut BytesMut,
     keep_alive: bool,
-    mut wd: Option<Watchdog>,
+    wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
     mut splice: Option<&mut Splice>,
@@ -157,7 +157,7 @@ pub async fn commit(
                     "the continuation's answer is not an event stream",
                 );
                 if s.cut_by(&e) {
-                    return (After::Close, Ended::StreamStall);
+                    return (After::Close, stream::broken(&e));
                 }
             }
             s.turn_off();
@@ -173,7 +173,7 @@ pub async fn commit(
         tr,
         io,
         keep_alive,
-        &mut wd,
+        wd,
         log,
         active,
         splice.as_deref_mut(),
@@ -278,18 +278,15 @@ async fn commit_stream(
         // the next candidate may go on from (rather than the translator's in-band error).
         let cut = ended
             && translator.incomplete()
-            && splice.as_deref_mut().is_some_and(|s| {
-                s.cut_by(&GatewayError::new(
-                    ErrorKind::UpstreamProtocol,
-                    "the upstream stream ended before its last event",
-                ))
-            });
+            && splice
+                .as_deref_mut()
+                .is_some_and(|s| s.cut_by(&ended_early()));
         if cut {
             if !out.is_empty() {
                 let _ = write_all(client, std::mem::take(&mut out)).await;
             }
             tracing::info!(connection = %tr.conn.name, "translated stream ended before its last event; looking for a continuation");
-            return (After::Close, Ended::StreamStall);
+            return (After::Close, stream::broken(&ended_early()));
         }
         if ended {
             translator.finish(&mut piece_out);
@@ -321,7 +318,7 @@ async fn commit_stream(
                 });
             let endpoint = t.client_endpoint();
             let after = break_stream(shard, tr.conn, &e, chunked, true, endpoint, client).await;
-            return (after, Ended::StreamStall);
+            return (after, stream::broken(&e));
         }
         if ended && chunked && !translator.broken() {
             write_last_chunk(&mut out);
@@ -350,7 +347,7 @@ async fn commit_stream(
                     && s.cut_by(&e)
                 {
                     tracing::info!(connection = %tr.conn.name, "translated stream cut after the first byte: {e}; looking for a continuation");
-                    return (After::Close, Ended::StreamStall);
+                    return (After::Close, stream::broken(&e));
                 }
                 let after = break_stream(
                     shard,
@@ -362,9 +359,21 @@ async fn commit_stream(
                     client,
                 )
                 .await;
-                return (after, Ended::StreamStall);
+                return (after, stream::broken(&e));
             }
         }
+    }
+    if !ended && translator.broken() {
+        // The upstream sent an error event: it went out in the client's shape, and the
+        // stream ends as a broken one does (no chunked terminator); `relay::deliver`
+        // classifies the event as the attempt's failure.
+        bump(&shard.metrics().streams_broken);
+        tracing::warn!(connection = %tr.conn.name, "the upstream sent an error event in its stream");
+        let e = GatewayError::new(
+            ErrorKind::UpstreamProtocol,
+            "the upstream sent an error event in its stream",
+        );
+        return (After::Close, stream::broken(&e));
     }
     if !ended {
         // The client's stream is complete (its last event was translated); the upstream's
@@ -387,7 +396,7 @@ async fn commit_stream(
         // The upstream ended early: the in-band error went out, the body stays visibly
         // incomplete (no chunked terminator).
         bump(&shard.metrics().streams_broken);
-        return (After::Close, Ended::StreamStall);
+        return (After::Close, stream::broken(&ended_early()));
     }
     up.finish(shard);
     let after = if keep_alive {
@@ -396,6 +405,14 @@ async fn commit_stream(
         After::Close
     };
     (after, Ended::Success)
+}
+
+/// The failure of a translated stream whose upstream body ended before its last event.
+fn ended_early() -> GatewayError {
+    GatewayError::new(
+        ErrorKind::UpstreamProtocol,
+        "the upstream stream ended before its last event",
+    )
 }
 
 /// A complete answer: read whole, translated, written with its length.
@@ -435,13 +452,13 @@ async fn commit_whole(
                 );
                 let after =
                     respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
-                return (after, Ended::StreamStall);
+                return (after, stream::broken(&e));
             }
             Ok(None) => break,
             Err(e) => {
                 let after =
                     respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
-                return (after, Ended::StreamStall);
+                return (after, stream::broken(&e));
             }
         }
     }
@@ -464,7 +481,7 @@ async fn commit_whole(
             ),
         );
         let after = respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;
-        return (after, Ended::StreamStall);
+        return (after, stream::broken(&e));
     };
     up.finish(shard);
     stream::count_usage(shard, Usage::of_answer(&body));

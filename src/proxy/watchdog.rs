@@ -13,6 +13,11 @@
 //! piece; reasoning and tool frames put the stream in a protected phase that is never
 //! judged. An abort is a 502 `stream_throughput_too_low` before the first client byte (the
 //! attempt fails over) and the in-band error after it.
+//!
+//! The same scan finds an error event the upstream sends in its stream (an OpenAI
+//! `{"error":…}` chunk, an Anthropic `event: error`, a Responses `error` or
+//! `response.failed`): the piece it is in is cut just past it, and the next read reports
+//! the stream as failed ([`Watchdog::error_event`] keeps the event for classification).
 
 use std::time::Duration;
 
@@ -24,7 +29,18 @@ use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::Req;
 use crate::sse::throughput::{self, Decision, Meter, Policy};
 use crate::sse::usage::Usage;
-use crate::sse::{Scanner, classify};
+use crate::sse::{FrameKind, Scanner, classify};
+
+/// Longest error event data kept for classification.
+const MAX_ERROR_EVENT_BYTES: usize = 4 * 1024;
+
+/// An error event the upstream sent in its stream: where it ended in the upstream's body
+/// (bytes from the body's start) and its data (at most `MAX_ERROR_EVENT_BYTES`).
+#[derive(Clone, Debug)]
+pub struct ErrorEvent {
+    pub end: u64,
+    pub data: String,
+}
 
 /// Pre-output bytes (lifecycle frames) held back from the client at most; past this the
 /// stream is committed even without model output.
@@ -48,6 +64,10 @@ pub struct Watchdog {
     now_ns: u64,
     /// The token counts the stream reported.
     usage: Usage,
+    /// Body bytes observed so far.
+    scanned: u64,
+    /// The first error event the upstream sent, once one came.
+    error_event: Option<ErrorEvent>,
 }
 
 impl Watchdog {
@@ -82,6 +102,8 @@ impl Watchdog {
             tripped: None,
             now_ns,
             usage: Usage::default(),
+            scanned: 0,
+            error_event: None,
         })
     }
 
@@ -97,11 +119,29 @@ impl Watchdog {
         let mut useful = 0u64;
         let meter = &mut self.throughput;
         let usage = &mut self.usage;
-        self.scanner.feed(piece, &mut |r| match r {
+        let base = self.scanned;
+        self.scanned = base.saturating_add(piece.len() as u64);
+        let error_event = &mut self.error_event;
+        self.scanner.feed_ends(piece, &mut |r, end| match r {
             Ok(ev) => {
                 usage.observe(&ev);
-                if stall {
-                    progress |= classify(&ev).output;
+                // Without the stall budget only an event that may be an error is read.
+                let read = stall
+                    || (error_event.is_none()
+                        && ev
+                            .data
+                            .is_some_and(|d| memchr::memmem::find(d, b"error").is_some()));
+                if read {
+                    let frame = classify(&ev);
+                    progress |= frame.output;
+                    if frame.kind == FrameKind::Error && error_event.is_none() {
+                        let data = ev.data.unwrap_or_default();
+                        let data = &data[..data.len().min(MAX_ERROR_EVENT_BYTES)];
+                        *error_event = Some(ErrorEvent {
+                            end: base.saturating_add(end as u64),
+                            data: String::from_utf8_lossy(data).into_owned(),
+                        });
+                    }
                 }
                 if let Some(m) = meter.as_mut() {
                     useful += m.event(throughput::useful(&ev));
@@ -138,6 +178,32 @@ impl Watchdog {
     /// The throughput watchdog ended the stream.
     pub fn tripped(&self) -> bool {
         self.tripped.is_some()
+    }
+
+    /// The error event the upstream sent in its stream, if it sent one.
+    pub fn error_event(&self) -> Option<&ErrorEvent> {
+        self.error_event.as_ref()
+    }
+
+    /// `piece`, the last one observed, up to the end of the upstream's error event when that
+    /// ended in it (what follows the error is not relayed).
+    pub fn cut_at_error(&self, piece: Bytes) -> Bytes {
+        let start = self.scanned.saturating_sub(piece.len() as u64);
+        match &self.error_event {
+            Some(e) if e.end > start && e.end < self.scanned => {
+                let keep = usize::try_from(e.end - start).unwrap_or(piece.len());
+                piece.slice(..keep.min(piece.len()))
+            }
+            _ => piece,
+        }
+    }
+
+    /// The error that ends a stream whose upstream sent an error event.
+    fn event_error(&self) -> GatewayError {
+        GatewayError::new(
+            ErrorKind::UpstreamProtocol,
+            "the upstream sent an error event in its stream",
+        )
     }
 
     /// The error that ends the stream: the throughput watchdog's, else the stall's.
@@ -197,6 +263,9 @@ pub async fn next(
         if w.tripped() {
             return Err(w.error());
         }
+        if w.error_event.is_some() {
+            return Err(w.event_error());
+        }
         let left = Duration::from_nanos(w.deadline_ns.saturating_sub(w.now_ns));
         if left.is_zero() {
             return Err(w.error());
@@ -226,10 +295,13 @@ pub async fn next(
         }
         got => got,
     };
-    if let (Ok(Some(piece)), Some(w)) = (&got, wd) {
+    if let (Ok(Some(piece)), Some(w)) = (got.as_ref(), wd) {
         w.observe(piece, shard.mono_ns());
         if w.tripped() {
             return Err(w.error());
+        }
+        if w.error_event.is_some() {
+            return got.map(|p| p.map(|p| w.cut_at_error(p)));
         }
     }
     got
@@ -296,6 +368,13 @@ pub async fn first_bytes(
             Some(p) => p,
             None => break,
         };
+        // An error event before anything reached the client fails the attempt (it may
+        // move on).
+        if let Some(w) = wd.as_deref()
+            && w.error_event.is_some()
+        {
+            return Err(w.event_error());
+        }
         match &held {
             None => held = Some(piece),
             Some(h) => {

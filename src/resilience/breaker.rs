@@ -1016,6 +1016,18 @@ pub fn circuit_open_response(provider: &str, retry_after_ms: u64) -> CircuitOpen
     }
 }
 
+/// The 503's message when it is connections' breakers that are open, not the provider's:
+/// it names them (`connections`, deduplicated, in order).
+pub fn connections_open_message(provider: &str, connections: &[&str]) -> String {
+    match connections {
+        [one] => format!("Connection {one} circuit breaker is open (provider {provider})"),
+        many => format!(
+            "Connection circuit breakers are open for {} (provider {provider})",
+            many.join(", ")
+        ),
+    }
+}
+
 /// One entry of `providerBreakers` in `GET /api/monitoring/health` (§1.10).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -2006,6 +2018,14 @@ mod tests {
         let r = circuit_open_response("openai", 12_345);
         assert_eq!(r.retry_after_s, 13);
         assert_eq!(r.message, "Provider openai circuit breaker is open");
+        assert_eq!(
+            connections_open_message("openai", &["c1"]),
+            "Connection c1 circuit breaker is open (provider openai)"
+        );
+        assert_eq!(
+            connections_open_message("openai", &["c1", "c2"]),
+            "Connection circuit breakers are open for c1, c2 (provider openai)"
+        );
         assert_eq!(r.provider, "openai");
     }
 

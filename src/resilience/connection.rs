@@ -215,6 +215,9 @@ pub enum ProviderErrorType {
     RequestRejected,
     /// Tidegate: the stream content-stall watchdog ended the attempt (A §3.8).
     StreamContentStall,
+    /// Tidegate: a stream that had begun was cut (reset, closed early, broken framing)
+    /// before it ended.
+    StreamInterrupted,
     /// Tidegate: the upstream timed out.
     Timeout,
     /// Tidegate: the upstream could not be reached.
@@ -223,7 +226,7 @@ pub enum ProviderErrorType {
 
 impl ProviderErrorType {
     /// Every type, in a fixed order (labelled counters).
-    pub const ALL: [ProviderErrorType; 16] = [
+    pub const ALL: [ProviderErrorType; 17] = [
         ProviderErrorType::QuotaExhausted,
         ProviderErrorType::RateLimited,
         ProviderErrorType::ModelNotFound,
@@ -238,6 +241,7 @@ impl ProviderErrorType {
         ProviderErrorType::ContextOverflow,
         ProviderErrorType::RequestRejected,
         ProviderErrorType::StreamContentStall,
+        ProviderErrorType::StreamInterrupted,
         ProviderErrorType::Timeout,
         ProviderErrorType::ConnectFailed,
     ];
@@ -258,6 +262,7 @@ impl ProviderErrorType {
             ProviderErrorType::ContextOverflow => "context_overflow",
             ProviderErrorType::RequestRejected => "request_rejected",
             ProviderErrorType::StreamContentStall => "stream_content_stall",
+            ProviderErrorType::StreamInterrupted => "stream_interrupted",
             ProviderErrorType::Timeout => "timeout",
             ProviderErrorType::ConnectFailed => "connect_failed",
         }
@@ -1049,12 +1054,14 @@ fn request_rejected(
     MarkDecision::write(rung, MarkEffect::Cooling { until_ms }, change)
 }
 
-/// A stream abandoned by the content-stall watchdog (A §3.8): the error is recorded; a
-/// scaled cooldown follows only with `streamStallCooldown.enabled` (and not with
-/// `disableCooling`). Terminal and cooling connections are left alone.
+/// A stream abandoned by the content-stall watchdog (A §3.8), or one that broke after its
+/// first byte (`error_type` says which): the error is recorded; a scaled cooldown follows
+/// only with `streamStallCooldown.enabled` (and not with `disableCooling`). Terminal and
+/// cooling connections are left alone.
 pub fn record_stream_stall(
     state: &ConnectionState,
     message: &str,
+    error_type: ProviderErrorType,
     disable_cooling: bool,
     p: &ConnectionPolicy,
     now: Now,
@@ -1065,12 +1072,7 @@ pub fn record_stream_stall(
     if let Some(until) = state.cooling_until(now) {
         return MarkDecision::nothing(true, until - now.wall_ms, MarkEffect::AlreadyCooling);
     }
-    let errors = ErrorFields::new(
-        message,
-        Some(ProviderErrorType::StreamContentStall),
-        None,
-        now,
-    );
+    let errors = ErrorFields::new(message, Some(error_type), None, now);
     if !p.stream_stall_cooldown || disable_cooling {
         return MarkDecision::write(0, MarkEffect::ErrorRecorded, Change::error_only(errors));
     }
@@ -1467,11 +1469,19 @@ impl ConnectionTable {
         &mut self,
         id: ConnectionId,
         message: &str,
+        error_type: ProviderErrorType,
         disable_cooling: bool,
         p: &ConnectionPolicy,
         now: Now,
     ) -> Marked {
-        let d = record_stream_stall(&self.state(id), message, disable_cooling, p, now);
+        let d = record_stream_stall(
+            &self.state(id),
+            message,
+            error_type,
+            disable_cooling,
+            p,
+            now,
+        );
         self.run(id, d, Cause::StreamStall, now)
     }
 
@@ -2030,10 +2040,11 @@ mod tests {
 
     #[test]
     fn stream_stall_with_and_without_the_setting() {
+        const STALL: ProviderErrorType = ProviderErrorType::StreamContentStall;
         let c = clock();
         let mut p = policy(AuthKind::ApiKey);
         let mut t = ConnectionTable::new();
-        let m = t.record_stream_stall(ID, "no output within 80000ms", false, &p, c.now());
+        let m = t.record_stream_stall(ID, "no output within 80000ms", STALL, false, &p, c.now());
         assert_eq!(m.decision.effect, MarkEffect::ErrorRecorded);
         let s = t.state(ID);
         assert_eq!(s.rate_limited_until_ms(), None);
@@ -2044,7 +2055,7 @@ mod tests {
         assert!(!m.transition.unwrap().view_changed);
 
         p.stream_stall_cooldown = true;
-        let m = t.record_stream_stall(ID, "stall", false, &p, c.now());
+        let m = t.record_stream_stall(ID, "stall", STALL, false, &p, c.now());
         assert_eq!(
             m.decision.effect,
             MarkEffect::Cooling {
@@ -2055,7 +2066,7 @@ mod tests {
         assert!(m.transition.unwrap().view_changed);
         // With disable_cooling, even the setting does not cool.
         let mut t = ConnectionTable::new();
-        let m = t.record_stream_stall(ID, "stall", true, &p, c.now());
+        let m = t.record_stream_stall(ID, "stall", STALL, true, &p, c.now());
         assert_eq!(m.decision.effect, MarkEffect::ErrorRecorded);
     }
 
@@ -2641,7 +2652,7 @@ mod tests {
                     }
                     Op::Stall { conn, enabled } => {
                         p.stream_stall_cooldown = enabled;
-                        let m = t.record_stream_stall(ConnectionId(conn), "stall", false, &p, now);
+                        let m = t.record_stream_stall(ConnectionId(conn), "stall", ProviderErrorType::StreamContentStall, false, &p, now);
                         let after = t.state(ConnectionId(conn));
                         let before = before.clone().unwrap_or_default();
                         if before.test_status.is_terminal() {

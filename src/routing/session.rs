@@ -3,8 +3,9 @@
 //! wins; the key itself never leaves the request (never forwarded, never logged): only its
 //! SHA-256 digest ([`SessionDigest`]) travels to the pin's owner shard.
 //!
-//! Order: the headers `x-codex-session-id`, `x-session-id`, `x-omniroute-session`
-//! (`header:<v>`); body `metadata.session_id` / `metadata.sessionId` (`metadata:<v>`); body
+//! Order: the headers `x-codex-session-id`, `x-session-id`, `x-omniroute-session`, then
+//! the ones coding clients send on their own — Claude Code's `x-claude-code-session-id`,
+//! Codex CLI's `session_id` / `session-id` (`header:<v>`); body `metadata.session_id` / `metadata.sessionId` (`metadata:<v>`); body
 //! `conversation_id`, then `session_id` (`body:<v>`); body `prompt_cache_key`
 //! (`prompt-cache:<v>`); else the first user message's text (`input:sha256:<hex>` of its
 //! first [`FIRST_MESSAGE_CHARS`] characters). A value is trimmed; an empty one or one
@@ -14,9 +15,20 @@
 
 use sha2::{Digest, Sha256};
 
-/// The session headers, in the order they are read (matched case-insensitively).
-pub const SESSION_HEADERS: [&str; 3] =
-    ["x-codex-session-id", "x-session-id", "x-omniroute-session"];
+/// The session headers, in the order they are read (matched case-insensitively): the
+/// gateway's own (never forwarded upstream), then the clients' own (`CLIENT_SESSION_HEADERS`).
+pub const SESSION_HEADERS: [&str; 6] = [
+    "x-codex-session-id",
+    "x-session-id",
+    "x-omniroute-session",
+    CLIENT_SESSION_HEADERS[0],
+    CLIENT_SESSION_HEADERS[1],
+    CLIENT_SESSION_HEADERS[2],
+];
+/// Session headers coding clients send for their own provider (Claude Code, Codex CLI):
+/// they key a session here and still go upstream as the client sent them.
+pub const CLIENT_SESSION_HEADERS: [&str; 3] =
+    ["x-claude-code-session-id", "session_id", "session-id"];
 /// A value longer than this (in characters) is ignored.
 pub const MAX_VALUE_CHARS: usize = 4096;
 /// A value of at most this many characters of `[A-Za-z0-9._:-]` is kept as written.
@@ -143,6 +155,18 @@ mod tests {
             Some("header:b")
         );
         assert_eq!(key(&[], body).as_deref(), Some("metadata:m"));
+        // The coding clients' own headers come after the gateway's, before the body.
+        assert_eq!(
+            key(
+                &[("x-claude-code-session-id", "cc"), ("x-session-id", "b")],
+                body
+            )
+            .as_deref(),
+            Some("header:b")
+        );
+        for h in ["x-claude-code-session-id", "session_id", "Session-Id"] {
+            assert_eq!(key(&[(h, "cc")], body).as_deref(), Some("header:cc"), "{h}");
+        }
     }
 
     #[test]

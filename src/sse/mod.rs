@@ -112,6 +112,16 @@ impl Scanner {
 
     /// Scans `input`, calling `on` for every event that ends in it.
     pub fn feed(&mut self, input: &[u8], on: &mut impl FnMut(Result<Event<'_>, SseError>)) {
+        self.feed_ends(input, &mut |r, _| on(r));
+    }
+
+    /// As [`Scanner::feed`], with where in `input` each event ended (the offset just past
+    /// its blank line).
+    pub fn feed_ends(
+        &mut self,
+        input: &[u8],
+        on: &mut impl FnMut(Result<Event<'_>, SseError>, usize),
+    ) {
         let mut start = 0;
         let mut pos = 0;
         for lf in memchr::memchr_iter(b'\n', input) {
@@ -130,9 +140,12 @@ impl Scanner {
             }
             if self.pending.len() + piece.len() > self.max_event {
                 self.pending.clear();
-                on(Err(SseError::EventTooLarge {
-                    limit: self.max_event,
-                }));
+                on(
+                    Err(SseError::EventTooLarge {
+                        limit: self.max_event,
+                    }),
+                    pos,
+                );
                 continue;
             }
             let ev = if self.pending.is_empty() {
@@ -142,7 +155,7 @@ impl Scanner {
                 parse(&self.pending, &mut self.joined)
             };
             if !ev.is_empty() {
-                on(Ok(ev));
+                on(Ok(ev), pos);
             }
             self.pending.clear();
         }
@@ -154,9 +167,12 @@ impl Scanner {
         if self.pending.len() + tail.len() > self.max_event {
             self.pending.clear();
             self.discarding = true;
-            on(Err(SseError::EventTooLarge {
-                limit: self.max_event,
-            }));
+            on(
+                Err(SseError::EventTooLarge {
+                    limit: self.max_event,
+                }),
+                input.len(),
+            );
             return;
         }
         self.pending.extend_from_slice(tail);

@@ -159,9 +159,9 @@ pub async fn report(
             (f.is_network() || provider_probe.is_some() || (combo.is_some() && f.counts()))
                 .then_some(ProviderEnded::Failed(f))
         }
-        Ended::StreamStall | Ended::ClientAbort => None,
+        Ended::StreamBroken { .. } | Ended::ClientAbort => None,
     };
-    let wait_for_owner = matches!(ended, Ended::Failed(_) | Ended::StreamStall);
+    let wait_for_owner = matches!(ended, Ended::Failed(_) | Ended::StreamBroken { .. });
     let outcome = Box::new(Outcome {
         provider,
         connection,

@@ -600,12 +600,16 @@ impl Health {
                 self.sync_tracker(cx, track);
             }
             Ended::ClientAbort => self.release_probe(cx, conn_key, o),
-            Ended::StreamStall => {
+            Ended::StreamBroken {
+                error_type,
+                last_error,
+            } => {
                 let policy = ConnectionPolicy::from_settings(&config.resilience, auth);
                 let disable_cooling = config.connection(o.connection).disable_cooling;
                 let t = self.connections.record_stream_stall(
                     o.connection,
-                    "stream stalled after the first byte",
+                    last_error.as_str(),
+                    *error_type,
                     disable_cooling,
                     &policy,
                     now,

@@ -105,8 +105,14 @@ pub enum Ended {
     Success,
     /// An error answer, a timeout or a connect failure.
     Failed(Box<Verdict>),
-    /// The stream stalled or broke after its first byte.
-    StreamStall,
+    /// The stream stalled (the content-stall or throughput watchdog; before or after its
+    /// first byte) or broke after its first byte: what the connection records as its last
+    /// error (`stream_content_stall`, `stream_interrupted`, `timeout`) and the message.
+    /// Never counted on a breaker.
+    StreamBroken {
+        error_type: ProviderErrorType,
+        last_error: LastError,
+    },
     /// The client went away (never counted against the upstream).
     ClientAbort,
 }

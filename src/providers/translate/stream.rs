@@ -378,7 +378,10 @@ impl ToChat {
                 let Some(b) = &e.content_block else { return };
                 let index = e.index.unwrap_or(0);
                 match &*b.kind {
-                    "tool_use" | "server_tool_use" => {
+                    // A server tool (`server_tool_use`, web search) runs at Anthropic: not
+                    // the client's tool call; it and its result blocks are left out, as a
+                    // complete answer's are (`response::message_to_completion_obj`).
+                    "tool_use" => {
                         let k = self.tools.len();
                         self.tools.push((index, k));
                         self.chunk(out, None, |o| {
