@@ -31,7 +31,7 @@ body='{"model":"perf/gpt-4o-mini","stream":'$([ "$STREAM" = 1 ] && echo true || 
 load() { "$OHA" -z "${1}s" -c 64 -q "$RATE" --no-tui -m POST -H "Authorization: Bearer perf-key" -T application/json -d "$body" "$URL"; }
 
 T=$(readlink -f "$BIN/tidegate")
-sym() { nm "$T" | awk -v re="$1" '$3 ~ re {print $3; exit}'; }
+sym() { nm "$T" | awk -v re="$1" '!f && $3 ~ re {print $3; f = 1}'; }
 probe() { # probe REGEX LABEL
   local s; s=$(sym "$1")
   [ -n "$s" ] || { echo "no symbol matching $1 in $T" >&2; exit 1; }
