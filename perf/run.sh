@@ -10,6 +10,9 @@
 #   perf/run.sh [DURATION_S]        (default 10 s per measurement)
 #   ROUNDS=3 perf/run.sh 10         (median of 3 interleaved rounds per cell; default 1)
 #   RATE=4000 PROBE_ROUNDS=5 TIDEGATE_WORKERS TIDEGATE_PIN=true are the other knobs.
+#   ONLY=fixed runs the fixed-rate added-latency table alone (FIXED_ROUNDS=1 times, each
+#   round direct, nginx, Tidegate back to back; medians of the rounds), writing
+#   perf/out/fixed.md.
 #   TIDEGATE_WORKERS defaults to the number of cores (`nproc`): the shipped default
 #   (`workers = 0`, one shard per core), and the same as nginx's `worker_processes 2` on the
 #   2-core benchmark machine. Runs A–H used one worker; `TIDEGATE_WORKERS=1` repeats them.
@@ -73,6 +76,57 @@ for side in "${SIDES[@]}"; do
   STREAM=0 wrk -t1 -c8 -d2s -s perf/post.lua "${URL[$side]}" > /dev/null
 done
 
+# Added latency at a fixed offered rate (below every side's capacity), corrected for
+# coordinated omission: the same oha load on each side. fixed_rows ROUNDS fills lat_rows:
+# per round direct, nginx and Tidegate back to back; per side the median p50/p99 of the
+# rounds (STREAMS: the modes measured, 0 non-stream, 1 stream).
+oha_run() {
+  local url=$1 stream=$2
+  local body='{"model":"perf/gpt-4o-mini","stream":'$([ "$stream" = 1 ] && echo true || echo false)',"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the load test in a few words please."}]}'
+  "$OHA" -z "${DUR}s" -c 64 -q "$RATE" --latency-correction --no-tui --output-format json \
+    -m POST -H "Authorization: Bearer perf-key" -T application/json -d "$body" "$url" \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); p=d["latencyPercentiles"]; s=d["summary"]; print("%.0f %.3f %.3f %.3f" % (s["requestsPerSec"], p["p50"]*1000, p["p99"]*1000, s["successRate"]))'
+}
+lat_rows=()
+declare -A F50=() F99=() FOK=()
+fixed_rows() {
+  local rounds=$1 stream mode r side
+  for stream in ${STREAMS:-0 1}; do
+    mode=$([ "$stream" = 1 ] && echo stream || echo non-stream)
+    F50=(); F99=(); FOK=()
+    for r in $(seq "$rounds"); do
+      for side in "${SIDES[@]}"; do
+        read -r _ p50 p99 ok < <(oha_run "${URL[$side]}" "$stream")
+        F50[$side]+="$p50 "; F99[$side]+="$p99 "; FOK[$side]+="$ok "
+        if [ "$rounds" -gt 1 ]; then echo "fixed $mode round $r $side: p50 $p50 p99 $p99 ms, success $ok" >&2; fi
+      done
+    done
+    for side in "${SIDES[@]}"; do
+      # shellcheck disable=SC2086
+      F50[$side]=$(median ${F50[$side]}); F99[$side]=$(median ${F99[$side]}); FOK[$side]=$(median ${FOK[$side]})
+    done
+    lat_rows+=("| $mode | $RATE | ${F50[direct]} | ${F99[direct]} | $(minus "${F50[nginx]}" "${F50[direct]}") | $(minus "${F99[nginx]}" "${F99[direct]}") | $(minus "${F50[tidegate]}" "${F50[direct]}") | **$(minus "${F99[tidegate]}" "${F99[direct]}")** | ${FOK[direct]} / ${FOK[nginx]} / ${FOK[tidegate]} |")
+  done
+}
+lat_header() {
+  echo "| mode | offered rps | direct p50 | direct p99 | nginx added p50 | nginx added p99 | tidegate added p50 | tidegate added p99 | success direct / nginx / tidegate |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+}
+if [ "${ONLY:-}" = fixed ]; then
+  FIXED_ROUNDS=${FIXED_ROUNDS:-1}
+  fixed_rows "$FIXED_ROUNDS"
+  {
+    echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms; added = side − direct; median of $FIXED_ROUNDS interleaved round(s)); Tidegate workers=$TIDEGATE_WORKERS pin_threads=${TIDEGATE_PIN:-true}, nginx worker_processes 2; $(uptime | sed 's/.*load/load/')."
+    echo
+    lat_header
+    printf '%s\n' "${lat_rows[@]}"
+    echo
+    echo "Command: \`ONLY=fixed FIXED_ROUNDS=$FIXED_ROUNDS STREAMS=\"${STREAMS:-0 1}\" TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE perf/run.sh $DUR\`."
+  } > "$OUT/fixed.md"
+  cat "$OUT/fixed.md"
+  exit 0
+fi
+
 HZ=$(getconf CLK_TCK)
 rows=()
 for stream in 0 1; do
@@ -100,23 +154,7 @@ for stream in 0 1; do
   done
 done
 
-# Added latency at a fixed offered rate (below every side's capacity), corrected for
-# coordinated omission: the same oha load on each side.
-oha_run() {
-  local url=$1 stream=$2
-  local body='{"model":"perf/gpt-4o-mini","stream":'$([ "$stream" = 1 ] && echo true || echo false)',"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the load test in a few words please."}]}'
-  "$OHA" -z "${DUR}s" -c 64 -q "$RATE" --latency-correction --no-tui --output-format json \
-    -m POST -H "Authorization: Bearer perf-key" -T application/json -d "$body" "$url" \
-    | python3 -c 'import json,sys; d=json.load(sys.stdin); p=d["latencyPercentiles"]; s=d["summary"]; print("%.0f %.3f %.3f %.3f" % (s["requestsPerSec"], p["p50"]*1000, p["p99"]*1000, s["successRate"]))'
-}
-lat_rows=()
-for stream in 0 1; do
-  mode=$([ $stream = 1 ] && echo stream || echo non-stream)
-  read -r d_rps d_p50 d_p99 d_ok < <(oha_run "${URL[direct]}" $stream)
-  read -r n_rps n_p50 n_p99 n_ok < <(oha_run "${URL[nginx]}" $stream)
-  read -r g_rps g_p50 g_p99 g_ok < <(oha_run "${URL[tidegate]}" $stream)
-  lat_rows+=("| $mode | $RATE | $d_p50 | $d_p99 | $(minus "$n_p50" "$d_p50") | $(minus "$n_p99" "$d_p99") | $(minus "$g_p50" "$d_p50") | **$(minus "$g_p99" "$d_p99")** | $d_ok / $n_ok / $g_ok |")
-done
+fixed_rows 1
 
 # Sequential overhead: one connection, one request at a time, the three sides back to back
 # per round; per round the p50 difference to direct; the median over rounds.
@@ -142,8 +180,7 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
   echo
   echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms; added = side − direct):"
   echo
-  echo "| mode | offered rps | direct p50 | direct p99 | nginx added p50 | nginx added p99 | tidegate added p50 | tidegate added p99 | success direct / nginx / tidegate |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  lat_header
   printf '%s\n' "${lat_rows[@]}"
   echo
   echo "Sequential overhead (wrk -t1 -c1 -d2s, non-stream, $PROBE_ROUNDS interleaved rounds; per round p50 minus direct's p50, µs):"

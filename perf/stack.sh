@@ -3,11 +3,13 @@
 # of it. Processes started are recorded in the caller's `pids`.
 
 # start_mock DIR LOG: tidegate-mock from DIR (1 worker) on a random loopback port, recorded
-# in `pids`; the port in $STARTED_PORT.
+# in `pids`, once it says it listens; the port in $STARTED_PORT.
 start_mock() {
   STARTED_PORT=$((20000 + RANDOM % 20000))
   "$1/tidegate-mock" --listen 127.0.0.1:$STARTED_PORT --workers 1 > "$2" 2>&1 &
   pids+=($!)
+  # listening before the caller's first request (up to 10 s)
+  for _ in $(seq 100); do grep -q 'listening on' "$2" 2>/dev/null && break; sleep 0.1; done
 }
 
 # gateway_config FILE MOCK_PORT WORKERS PIN: Tidegate on 127.0.0.1:0 with key `perf-key`

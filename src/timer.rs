@@ -36,11 +36,14 @@ pub struct Elapsed;
 
 /// Runs `fut` for at most `d`. The future is pinned by the caller and held by reference
 /// (taken by value, an `async fn` would store it twice: `proxy::deadline::within`); it is
-/// polled before the timer, so one that is ready at once never times out.
+/// polled before the timer, so one that is ready at once never times out — and costs no
+/// timer: the entry is made (a clock read and an allocation) and registered only when the
+/// first poll finds `fut` pending. The budget counts from that first poll.
 pub fn timeout<F: Future>(d: Duration, fut: Pin<&mut F>) -> Timeout<'_, F> {
     Timeout {
         fut,
-        sleep: sleep(d),
+        budget: d,
+        sleep: None,
     }
 }
 
@@ -48,7 +51,9 @@ pub fn timeout<F: Future>(d: Duration, fut: Pin<&mut F>) -> Timeout<'_, F> {
 #[must_use = "a timeout does nothing unless awaited"]
 pub struct Timeout<'a, F> {
     fut: Pin<&'a mut F>,
-    sleep: Sleep,
+    budget: Duration,
+    /// Made when `fut` is first found pending.
+    sleep: Option<Sleep>,
 }
 
 impl<F: Future> Future for Timeout<'_, F> {
@@ -58,7 +63,9 @@ impl<F: Future> Future for Timeout<'_, F> {
         if let Poll::Ready(v) = self.fut.as_mut().poll(cx) {
             return Poll::Ready(Ok(v));
         }
-        match Pin::new(&mut self.sleep).poll(cx) {
+        let budget = self.budget;
+        let sleep = self.sleep.get_or_insert_with(|| sleep(budget));
+        match Pin::new(sleep).poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
             Poll::Pending => Poll::Pending,
         }
@@ -90,8 +97,32 @@ mod tests {
     }
 
     #[test]
+    fn a_timer_is_made_only_for_a_pending_future() {
+        run(async {
+            let ready = std::pin::pin!(async { 1 });
+            let mut t = std::pin::pin!(timeout(Duration::from_secs(1), ready));
+            assert_eq!(t.as_mut().await, Ok(1));
+            assert!(t.sleep.is_none());
+            let mut once = false;
+            let later = std::pin::pin!(std::future::poll_fn(move |cx| {
+                if once {
+                    Poll::Ready(2)
+                } else {
+                    once = true;
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            }));
+            let mut t = std::pin::pin!(timeout(Duration::from_secs(1), later));
+            assert_eq!(t.as_mut().await, Ok(2));
+            assert!(t.sleep.is_some());
+        });
+    }
+
+    #[test]
     fn the_timer_is_boxed() {
         assert!(std::mem::size_of::<Sleep>() <= 8);
+        assert!(std::mem::size_of::<Option<Sleep>>() <= 8);
         assert!(std::mem::align_of::<Sleep>() <= 8);
     }
 }

@@ -1117,6 +1117,7 @@ pub(super) async fn open<'s>(
             req.plan.peek.stream,
             body,
             &req.budgets,
+            bound,
         ));
         let open = pin!(async {
             match open_budget {
@@ -1147,11 +1148,11 @@ pub(super) async fn open<'s>(
                 None => open.await,
             }
         });
-        let opened = pin!(deadline::within(shard, bound, opened));
+        // The deadline bounds each phase inside (`upstream::open`): no timer of its own.
         watch(&mut client, opened).await
     };
     let opened = match opened {
-        Some(r) => r.and_then(|r| r),
+        Some(r) => r,
         None => return Opened::End(hung_up(attempted, Abandoned::Response).await),
     };
     let mut up = match opened {

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
+use super::deadline::Deadline;
 use crate::config::{Connection, Provider, ProviderFormat};
-use crate::error::{ErrorKind, GatewayError, Retry};
+use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::http1::{BodyKind, RequestHead, ResponseHead};
 use crate::net::upstream::{self, BodyReader, Buffered};
 use crate::owners::Req;
@@ -137,7 +138,13 @@ pub async fn open(
     stream: bool,
     body: Bytes,
     budgets: &Budgets,
+    until: Option<Deadline>,
 ) -> Result<Up, GatewayError> {
+    if let Some(d) = until
+        && d.at_ns <= shard.now().mono_ns
+    {
+        return Err(d.error());
+    }
     match provider.format {
         ProviderFormat::Mock => {
             let now = shard.now();
@@ -149,7 +156,10 @@ pub async fn open(
                 shard.next_seq(),
                 now.wall_ms / 1000,
             );
-            let (head, body) = playback::open(plan, budgets.header).await?;
+            let (header, clamped) = phase_budget(shard, budgets.header, until);
+            let (head, body) = playback::open(plan, header)
+                .await
+                .map_err(|e| past_deadline(e, TimeoutPhase::ResponseHeader, clamped))?;
             Ok(Up {
                 head: UpHead::Mock(head),
                 body: UpBody::Mock(body),
@@ -157,11 +167,12 @@ pub async fn open(
             })
         }
         ProviderFormat::Openai | ProviderFormat::Anthropic => {
-            open_net(shard, head, provider, conn, endpoint, body, budgets).await
+            open_net(shard, head, provider, conn, endpoint, body, budgets, until).await
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn open_net(
     shard: &Req<'_>,
     head: &RequestHead,
@@ -170,6 +181,7 @@ async fn open_net(
     endpoint: Endpoint,
     body: Bytes,
     budgets: &Budgets,
+    until: Option<Deadline>,
 ) -> Result<Up, GatewayError> {
     let (Some(base), Some(key)) = (provider.base_url.as_ref(), shard.pool_key(provider.id)) else {
         return Err(GatewayError::new(
@@ -205,18 +217,32 @@ async fn open_net(
                 // Boxed: the connect future (DNS, TCP, TLS handshake) is large, and inline it
                 // would make every request's future that much bigger (and moved) even when
                 // the pool has a connection — the common case.
+                let (budget, clamped) = phase_budget(shard, budgets.connect, until);
                 Box::pin(upstream::connect(
                     shard.dns(),
                     &key,
                     Some(tls),
-                    budgets.connect,
+                    budget,
                     now.mono_ms(),
                 ))
-                .await?
+                .await
+                .map_err(|e| past_deadline(e, TimeoutPhase::Connect, clamped))?
             }
         };
         let reused = c.reused();
-        match upstream::exchange(c, req.clone(), budgets.header).await {
+        let (header, clamped) = phase_budget(shard, budgets.header, until);
+        match upstream::exchange(c, req.clone(), header).await {
+            // The deadline passed: no retry on a fresh connection.
+            Err(e)
+                if clamped.is_some()
+                    && e.error.kind == ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader) =>
+            {
+                return Err(past_deadline(
+                    e.error,
+                    TimeoutPhase::ResponseHeader,
+                    clamped,
+                ));
+            }
             Ok(resp) => {
                 return Ok(Up {
                     head: UpHead::Net(resp.head),
@@ -229,7 +255,45 @@ async fn open_net(
             {
                 fresh = true;
             }
-            Err(e) => return Err(e.error),
+            Err(e) => {
+                return Err(past_deadline(
+                    e.error,
+                    TimeoutPhase::ResponseHeader,
+                    clamped,
+                ));
+            }
         }
+    }
+}
+
+/// The budget of one phase of opening an answer (connect, response head) under the
+/// attempt's deadline `until`: the phase's own, or what is left of the deadline when that
+/// is shorter — then the deadline is returned too, and the phase's timeout stands for it
+/// (`past_deadline`). One timer bounds the phase, for whichever budget runs out first
+/// (a timer for the deadline around the phase's own cost a second timer per request).
+fn phase_budget(
+    shard: &Shard,
+    own: Duration,
+    until: Option<Deadline>,
+) -> (Duration, Option<Deadline>) {
+    match until {
+        Some(d) => {
+            let left = Duration::from_nanos(d.at_ns.saturating_sub(shard.now().mono_ns));
+            if left < own {
+                (left, Some(d))
+            } else {
+                (own, None)
+            }
+        }
+        None => (own, None),
+    }
+}
+
+/// A phase's timeout when its budget was the deadline's (`phase_budget`): the deadline's
+/// own error; any other error as it is.
+fn past_deadline(e: GatewayError, phase: TimeoutPhase, clamped: Option<Deadline>) -> GatewayError {
+    match clamped {
+        Some(d) if e.kind == ErrorKind::UpstreamTimeout(phase) => d.error(),
+        _ => e,
     }
 }
