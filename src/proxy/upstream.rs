@@ -272,7 +272,7 @@ async fn open_net(
 /// (`past_deadline`). One timer bounds the phase, for whichever budget runs out first
 /// (a timer for the deadline around the phase's own cost a second timer per request).
 fn phase_budget(
-    shard: &Shard,
+    shard: &Req<'_>,
     own: Duration,
     until: Option<Deadline>,
 ) -> (Duration, Option<Deadline>) {
