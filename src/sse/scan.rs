@@ -56,6 +56,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next byte after any whitespace.
+    #[inline]
     pub fn peek(&mut self) -> Option<u8> {
         while let Some(&b) = self.bytes.get(self.at) {
             if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
@@ -66,6 +67,7 @@ impl<'a> Cursor<'a> {
         None
     }
 
+    #[inline]
     fn eat(&mut self, b: u8) -> Option<()> {
         (self.peek()? == b).then(|| self.at += 1)
     }
@@ -91,17 +93,36 @@ impl<'a> Cursor<'a> {
     }
 
     /// A string (the cursor on its opening quote, whitespace allowed before it).
+    #[inline]
     pub fn string(&mut self) -> Option<Str<'a>> {
         self.eat(b'"')?;
         let start = self.at;
-        // Bytes of escapes beyond the text they stand for, and every byte passed OR-ed
-        // together (a high bit set there: a byte may not be ASCII).
+        // The usual string: plain bytes up to its closing quote.
+        let (run, seen) = plain_run(self.bytes.get(start..)?);
+        let end = start + run;
+        if self.bytes.get(end) != Some(&b'"') {
+            self.at = end;
+            return self.string_rest(start, seen);
+        }
+        self.at = end + 1;
+        let raw = self.bytes.get(start..end)?;
+        if seen & HIGH != 0 {
+            std::str::from_utf8(raw).ok()?;
+        }
+        Some(Str {
+            raw,
+            escaped: false,
+            len: run,
+        })
+    }
+
+    /// The rest of a string that started at `start` and has an escape or a control
+    /// character at the cursor; `seen` as [`plain_run`] gives it for the bytes before.
+    #[cold]
+    fn string_rest(&mut self, start: usize, mut seen: u64) -> Option<Str<'a>> {
+        // Bytes of escapes beyond the text they stand for.
         let mut saved = 0usize;
-        let mut seen = 0u64;
         loop {
-            let (run, bits) = plain_run(self.bytes.get(self.at..)?);
-            self.at += run;
-            seen |= bits;
             let b = *self.bytes.get(self.at)?;
             self.at += 1;
             match b {
@@ -130,6 +151,9 @@ impl<'a> Cursor<'a> {
                 }
                 _ => return None, // a control character
             }
+            let (run, bits) = plain_run(self.bytes.get(self.at..)?);
+            self.at += run;
+            seen |= bits;
         }
         let raw = self.bytes.get(start..self.at - 1)?;
         if seen & HIGH != 0 {
