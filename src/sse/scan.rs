@@ -93,7 +93,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// A string (the cursor on its opening quote, whitespace allowed before it).
-    #[inline]
+    #[inline(always)]
     pub fn string(&mut self) -> Option<Str<'a>> {
         self.eat(b'"')?;
         let start = self.at;
@@ -314,7 +314,7 @@ const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
 /// UTF-8 when it need not). Eight bytes at a time: in each word, a byte below 0x20 or equal
 /// to `"` or `\\` sets its high bit in `special` (a borrow only ever carries upward from
 /// such a byte, so the lowest flag is exact).
-#[inline]
+#[inline(always)]
 fn plain_run(bytes: &[u8]) -> (usize, u64) {
     let mut seen = 0u64;
     let mut at = 0;
