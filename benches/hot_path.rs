@@ -1,7 +1,8 @@
 //! The per-request hot path end to end, in process, stage by stage and whole: parse the
 //! client's request head → identify the client key → peek the JSON body (`model`,
 //! `stream`) → resolve the model to targets → select a connection over the shard's views →
-//! encode the upstream request head; after the answer, read its token counts. No sockets:
+//! encode the upstream request head; after the answer, read its token counts; for a
+//! streamed answer, read each event (frame class, useful bytes, token counts). No sockets:
 //! what is measured is the CPU the gateway spends deciding and re-encoding, not I/O.
 //!
 //! Beside each stage, and beside the whole, a naive baseline that does the same job the way a
@@ -28,6 +29,7 @@ use tidegate::proxy::peek::peek;
 use tidegate::proxy::select::{Gate, gate};
 use tidegate::routing::resolve::{Resolved, RouteTable, resolve};
 use tidegate::sse::usage::Usage;
+use tidegate::sse::{Event, classify, throughput};
 
 const CONNECTIONS: u32 = 8;
 const NOW: Now = Now {
@@ -422,6 +424,35 @@ fn stages(c: &mut Criterion) {
             black_box((
                 v["usage"]["prompt_tokens"].as_u64(),
                 v["usage"]["completion_tokens"].as_u64(),
+            ))
+        })
+    });
+    // A streamed answer, per event: what the watchdog reads of one OpenAI chat chunk (its
+    // frame class for the stall budget, its useful bytes for the throughput meter, its
+    // token counts). The naive baseline builds the chunk's `serde_json::Value` tree.
+    let chunk = br#"{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1800000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"hello "},"logprobs":null,"finish_reason":null}]}"#;
+    let event = Event {
+        name: None,
+        data: Some(&chunk[..]),
+        comment: false,
+    };
+    g.bench_function("stream_event/tidegate", |b| {
+        b.iter(|| {
+            let ev = black_box(&event);
+            let mut usage = Usage::default();
+            usage.observe(ev);
+            black_box((classify(ev).output, throughput::useful(ev), usage))
+        })
+    });
+    g.bench_function("stream_event/naive", |b| {
+        b.iter(|| {
+            let v: serde_json::Value =
+                serde_json::from_slice(black_box(&chunk[..])).expect("json");
+            let delta = &v["choices"][0]["delta"];
+            black_box((
+                delta["content"].as_str().map(str::len),
+                delta["tool_calls"].is_array(),
+                v["usage"]["prompt_tokens"].as_u64(),
             ))
         })
     });

@@ -11,6 +11,7 @@
 //! event.
 
 mod classify;
+mod scan;
 #[cfg(test)]
 mod tests;
 pub mod throughput;

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use serde_json::Value;
 
 use super::Event;
+use super::scan::{Cursor, Val, once};
 
 /// The settings of `stream_recovery.throughput_watchdog`, as numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,10 +29,17 @@ pub struct Useful {
 }
 
 const PROTECTED_WORDS: [&str; 4] = ["reasoning", "thinking", "tool", "function_call"];
+/// The words that make a `content_block` protected.
+const BLOCK_WORDS: [&str; 3] = ["reasoning", "thinking", "tool_use"];
 
-fn has_word(s: &str, words: &[&str]) -> bool {
-    let lower = s.to_ascii_lowercase();
-    words.iter().any(|w| lower.contains(w))
+/// `s` contains one of `words` (lowercase ASCII), ignoring ASCII case. Read on bytes, it
+/// is what lowercasing the lossy UTF-8 text and searching it gives (the words are ASCII,
+/// and a replaced invalid byte never joins two ASCII letters), without the allocation.
+fn has_word(s: &[u8], words: &[&str]) -> bool {
+    words.iter().any(|w| {
+        s.windows(w.len())
+            .any(|at| at.eq_ignore_ascii_case(w.as_bytes()))
+    })
 }
 
 fn str_len(v: Option<&Value>) -> u64 {
@@ -39,7 +47,9 @@ fn str_len(v: Option<&Value>) -> u64 {
 }
 
 /// What an event contributes (B §7.2 "Event parsing"): empty data, `[DONE]` and non-JSON
-/// contribute nothing; the type is the JSON `type`, else the SSE event name.
+/// contribute nothing; the type is the JSON `type`, else the SSE event name. The JSON is
+/// read by a borrowed walk ([`super::scan`]) when it is sure of it, else by `serde_json`'s
+/// tree; both read the same (`the_walk_reads_what_the_tree_reads`).
 pub fn useful(ev: &Event<'_>) -> Useful {
     let Some(data) = ev.data.map(<[u8]>::trim_ascii) else {
         return Useful::default();
@@ -47,20 +57,30 @@ pub fn useful(ev: &Event<'_>) -> Useful {
     if data.is_empty() || data == b"[DONE]" {
         return Useful::default();
     }
-    let Ok(v) = serde_json::from_slice::<Value>(data) else {
-        return Useful::default();
-    };
-    let ty = v
-        .get("type")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .or_else(|| ev.name.map(|n| String::from_utf8_lossy(n).into_owned()));
-    if ty.as_deref().is_some_and(|t| has_word(t, &PROTECTED_WORDS)) {
+    useful_by_walk(data, ev.name).unwrap_or_else(|| useful_by_tree(data, ev.name))
+}
+
+/// What the event's JSON contributes, given its `type` (the JSON's, else the event name),
+/// its text bytes and whether a frame in it is protected.
+fn contribution(ty: Option<&[u8]>, bytes: u64, protected: bool) -> Useful {
+    if ty.is_some_and(|t| has_word(t, &PROTECTED_WORDS)) {
         return Useful {
             bytes: 0,
             protected: true,
         };
     }
+    Useful {
+        bytes: if protected { 0 } else { bytes },
+        protected,
+    }
+}
+
+/// [`useful`] by `serde_json`'s `Value` tree.
+fn useful_by_tree(data: &[u8], name: Option<&[u8]>) -> Useful {
+    let Ok(v) = serde_json::from_slice::<Value>(data) else {
+        return Useful::default();
+    };
+    let ty = v.get("type").and_then(Value::as_str).map(str::as_bytes);
     let mut bytes = 0u64;
     let mut protected = false;
     if let Some(choices) = v.get("choices").and_then(Value::as_array) {
@@ -83,7 +103,7 @@ pub fn useful(ev: &Event<'_>) -> Useful {
         Some(d @ Value::Object(_)) => {
             if d.get("type")
                 .and_then(Value::as_str)
-                .is_some_and(|t| has_word(t, &PROTECTED_WORDS))
+                .is_some_and(|t| has_word(t.as_bytes(), &PROTECTED_WORDS))
             {
                 protected = true;
             }
@@ -94,14 +114,150 @@ pub fn useful(ev: &Event<'_>) -> Useful {
     if v.get("content_block")
         .and_then(|b| b.get("type"))
         .and_then(Value::as_str)
-        .is_some_and(|t| has_word(t, &["reasoning", "thinking", "tool_use"]))
+        .is_some_and(|t| has_word(t.as_bytes(), &BLOCK_WORDS))
     {
         protected = true;
     }
-    if protected {
-        bytes = 0;
+    contribution(ty.or(name), bytes, protected)
+}
+
+/// [`useful`] by the borrowed walk: an object whose read members are not repeated and
+/// whose `type` strings have no escape; `None` otherwise (the tree decides).
+fn useful_by_walk(data: &[u8], name: Option<&[u8]>) -> Option<Useful> {
+    let mut c = Cursor::new(data);
+    if c.peek()? != b'{' {
+        return None;
     }
-    Useful { bytes, protected }
+    let mut ty = None;
+    let mut bytes = 0u64;
+    let mut protected = false;
+    let mut seen = 0u16;
+    c.object(0, |c, key, d| {
+        match key {
+            b"type" => {
+                once(&mut seen, 1)?;
+                ty = type_string(c, d)?;
+            }
+            b"choices" if c.peek()? == b'[' => {
+                once(&mut seen, 2)?;
+                c.array(d, |c, d| {
+                    if c.peek()? != b'{' {
+                        return c.value(d).map(drop);
+                    }
+                    let mut seen = 0u16;
+                    c.object(d, |c, key, d| {
+                        if key != b"delta" {
+                            return c.value(d).map(drop);
+                        }
+                        once(&mut seen, 1)?;
+                        chat_delta(c, d, &mut bytes, &mut protected)
+                    })
+                })?;
+            }
+            b"choices" => {
+                once(&mut seen, 2)?;
+                c.value(d)?;
+            }
+            b"delta" => {
+                once(&mut seen, 4)?;
+                match c.value_or_object(d)? {
+                    Some(Val::Str(s)) => bytes += s.len as u64,
+                    Some(_) => {}
+                    None => {
+                        let mut seen = 0u16;
+                        c.object(d, |c, key, d| {
+                            match key {
+                                b"type" => {
+                                    once(&mut seen, 1)?;
+                                    protected |= type_string(c, d)?
+                                        .is_some_and(|t| has_word(t, &PROTECTED_WORDS));
+                                }
+                                b"text" => {
+                                    once(&mut seen, 2)?;
+                                    bytes += text_len(c, d)?;
+                                }
+                                _ => {
+                                    c.value(d)?;
+                                }
+                            }
+                            Some(())
+                        })?;
+                    }
+                }
+            }
+            b"content_block" => {
+                once(&mut seen, 8)?;
+                if c.value_or_object(d)?.is_none() {
+                    let mut seen = 0u16;
+                    c.object(d, |c, key, d| {
+                        if key != b"type" {
+                            return c.value(d).map(drop);
+                        }
+                        once(&mut seen, 1)?;
+                        protected |=
+                            type_string(c, d)?.is_some_and(|t| has_word(t, &BLOCK_WORDS));
+                        Some(())
+                    })?;
+                }
+            }
+            _ => {
+                c.value(d)?;
+            }
+        }
+        Some(())
+    })?;
+    c.end()?;
+    Some(contribution(ty.or(name), bytes, protected))
+}
+
+/// A `type` member: its bytes when it is a string without escapes, nothing when it is
+/// not a string; `None` (give up) for a string with escapes.
+fn type_string<'a>(c: &mut Cursor<'a>, depth: usize) -> Option<Option<&'a [u8]>> {
+    match c.value(depth)? {
+        Val::Str(s) if s.escaped => None,
+        Val::Str(s) => Some(Some(s.raw)),
+        _ => Some(None),
+    }
+}
+
+/// The UTF-8 length of a string member's text (0 for any other value).
+fn text_len(c: &mut Cursor<'_>, depth: usize) -> Option<u64> {
+    match c.value(depth)? {
+        Val::Str(s) => Some(s.len as u64),
+        _ => Some(0),
+    }
+}
+
+/// One choice's `delta` (any value; only an object's members count).
+fn chat_delta(
+    c: &mut Cursor<'_>,
+    depth: usize,
+    bytes: &mut u64,
+    protected: &mut bool,
+) -> Option<()> {
+    if c.value_or_object(depth)?.is_some() {
+        return Some(());
+    }
+    let mut seen = 0u16;
+    c.object(depth, |c, key, d| {
+        let bit = match key {
+            b"tool_calls" => 1,
+            b"function_call" => 2,
+            b"content" => 4,
+            b"text" => 8,
+            b"reasoning_content" => 16,
+            b"reasoning" => 32,
+            _ => return c.value(d).map(drop),
+        };
+        once(&mut seen, bit)?;
+        let v = c.value(d)?;
+        match (bit, v) {
+            (1, Val::Arr(_)) | (2, _) | (16 | 32, Val::Str(_)) => *protected = true,
+            (4 | 8, Val::Str(s)) => *bytes += s.len as u64,
+            _ => {}
+        }
+        Some(())
+    })
 }
 
 /// The decision on one observed chunk.
@@ -180,7 +336,124 @@ impl Meter {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    use super::super::scan::arb;
     use super::*;
+
+    /// `useful` as it was before the walk, word for word: the reference the walk and the
+    /// tree fallback are held to.
+    fn useful_before(ev: &Event<'_>) -> Useful {
+        fn has_word(s: &str, words: &[&str]) -> bool {
+            let lower = s.to_ascii_lowercase();
+            words.iter().any(|w| lower.contains(w))
+        }
+        let Some(data) = ev.data.map(<[u8]>::trim_ascii) else {
+            return Useful::default();
+        };
+        if data.is_empty() || data == b"[DONE]" {
+            return Useful::default();
+        }
+        let Ok(v) = serde_json::from_slice::<Value>(data) else {
+            return Useful::default();
+        };
+        let ty = v
+            .get("type")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| ev.name.map(|n| String::from_utf8_lossy(n).into_owned()));
+        if ty.as_deref().is_some_and(|t| has_word(t, &PROTECTED_WORDS)) {
+            return Useful {
+                bytes: 0,
+                protected: true,
+            };
+        }
+        let mut bytes = 0u64;
+        let mut protected = false;
+        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            for delta in choices.iter().filter_map(|c| c.get("delta")) {
+                if delta.get("tool_calls").is_some_and(Value::is_array)
+                    || delta.get("function_call").is_some()
+                {
+                    protected = true;
+                }
+                bytes += str_len(delta.get("content")) + str_len(delta.get("text"));
+                if delta.get("reasoning_content").is_some_and(Value::is_string)
+                    || delta.get("reasoning").is_some_and(Value::is_string)
+                {
+                    protected = true;
+                }
+            }
+        }
+        match v.get("delta") {
+            Some(Value::String(s)) => bytes += s.len() as u64,
+            Some(d @ Value::Object(_)) => {
+                if d.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| has_word(t, &PROTECTED_WORDS))
+                {
+                    protected = true;
+                }
+                bytes += str_len(d.get("text"));
+            }
+            _ => {}
+        }
+        if v.get("content_block")
+            .and_then(|b| b.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|t| has_word(t, &["reasoning", "thinking", "tool_use"]))
+        {
+            protected = true;
+        }
+        if protected {
+            bytes = 0;
+        }
+        Useful { bytes, protected }
+    }
+
+    fn event<'a>(name: Option<&'a [u8]>, data: &'a [u8]) -> Event<'a> {
+        Event {
+            name,
+            data: Some(data),
+            comment: false,
+        }
+    }
+
+    /// The shapes providers send are read by the walk, not by building a tree.
+    #[test]
+    fn the_walk_answers_the_usual_shapes() {
+        for json in [
+            r#"{"choices":[{"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}],"created":0,"id":"chatcmpl-mock-1","model":"gpt-4o-mini","object":"chat.completion.chunk"}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","created":1694268190,"model":"m","choices":[{"index":0,"delta":{"content":"h\u00e9 \"x\"\n\ud83d\ude00"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi","sequence_number":4}"#,
+        ] {
+            let got = useful_by_walk(json.as_bytes(), None);
+            assert!(got.is_some(), "{json}");
+            assert_eq!(got, Some(useful_before(&event(None, json.as_bytes()))), "{json}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// The walk, and the tree it falls back to, read what `useful` read before.
+        #[test]
+        fn the_walk_reads_what_the_tree_reads(
+            data in arb::event_json(),
+            name in arb::event_name(),
+        ) {
+            let ev = event(name.as_deref(), &data);
+            let want = useful_before(&ev);
+            prop_assert_eq!(useful(&ev), want, "{}", String::from_utf8_lossy(&data));
+            prop_assert_eq!(useful_by_tree(data.trim_ascii(), ev.name), want);
+            if let Some(walk) = useful_by_walk(data.trim_ascii(), ev.name) {
+                prop_assert_eq!(walk, want);
+            }
+        }
+    }
 
     fn ev<'a>(name: Option<&'a str>, data: &'a str) -> Event<'a> {
         Event {
