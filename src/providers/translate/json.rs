@@ -51,13 +51,13 @@ impl<'a> J<'a> {
         }
     }
 
-    /// [`J::parse`] with the strings that have escapes borrowed from `unescaped`
-    /// ([`Unescaped::of`] the same body) instead of decoded one by one: the tree is the
-    /// same, with no string of its own.
-    pub fn parse_in(body: &'a [u8], unescaped: &'a Unescaped) -> Result<J<'a>, serde_json::Error> {
-        match read(body, Some(unescaped)) {
+    /// [`J::parse`] of a body prepared by [`Unescaped::of`]: its strings with escapes are
+    /// borrowed from there instead of decoded one by one; the tree is the same, with no
+    /// string of its own.
+    pub fn parse_in(unescaped: &'a Unescaped<'a>) -> Result<J<'a>, serde_json::Error> {
+        match read(unescaped.body, Some(unescaped)) {
             Some(j) => Ok(j),
-            None => serde_json::from_slice(body),
+            None => serde_json::from_slice(unescaped.body),
         }
     }
 
@@ -339,8 +339,11 @@ const READER_MAX_DEPTH: usize = 64;
 /// string escape it leaves to `serde_json` (a surrogate). It accepts only what
 /// `serde_json` accepts and builds the same tree; `J::parse` falls back to `serde_json`
 /// when it says `None`, so errors read as before.
-fn read<'a>(body: &'a [u8], unescaped: Option<&'a Unescaped>) -> Option<J<'a>> {
-    let text = std::str::from_utf8(body).ok()?;
+fn read<'a>(body: &'a [u8], unescaped: Option<&'a Unescaped<'a>>) -> Option<J<'a>> {
+    let text = match unescaped {
+        Some(u) => u.body_text?,
+        None => std::str::from_utf8(body).ok()?,
+    };
     let mut r = Reader {
         text,
         b: body,
@@ -359,54 +362,88 @@ struct Reader<'a> {
     i: usize,
     /// The strings with escapes, decoded by a first pass ([`Unescaped`]), when the caller
     /// made one; and the index of the next of them.
-    unescaped: Option<&'a Unescaped>,
+    unescaped: Option<&'a Unescaped<'a>>,
     next_unescaped: usize,
 }
 
-/// The decoded text of every string of a body that has escapes, in document order: one
-/// buffer for all of them, so the tree borrows them as it borrows the strings without
-/// escapes (no allocation per string, and copying the tree's strings is free).
-#[derive(Debug, Default)]
-pub struct Unescaped {
+/// A body prepared for [`J::parse_in`]: its text (UTF-8 checked once), and the decoded text
+/// of every string of it that has escapes, in document order, in one buffer — the tree
+/// borrows those as it borrows the strings without escapes (no allocation per string, and
+/// copying the tree's strings is free).
+#[derive(Debug)]
+pub struct Unescaped<'a> {
+    body: &'a [u8],
+    /// `body` as text, when it is UTF-8.
+    body_text: Option<&'a str>,
     text: String,
-    /// Per string: where it starts in the body (after the quote), where it ends (after
-    /// the closing quote), and where its text ends in `text`.
+    /// Per string with escapes: where it starts in the body (after the quote), where it
+    /// ends (after the closing quote), and where its text ends in `text`.
     strings: Vec<(usize, usize, usize)>,
 }
 
-impl Unescaped {
-    /// Pass 1 over `body`: finds every string and decodes those with escapes. A body this
-    /// pass cannot follow (not UTF-8, a bad escape) leaves the list short, and the reader
-    /// then falls back to decoding or to serde_json.
-    pub fn of(body: &[u8]) -> Unescaped {
-        let mut u = Unescaped::default();
-        let Ok(text) = std::str::from_utf8(body) else {
+impl<'a> Unescaped<'a> {
+    /// Pass 1 over `body`: follows its strings (quotes and backslashes, eight bytes at a
+    /// time) and decodes those with escapes. A body this pass cannot follow (not UTF-8, a
+    /// bad escape) leaves the list short, and the reader then falls back to serde_json.
+    pub fn of(body: &'a [u8]) -> Unescaped<'a> {
+        let mut u = Unescaped {
+            body,
+            body_text: std::str::from_utf8(body).ok(),
+            text: String::new(),
+            strings: Vec::new(),
+        };
+        let Some(text) = u.body_text else {
             return u;
         };
+        if memchr::memchr(b'\\', body).is_none() {
+            return u;
+        }
+        u.text.reserve(body.len());
+        u.strings.reserve(16);
         let mut i = 0;
-        while let Some(q) = memchr::memchr(b'"', &body[i..]) {
-            let start = i + q + 1;
-            let Some(k) = memchr::memchr2(b'"', b'\\', &body[start..]) else {
-                break;
-            };
-            let at = start + k;
-            if body[at] == b'"' {
-                i = at + 1;
-                continue;
+        let mut open: Option<usize> = None;
+        while let Some(k) = find_quote_or_backslash(&body[i..]) {
+            let at = i + k;
+            match (body[at], open) {
+                (b'"', None) => open = Some(at + 1),
+                (b'"', Some(_)) => open = None,
+                (b'\\', Some(start)) => match unescape(text, start, at, &mut u.text) {
+                    Some(end) => {
+                        u.strings.push((start, end, u.text.len()));
+                        open = None;
+                        i = end;
+                        continue;
+                    }
+                    None => break,
+                },
+                _ => break,
             }
-            if u.text.capacity() == 0 {
-                u.text.reserve(body.len() - start);
-            }
-            match unescape(text, start, at, &mut u.text) {
-                Some(end) => {
-                    u.strings.push((start, end, u.text.len()));
-                    i = end;
-                }
-                None => break,
-            }
+            i = at + 1;
         }
         u
     }
+}
+
+/// The index of the first `"` or `\` in `b`, eight bytes at a time (as [`find_special`]).
+fn find_quote_or_backslash(b: &[u8]) -> Option<usize> {
+    let mut words = b.chunks_exact(8);
+    let mut base = 0;
+    for w in words.by_ref() {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(w);
+        let x = u64::from_le_bytes(x);
+        let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+        let flags = zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\')));
+        if flags != 0 {
+            return Some(base + (flags.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|k| base + k)
 }
 
 /// Decodes the string whose contents start at `start` (first escape at `at`) of `text`,
@@ -795,11 +832,7 @@ mod tests {
     /// A tree for the writer: strings of every kind of character, numbers of every kind
     /// (floats include NaN and infinities, which serde_json writes as `null`).
     fn tree() -> impl Strategy<Value = J<'static>> {
-        let text = prop_oneof![
-            "[a-z ]{0,12}",
-            "[\\x00-\\x1f\"\\\\/a\\x7f]{0,6}",
-            ".{0,8}",
-        ];
+        let text = prop_oneof!["[a-z ]{0,12}", "[\\x00-\\x1f\"\\\\/a\\x7f]{0,6}", ".{0,8}",];
         let leaf = prop_oneof![
             Just(J::Null),
             any::<bool>().prop_map(J::Bool),
@@ -811,9 +844,8 @@ mod tests {
         leaf.prop_recursive(4, 48, 6, move |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..6).prop_map(J::Arr),
-                prop::collection::vec((text.clone(), inner), 0..6).prop_map(|p| J::Obj(
-                    p.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()
-                )),
+                prop::collection::vec((text.clone(), inner), 0..6)
+                    .prop_map(|p| J::Obj(p.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect())),
             ]
         })
     }
@@ -828,7 +860,7 @@ mod tests {
     }
 
     fn ws(c: u8, out: &mut String) {
-        if c % 4 == 0 {
+        if c.is_multiple_of(4) {
             out.push([' ', '\n', '\t', '\r'][usize::from(c / 4 % 4)]);
         }
     }
@@ -854,7 +886,7 @@ mod tests {
                 let mut units = [0u16; 2];
                 for u in c.encode_utf16(&mut units) {
                     surrogate |= (0xd800..0xe000).contains(u);
-                    if pick() % 2 == 0 {
+                    if pick().is_multiple_of(2) {
                         out.push_str(&format!("\\u{u:04x}"));
                     } else {
                         out.push_str(&format!("\\u{u:04X}"));
@@ -877,10 +909,10 @@ mod tests {
         match j {
             J::Null => out.push_str("null"),
             J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            J::U(n) if pick() % 3 == 0 => out.push_str(&format!("{n}e0")),
+            J::U(n) if pick().is_multiple_of(3) => out.push_str(&format!("{n}e0")),
             J::U(n) => out.push_str(&n.to_string()),
             J::I(n) => out.push_str(&n.to_string()),
-            J::F(f) if pick() % 2 == 0 => out.push_str(&format!("{f:e}")),
+            J::F(f) if pick().is_multiple_of(2) => out.push_str(&format!("{f:e}")),
             J::F(f) => out.push_str(&serde_json::to_string(f).unwrap_or_default()),
             J::Str(s) => surrogate |= spell_str(s, pick, out),
             J::Arr(a) => {
@@ -955,7 +987,7 @@ mod tests {
             if let Some(two_pass) = two_pass {
                 prop_assert_eq!(&two_pass, &old);
             }
-            prop_assert_eq!(J::parse_in(text.as_bytes(), &unescaped).ok(), Some(old.clone()));
+            prop_assert_eq!(J::parse_in(&unescaped).ok(), Some(old.clone()));
             prop_assert_eq!(J::parse(text.as_bytes()).ok(), Some(old));
         }
 
@@ -986,7 +1018,7 @@ mod tests {
             if let Some(two_pass) = read(&bytes, Some(&unescaped)) {
                 prop_assert_eq!(Some(&two_pass), old.as_ref().ok(), "{}", String::from_utf8_lossy(&bytes));
             }
-            prop_assert_eq!(J::parse_in(&bytes, &unescaped).ok(), old.as_ref().ok().cloned());
+            prop_assert_eq!(J::parse_in(&unescaped).ok(), old.as_ref().ok().cloned());
             let new = J::parse(&bytes);
             prop_assert_eq!(new.as_ref().ok(), old.as_ref().ok());
             prop_assert_eq!(new.map_err(|e| e.to_string()).err(), old.map_err(|e| e.to_string()).err());
@@ -1007,7 +1039,10 @@ mod tests {
         assert_eq!(J::parse(pair).ok(), Some(J::from("\u{1f600}")));
         assert!(J::parse(br#""\ud83d""#).is_err());
         assert_eq!(read(b" 18446744073709551615 ", None), Some(J::U(u64::MAX)));
-        assert_eq!(read(b"-0", None), serde_json::from_slice::<J<'_>>(b"-0").ok());
+        assert_eq!(
+            read(b"-0", None),
+            serde_json::from_slice::<J<'_>>(b"-0").ok()
+        );
         assert!(read(b"01", None).is_none() && J::parse(b"01").is_err());
     }
 }

@@ -68,7 +68,7 @@ const OPENAI: &str = "the OpenAI Chat Completions API";
 /// of the conversation is copied on the way.
 pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
     let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(body, &unescaped) {
+    let req = match J::parse_in(&unescaped) {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
@@ -681,7 +681,7 @@ fn owned(j: J<'_>) -> J<'static> {
 /// into and written from a borrowing tree (`J`) as [`chat_to_messages`].
 pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
     let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(body, &unescaped) {
+    let req = match J::parse_in(&unescaped) {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),

@@ -99,7 +99,7 @@ pub fn translate_request(
     anthropic: bool,
 ) -> Result<(Vec<u8>, Echo), Refused> {
     let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(body, &unescaped) {
+    let req = match J::parse_in(&unescaped) {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
