@@ -13,6 +13,10 @@
 #   ONLY=fixed runs the fixed-rate added-latency table alone (FIXED_ROUNDS=1 times, each
 #   round direct, nginx, Tidegate back to back; medians of the rounds), writing
 #   perf/out/fixed.md.
+#   BASE_DIR=DIR                    (a directory holding an older build's `tidegate`) adds a
+#                                   fourth side, "base": that build with the same config in
+#                                   front of the same mock, in the same interleaved rounds,
+#                                   and a Tidegate/base table (same-format throughput A/B).
 #   TIDEGATE_WORKERS defaults to the number of cores (`nproc`): the shipped default
 #   (`workers = 0`, one shard per core), and the same as nginx's `worker_processes 2` on the
 #   2-core benchmark machine. Runs A–H used one worker; `TIDEGATE_WORKERS=1` repeats them.
@@ -43,6 +47,14 @@ write_config "$OUT/perf.toml" "$TIDEGATE_WORKERS" "${TIDEGATE_PIN:-true}"
 TIDEGATE_LOG=warn "$BIN/tidegate" serve --config "$OUT/perf.toml" > "$OUT/tidegate.log" 2>&1 &
 TG_PID=$!; pids+=($TG_PID)
 TG_ADDR=$(listening_addr "$OUT/tidegate.log")
+BASE_DIR=${BASE_DIR:-}
+if [ -n "$BASE_DIR" ]; then
+  [ -x "$BASE_DIR/tidegate" ] || { echo "BASE_DIR=$BASE_DIR has no executable tidegate" >&2; exit 2; }
+  # The same config (gateway_config); an older build that refused it would fail here.
+  TIDEGATE_LOG=warn "$BASE_DIR/tidegate" serve --config "$OUT/perf.toml" > "$OUT/base.log" 2>&1 &
+  BASE_PID=$!; pids+=($BASE_PID)
+  BASE_ADDR=$(listening_addr "$OUT/base.log")
+fi
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$NGINX_PORT) 2>/dev/null && break; sleep 0.1; done
 
 PATH_=/v1/chat/completions
@@ -52,8 +64,9 @@ declare -A URL=(
   [tidegate]="http://$TG_ADDR$PATH_"
 )
 SIDES=(direct nginx tidegate)
+if [ -n "$BASE_DIR" ]; then URL[base]="http://$BASE_ADDR$PATH_"; SIDES+=(base); fi
 
-cpu_ticks() { awk '{print $14 + $15}' /proc/$TG_PID/stat; }
+cpu_ticks() { awk '{print $14 + $15}' /proc/"${1:-$TG_PID}"/stat; }
 to_ms() { awk -v v="$1" 'BEGIN{ if (v ~ /us$/) {sub(/us/,"",v); print v/1000} else if (v ~ /ms$/) {sub(/ms/,"",v); print v+0} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000} else print v }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 minus() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a-b}'; }
@@ -128,20 +141,20 @@ if [ "${ONLY:-}" = fixed ]; then
 fi
 
 HZ=$(getconf CLK_TCK)
-rows=()
+rows=(); base_rows=()
+cpu_pct() { awk -v a="$1" -v b="$2" -v hz="$HZ" -v d="$DUR" 'BEGIN{printf "%.0f", (b-a)/hz/d*100}'; }
 for stream in 0 1; do
   for conns in 64 256; do
     mode=$([ $stream = 1 ] && echo stream || echo non-stream)
     declare -A RPS=() P50=() P99=()
-    cpu_all=()
+    cpu_all=(); cpu_base=()
     for round in $(seq "$ROUNDS"); do
       for side in "${SIDES[@]}"; do
         [ "$side" = tidegate ] && t0=$(cpu_ticks)
+        [ "$side" = base ] && t0=$(cpu_ticks "$BASE_PID")
         read -r rps p50 p99 < <(wrk_run "$side-$mode-$conns-r$round" "${URL[$side]}" "$conns" "$stream" "$DUR")
-        if [ "$side" = tidegate ]; then
-          t1=$(cpu_ticks)
-          cpu_all+=("$(awk -v a="$t0" -v b="$t1" -v hz="$HZ" -v d="$DUR" 'BEGIN{printf "%.0f", (b-a)/hz/d*100}')")
-        fi
+        [ "$side" = tidegate ] && cpu_all+=("$(cpu_pct "$t0" "$(cpu_ticks)")")
+        [ "$side" = base ] && cpu_base+=("$(cpu_pct "$t0" "$(cpu_ticks "$BASE_PID")")")
         RPS[$side]+="$rps "; P50[$side]+="$p50 "; P99[$side]+="$p99 "
       done
     done
@@ -150,6 +163,9 @@ for stream in 0 1; do
       RPS[$side]=$(median ${RPS[$side]}); P50[$side]=$(median ${P50[$side]}); P99[$side]=$(median ${P99[$side]})
     done
     cpu=$(median "${cpu_all[@]}")
+    if [ -n "$BASE_DIR" ]; then
+      base_rows+=("| $mode | $conns | ${RPS[tidegate]} | ${RPS[base]} | **$(ratio "${RPS[tidegate]}" "${RPS[base]}")** | ${P50[tidegate]} | ${P50[base]} | ${P99[tidegate]} | ${P99[base]} | ${cpu}% | $(median "${cpu_base[@]}")% |")
+    fi
     rows+=("| $mode | $conns | ${RPS[direct]} | ${P99[direct]} | ${RPS[nginx]} | ${P99[nginx]} | ${RPS[tidegate]} | ${P50[tidegate]} | ${P99[tidegate]} | $(ratio "${RPS[nginx]}" "${RPS[direct]}") | $(ratio "${RPS[tidegate]}" "${RPS[direct]}") | **$(ratio "${RPS[tidegate]}" "${RPS[nginx]}")** | $(minus "${P99[nginx]}" "${P99[direct]}") | $(minus "${P99[tidegate]}" "${P99[direct]}") | ${cpu}% |")
   done
 done
@@ -178,6 +194,14 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
+  if [ -n "$BASE_DIR" ]; then
+    echo "Same-format A/B against an older build (BASE_DIR=$BASE_DIR): the fourth side of the rounds above, the same config and mock; median of $ROUNDS interleaved round(s):"
+    echo
+    echo "| mode | conns | tidegate rps | base rps | tidegate/base | tidegate p50 | base p50 | tidegate p99 | base p99 | tidegate CPU | base CPU |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${base_rows[@]}"
+    echo
+  fi
   echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms; added = side − direct):"
   echo
   lat_header
@@ -188,6 +212,6 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
   echo
   echo "Tidegate peak RSS over the whole run (VmHWM): $((RSS_KB / 1024)) MiB ($RSS_KB KiB)."
   echo
-  echo "Command: \`ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
+  echo "Command: \`${TIDEGATE_BIN:+TIDEGATE_BIN=$TIDEGATE_BIN }${BASE_DIR:+BASE_DIR=$BASE_DIR }ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
 } > "$OUT/load.md"
 cat "$OUT/load.md"

@@ -1,13 +1,16 @@
 //! A borrowing JSON tree for the request converters: strings without escapes point into the
 //! request body, objects are vectors of pairs in document order (a repeated key keeps its
-//! last value, as `serde_json::Value` does), and the tree serialises itself. Parsing into it
-//! and writing it out costs a fraction of a `serde_json::Value` round (no string copies, no
-//! map inserts).
+//! last value, as `serde_json::Value` does), and the tree serialises itself. A hand-written
+//! reader builds it (strings found eight bytes at a time, no serde visitor) and a
+//! hand-written writer appends it to one buffer (runs without escapes copied whole); both
+//! give byte for byte what the serde_json reader and writer of the tree give, which stay as
+//! the fallback for bodies the reader leaves alone (and for errors) and as the tests' oracle.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+#[cfg(test)]
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 pub type Key<'a> = Cow<'a, str>;
@@ -38,8 +41,24 @@ pub(crate) use jo;
 static NULL: J<'static> = J::Null;
 
 impl<'a> J<'a> {
+    /// The tree of `body`: read by the hand-written reader below, or by `serde_json`
+    /// when that reader does not take the body (so a malformed body gets serde_json's
+    /// error, and the rare document the reader leaves alone its tree).
     pub fn parse(body: &'a [u8]) -> Result<J<'a>, serde_json::Error> {
-        serde_json::from_slice(body)
+        match read(body, None) {
+            Some(j) => Ok(j),
+            None => serde_json::from_slice(body),
+        }
+    }
+
+    /// [`J::parse`] of a body prepared by [`Unescaped::of`]: its strings with escapes are
+    /// borrowed from there instead of decoded one by one; the tree is the same, with no
+    /// string of its own.
+    pub fn parse_in(unescaped: &'a Unescaped<'a>) -> Result<J<'a>, serde_json::Error> {
+        match read(unescaped.body, Some(unescaped)) {
+            Some(j) => Ok(j),
+            None => serde_json::from_slice(unescaped.body),
+        }
     }
 
     pub fn get(&self, key: &str) -> Option<&J<'a>> {
@@ -120,10 +139,16 @@ impl<'a> J<'a> {
         }
     }
 
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1024);
-        let _ = serde_json::to_writer(&mut out, self);
+    /// The tree as JSON, in a buffer of `capacity` bytes to start with (a translation's
+    /// output is about the size of its input).
+    pub fn to_vec_sized(&self, capacity: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(capacity);
+        self.write(&mut out);
         out
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.to_vec_sized(256)
     }
 }
 
@@ -171,6 +196,8 @@ impl<'a> From<Vec<J<'a>>> for J<'a> {
     }
 }
 
+/// The tree as serde_json writes it: the oracle [`J::write`] is tested against.
+#[cfg(test)]
 impl Serialize for J<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -299,8 +326,495 @@ impl<'de> Visitor<'de> for KeyVisitor {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// The reader and the writer of the tree
+// ---------------------------------------------------------------------------------------
+
+/// Nesting past which the reader hands the document to `serde_json` (whose own limit is
+/// 128): the reader never recurses deeper than this.
+const READER_MAX_DEPTH: usize = 64;
+
+/// The tree of a document by the hand-written reader, or `None` when the reader does not
+/// take it — the document is not JSON, nests deeper than [`READER_MAX_DEPTH`], or has a
+/// string escape it leaves to `serde_json` (a surrogate). It accepts only what
+/// `serde_json` accepts and builds the same tree; `J::parse` falls back to `serde_json`
+/// when it says `None`, so errors read as before.
+fn read<'a>(body: &'a [u8], unescaped: Option<&'a Unescaped<'a>>) -> Option<J<'a>> {
+    let text = match unescaped {
+        Some(u) => u.body_text?,
+        None => std::str::from_utf8(body).ok()?,
+    };
+    let mut r = Reader {
+        text,
+        b: body,
+        i: 0,
+        unescaped,
+        next_unescaped: 0,
+    };
+    let v = r.value(0)?;
+    r.ws();
+    (r.i == body.len()).then_some(v)
+}
+
+struct Reader<'a> {
+    text: &'a str,
+    b: &'a [u8],
+    i: usize,
+    /// The strings with escapes, decoded by a first pass ([`Unescaped`]), when the caller
+    /// made one; and the index of the next of them.
+    unescaped: Option<&'a Unescaped<'a>>,
+    next_unescaped: usize,
+}
+
+/// A body prepared for [`J::parse_in`]: its text (UTF-8 checked once), and the decoded text
+/// of every string of it that has escapes, in document order, in one buffer — the tree
+/// borrows those as it borrows the strings without escapes (no allocation per string, and
+/// copying the tree's strings is free).
+#[derive(Debug)]
+pub struct Unescaped<'a> {
+    body: &'a [u8],
+    /// `body` as text, when it is UTF-8.
+    body_text: Option<&'a str>,
+    text: String,
+    /// Per string with escapes: where it starts in the body (after the quote), where it
+    /// ends (after the closing quote), and where its text ends in `text`.
+    strings: Vec<(usize, usize, usize)>,
+}
+
+impl<'a> Unescaped<'a> {
+    /// Pass 1 over `body`: follows its strings (quotes and backslashes, eight bytes at a
+    /// time) and decodes those with escapes. A body this pass cannot follow (not UTF-8, a
+    /// bad escape) leaves the list short, and the reader then falls back to serde_json.
+    pub fn of(body: &'a [u8]) -> Unescaped<'a> {
+        let mut u = Unescaped {
+            body,
+            body_text: std::str::from_utf8(body).ok(),
+            text: String::new(),
+            strings: Vec::new(),
+        };
+        let Some(text) = u.body_text else {
+            return u;
+        };
+        if memchr::memchr(b'\\', body).is_none() {
+            return u;
+        }
+        u.text.reserve(body.len());
+        u.strings.reserve(16);
+        let mut i = 0;
+        let mut open: Option<usize> = None;
+        while let Some(k) = find_quote_or_backslash(&body[i..]) {
+            let at = i + k;
+            match (body[at], open) {
+                (b'"', None) => open = Some(at + 1),
+                (b'"', Some(_)) => open = None,
+                (b'\\', Some(start)) => match unescape(text, start, at, &mut u.text) {
+                    Some(end) => {
+                        u.strings.push((start, end, u.text.len()));
+                        open = None;
+                        i = end;
+                        continue;
+                    }
+                    None => break,
+                },
+                _ => break,
+            }
+            i = at + 1;
+        }
+        u
+    }
+}
+
+/// The index of the first `"` or `\` in `b`, eight bytes at a time (as [`find_special`]).
+fn find_quote_or_backslash(b: &[u8]) -> Option<usize> {
+    let mut words = b.chunks_exact(8);
+    let mut base = 0;
+    for w in words.by_ref() {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(w);
+        let x = u64::from_le_bytes(x);
+        let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+        let flags = zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\')));
+        if flags != 0 {
+            return Some(base + (flags.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|k| base + k)
+}
+
+/// Decodes the string whose contents start at `start` (first escape at `at`) of `text`,
+/// appending to `out`; returns the index after its closing quote, or `None` for what the
+/// reader leaves to serde_json (a control character, a bad escape, a surrogate).
+fn unescape(text: &str, start: usize, mut at: usize, out: &mut String) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut run = start;
+    loop {
+        out.push_str(text.get(run..at)?);
+        match b[at] {
+            b'"' => return Some(at + 1),
+            b'\\' => {
+                let e = *b.get(at + 1)?;
+                at += 2;
+                out.push(match e {
+                    b'"' => '"',
+                    b'\\' => '\\',
+                    b'/' => '/',
+                    b'b' => '\u{8}',
+                    b'f' => '\u{c}',
+                    b'n' => '\n',
+                    b'r' => '\r',
+                    b't' => '\t',
+                    // Surrogates (pairs and lone ones) are left to serde_json.
+                    b'u' => {
+                        let mut n = 0;
+                        for &c in b.get(at..at + 4)? {
+                            n = n * 16 + char::from(c).to_digit(16)?;
+                        }
+                        at += 4;
+                        char::from_u32(n)?
+                    }
+                    _ => return None,
+                });
+                run = at;
+            }
+            _ => return None,
+        }
+        at = run + find_special(b.get(run..)?)?;
+    }
+}
+
+impl<'a> Reader<'a> {
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let c = *self.b.get(self.i)?;
+        self.i += 1;
+        Some(c)
+    }
+
+    fn value(&mut self, depth: usize) -> Option<J<'a>> {
+        self.ws();
+        match *self.b.get(self.i)? {
+            b'{' if depth < READER_MAX_DEPTH => {
+                self.i += 1;
+                self.object(depth + 1)
+            }
+            b'[' if depth < READER_MAX_DEPTH => {
+                self.i += 1;
+                self.array(depth + 1)
+            }
+            b'"' => {
+                self.i += 1;
+                self.string().map(J::Str)
+            }
+            b't' => self.literal(b"true", J::Bool(true)),
+            b'f' => self.literal(b"false", J::Bool(false)),
+            b'n' => self.literal(b"null", J::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], v: J<'a>) -> Option<J<'a>> {
+        if self.b.get(self.i..self.i + word.len())? != word {
+            return None;
+        }
+        self.i += word.len();
+        Some(v)
+    }
+
+    fn object(&mut self, depth: usize) -> Option<J<'a>> {
+        let mut out: Pairs<'a> = Vec::with_capacity(4);
+        self.ws();
+        if self.b.get(self.i) == Some(&b'}') {
+            self.i += 1;
+            return Some(J::Obj(out));
+        }
+        loop {
+            self.ws();
+            if self.next()? != b'"' {
+                return None;
+            }
+            let k = self.string()?;
+            self.ws();
+            if self.next()? != b':' {
+                return None;
+            }
+            let v = self.value(depth)?;
+            // A repeated key keeps its first place and its last value (as serde_json's
+            // map and the serde reader of this tree do).
+            match out.iter_mut().find(|(old, _)| *old == k) {
+                Some((_, old)) => *old = v,
+                None => out.push((k, v)),
+            }
+            self.ws();
+            match self.next()? {
+                b',' => {}
+                b'}' => return Some(J::Obj(out)),
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<J<'a>> {
+        let mut out = Vec::with_capacity(4);
+        self.ws();
+        if self.b.get(self.i) == Some(&b']') {
+            self.i += 1;
+            return Some(J::Arr(out));
+        }
+        loop {
+            out.push(self.value(depth)?);
+            self.ws();
+            match self.next()? {
+                b',' => {}
+                b']' => return Some(J::Arr(out)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// A string's contents, the opening quote read: borrowed from the body when it has
+    /// no escape.
+    fn string(&mut self) -> Option<Cow<'a, str>> {
+        let start = self.i;
+        let at = start + find_special(self.b.get(start..)?)?;
+        match self.b[at] {
+            b'"' => {
+                self.i = at + 1;
+                Some(Cow::Borrowed(self.text.get(start..at)?))
+            }
+            b'\\' => match self.unescaped {
+                // The text pass 1 decoded for this string (checked to be this one).
+                Some(u) => {
+                    let &(body_start, body_end, text_end) = u.strings.get(self.next_unescaped)?;
+                    if body_start != start {
+                        return None;
+                    }
+                    let text_start = match self.next_unescaped {
+                        0 => 0,
+                        k => u.strings.get(k - 1)?.2,
+                    };
+                    self.next_unescaped += 1;
+                    self.i = body_end;
+                    Some(Cow::Borrowed(u.text.get(text_start..text_end)?))
+                }
+                None => {
+                    let mut s = String::with_capacity(at - start + 32);
+                    self.i = unescape(self.text, start, at, &mut s)?;
+                    Some(Cow::Owned(s))
+                }
+            },
+            _ => None,
+        }
+    }
+
+    /// A number: a non-negative integer of up to 19 digits is read here; any other
+    /// (negative, fraction, exponent, larger) is checked against the grammar here and
+    /// converted by serde_json, so floats round as before.
+    fn number(&mut self) -> Option<J<'a>> {
+        let b = self.b;
+        let start = self.i;
+        let mut i = start;
+        let negative = b[i] == b'-';
+        if negative {
+            i += 1;
+        }
+        let digits = |i: &mut usize| {
+            let from = *i;
+            while let Some(b'0'..=b'9') = b.get(*i) {
+                *i += 1;
+            }
+            *i > from
+        };
+        match b.get(i)? {
+            b'0' => i += 1,
+            b'1'..=b'9' => {
+                digits(&mut i);
+            }
+            _ => return None,
+        }
+        let int_end = i;
+        let mut integer = true;
+        if b.get(i) == Some(&b'.') {
+            integer = false;
+            i += 1;
+            if !digits(&mut i) {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = b.get(i) {
+            integer = false;
+            i += 1;
+            if let Some(b'+' | b'-') = b.get(i) {
+                i += 1;
+            }
+            if !digits(&mut i) {
+                return None;
+            }
+        }
+        self.i = i;
+        if integer && !negative && int_end - start <= 19 {
+            let n = b[start..int_end]
+                .iter()
+                .fold(0u64, |n, &c| n * 10 + u64::from(c - b'0'));
+            return Some(J::U(n));
+        }
+        match serde_json::from_str::<J<'_>>(self.text.get(start..i)?).ok()? {
+            J::U(n) => Some(J::U(n)),
+            J::I(n) => Some(J::I(n)),
+            J::F(n) => Some(J::F(n)),
+            _ => None,
+        }
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Whether a byte must be escaped in a JSON string (or ends one): `"`, `\` or a control
+/// character.
+fn special(c: u8) -> bool {
+    c < 0x20 || c == b'"' || c == b'\\'
+}
+
+/// The index of the first byte of `b` that [`special`] holds for, eight bytes at a time.
+/// (In each word the lowest flagged byte is exact; flags above it may be spurious and are
+/// never read.)
+fn find_special(b: &[u8]) -> Option<usize> {
+    let mut words = b.chunks_exact(8);
+    let mut base = 0;
+    for w in words.by_ref() {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(w);
+        let x = u64::from_le_bytes(x);
+        let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+        let flags = zero(x ^ (ONES * u64::from(b'"')))
+            | zero(x ^ (ONES * u64::from(b'\\')))
+            | (x.wrapping_sub(ONES * 0x20) & !x & HIGHS);
+        if flags != 0 {
+            return Some(base + (flags.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&c| special(c))
+        .map(|k| base + k)
+}
+
+/// `s` as a JSON string, escaped exactly as serde_json writes it (`\"`, `\\`, the short
+/// forms `\b \f \n \r \t`, other control characters as `\u00xx`; nothing else).
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let b = s.as_bytes();
+    out.reserve(b.len() + 2);
+    out.push(b'"');
+    let mut run = 0;
+    while let Some(k) = find_special(&b[run..]) {
+        let at = run + k;
+        out.extend_from_slice(&b[run..at]);
+        let c = b[at];
+        let short = match c {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            0x08 => b'b',
+            0x0c => b'f',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            _ => 0,
+        };
+        if short != 0 {
+            out.extend_from_slice(&[b'\\', short]);
+        } else {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(c >> 4)],
+                HEX[usize::from(c & 0xf)],
+            ]);
+        }
+        run = at + 1;
+    }
+    out.extend_from_slice(&b[run..]);
+    out.push(b'"');
+}
+
+fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+impl J<'_> {
+    /// Appends the tree as compact JSON, byte for byte what `serde_json::to_writer` writes
+    /// for it (floats are written by serde_json itself).
+    pub fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            J::Null => out.extend_from_slice(b"null"),
+            J::Bool(true) => out.extend_from_slice(b"true"),
+            J::Bool(false) => out.extend_from_slice(b"false"),
+            J::U(n) => write_u64(out, *n),
+            J::I(n) => {
+                if *n < 0 {
+                    out.push(b'-');
+                }
+                write_u64(out, n.unsigned_abs());
+            }
+            J::F(n) => {
+                let _ = serde_json::to_writer(&mut *out, n);
+            }
+            J::Str(s) => write_str(out, s),
+            J::Arr(a) => {
+                out.push(b'[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    x.write(out);
+                }
+                out.push(b']');
+            }
+            J::Obj(p) => {
+                out.push(b'{');
+                for (i, (k, v)) in p.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_str(out, k);
+                    out.push(b':');
+                    v.write(out);
+                }
+                out.push(b'}');
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -313,5 +827,222 @@ mod tests {
         let back: serde_json::Value = serde_json::from_slice(&j.to_vec()).expect("json");
         let direct: serde_json::Value = serde_json::from_slice(body).expect("json");
         assert_eq!(back, direct);
+    }
+
+    /// A tree for the writer: strings of every kind of character, numbers of every kind
+    /// (floats include NaN and infinities, which serde_json writes as `null`).
+    fn tree() -> impl Strategy<Value = J<'static>> {
+        let text = prop_oneof!["[a-z ]{0,12}", "[\\x00-\\x1f\"\\\\/a\\x7f]{0,6}", ".{0,8}",];
+        let leaf = prop_oneof![
+            Just(J::Null),
+            any::<bool>().prop_map(J::Bool),
+            any::<u64>().prop_map(J::U),
+            (i64::MIN..0).prop_map(J::I),
+            any::<f64>().prop_map(J::F),
+            text.clone().prop_map(J::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(J::Arr),
+                prop::collection::vec((text.clone(), inner), 0..6)
+                    .prop_map(|p| J::Obj(p.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect())),
+            ]
+        })
+    }
+
+    /// `j` spelled as JSON text with choices drawn from `r`: whitespace between tokens,
+    /// characters written raw, as short escapes or as `\u` escapes (surrogate pairs
+    /// beyond the BMP, either case of hex), numbers in plain or exponent form. Returns
+    /// whether a surrogate escape was written (the fast reader leaves those to serde_json).
+    fn spell(j: &J<'_>, r: &mut impl Iterator<Item = u8>, out: &mut String) -> bool {
+        let mut pick = || r.next().unwrap_or(0);
+        spell_with(j, &mut pick, out)
+    }
+
+    fn ws(c: u8, out: &mut String) {
+        if c.is_multiple_of(4) {
+            out.push([' ', '\n', '\t', '\r'][usize::from(c / 4 % 4)]);
+        }
+    }
+
+    fn spell_str(s: &str, pick: &mut dyn FnMut() -> u8, out: &mut String) -> bool {
+        let mut surrogate = false;
+        out.push('"');
+        for c in s.chars() {
+            let how = pick() % 4;
+            let short = match c {
+                '"' => Some('"'),
+                '\\' => Some('\\'),
+                '/' => Some('/'),
+                '\u{8}' => Some('b'),
+                '\u{c}' => Some('f'),
+                '\n' => Some('n'),
+                '\r' => Some('r'),
+                '\t' => Some('t'),
+                _ => None,
+            };
+            let must = c < ' ' || c == '"' || c == '\\';
+            if how == 0 || (must && short.is_none()) {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    surrogate |= (0xd800..0xe000).contains(u);
+                    if pick().is_multiple_of(2) {
+                        out.push_str(&format!("\\u{u:04x}"));
+                    } else {
+                        out.push_str(&format!("\\u{u:04X}"));
+                    }
+                }
+            } else if let (Some(e), true) = (short, how == 1 || must) {
+                out.push('\\');
+                out.push(e);
+            } else {
+                out.push(c);
+            }
+        }
+        out.push('"');
+        surrogate
+    }
+
+    fn spell_with(j: &J<'_>, pick: &mut dyn FnMut() -> u8, out: &mut String) -> bool {
+        let mut surrogate = false;
+        ws(pick(), out);
+        match j {
+            J::Null => out.push_str("null"),
+            J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            J::U(n) if pick().is_multiple_of(3) => out.push_str(&format!("{n}e0")),
+            J::U(n) => out.push_str(&n.to_string()),
+            J::I(n) => out.push_str(&n.to_string()),
+            J::F(f) if pick().is_multiple_of(2) => out.push_str(&format!("{f:e}")),
+            J::F(f) => out.push_str(&serde_json::to_string(f).unwrap_or_default()),
+            J::Str(s) => surrogate |= spell_str(s, pick, out),
+            J::Arr(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    surrogate |= spell_with(x, pick, out);
+                }
+                ws(pick(), out);
+                out.push(']');
+            }
+            J::Obj(p) => {
+                out.push('{');
+                for (i, (k, v)) in p.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    ws(pick(), out);
+                    surrogate |= spell_str(k, pick, out);
+                    ws(pick(), out);
+                    out.push(':');
+                    surrogate |= spell_with(v, pick, out);
+                }
+                ws(pick(), out);
+                out.push('}');
+            }
+        }
+        ws(pick(), out);
+        surrogate
+    }
+
+    fn finite(j: &J<'_>) -> bool {
+        match j {
+            J::F(f) => f.is_finite(),
+            J::Arr(a) => a.iter().all(finite),
+            J::Obj(p) => p.iter().all(|(_, v)| finite(v)),
+            _ => true,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The hand-written writer against serde_json's writer of the same tree.
+        #[test]
+        fn the_writer_writes_what_serde_json_writes(j in tree()) {
+            let old = serde_json::to_vec(&j).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let new = j.to_vec();
+            prop_assert_eq!(String::from_utf8_lossy(&new), String::from_utf8_lossy(&old));
+        }
+
+        /// The hand-written reader against serde_json's reader of the same text, spelled
+        /// with every kind of whitespace, escape and number form.
+        #[test]
+        fn the_reader_reads_what_serde_json_reads(
+            j in tree().prop_filter("finite", finite),
+            choices in prop::collection::vec(any::<u8>(), 1..64),
+        ) {
+            let mut text = String::new();
+            let surrogate = spell(&j, &mut choices.iter().copied().cycle(), &mut text);
+            let old: J<'_> = serde_json::from_str(&text).map_err(|e| TestCaseError::fail(format!("{e}: {text}")))?;
+            let fast = read(text.as_bytes(), None);
+            prop_assert!(fast.is_some() || surrogate, "the reader refused {}", text);
+            if let Some(fast) = fast {
+                prop_assert_eq!(&fast, &old);
+            }
+            let unescaped = Unescaped::of(text.as_bytes());
+            let two_pass = read(text.as_bytes(), Some(&unescaped));
+            prop_assert!(two_pass.is_some() || surrogate, "the two-pass reader refused {}", text);
+            if let Some(two_pass) = two_pass {
+                prop_assert_eq!(&two_pass, &old);
+            }
+            prop_assert_eq!(J::parse_in(&unescaped).ok(), Some(old.clone()));
+            prop_assert_eq!(J::parse(text.as_bytes()).ok(), Some(old));
+        }
+
+        /// A text one byte away from valid JSON: whatever the reader takes, serde_json takes
+        /// with the same tree; what it refuses goes to serde_json (same result or error).
+        #[test]
+        fn the_reader_takes_nothing_serde_json_refuses(
+            j in tree().prop_filter("finite", finite),
+            choices in prop::collection::vec(any::<u8>(), 1..64),
+            at in any::<prop::sample::Index>(),
+            byte in prop_oneof![Just(b'"'), Just(b'\\'), Just(b','), Just(b'}'), Just(b']'), Just(b'0'), Just(b'-'), Just(b'.'), Just(b'e'), Just(0x01u8), Just(0xc3u8), any::<u8>()],
+            how in 0u8..3,
+        ) {
+            let mut text = String::new();
+            spell(&j, &mut choices.iter().copied().cycle(), &mut text);
+            let mut bytes = text.into_bytes();
+            let at = at.index(bytes.len() + 1);
+            match how {
+                0 if at < bytes.len() => bytes[at] = byte,
+                1 if at < bytes.len() => { bytes.remove(at); }
+                _ => bytes.insert(at, byte),
+            }
+            let old = serde_json::from_slice::<J<'_>>(&bytes);
+            if let Some(fast) = read(&bytes, None) {
+                prop_assert_eq!(Some(&fast), old.as_ref().ok(), "{}", String::from_utf8_lossy(&bytes));
+            }
+            let unescaped = Unescaped::of(&bytes);
+            if let Some(two_pass) = read(&bytes, Some(&unescaped)) {
+                prop_assert_eq!(Some(&two_pass), old.as_ref().ok(), "{}", String::from_utf8_lossy(&bytes));
+            }
+            prop_assert_eq!(J::parse_in(&unescaped).ok(), old.as_ref().ok().cloned());
+            let new = J::parse(&bytes);
+            prop_assert_eq!(new.as_ref().ok(), old.as_ref().ok());
+            prop_assert_eq!(new.map_err(|e| e.to_string()).err(), old.map_err(|e| e.to_string()).err());
+        }
+    }
+
+    #[test]
+    fn the_reader_leaves_deep_nesting_and_surrogates_to_serde_json() {
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert!(read(deep.as_bytes(), None).is_none());
+        assert_eq!(
+            J::parse(deep.as_bytes()).ok(),
+            serde_json::from_str::<J<'_>>(&deep).ok()
+        );
+        assert!(J::parse(format!("{}{}", "[".repeat(200), "]".repeat(200)).as_bytes()).is_err());
+        let pair = br#""\ud83d\ude00""#;
+        assert!(read(pair, None).is_none());
+        assert_eq!(J::parse(pair).ok(), Some(J::from("\u{1f600}")));
+        assert!(J::parse(br#""\ud83d""#).is_err());
+        assert_eq!(read(b" 18446744073709551615 ", None), Some(J::U(u64::MAX)));
+        assert_eq!(
+            read(b"-0", None),
+            serde_json::from_slice::<J<'_>>(b"-0").ok()
+        );
+        assert!(read(b"01", None).is_none() && J::parse(b"01").is_err());
     }
 }

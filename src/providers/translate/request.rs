@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::Refused;
-use super::json::{J, Pairs, jo, set};
+use super::json::{J, Pairs, Unescaped, jo, set};
 
 #[cfg(test)]
 type Obj = Map<String, Value>;
@@ -67,14 +67,15 @@ const OPENAI: &str = "the OpenAI Chat Completions API";
 /// body is read into a borrowing tree (`J`) and the answer written from one: no string
 /// of the conversation is copied on the way.
 pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let req = match J::parse(body) {
+    let unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&unescaped) {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
     };
     let (out, include_usage) = chat_to_messages_j(&req, model)?;
     Ok(Translated {
-        body: out.to_vec(),
+        body: out.to_vec_sized(body.len() + 256),
         include_usage,
     })
 }
@@ -643,7 +644,7 @@ fn tool_call_to_tool_use<'a>(c: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
         J::Obj(Vec::new())
     } else {
         // The arguments are a string holding JSON: parsed (owned: they were escaped).
-        match serde_json::from_str::<J<'_>>(args) {
+        match J::parse(args.as_bytes()) {
             Ok(J::Obj(p)) => owned(J::Obj(p)),
             _ => {
                 return Err(Refused::new(
@@ -679,14 +680,15 @@ fn owned(j: J<'_>) -> J<'static> {
 /// An Anthropic Messages request as an OpenAI Chat Completions request for `model`, read
 /// into and written from a borrowing tree (`J`) as [`chat_to_messages`].
 pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let req = match J::parse(body) {
+    let unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&unescaped) {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
     };
     let out = messages_to_chat_j(&req, model)?;
     Ok(Translated {
-        body: out.to_vec(),
+        body: out.to_vec_sized(body.len() + 256),
         include_usage: false,
     })
 }

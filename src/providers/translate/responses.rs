@@ -16,7 +16,7 @@ use serde_json::Map;
 use serde_json::Value;
 
 use super::chunk::OChunk;
-use super::json::{J, Pairs, jo, set};
+use super::json::{J, Pairs, Unescaped, jo, set};
 use super::{Refused, request, response};
 use crate::sse::Event;
 
@@ -55,7 +55,7 @@ const MAX_TOOL_NAME: usize = 64;
 impl Echo {
     fn add(&mut self, key: &'static str, v: &J<'_>) {
         self.settings
-            .push((key, serde_json::to_string(v).unwrap_or_default()));
+            .push((key, String::from_utf8(v.to_vec()).unwrap_or_default()));
     }
 
     fn get(&self, key: &str) -> Option<&str> {
@@ -98,17 +98,18 @@ pub fn translate_request(
     model: &str,
     anthropic: bool,
 ) -> Result<(Vec<u8>, Echo), Refused> {
-    let req = match J::parse(body) {
+    let unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&unescaped) {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
     };
     let (chat, echo) = to_chat_j(&req, model, anthropic)?;
     if !anthropic {
-        return Ok((chat.to_vec(), echo));
+        return Ok((chat.to_vec_sized(body.len() + 256), echo));
     }
     let (messages, _) = request::chat_to_messages_j(&chat, model)?;
-    Ok((messages.to_vec(), echo))
+    Ok((messages.to_vec_sized(body.len() + 256), echo))
 }
 
 /// A complete answer (a `chat.completion`, or an Anthropic message when `anthropic`) as a
