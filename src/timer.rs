@@ -37,10 +37,16 @@ pub struct Elapsed;
 /// Runs `fut` for at most `d`. The future is pinned by the caller and held by reference
 /// (taken by value, an `async fn` would store it twice: `proxy::deadline::within`); it is
 /// polled before the timer, so one that is ready at once never times out.
+///
+/// The timer is made when `fut` first answers `Pending`, not before: a wait that is over at
+/// its first poll (an admission granted at once, a body already buffered) costs no timer
+/// entry, no clock reading and no allocation. Every caller awaits the timeout where it
+/// makes it, so the budget still runs from the start of the wait (its first poll).
 pub fn timeout<F: Future>(d: Duration, fut: Pin<&mut F>) -> Timeout<'_, F> {
     Timeout {
         fut,
-        sleep: sleep(d),
+        budget: d,
+        sleep: None,
     }
 }
 
@@ -48,7 +54,9 @@ pub fn timeout<F: Future>(d: Duration, fut: Pin<&mut F>) -> Timeout<'_, F> {
 #[must_use = "a timeout does nothing unless awaited"]
 pub struct Timeout<'a, F> {
     fut: Pin<&'a mut F>,
-    sleep: Sleep,
+    budget: Duration,
+    /// Made at the first `Pending` of `fut`.
+    sleep: Option<Sleep>,
 }
 
 impl<F: Future> Future for Timeout<'_, F> {
@@ -58,7 +66,9 @@ impl<F: Future> Future for Timeout<'_, F> {
         if let Poll::Ready(v) = self.fut.as_mut().poll(cx) {
             return Poll::Ready(Ok(v));
         }
-        match Pin::new(&mut self.sleep).poll(cx) {
+        let budget = self.budget;
+        let sleep = self.sleep.get_or_insert_with(|| sleep(budget));
+        match Pin::new(sleep).poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
             Poll::Pending => Poll::Pending,
         }
@@ -86,6 +96,22 @@ mod tests {
             assert_eq!(timeout(Duration::from_millis(5), never).await, Err(Elapsed));
             let later = std::pin::pin!(sleep(Duration::from_millis(5)));
             assert_eq!(timeout(Duration::from_secs(5), later).await, Ok(()));
+        });
+    }
+
+    #[test]
+    fn a_wait_ready_at_once_makes_no_timer_and_a_pending_one_does() {
+        run(async {
+            let mut ready = std::pin::pin!(async { 7 });
+            let mut t = std::pin::pin!(timeout(Duration::from_secs(5), ready.as_mut()));
+            assert_eq!(t.as_mut().await, Ok(7));
+            assert!(t.sleep.is_none());
+            let mut never = std::pin::pin!(std::future::pending::<()>());
+            let mut t = std::pin::pin!(timeout(Duration::from_millis(1), never.as_mut()));
+            let polled = std::future::poll_fn(|cx| Poll::Ready(t.as_mut().poll(cx).is_pending()));
+            assert!(polled.await);
+            assert!(t.sleep.is_some());
+            assert_eq!(t.as_mut().await, Err(Elapsed));
         });
     }
 
