@@ -21,7 +21,6 @@ pub struct KeyIndex {
 /// Hashes the index's keys. They are SHA-256 digests, uniform already: a multiply-rotate
 /// fold of their words under a per-process random seed places them as well as SipHash did,
 /// for a fraction of its cost on every request. Only configured keys are ever inserted.
-#[derive(Clone, Debug)]
 struct DigestHash {
     seed: u64,
 }
