@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Instructions per proxied request of one or more Tidegate builds, counted by callgrind
 # (load-independent; the same method as perf/instructions.sh, with perf/keepalive_posts.py
-# as the client so no oha is needed): Tidegate (workers = 1, epoll driver) under
+# as the client so no oha is needed): Tidegate (workers = 1, epoll driver unless DRIVER) under
 # `valgrind --tool=callgrind` serving N1 and then N2 requests over 4 keep-alive
 # connections; prints (I(N2) - I(N1)) / (N2 - N1) per build.
 #
 #   perf/ab_instructions.sh DIR [DIR...]           (each DIR holds tidegate + tidegate-mock)
 #   N1=200 N2=1000 STREAM=1 perf/ab_instructions.sh DIR_BEFORE DIR_AFTER
+#   DRIVER=io_uring perf/ab_instructions.sh DIR_BEFORE DIR_AFTER
+#
+# DRIVER (default epoll) is TIDEGATE_DRIVER for the counted gateway. Under epoll a read
+# whose bytes are already there completes at its first poll (and under valgrind the slow
+# gateway usually finds them there); under io_uring every read waits for its completion
+# first, as in production — count both when a change is about waits.
 #
 # Callgrind output stays in perf/out/ (callgrind_annotate it). Traffic stays on 127.0.0.1;
 # every process started here is ended by PID.
@@ -27,7 +33,7 @@ for dir in "$@"; do
   count() {
     local n=$1 log="$OUT/ab-instr-$tag-$1.log" cg="$OUT/callgrind.out.$tag.s$STREAM.$1"
     rm -f "$cg"
-    TIDEGATE_DRIVER=epoll TIDEGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$cg" \
+    TIDEGATE_DRIVER=${DRIVER:-epoll} TIDEGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$cg" \
       "$dir/tidegate" serve --config "$OUT/ab-instr.toml" > "$log" 2>&1 &
     local pid=$!; pids+=($pid)
     local addr

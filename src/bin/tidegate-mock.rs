@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use clap::Parser;
-use mimalloc::MiMalloc;
 use monoio::net::TcpStream;
 
 // The unreachable-code check (scripts/check-dead-code) also builds this binary with
@@ -25,6 +24,9 @@ use crate as tidegate;
 #[cfg(tidegate_reach)]
 #[path = "../admin/mod.rs"]
 mod admin;
+#[cfg(tidegate_reach)]
+#[path = "../allocator.rs"]
+mod allocator;
 #[cfg(tidegate_reach)]
 #[path = "../auth/mod.rs"]
 mod auth;
@@ -98,7 +100,7 @@ struct Model {
 }
 
 #[global_allocator]
-static GLOBAL: MiMalloc = MiMalloc;
+static GLOBAL: tidegate::allocator::Mimalloc = tidegate::allocator::Mimalloc;
 
 #[derive(Parser)]
 #[command(

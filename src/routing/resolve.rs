@@ -94,13 +94,30 @@ fn check_model(model: &str) -> Result<(), GatewayError> {
             "model must be 1 to 256 bytes",
         ));
     }
-    if model.chars().any(char::is_control) || model.split('/').any(|seg| seg == "..") {
+    if has_control_char(model)
+        || model
+            .as_bytes()
+            .split(|&b| b == b'/')
+            .any(|seg| seg == b"..")
+    {
         return Err(GatewayError::new(
             ErrorKind::InvalidJson,
             "model contains forbidden characters",
         ));
     }
     Ok(())
+}
+
+/// Whether `s` holds a control character (`char::is_control`: U+0000–U+001F and
+/// U+007F–U+009F), read from the UTF-8 bytes without decoding: the C1 controls are the
+/// two-byte sequences `C2 80` to `C2 9F`, and in valid UTF-8 `C2` only ever leads.
+fn has_control_char(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.iter().enumerate().any(|(i, &c)| {
+        c < 0x20
+            || c == 0x7f
+            || (c == 0xc2 && b.get(i + 1).is_some_and(|n| (0x80..=0x9f).contains(n)))
+    })
 }
 
 /// `provider/model`, or a bare model found in the providers' catalogs.
@@ -151,4 +168,43 @@ fn direct_targets(
             model: model.to_owned(),
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_found_in_the_bytes_as_char_is_control_finds_them() {
+        // Every scalar value up to U+3000 and the top of the range, alone and between
+        // other characters (a C2 lead byte next to a continuation byte of another char
+        // must not be read as a C1 control).
+        let chars = (0u32..0x3000)
+            .chain(0xfff0..0x1_0010)
+            .filter_map(char::from_u32);
+        for c in chars {
+            for s in [
+                c.to_string(),
+                format!("a{c}b"),
+                format!("é{c}\u{80}"),
+                format!("{c}\u{c2}"),
+            ] {
+                assert_eq!(
+                    has_control_char(&s),
+                    s.chars().any(char::is_control),
+                    "{s:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_dot_dot_segment_is_refused_and_dots_inside_a_segment_are_not() {
+        for bad in ["..", "../x", "p/..", "p/../x", "a\u{1}b", "a\u{9f}"] {
+            assert!(check_model(bad).is_err(), "{bad:?}");
+        }
+        for good in ["p/m", "p/..m", "...", "p/m..", "é/ü", "a.b/c"] {
+            assert!(check_model(good).is_ok(), "{good:?}");
+        }
+    }
 }
