@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use mimalloc::MiMalloc;
 
 // The unreachable-code check (scripts/check-dead-code) builds this binary with
 // `--cfg tidegate_reach`: the library's modules are then compiled into the binary itself,
@@ -17,8 +18,6 @@ use clap::{Parser, Subcommand};
 use crate as tidegate;
 #[cfg(tidegate_reach)]
 mod admin;
-#[cfg(tidegate_reach)]
-mod allocator;
 #[cfg(tidegate_reach)]
 mod auth;
 #[cfg(tidegate_reach)]
@@ -64,7 +63,7 @@ use tidegate::config::Config;
 use tidegate::server::{self as fleet, DriverChoice, UringSetup};
 
 #[global_allocator]
-static GLOBAL: tidegate::allocator::Mimalloc = tidegate::allocator::Mimalloc;
+static GLOBAL: MiMalloc = MiMalloc;
 
 /// Exit code for an invalid configuration or command line.
 const EXIT_CONFIG: u8 = 2;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use clap::Parser;
+use mimalloc::MiMalloc;
 use monoio::net::TcpStream;
 
 // The unreachable-code check (scripts/check-dead-code) also builds this binary with
@@ -24,9 +25,6 @@ use crate as tidegate;
 #[cfg(tidegate_reach)]
 #[path = "../admin/mod.rs"]
 mod admin;
-#[cfg(tidegate_reach)]
-#[path = "../allocator.rs"]
-mod allocator;
 #[cfg(tidegate_reach)]
 #[path = "../auth/mod.rs"]
 mod auth;
@@ -100,7 +98,7 @@ struct Model {
 }
 
 #[global_allocator]
-static GLOBAL: tidegate::allocator::Mimalloc = tidegate::allocator::Mimalloc;
+static GLOBAL: MiMalloc = MiMalloc;
 
 #[derive(Parser)]
 #[command(
