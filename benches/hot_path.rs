@@ -446,8 +446,7 @@ fn stages(c: &mut Criterion) {
     });
     g.bench_function("stream_event/naive", |b| {
         b.iter(|| {
-            let v: serde_json::Value =
-                serde_json::from_slice(black_box(&chunk[..])).expect("json");
+            let v: serde_json::Value = serde_json::from_slice(black_box(&chunk[..])).expect("json");
             let delta = &v["choices"][0]["delta"];
             black_box((
                 delta["content"].as_str().map(str::len),

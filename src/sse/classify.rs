@@ -371,13 +371,11 @@ fn typed(t: &str, p: &Fields<'_>) -> Frame {
             Frame::of(Lifecycle, false)
         }
         "error" | "response.failed" => Frame::of(Error, false),
-        "response.output_item.added" | "response.output_item.done" => {
-            match p.item_ty.as_deref() {
-                Some("reasoning") => Frame::of(Reasoning, true),
-                Some(i) if is_tool_item(i) => Frame::of(Tool, true),
-                _ => Frame::of(Lifecycle, false),
-            }
-        }
+        "response.output_item.added" | "response.output_item.done" => match p.item_ty.as_deref() {
+            Some("reasoning") => Frame::of(Reasoning, true),
+            Some(i) if is_tool_item(i) => Frame::of(Tool, true),
+            _ => Frame::of(Lifecycle, false),
+        },
         t if t.starts_with("response.reasoning") => Frame::of(Reasoning, true),
         t if t.ends_with(".delta") => {
             let kind = if is_tool_item(t) {
@@ -389,9 +387,7 @@ fn typed(t: &str, p: &Fields<'_>) -> Frame {
             };
             Frame::of(kind, true)
         }
-        "response.completed" | "response.done" | "response.incomplete"
-            if p.response_usage =>
-        {
+        "response.completed" | "response.done" | "response.incomplete" if p.response_usage => {
             Frame::of(Usage, false)
         }
         t if t.starts_with("response.") => Frame::of(Lifecycle, false),

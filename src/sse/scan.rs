@@ -442,14 +442,14 @@ pub mod arb {
         prop_oneof![text(), kind(), scalar()].boxed()
     }
 
-    fn member(keys: &[&'static str], value: BoxedStrategy<String>) -> BoxedStrategy<(String, String)> {
+    fn member(
+        keys: &[&'static str],
+        value: BoxedStrategy<String>,
+    ) -> BoxedStrategy<(String, String)> {
         (select(keys.to_vec()).prop_map(str::to_owned), value).boxed()
     }
 
-    fn object_of(
-        member: BoxedStrategy<(String, String)>,
-        most: usize,
-    ) -> BoxedStrategy<String> {
+    fn object_of(member: BoxedStrategy<(String, String)>, most: usize) -> BoxedStrategy<String> {
         (
             vec(member, 0..most).prop_shuffle(),
             select(vec!["", "", " ", "\n", "\t "]),
@@ -621,7 +621,10 @@ mod tests {
             " [ 1 , 2 ] ",
         ] {
             assert!(whole(ok).is_some(), "{ok}");
-            assert!(serde_json::from_str::<serde_json::Value>(ok).is_ok(), "{ok}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(ok).is_ok(),
+                "{ok}"
+            );
         }
         for out in [
             "",

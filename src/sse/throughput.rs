@@ -194,8 +194,7 @@ fn useful_by_walk(data: &[u8], name: Option<&[u8]>) -> Option<Useful> {
                             return c.value(d).map(drop);
                         }
                         once(&mut seen, 1)?;
-                        protected |=
-                            type_string(c, d)?.is_some_and(|t| has_word(t, &BLOCK_WORDS));
+                        protected |= type_string(c, d)?.is_some_and(|t| has_word(t, &BLOCK_WORDS));
                         Some(())
                     })?;
                 }
@@ -432,7 +431,11 @@ mod tests {
         ] {
             let got = useful_by_walk(json.as_bytes(), None);
             assert!(got.is_some(), "{json}");
-            assert_eq!(got, Some(useful_before(&event(None, json.as_bytes()))), "{json}");
+            assert_eq!(
+                got,
+                Some(useful_before(&event(None, json.as_bytes()))),
+                "{json}"
+            );
         }
     }
 
