@@ -102,7 +102,8 @@ fn a_model_without_an_enabled_connection_names_the_unset_key_variable() {
     let mock = MockUpstream::start();
     let gw = Gateway::start_with_env(&config(&mock), ENV);
     for model in ["off/m2", "m2", "dead"] {
-        let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
         let r = Client::connect(gw.addr()).request(
             "POST",
             "/v1/chat/completions",
@@ -111,7 +112,10 @@ fn a_model_without_an_enabled_connection_names_the_unset_key_variable() {
         );
         assert_eq!(r.status, 503, "{model}: {}", r.text());
         assert_eq!(r.json()["error"]["code"], "no_available_connection");
-        let message = r.json()["error"]["message"].as_str().unwrap_or("").to_owned();
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
         assert!(
             message.contains("TG_TEST_UNSET_KEY_CLIENT_EXPERIENCE not set"),
             "{model}: {message}"
