@@ -95,6 +95,35 @@ fn the_listing_has_only_models_with_an_enabled_connection() {
     assert_eq!(ids, ["up/m1", "claude/c1", "live"], "{body}");
 }
 
+/// A model whose every connection is disabled names the key variable the gateway lacks, for
+/// a model named directly and for a combo whose only target is that model.
+#[test]
+fn a_model_without_an_enabled_connection_names_the_unset_key_variable() {
+    let mock = MockUpstream::start();
+    let gw = Gateway::start_with_env(&config(&mock), ENV);
+    for model in ["off/m2", "m2", "dead"] {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", KEY)],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 503, "{model}: {}", r.text());
+        assert_eq!(r.json()["error"]["code"], "no_available_connection");
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        assert!(
+            message.contains("TG_TEST_UNSET_KEY_CLIENT_EXPERIENCE not set"),
+            "{model}: {message}"
+        );
+    }
+    assert_eq!(mock.hits("/v1/chat/completions"), 0);
+}
+
 #[test]
 fn a_model_is_retrieved_by_id_in_openais_shape() {
     let mock = MockUpstream::start();

@@ -106,7 +106,10 @@ id = "real-main"
 provider = "real"
 api_key_env = "TIDEGATE_TEST_NEVER_SET_KEY_7F3A"
 "#;
-    check_warns(cfg, "every connection is disabled");
+    check_warns(
+        cfg,
+        "every connection is disabled (TIDEGATE_TEST_NEVER_SET_KEY_7F3A not set",
+    );
 }
 
 #[test]

@@ -95,6 +95,28 @@ fn is_open(r: &Response) -> bool {
     r.status == 503 && r.header("x-tidegate-error") == Some("provider_circuit_open")
 }
 
+/// `server.admin_token_env` names a variable the gateway's environment lacks and no key has
+/// scope manage: a caller presenting a credential is refused with a message naming it.
+#[test]
+fn a_missing_admin_token_variable_is_named_when_a_credential_is_refused() {
+    let mock = MockUpstream::start();
+    let manage =
+        format!("[[client_keys]]\nid = \"ops\"\nkey = \"{MANAGE_KEY}\"\nscopes = [\"manage\"]\n");
+    let cfg = config(&mock, true);
+    assert!(cfg.contains(&manage), "{cfg}");
+    let gw = Gateway::start(&cfg.replace(&manage, ""));
+    let r = admin(&gw, "GET", "/api/resilience", b"");
+    assert_eq!(r.status, 403, "{}", r.text());
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        message.contains("TG_ADMIN (server.admin_token_env) is not set"),
+        "{message}"
+    );
+}
+
 #[test]
 fn management_calls_need_the_admin_token_or_a_manage_key_once_one_is_configured() {
     let mock = MockUpstream::start();

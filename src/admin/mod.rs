@@ -131,11 +131,18 @@ pub fn decide(
         return Ok(());
     }
     if !credentials_configured(config) {
-        return Err(GatewayError::new(
-            ErrorKind::Forbidden,
-            "the management API answers only loopback callers until server.admin_token_env \
-             or a client key with scope manage is configured",
-        ));
+        // The token's variable named in the file but missing from the environment.
+        let why = match &config.server.admin_token_env {
+            Some(var) => format!(
+                "the management API answers only loopback callers: {var} \
+                 (server.admin_token_env) is not set in the gateway's environment and no \
+                 client key has scope manage"
+            ),
+            None => "the management API answers only loopback callers until \
+                     server.admin_token_env or a client key with scope manage is configured"
+                .to_string(),
+        };
+        return Err(GatewayError::new(ErrorKind::Forbidden, why));
     }
     let why = if presented {
         "invalid admin token or key"

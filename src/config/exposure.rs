@@ -7,7 +7,7 @@
 //! from a variable); it never adds a problem, only warnings.
 
 use super::raw::RawConfig;
-use super::{Config, ProviderFormat};
+use super::{Config, Connection, ProviderFormat};
 
 /// The shipped sample key: public, since it is printed in the README and the default file.
 pub const SAMPLE_CLIENT_KEY: &str = "tidegate-dev-key";
@@ -44,6 +44,20 @@ pub fn open_gateway_refusal(config: &Config) -> Option<String> {
     }
 }
 
+/// The `api_key_env` variables of the disabled connections among `connections`, each once
+/// in file order, joined for a message (`OPENAI_API_KEY, ANTHROPIC_API_KEY`).
+pub fn unset_key_variables<'a>(connections: impl Iterator<Item = &'a Connection>) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for c in connections.filter(|c| !c.enabled) {
+        if let Some(var) = c.api_key_env.as_deref()
+            && !names.contains(&var)
+        {
+            names.push(var);
+        }
+    }
+    names.join(", ")
+}
+
 /// One `<key>: <message>` line per dangerous or useless setting.
 pub fn warnings(config: &Config, raw: &RawConfig, text: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -62,11 +76,11 @@ pub fn warnings(config: &Config, raw: &RawConfig, text: &str) -> Vec<String> {
                 .to_string(),
         );
     } else if !config.connections.iter().any(|c| c.enabled) {
-        out.push(
-            "connections: every connection is disabled (their key variables are unset): every \
-             model request fails with no_available_connection"
-                .to_string(),
-        );
+        let unset = unset_key_variables(config.connections.iter());
+        out.push(format!(
+            "connections: every connection is disabled ({unset} not set in this environment): \
+             every model request fails with no_available_connection"
+        ));
     }
     if exposed && config.client_keys.is_empty() {
         let consequence = if config.server.allow_open_gateway {

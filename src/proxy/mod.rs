@@ -463,13 +463,26 @@ fn plan(
                 format!("no provider of model {:?} serves this endpoint", peek.model),
             )
         } else if !any_enabled {
-            (
-                ErrorKind::NoConnection,
+            // The error path only: resolved again to name the variables of its providers.
+            let providers: Vec<_> = resolve(config, &shard.shared().routes, &peek.model)
+                .map(|r| r.targets.into_iter().map(|t| t.provider).collect())
+                .unwrap_or_default();
+            let unset = crate::config::exposure::unset_key_variables(
+                config
+                    .connections
+                    .iter()
+                    .filter(|c| providers.contains(&c.provider)),
+            );
+            let why = if unset.is_empty() {
+                format!("model {:?} has no enabled connection", peek.model)
+            } else {
                 format!(
-                    "model {:?} has no enabled connection (is its key variable set?)",
+                    "model {:?} has no enabled connection: {unset} not set in the gateway's \
+                     environment",
                     peek.model
-                ),
-            )
+                )
+            };
+            (ErrorKind::NoConnection, why)
         } else {
             (
                 ErrorKind::Forbidden,
