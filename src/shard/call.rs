@@ -8,7 +8,9 @@
 //! owner may hold a call ([`Protocol::HOLDS`], e.g. a gate waiter) the owner is told to
 //! cancel it. A reply that arrives for an abandoned waiter goes to the application's late
 //! hook ([`App::late_reply`]), which hands back whatever it grants (a permit, a slot, a
-//! probe ticket), so nothing leaks when an asker gives up just as its grant is sent.
+//! probe ticket), so nothing leaks when an asker gives up just as its grant is sent. So
+//! does a reply that arrived while the asker's future was not being polled and was never
+//! read: the future was dropped first.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -35,9 +37,12 @@ pub trait Protocol<A: App> {
 }
 
 /// A sent call not yet answered: dropped unanswered, it abandons the waiter and, when the
-/// owner may hold the call, tells the owner to cancel it.
+/// owner may hold the call, tells the owner to cancel it — unless the reply is already in
+/// its slot, unread, which then goes to the late hook.
 struct Pending<'s, A: App> {
     shard: &'s Shard<A>,
+    /// Where the pump puts the reply.
+    slot: Rc<Slot<A::Reply>>,
     owner: usize,
     id: CallId,
     kind: A::Kind,
@@ -48,6 +53,17 @@ struct Pending<'s, A: App> {
 impl<A: App> Drop for Pending<'_, A> {
     fn drop(&mut self) {
         if self.answered {
+            return;
+        }
+        // The reply may have arrived after the asker's last poll: the pump took the waiter
+        // out of the table, put the reply in the slot and woke the task, but the task
+        // dropped the wait before polling it again (a request whose client hung up ends
+        // while it reads the client's socket, not its admission). The owner has answered,
+        // so there is nothing left there to cancel — a gate owner would keep the permit it
+        // granted for good. What the reply grants goes back through the late hook, as if
+        // it had arrived after the asker gave up.
+        if let Some(reply) = self.slot.take_reply() {
+            A::late_reply(self.shard, self.owner, self.id, reply);
             return;
         }
         self.shard.calls.abandon(self.id);
@@ -106,13 +122,14 @@ impl<A: App> Shard<A> {
         }
         let mut pending = Pending {
             shard: self,
+            slot,
             owner,
             id,
             kind: P::KIND,
             holds: P::HOLDS,
             answered: false,
         };
-        match crate::timer::timeout(bound, std::pin::pin!(Wait(slot))).await {
+        match crate::timer::timeout(bound, std::pin::pin!(Wait(&pending.slot))).await {
             Ok(reply) => {
                 pending.answered = true;
                 P::unwrap(reply).ok_or(CallError::Mismatched)

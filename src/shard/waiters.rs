@@ -106,10 +106,17 @@ impl<R> Calls<R> {
     }
 }
 
-/// Resolves when the slot's reply arrives.
-pub(super) struct Wait<R>(pub(super) Rc<Slot<R>>);
+impl<R> Slot<R> {
+    /// The reply, if it arrived and nobody read it yet.
+    pub(super) fn take_reply(&self) -> Option<R> {
+        self.reply.borrow_mut().take()
+    }
+}
 
-impl<R> Future for Wait<R> {
+/// Resolves when the slot's reply arrives.
+pub(super) struct Wait<'a, R>(pub(super) &'a Slot<R>);
+
+impl<R> Future for Wait<'_, R> {
     type Output = R;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {

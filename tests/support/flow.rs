@@ -2,7 +2,9 @@
 //! chat answer is held until a gate opens.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use super::Deadline;
 use super::client::Client;
 use super::mock_upstream::{Gate, MockUpstream, Reply};
 
@@ -17,18 +19,38 @@ pub fn metric(addr: SocketAddr, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
+/// The gauges of what flow control holds: gate permits, gate waiters, request-queue
+/// entries and outbox messages, each over every shard.
+const FLOW_GAUGES: [&str; 4] = [
+    "tidegate_gate_permits",
+    "tidegate_gate_waiters",
+    "tidegate_queue_requests",
+    "tidegate_mesh_outbox",
+];
+
 /// Gate permits, gate waiters, request-queue entries and outbox messages, over every shard:
 /// 0 when nothing is held or waiting anywhere.
 pub fn flow_held(addr: SocketAddr) -> u64 {
-    [
-        "tidegate_gate_permits",
-        "tidegate_gate_waiters",
-        "tidegate_queue_requests",
-        "tidegate_mesh_outbox",
-    ]
-    .iter()
-    .map(|m| metric(addr, m))
-    .sum()
+    FLOW_GAUGES.iter().map(|m| metric(addr, m)).sum()
+}
+
+/// Waits until [`flow_held`] reads 0, at most `within`; panics naming each gauge's value
+/// (which of permits, waiters, queue entries or outbox messages stayed).
+pub fn all_flow_released(addr: SocketAddr, within: Duration) {
+    let deadline = Deadline::after(within);
+    while flow_held(addr) != 0 {
+        if deadline.passed() {
+            let gauges: Vec<String> = FLOW_GAUGES
+                .iter()
+                .map(|m| format!("{m} {}", metric(addr, m)))
+                .collect();
+            panic!(
+                "not within {within:?}: every permit and slot back ({})",
+                gauges.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A mock whose first chat completion ("first") waits for the returned gate; every later

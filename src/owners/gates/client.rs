@@ -237,3 +237,88 @@ pub fn reconfigure_everywhere(shard: &Shard) {
         shard.send_fact(to, Fact::Reconfigure.into());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// One shard's read-only facts for `toml`.
+    fn shared(toml: &str) -> Arc<crate::shard::Shared> {
+        let config = crate::config::load_str(toml, &|_| None)
+            .map(|o| o.config)
+            .unwrap_or_else(|e| panic!("config: {e}"));
+        Arc::new(crate::shard::Shared {
+            routes: crate::routing::resolve::RouteTable::new(&config),
+            tls: crate::net::tls::TlsConfigs::build(&config).unwrap_or_else(|e| panic!("{e}")),
+            keys: crate::auth::KeyIndex::new(&config),
+            metrics: vec![Arc::default()],
+            families: vec![Arc::default()],
+            shards: 1,
+            driver: "test",
+            mesh_stats: None,
+            runtime: Arc::new(crate::shard::settings::SettingsCell::new(
+                crate::config::runtime::RuntimeSettings::from_config(&config),
+            )),
+            started_wall_ms: 0,
+            snapshot: Arc::default(),
+            config: Arc::new(config),
+        })
+    }
+
+    /// Lets the shard's pump serve what was sent (the test's own task is not polled by it).
+    async fn settle() {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    /// A request waits for a permit; the holder releases it and the gate home grants the
+    /// waiter, but the waiting request is not being polled when the grant lands in its
+    /// waiter (a request whose client hung up ends while it reads the client's socket) and
+    /// is dropped without reading it. The permit goes back to the home: before, the cancel
+    /// the drop sent found no waiter to remove and the permit stayed held for good (the
+    /// flow_stress storm's lost `m1` permit).
+    #[test]
+    fn a_grant_that_lands_after_the_last_poll_of_a_dropped_wait_goes_back() {
+        let toml = "[[providers]]\nid = \"up\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [[connections]]\nid = \"c\"\nprovider = \"up\"\nmax_concurrent = 1\n\
+                    [connections.rate_limit_overrides]\nmax_wait_ms = 5000\n";
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let shard = crate::shard::Shard::new(0, shared(toml), None);
+            shard.start(None);
+            let gauges = || {
+                let m = shard.metrics();
+                (m.gate_permits.load(Relaxed), m.gate_waiters.load(Relaxed))
+            };
+            let req = Req::enter(&shard);
+            let connection = ConnectionId(0);
+            let first = acquire(&req, connection, "m").await;
+            let first = first.ok().flatten().unwrap_or_else(|| panic!("no permit"));
+            let mut second = Box::pin(acquire(&req, connection, "m"));
+            // One poll sends the call; the home queues it behind the held permit.
+            let ready = std::future::poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx).is_ready()));
+            assert!(!ready.await, "the gate is full");
+            settle().await;
+            assert_eq!(gauges(), (1, 1), "one permit held, one waiter");
+            // The release is served and the grant delivered to the second's waiter, which
+            // is not polled again before it is dropped.
+            drop(first);
+            settle().await;
+            assert_eq!(gauges(), (1, 0), "the waiter was granted");
+            drop(second);
+            settle().await;
+            assert_eq!(gauges(), (0, 0), "the unread grant went back");
+            // And the gate admits the next request at once.
+            let third = acquire(&req, connection, "m").await;
+            assert!(matches!(third, Ok(Some(_))));
+        });
+    }
+}
