@@ -201,11 +201,8 @@ fn a_cut_after_25_tokens_is_continued_by_the_next_target_without_repeated_text()
     assert_eq!(a.hits(CHAT), 1);
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
     // The token counters take the client's usage block, once.
-    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 15);
-    assert_eq!(
-        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
-        30
-    );
+    metric_becomes(gw.addr(), "tidegate_usage_prompt_tokens_total", 15);
+    metric_becomes(gw.addr(), "tidegate_usage_completion_tokens_total", 30);
 }
 
 #[test]
@@ -468,11 +465,8 @@ fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
         json!({"role": "assistant", "content": prefill.trim_end()})
     );
     // The token counters take the client's usage: a's prompt once, 12 + 4 output tokens.
-    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
-    assert_eq!(
-        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
-        16
-    );
+    metric_becomes(gw.addr(), "tidegate_usage_prompt_tokens_total", 21);
+    metric_becomes(gw.addr(), "tidegate_usage_completion_tokens_total", 16);
 }
 
 #[test]
@@ -854,11 +848,8 @@ fn translated_chat_continued_by_openai(end: Option<Chunk>) {
         json!({"role": "assistant", "content": words(0..12).concat()})
     );
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
-    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
-    assert_eq!(
-        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
-        16
-    );
+    metric_becomes(gw.addr(), "tidegate_usage_prompt_tokens_total", 21);
+    metric_becomes(gw.addr(), "tidegate_usage_completion_tokens_total", 16);
 }
 
 #[test]
@@ -914,11 +905,8 @@ fn a_translated_chat_stream_cut_mid_answer_is_continued_by_an_anthropic_target()
     assert_eq!(to_b["max_tokens"], 4096);
     assert_eq!(to_b["stream"], true);
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
-    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
-    assert_eq!(
-        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
-        16
-    );
+    metric_becomes(gw.addr(), "tidegate_usage_prompt_tokens_total", 21);
+    metric_becomes(gw.addr(), "tidegate_usage_completion_tokens_total", 16);
 }
 
 #[test]
@@ -984,11 +972,8 @@ fn a_translated_messages_stream_stalled_mid_answer_is_continued_by_an_anthropic_
         m.open_connections() == 0
     });
     // a reported no usage before it stalled: the prompt is b's minus the 12 prefill tokens.
-    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 33);
-    assert_eq!(
-        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
-        16
-    );
+    metric_becomes(gw.addr(), "tidegate_usage_prompt_tokens_total", 33);
+    metric_becomes(gw.addr(), "tidegate_usage_completion_tokens_total", 16);
 }
 
 #[test]
@@ -1037,11 +1022,8 @@ fn a_messages_stream_cut_mid_answer_is_continued_by_an_openai_target_translated(
     assert_eq!(to_b["max_tokens"], 100);
     assert_eq!(to_b["stream_options"]["include_usage"], true);
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 0);
-    assert_eq!(metric(gw.addr(), "tidegate_usage_prompt_tokens_total"), 21);
-    assert_eq!(
-        metric(gw.addr(), "tidegate_usage_completion_tokens_total"),
-        16
-    );
+    metric_becomes(gw.addr(), "tidegate_usage_prompt_tokens_total", 21);
+    metric_becomes(gw.addr(), "tidegate_usage_completion_tokens_total", 16);
 }
 
 /// The text of every Anthropic `text_delta` in a Messages client's stream, concatenated.

@@ -19,6 +19,24 @@ pub fn metric(addr: SocketAddr, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
+/// Waits (up to 5 s) for the metric `name` to read `want`: a stream's usage is counted once
+/// it is over — just after its last bytes leave — so a client that has read the end can
+/// ask `/metrics` a moment before the count lands.
+pub fn metric_becomes(addr: SocketAddr, name: &str, want: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = metric(addr, name);
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} is {got}, not {want}, after 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The gauges of what flow control holds: gate permits, gate waiters, request-queue
 /// entries and outbox messages, each over every shard.
 const FLOW_GAUGES: [&str; 4] = [

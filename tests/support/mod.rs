@@ -34,7 +34,7 @@ pub use config::{connection, one_upstream, provider};
 #[allow(unused_imports)]
 pub use eventually::eventually;
 #[allow(unused_imports)]
-pub use flow::{all_flow_released, flow_held, held_then_later, metric};
+pub use flow::{all_flow_released, flow_held, held_then_later, metric, metric_becomes};
 #[allow(unused_imports)]
 pub use gateway::{Gateway, ReadyLine, RunOutput, StartFailure, run_check, run_tidegate};
 #[allow(unused_imports)]
