@@ -400,50 +400,54 @@ impl<'a> Unescaped<'a> {
         }
         u.text.reserve(body.len());
         u.strings.reserve(16);
+        // One pass of eight-byte words: every quote and backslash of a word is taken from
+        // its mask in turn (no rescan from each quote); a string with escapes is decoded
+        // whole and the scan resumes after it.
         let mut i = 0;
         let mut open: Option<usize> = None;
-        while let Some(k) = find_quote_or_backslash(&body[i..]) {
-            let at = i + k;
-            match (body[at], open) {
-                (b'"', None) => open = Some(at + 1),
-                (b'"', Some(_)) => open = None,
-                (b'\\', Some(start)) => match unescape(text, start, at, &mut u.text) {
-                    Some(end) => {
-                        u.strings.push((start, end, u.text.len()));
-                        open = None;
-                        i = end;
-                        continue;
-                    }
-                    None => break,
-                },
-                _ => break,
+        'scan: while i < body.len() {
+            let n = (body.len() - i).min(8);
+            let mut mask = quotes_and_backslashes(&body[i..i + n]);
+            while mask != 0 {
+                let at = i + (mask.trailing_zeros() / 8) as usize;
+                mask &= mask - 1;
+                match (body[at], open) {
+                    (b'"', None) => open = Some(at + 1),
+                    (b'"', Some(_)) => open = None,
+                    (b'\\', Some(start)) => match unescape(text, start, at, &mut u.text) {
+                        Some(end) => {
+                            u.strings.push((start, end, u.text.len()));
+                            open = None;
+                            i = end;
+                            continue 'scan;
+                        }
+                        None => break 'scan,
+                    },
+                    _ => break 'scan,
+                }
             }
-            i = at + 1;
+            i += n;
         }
         u
     }
 }
 
-/// The index of the first `"` or `\` in `b`, eight bytes at a time (as [`find_special`]).
-fn find_quote_or_backslash(b: &[u8]) -> Option<usize> {
-    let mut words = b.chunks_exact(8);
-    let mut base = 0;
-    for w in words.by_ref() {
-        let mut x = [0u8; 8];
-        x.copy_from_slice(w);
-        let x = u64::from_le_bytes(x);
-        let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
-        let flags = zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\')));
-        if flags != 0 {
-            return Some(base + (flags.trailing_zeros() / 8) as usize);
+/// The high bit of byte `k` of the result is set when `w[k]` (at most eight bytes) is `"`
+/// or `\`; every other bit is clear. Exact per byte (no borrow from one byte to the
+/// next), so every set bit is one to take.
+fn quotes_and_backslashes(w: &[u8]) -> u64 {
+    let x = match w.first_chunk::<8>() {
+        Some(full) => u64::from_le_bytes(*full),
+        None => {
+            let mut x = [0u8; 8];
+            x[..w.len()].copy_from_slice(w);
+            u64::from_le_bytes(x)
         }
-        base += 8;
-    }
-    words
-        .remainder()
-        .iter()
-        .position(|&c| c == b'"' || c == b'\\')
-        .map(|k| base + k)
+    };
+    const LOWS: u64 = !HIGHS;
+    let zero = |v: u64| !(((v & LOWS).wrapping_add(LOWS)) | v) & HIGHS;
+    // Bytes past the end of `w` are zero, which is neither.
+    zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\')))
 }
 
 /// Decodes the string whose contents start at `start` (first escape at `at`) of `text`,

@@ -406,12 +406,12 @@ fn sub<'a>(whole: &J<'a>, part: &str) -> J<'a> {
 }
 
 /// An OpenAI user content part as an Anthropic content block.
-fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
-    let p = jwant_object(part, at)?;
+fn part_to_block<'a>(part: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
+    let p = jwant_object(part, P(at))?;
     let mut block = match member(p, "type").as_str() {
         Some("text") => {
             let t = member(p, "text");
-            jwant_str(t, P(|| format!("{at}.text")))?;
+            jwant_str(t, P(|| format!("{}.text", at())))?;
             jo! {"type" => "text", "text" => t.clone()}
         }
         Some("image_url") => {
@@ -422,12 +422,12 @@ fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
             };
             let url = match iu {
                 J::Str(s) => &**s,
-                _ => jwant_str(url_j, P(|| format!("{at}.image_url.url")))?,
+                _ => jwant_str(url_j, P(|| format!("{}.image_url.url", at())))?,
             };
             if url.starts_with("data:") {
                 let Some((media, data)) = data_url(url) else {
                     return Err(Refused::new(
-                        format!("{at}.image_url.url"),
+                        format!("{}.image_url.url", at()),
                         "a data URL must be base64 (data:<type>;base64,…)",
                     ));
                 };
@@ -439,7 +439,7 @@ fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
         }
         _ => {
             return Err(Refused::new(
-                format!("{at}.type"),
+                format!("{}.type", at()),
                 "only text and image_url parts can be sent to an Anthropic provider",
             ));
         }
@@ -452,16 +452,16 @@ fn part_to_block<'a>(part: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
 }
 
 /// Text-only content (system prompts, tool results) as Anthropic blocks, or a string.
-fn text_content<'a>(v: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+fn text_content<'a>(v: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
     match v {
         J::Str(_) => Ok(v.clone()),
         J::Arr(parts) => {
             let mut blocks = Vec::with_capacity(parts.len());
             for (j, p) in parts.iter().enumerate() {
-                let at = format!("{at}[{j}]");
+                let at = || format!("{}[{j}]", at());
                 if p.get("type").and_then(J::as_str) != Some("text") {
                     return Err(Refused::new(
-                        format!("{at}.type"),
+                        format!("{}.type", at()),
                         "only text parts are accepted here",
                     ));
                 }
@@ -469,7 +469,7 @@ fn text_content<'a>(v: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
             }
             Ok(J::Arr(blocks))
         }
-        _ => Err(Refused::new(at, "must be a string or an array of parts")),
+        _ => Err(Refused::new(at(), "must be a string or an array of parts")),
     }
 }
 
@@ -507,7 +507,7 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
                     ));
                 }
                 system_count += 1;
-                match text_content(content, &at("content"))? {
+                match text_content(content, &|| at("content"))? {
                     s @ J::Str(_) => {
                         system.push(jo! {"type" => "text", "text" => s.clone()});
                         system_string = Some(s);
@@ -525,7 +525,8 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
                     J::Arr(parts) => {
                         let mut blocks = Vec::with_capacity(parts.len());
                         for (j, p) in parts.iter().enumerate() {
-                            blocks.push(part_to_block(p, &format!("messages[{i}].content[{j}]"))?);
+                            blocks
+                                .push(part_to_block(p, &|| format!("messages[{i}].content[{j}]"))?);
                         }
                         J::Arr(blocks)
                     }
@@ -553,10 +554,10 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
                     J::Str(_) => as_string = Some(content),
                     J::Arr(parts) => {
                         for (j, p) in parts.iter().enumerate() {
-                            let pat = format!("messages[{i}].content[{j}]");
+                            let pat = || format!("messages[{i}].content[{j}]");
                             if p.get("type").and_then(J::as_str) != Some("text") {
                                 return Err(Refused::new(
-                                    format!("{pat}.type"),
+                                    format!("{}.type", pat()),
                                     "an assistant turn carries only text parts",
                                 ));
                             }
@@ -580,10 +581,9 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
                     v => jwant_array(v, P(|| at("tool_calls")))?.as_slice(),
                 };
                 for (j, c) in calls.iter().enumerate() {
-                    blocks.push(tool_call_to_tool_use(
-                        c,
-                        &format!("messages[{i}].tool_calls[{j}]"),
-                    )?);
+                    blocks.push(tool_call_to_tool_use(c, &|| {
+                        format!("messages[{i}].tool_calls[{j}]")
+                    })?);
                 }
                 let c = match as_string {
                     Some(s) if blocks.is_empty() => s.clone(),
@@ -603,7 +603,7 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
                 jwant_str(id, P(|| at("tool_call_id")))?;
                 let c = match content {
                     J::Null => J::from(""),
-                    _ => text_content(content, &at("content"))?,
+                    _ => text_content(content, &|| at("content"))?,
                 };
                 let block =
                     jo! {"type" => "tool_result", "tool_use_id" => id.clone(), "content" => c};
@@ -629,16 +629,16 @@ fn chat_messages_to_anthropic<'a>(v: &J<'a>) -> Result<(Option<J<'a>>, Vec<J<'a>
     Ok((system, turns))
 }
 
-fn tool_call_to_tool_use<'a>(c: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
-    let c = jwant_object(c, at)?;
+fn tool_call_to_tool_use<'a>(c: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
+    let c = jwant_object(c, P(at))?;
     let id = member(c, "id");
-    jwant_str(id, P(|| format!("{at}.id")))?;
-    let f = jwant_object(member(c, "function"), P(|| format!("{at}.function")))?;
+    jwant_str(id, P(|| format!("{}.id", at())))?;
+    let f = jwant_object(member(c, "function"), P(|| format!("{}.function", at())))?;
     let name = member(f, "name");
-    jwant_str(name, P(|| format!("{at}.function.name")))?;
+    jwant_str(name, P(|| format!("{}.function.name", at())))?;
     let args = match member(f, "arguments") {
         J::Null => "",
-        a => jwant_str(a, P(|| format!("{at}.function.arguments")))?,
+        a => jwant_str(a, P(|| format!("{}.function.arguments", at())))?,
     };
     let input: J<'a> = if args.trim().is_empty() {
         J::Obj(Vec::new())
@@ -648,7 +648,7 @@ fn tool_call_to_tool_use<'a>(c: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
             Ok(J::Obj(p)) => owned(J::Obj(p)),
             _ => {
                 return Err(Refused::new(
-                    format!("{at}.function.arguments"),
+                    format!("{}.function.arguments", at()),
                     "must be a JSON object for an Anthropic provider",
                 ));
             }

@@ -149,7 +149,9 @@ pub fn to_chat(req: &Obj, model: &str, anthropic: bool) -> Result<(Obj, Echo), R
 fn to_chat_j<'a>(req: &J<'a>, model: &'a str, anthropic: bool) -> Result<(J<'a>, Echo), Refused> {
     let mut out: Pairs<'a> = Vec::with_capacity(12);
     set(&mut out, "model", J::from(model));
-    let mut messages: Vec<J<'a>> = Vec::new();
+    // The instructions and one message per input item at most.
+    let items = req.at("input").as_array().map_or(0, Vec::len);
+    let mut messages: Vec<J<'a>> = Vec::with_capacity(items + 1);
     let mut input: Option<&J<'a>> = None;
     let mut echo = Echo::default();
     for (k, v) in req.as_object().into_iter().flatten() {
