@@ -389,14 +389,19 @@ pub fn reply_bound(wait_ms: u64) -> std::time::Duration {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::mesh::placement::owner_of;
 
     /// One shard's read-only facts for an empty file.
     fn shared() -> std::sync::Arc<crate::shard::Shared> {
+        shared_of("")
+    }
+
+    /// One shard's read-only facts for the file `toml` (unit tests that run a shard).
+    pub(crate) fn shared_of(toml: &str) -> std::sync::Arc<crate::shard::Shared> {
         use std::sync::Arc;
-        let config = crate::config::load_str("", &|_| None)
+        let config = crate::config::load_str(toml, &|_| None)
             .map(|o| o.config)
             .unwrap_or_else(|e| panic!("config: {e}"));
         Arc::new(crate::shard::Shared {

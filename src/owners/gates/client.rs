@@ -241,35 +241,13 @@ pub fn reconfigure_everywhere(shard: &Shard) {
 #[cfg(test)]
 mod tests {
     use std::future::Future;
-    use std::sync::Arc;
     use std::sync::atomic::Ordering::Relaxed;
     use std::task::Poll;
     use std::time::Duration;
 
     use super::*;
 
-    /// One shard's read-only facts for `toml`.
-    fn shared(toml: &str) -> Arc<crate::shard::Shared> {
-        let config = crate::config::load_str(toml, &|_| None)
-            .map(|o| o.config)
-            .unwrap_or_else(|e| panic!("config: {e}"));
-        Arc::new(crate::shard::Shared {
-            routes: crate::routing::resolve::RouteTable::new(&config),
-            tls: crate::net::tls::TlsConfigs::build(&config).unwrap_or_else(|e| panic!("{e}")),
-            keys: crate::auth::KeyIndex::new(&config),
-            metrics: vec![Arc::default()],
-            families: vec![Arc::default()],
-            shards: 1,
-            driver: "test",
-            mesh_stats: None,
-            runtime: Arc::new(crate::shard::settings::SettingsCell::new(
-                crate::config::runtime::RuntimeSettings::from_config(&config),
-            )),
-            started_wall_ms: 0,
-            snapshot: Arc::default(),
-            config: Arc::new(config),
-        })
-    }
+    use crate::owners::tests::shared_of as shared;
 
     /// Lets the shard's pump serve what was sent (the test's own task is not polled by it).
     async fn settle() {
