@@ -707,3 +707,71 @@ fn the_openai_sdk_reads_a_responses_stream_continued_after_a_cut() {
         serde_json::json!({"role": "assistant", "content": "The answer is forty"})
     );
 }
+
+/// Combos whose targets alternate formats, through the official SDKs: each fails over in the
+/// middle of its list from a provider of the client's format to one of the other format,
+/// whose answers (complete and streamed) the SDK parses with its own types.
+#[test]
+fn the_sdks_are_served_by_a_combo_failing_over_to_the_other_format() {
+    let combos = "\n[[combos]]\nname = \"oc-an-oa\"\ntargets = [\"oc/gpt-c\", \"an/claude-x\", \"oa/gpt-x\"]\n\
+                  \n[[combos]]\nname = \"an-oc-oa\"\ntargets = [\"an/claude-x\", \"oc/gpt-c\", \"oa/gpt-x\"]\n";
+
+    // The openai SDK: oc (its own format) fails, an (translated) answers.
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on_always("/v1/chat/completions", Reply::error(503, "busy"));
+    anthropic.on("/v1/messages", Reply::anthropic_message("from claude"));
+    anthropic.on(
+        "/v1/messages",
+        Reply::anthropic_stream(&["claude ", "streams"]),
+    );
+    let gw = Gateway::start(&format!("{}{combos}", two_providers(&openai, &anthropic)));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["combo-openai", "oc-an-oa"],
+    );
+    assert_eq!(r["create"], "from claude", "{r}");
+    assert_eq!(r["stream"], "claude streams", "{r}");
+    let to_oc = openai.requests_to("/v1/chat/completions");
+    assert!(!to_oc.is_empty());
+    assert!(
+        to_oc.iter().all(|s| s.json()["model"] == "gpt-c"),
+        "oa is last: not reached"
+    );
+    let to_an = anthropic.requests_to("/v1/messages");
+    assert_eq!(to_an.len(), 2);
+    assert_eq!(to_an[0].json()["max_tokens"], 50, "translated from chat");
+    assert_eq!(to_an[1].json()["stream"], true);
+    drop(gw);
+
+    // The anthropic SDK: an (its own format) fails, oc (translated) answers.
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on_always("/v1/messages", Reply::error(529, "overloaded"));
+    openai.on("/v1/chat/completions", Reply::openai_chat("from gpt"));
+    openai.on(
+        "/v1/chat/completions",
+        Reply::openai_stream(&["gpt ", "streams"]),
+    );
+    let gw = Gateway::start(&format!("{}{combos}", two_providers(&openai, &anthropic)));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(
+        SDK_TRANSLATE,
+        &origin,
+        "sdk-key",
+        &["combo-anthropic", "an-oc-oa"],
+    );
+    assert_eq!(r["create"], "from gpt", "{r}");
+    assert_eq!(r["stream"], "gpt streams", "{r}");
+    assert!(anthropic.hits("/v1/messages") >= 1);
+    let to_oc = openai.requests_to("/v1/chat/completions");
+    assert_eq!(to_oc.len(), 2);
+    for up in &to_oc {
+        assert_eq!(up.json()["model"], "gpt-c", "the middle target answered");
+        assert_eq!(up.json()["max_tokens"], 50, "translated from messages");
+    }
+    assert_eq!(to_oc[1].json()["stream_options"]["include_usage"], true);
+}

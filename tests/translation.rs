@@ -1323,3 +1323,406 @@ fn server_tool_blocks_are_left_out_of_complete_answers_and_streams_alike() {
     assert_eq!(args, "{\"a\":1}");
     assert!(!r.text().contains("web_search"), "{}", r.text());
 }
+
+// --- the field list, item by item ---------------------------------------------------
+
+/// The Chat Completions fields of the field map not shown above, through the binary: system
+/// text parts, an image by URL, a text part's `cache_control` (passed through), an earlier
+/// assistant string, `max_completion_tokens`, `top_p`, `reasoning_effort` (a thinking budget
+/// that raises `max_tokens`), `parallel_tool_calls: false` without a tool choice; and on the
+/// way back a `thinking` block as `reasoning_content` and `stop_sequence` as `stop`. Then
+/// `response_format` JSON modes and `stream_options` keys the target has no field for are
+/// refused by name, before any upstream is asked.
+#[test]
+fn the_rest_of_the_chat_field_map_reaches_an_anthropic_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            200,
+            json!({"id": "msg_f", "type": "message", "role": "assistant", "model": "claude-x",
+                "content": [{"type": "thinking", "thinking": "Mull.", "signature": "sig"},
+                            {"type": "text", "text": "Done"}],
+                "stop_reason": "stop_sequence", "stop_sequence": "END",
+                "usage": {"input_tokens": 3, "output_tokens": 2}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({
+            "model": "an/claude-x",
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "One."}, {"type": "text", "text": "Two."}]},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "Look", "cache_control": {"type": "ephemeral"}},
+                    {"type": "image_url", "image_url": {"url": "https://img.example/a.png", "detail": "high"}}
+                ]},
+                {"role": "assistant", "content": "A cat."},
+                {"role": "user", "content": "Sure?"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "parallel_tool_calls": false,
+            "max_completion_tokens": 500,
+            "top_p": 0.9,
+            "temperature": 0.25,
+            "reasoning_effort": "low"
+        }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let choice = &r.json()["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "stop_sequence → stop");
+    assert_eq!(choice["message"]["content"], "Done");
+    assert_eq!(choice["message"]["reasoning_content"], "Mull.");
+    let up = anthropic.requests_to("/v1/messages")[0].json();
+    assert_eq!(
+        up["system"],
+        json!([{"type": "text", "text": "One."}, {"type": "text", "text": "Two."}])
+    );
+    assert_eq!(
+        up["messages"][0]["content"],
+        json!([{"type": "text", "text": "Look", "cache_control": {"type": "ephemeral"}},
+               {"type": "image", "source": {"type": "url", "url": "https://img.example/a.png"}}])
+    );
+    assert_eq!(
+        up["messages"][1],
+        json!({"role": "assistant", "content": "A cat."})
+    );
+    assert_eq!(
+        up["thinking"],
+        json!({"type": "enabled", "budget_tokens": 1024})
+    );
+    assert_eq!(
+        up["max_tokens"],
+        500 + 1024,
+        "raised above the thinking budget"
+    );
+    assert_eq!(up["top_p"], 0.9);
+    assert_eq!(up["temperature"], 0.25);
+    assert_eq!(
+        up["tool_choice"],
+        json!({"type": "auto", "disable_parallel_tool_use": true})
+    );
+    assert!(up.get("max_completion_tokens").is_none() && up.get("reasoning_effort").is_none());
+
+    for (field, value) in [
+        ("response_format", json!({"type": "json_object"})),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+        ),
+        ("stream_options", json!({"include_obfuscation": true})),
+        ("logit_bias", json!({"1": 2})),
+    ] {
+        let mut req =
+            json!({"model": "an/claude-x", "messages": [{"role": "user", "content": "hi"}]});
+        req[field] = value;
+        let r = post(&gw, "/v1/chat/completions", &req);
+        assert_eq!(r.status, 400, "{field}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["type"], "invalid_request_error", "{e}");
+        assert!(
+            e["param"].as_str().unwrap().starts_with(field),
+            "{field}: {e}"
+        );
+    }
+    assert_eq!(anthropic.hits("/v1/messages"), 1);
+    assert_eq!(openai.total_hits(), 0);
+}
+
+/// The Messages fields of the field map not shown above, through the binary: images by
+/// base64 and by URL, `cache_control` on a text block and a tool (dropped), temperature and
+/// `top_p`, `tool_choice: any`, `thinking` disabled (no effort); and on the way back
+/// `content_filter` as `refusal` with the cache-creation tokens taken out of the input.
+#[test]
+fn the_rest_of_the_messages_field_map_reaches_an_openai_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on(
+        "/v1/chat/completions",
+        Reply::json(
+            200,
+            json!({"id": "chatcmpl-f", "object": "chat.completion", "created": 1, "model": "gpt-x",
+                "choices": [{"index": 0, "finish_reason": "content_filter",
+                    "message": {"role": "assistant", "content": "No."}}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21,
+                    "prompt_tokens_details": {"cached_tokens": 5, "cache_creation_tokens": 3}}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &json!({
+            "model": "oa/gpt-x",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Compare", "cache_control": {"type": "ephemeral"}},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4AAQ"}},
+                {"type": "image", "source": {"type": "url", "url": "https://img.example/b.jpg"}}
+            ]}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+            "tool_choice": {"type": "any"},
+            "temperature": 0.5,
+            "top_p": 0.75,
+            "thinking": {"type": "disabled"}
+        }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = r.json();
+    assert_eq!(m["stop_reason"], "refusal");
+    assert_eq!(m["content"], json!([{"type": "text", "text": "No."}]));
+    assert_eq!(m["usage"]["input_tokens"], 12);
+    assert_eq!(m["usage"]["cache_read_input_tokens"], 5);
+    assert_eq!(m["usage"]["cache_creation_input_tokens"], 3);
+    let up = openai.requests_to("/v1/chat/completions")[0].json();
+    assert_eq!(
+        up["messages"][0]["content"],
+        json!([{"type": "text", "text": "Compare"},
+               {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}},
+               {"type": "image_url", "image_url": {"url": "https://img.example/b.jpg"}}])
+    );
+    assert_eq!(
+        up["tools"],
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    );
+    assert_eq!(up["tool_choice"], "required");
+    assert_eq!(up["temperature"], 0.5);
+    assert_eq!(up["top_p"], 0.75);
+    assert!(up.get("reasoning_effort").is_none(), "{up}");
+    assert!(!up.to_string().contains("cache_control"), "{up}");
+}
+
+/// An Anthropic stream with thinking, a ping and cache usage reaches an OpenAI client as
+/// `reasoning_content` chunks, an SSE comment, and a usage chunk counting the cache tokens —
+/// only when the client asked for it with `stream_options.include_usage`.
+#[test]
+fn a_translated_chat_stream_carries_thinking_and_usage_only_when_asked() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
+    let stream = || {
+        Reply::sse(vec![
+            event(
+                json!({"type": "message_start", "message": {"id": "msg_t", "type": "message",
+                "role": "assistant", "model": "claude-x", "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 4, "output_tokens": 1, "cache_read_input_tokens": 10,
+                          "cache_creation_input_tokens": 6}}}),
+            ),
+            event(
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            ),
+            event(
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hmm"}}),
+            ),
+            event(
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}}),
+            ),
+            event(json!({"type": "content_block_stop", "index": 0})),
+            event(json!({"type": "ping"})),
+            event(
+                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+            ),
+            event(
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Yes"}}),
+            ),
+            event(json!({"type": "content_block_stop", "index": 1})),
+            event(
+                json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 7}}),
+            ),
+            event(json!({"type": "message_stop"})),
+        ])
+    };
+    anthropic.on("/v1/messages", stream());
+    anthropic.on("/v1/messages", stream());
+    let gw = start(&openai, &anthropic);
+    let ask = |options: Option<serde_json::Value>| {
+        let mut req = json!({"model": "an/claude-x", "stream": true, "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hi"}]});
+        if let Some(o) = options {
+            req["stream_options"] = o;
+        }
+        post(&gw, "/v1/chat/completions", &req)
+    };
+
+    let r = ask(Some(json!({"include_usage": true})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("\n: ping\n") || text.starts_with(": ping\n"),
+        "{text}"
+    );
+    let events = r.sse_events();
+    assert_eq!(events.last().unwrap().data, "[DONE]", "{text}");
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| e.json())
+        .collect();
+    let field = |name: &str| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    assert_eq!(field("reasoning_content"), "Hmm");
+    assert_eq!(field("content"), "Yes");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "length"),
+        "{text}"
+    );
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(
+        usage["prompt_tokens"], 20,
+        "input + cache read + cache creation"
+    );
+    assert_eq!(usage["completion_tokens"], 7);
+    assert_eq!(usage["total_tokens"], 27);
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 10);
+
+    let r = ask(None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events = r.sse_events();
+    assert_eq!(events.last().unwrap().data, "[DONE]", "{}", r.text());
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| e.json().get("usage").is_none() && e.json()["choices"][0].is_object()),
+        "no usage chunk unless asked: {}",
+        r.text()
+    );
+    let sent = anthropic.requests_to("/v1/messages");
+    assert!(
+        sent.iter()
+            .all(|s| s.json().get("stream_options").is_none())
+    );
+}
+
+/// Upstream errors of the other format keep their status for the statuses failover does not
+/// replace, in both directions: rate limits, overload and server errors come back re-shaped
+/// into the client's error body.
+#[test]
+fn provider_errors_of_the_other_format_keep_their_status_both_ways() {
+    let anthropic_error = |status: u16, kind: &str| {
+        Reply::json(
+            status,
+            json!({"type": "error", "error": {"type": kind, "message": format!("{kind} here")}}),
+        )
+    };
+    for (status, kind, openai_type) in [
+        (429, "rate_limit_error", "rate_limit_error"),
+        (529, "overloaded_error", "server_error"),
+        (500, "api_error", "server_error"),
+    ] {
+        let openai = MockUpstream::start();
+        let anthropic = MockUpstream::start();
+        anthropic.on_always("/v1/messages", anthropic_error(status, kind));
+        let gw = start(&openai, &anthropic);
+        let r = post(
+            &gw,
+            "/v1/chat/completions",
+            &json!({"model": "an/claude-x", "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(r.status, status, "{}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["type"], openai_type, "{}", r.text());
+        assert_eq!(e["code"], kind, "{}", r.text());
+        assert_eq!(e["message"], format!("{kind} here"), "{}", r.text());
+    }
+    for (status, anthropic_type) in [
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (503, "api_error"),
+    ] {
+        let openai = MockUpstream::start();
+        let anthropic = MockUpstream::start();
+        openai.on_always(
+            "/v1/chat/completions",
+            Reply::error(status, "upstream says no"),
+        );
+        let gw = start(&openai, &anthropic);
+        let r = post(
+            &gw,
+            "/v1/messages",
+            &json!({"model": "oa/gpt-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(r.status, status, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], anthropic_type, "{v}");
+        assert_eq!(v["error"]["message"], "upstream says no", "{v}");
+    }
+}
+
+/// With both formats configured, a request of the provider's own format is forwarded as it
+/// is: the upstream gets the client's bytes with only the model renamed, and the client gets
+/// the upstream's bytes — non-stream and stream, on both endpoints — with no translation
+/// header.
+#[test]
+fn same_format_traffic_beside_translation_passes_through_byte_for_byte() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    // Key order, spacing and escapes a re-serialiser would change.
+    let chat_answer =
+        "{ \"z\":1, \"id\":\"c\",\n\"choices\":[{\"message\":{\"content\":\"h\\u00e9\"}}] }";
+    let messages_answer = "{\"type\":\"message\" ,\"content\":[{\"type\":\"text\",\"text\":\"\\u00e9\"}],\"id\":\"m\"}";
+    let chat_stream = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}] , \"x\":1}\n\n: note\n\ndata: [DONE]\n\n";
+    let messages_stream = "event: message_start\ndata: {\"type\":\"message_start\",  \"message\":{}}\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let raw = |ct: &str, body: &str| {
+        Reply::status(200)
+            .header("content-type", ct)
+            .body(body.to_owned())
+    };
+    openai.on("/v1/chat/completions", raw("application/json", chat_answer));
+    openai.on(
+        "/v1/chat/completions",
+        raw("text/event-stream", chat_stream),
+    );
+    anthropic.on("/v1/messages", raw("application/json", messages_answer));
+    anthropic.on("/v1/messages", raw("text/event-stream", messages_stream));
+    let gw = start(&openai, &anthropic);
+    let send = |path: &str, body: &str| {
+        Client::connect(gw.addr()).request(
+            "POST",
+            path,
+            &[
+                ("authorization", "Bearer k"),
+                ("content-type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+    };
+    let chat = "{\"model\" : \"oa/gpt-x\",\"messages\":[{\"role\":\"user\",\"content\":\"h\\u00e9\"}], \"seed\": 7}";
+    let chat_s = "{\"model\":\"oa/gpt-x\",\"stream\":true,\"messages\":[{\"content\":\"x\",\"role\":\"user\"}]}";
+    let msg = "{\"max_tokens\":5, \"model\":\"an/claude-x\",\"messages\":[{\"role\":\"user\",\"content\":\"\\u00e9\"}],\"top_k\":3}";
+    let msg_s = "{\"model\":\"an/claude-x\",\"stream\":true,\"max_tokens\":5,\"messages\":[]}";
+    for (path, body, want) in [
+        ("/v1/chat/completions", chat, chat_answer),
+        ("/v1/chat/completions", chat_s, chat_stream),
+        ("/v1/messages", msg, messages_answer),
+        ("/v1/messages", msg_s, messages_stream),
+    ] {
+        let r = send(path, body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.body, want.as_bytes(), "{path}: {}", r.text());
+        assert_eq!(r.header("x-tidegate-translated"), None);
+    }
+    let sent: Vec<String> = openai
+        .requests_to("/v1/chat/completions")
+        .iter()
+        .chain(anthropic.requests_to("/v1/messages").iter())
+        .map(|s| s.text())
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            chat.replace("\"oa/gpt-x\"", "\"gpt-x\""),
+            chat_s.replace("\"oa/gpt-x\"", "\"gpt-x\""),
+            msg.replace("\"an/claude-x\"", "\"claude-x\""),
+            msg_s.replace("\"an/claude-x\"", "\"claude-x\""),
+        ]
+    );
+}

@@ -27,6 +27,11 @@ responses mode:
 responses-stream mode: call 3 of responses mode alone (a stream the gateway may splice
   from two upstreams), also reporting the event types, sequence numbers and final output
 
+combo-openai / combo-anthropic mode (MODEL a combo whose targets alternate formats):
+  1. a create call (chat.completions / messages), then
+  2. a stream (chat.completions stream=True with include_usage / messages.stream);
+  each answered by whichever target the gateway fails over to
+
 Every answer is parsed by the SDK's own types. Prints one JSON line with what was seen and
 exits 0, or says what failed on stderr and exits 1.
 """
@@ -246,13 +251,52 @@ def responses_stream_mode(origin, key, model):
     return {"stream": responses_stream(c, model)}
 
 
+def combo_openai_mode(origin, key, model):
+    c = openai.OpenAI(base_url=origin + "/v1", api_key=key, max_retries=0, timeout=TIMEOUT_S)
+    r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                  max_tokens=50)
+    require(isinstance(r, openai.types.chat.ChatCompletion), "create: not a ChatCompletion")
+    require(r.choices[0].finish_reason == "stop", f"create: {r.choices[0].finish_reason!r}")
+    pieces, usage = [], None
+    with c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count"}],
+                                   stream=True, stream_options={"include_usage": True},
+                                   max_tokens=50) as stream:
+        for chunk in stream:
+            require(isinstance(chunk, openai.types.chat.ChatCompletionChunk), "stream: not a chunk")
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    pieces.append(choice.delta.content)
+            if chunk.usage is not None:
+                usage = chunk.usage
+    require(usage is not None, "stream: no usage chunk")
+    return {"create": r.choices[0].message.content, "stream": "".join(pieces),
+            "completion_tokens": usage.completion_tokens}
+
+
+def combo_anthropic_mode(origin, key, model):
+    c = anthropic.Anthropic(base_url=origin, api_key=key, max_retries=0, timeout=TIMEOUT_S)
+    m = c.messages.create(model=model, max_tokens=50, messages=[{"role": "user", "content": "Hi"}])
+    require(isinstance(m, anthropic.types.Message), "create: not a Message")
+    require(m.stop_reason == "end_turn", f"create: stop_reason {m.stop_reason!r}")
+    with c.messages.stream(model=model, max_tokens=50,
+                           messages=[{"role": "user", "content": "Count"}]) as stream:
+        pieces = [e.delta.text for e in stream
+                  if e.type == "content_block_delta" and e.delta.type == "text_delta"]
+        final = stream.get_final_message()
+    require(final.stop_reason == "end_turn", f"stream: stop_reason {final.stop_reason!r}")
+    require(final.content[0].text == "".join(pieces), "stream: final text differs from deltas")
+    return {"create": "".join(b.text for b in m.content if b.type == "text"),
+            "stream": "".join(pieces), "output_tokens": final.usage.output_tokens}
+
+
 def main():
     origin, key, mode, model = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3], sys.argv[4]
     if origin.endswith("/v1"):
         origin = origin[:-3]
     try:
         modes = {"openai": openai_mode, "anthropic": anthropic_mode, "responses": responses_mode,
-                 "responses-stream": responses_stream_mode}
+                 "responses-stream": responses_stream_mode, "combo-openai": combo_openai_mode,
+                 "combo-anthropic": combo_anthropic_mode}
         out = modes[mode](origin, key, model)
     except (CheckFailed, openai.APIError, anthropic.APIError) as e:
         print(json.dumps({"ok": False}))
