@@ -468,3 +468,112 @@ fn an_upstream_error_event_reaches_the_client_in_its_own_shape_without_a_fake_en
     assert_eq!(s.an.hits(MESSAGES), 2);
     assert_eq!(s.oa.hits(CHAT), 1);
 }
+
+// --- after the first byte: the throughput watchdog and the active budget -------------------
+
+/// An upstream's opening, then `n` one-letter text deltas `gap_ms` apart, then its end —
+/// in the upstream's own format.
+fn trickle(anthropic: bool, n: usize, gap_ms: u64) -> Reply {
+    let mut steps = if anthropic {
+        anthropic_hel()
+    } else {
+        openai_hel()
+    };
+    for _ in 0..n {
+        steps.push(Chunk::delay_ms(gap_ms));
+        steps.push(if anthropic {
+            a_event(json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "a"}}))
+        } else {
+            o_chunk(json!({"content": "a"}))
+        });
+    }
+    if anthropic {
+        steps.push(a_event(json!({"type": "content_block_stop", "index": 0})));
+        steps.push(a_event(json!({"type": "message_delta",
+            "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}})));
+        steps.push(a_event(json!({"type": "message_stop"})));
+    } else {
+        steps.push(Chunk::json(
+            json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+            "model": "m1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ));
+        steps.push(Chunk::done());
+    }
+    Reply::sse(steps)
+}
+
+/// The throughput watchdog judges a translated stream by the upstream's own answer bytes:
+/// one that trickles after its first byte ends with the in-band error in the client's
+/// shape, code `stream_throughput_too_low`, and no fake end.
+#[test]
+fn a_translated_stream_too_slow_after_its_first_byte_ends_with_the_clients_in_band_error() {
+    let s = Started::new();
+    s.an.on_always(MESSAGES, trickle(true, 30, 150));
+    s.oa.on_always(CHAT, trickle(false, 30, 150));
+    let gw = Gateway::start_with_env(
+        &config(&s.oa, &s.an, &s.oc, 2_000),
+        &[
+            ("STREAM_THROUGHPUT_WATCHDOG_ENABLED", "true"),
+            ("STREAM_THROUGHPUT_WATCHDOG_WARMUP_MS", "300"),
+            ("STREAM_THROUGHPUT_WATCHDOG_WINDOW_MS", "1000"),
+            ("STREAM_THROUGHPUT_WATCHDOG_MIN_BYTES_PER_SECOND", "50"),
+        ],
+    );
+
+    // OpenAI client ← Anthropic upstream.
+    let got = ask(&gw, CHAT, chat_ask("an/m1"));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(
+        got.head.header("x-tidegate-translated"),
+        Some("openai-chat->anthropic-messages")
+    );
+    assert_eq!(
+        got.events()[1].json()["choices"][0]["delta"]["content"],
+        "Hel"
+    );
+    chat_error_last(&got, Some("stream_throughput_too_low"));
+    no_fake_end(&got.body);
+    assert!(!got.terminated);
+
+    // Anthropic client ← OpenAI upstream.
+    let got = ask(&gw, MESSAGES, messages_ask("oa/m1"));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.body.contains("\"text\":\"Hel\""), "{}", got.body);
+    messages_error_last(&got, Some("stream_throughput_too_low"));
+    no_fake_end(&got.body);
+    assert!(!got.terminated);
+}
+
+/// The active budget (a hard per-attempt deadline) ends a translated stream that keeps
+/// flowing past it with the in-band error in the client's shape, naming the budget.
+#[test]
+fn a_translated_stream_past_its_active_budget_ends_with_the_clients_in_band_error() {
+    let s = Started::new();
+    s.an.on_always(MESSAGES, trickle(true, 40, 100));
+    s.oc.on_always(CHAT, trickle(false, 40, 100));
+    let cfg = config(&s.oa, &s.an, &s.oc, 1_000).replace(
+        "stall_timeout_ms = 1000",
+        "stall_timeout_ms = 1000\nactive_timeout_ms = 1000",
+    );
+    let gw = Gateway::start(&cfg);
+
+    // OpenAI client ← Anthropic upstream.
+    let got = ask(&gw, CHAT, chat_ask("an/m1"));
+    assert_eq!(got.status, 200, "{}", got.body);
+    let e = chat_error_last(&got, Some("upstream_timeout"));
+    assert!(
+        e["message"].as_str().unwrap().contains("active_timeout_ms"),
+        "{e}"
+    );
+    no_fake_end(&got.body);
+    assert!(!got.terminated);
+
+    // Responses client ← Chat-Completions-only upstream.
+    let got = ask(&gw, RESPONSES, responses_ask("oc/m1"));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.body.contains("\"delta\":\"Hel\""), "{}", got.body);
+    responses_error_last(&got, "upstream_timeout");
+    no_fake_end(&got.body);
+    assert!(!got.terminated);
+}
