@@ -1726,3 +1726,53 @@ fn same_format_traffic_beside_translation_passes_through_byte_for_byte() {
         ]
     );
 }
+
+/// A 2xx answer that is not of the provider's format (a provider whose `format` is set
+/// wrong: an OpenAI completion from an `anthropic` provider, an Anthropic message from an
+/// `openai` one) is not translated into an empty answer: the client gets 502
+/// `bad_upstream_response` in its own error shape, naming the provider. So does a body that
+/// is not JSON.
+#[test]
+fn an_answer_not_of_the_providers_format_is_a_bad_upstream_response_not_an_empty_answer() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on_always("/v1/messages", Reply::openai_chat("misplaced"));
+    openai.on_always(
+        "/v1/chat/completions",
+        Reply::anthropic_message("misplaced"),
+    );
+    let gw = start(&openai, &anthropic);
+    let chat = json!({"model": "an/claude-x", "messages": [{"role": "user", "content": "hi"}]});
+    let messages = json!({"model": "oa/gpt-x", "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}]});
+    for (path, body, provider) in [
+        ("/v1/chat/completions", &chat, "an"),
+        ("/v1/messages", &messages, "oa"),
+        ("/v1/responses", &codex_request("an/claude-x", false), "an"),
+        ("/v1/responses", &codex_request("oc/gpt-c", false), "oc"),
+    ] {
+        let r = post(&gw, path, body);
+        assert_eq!(r.status, 502, "{path} via {provider}: {}", r.text());
+        assert_eq!(r.header("x-tidegate-error"), Some("bad_upstream_response"));
+        let v = r.json();
+        let e = &v["error"];
+        if path == "/v1/messages" {
+            assert_eq!(v["type"], "error", "{v}");
+        } else {
+            assert_eq!(e["code"], "bad_upstream_response", "{v}");
+        }
+        let msg = e["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("provider {provider}")), "{msg}");
+        assert!(!r.text().contains("misplaced"), "{}", r.text());
+    }
+    // A body that is not JSON at all: the same answer.
+    anthropic.on_always(
+        "/v1/messages",
+        Reply::status(200)
+            .header("content-type", "application/json")
+            .body("<html>gateway</html>"),
+    );
+    let r = post(&gw, "/v1/chat/completions", &chat);
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "bad_upstream_response");
+}

@@ -25,6 +25,7 @@ use crate::net::downstream::unless_client_gone;
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Req;
 use crate::owners::health::protocol::Ended;
+use crate::providers::Endpoint;
 use crate::providers::translate::responses::{self, Echo};
 use crate::providers::translate::stream::StreamTranslator;
 use crate::providers::translate::{Refused, Translation, error, request, response};
@@ -462,22 +463,29 @@ async fn commit_whole(
             }
         }
     }
+    let anthropic = t.upstream_endpoint() == Endpoint::Messages;
     let translated = match t {
-        Translation::ChatToMessages => response::message_to_completion(&body, created),
-        Translation::MessagesToChat => response::completion_to_message(&body),
+        _ if !response::is_answer(&body, anthropic) => None,
+        Translation::ChatToMessages => response::message_to_completion(&body, created).ok(),
+        Translation::MessagesToChat => response::completion_to_message(&body).ok(),
         Translation::ResponsesToChat => {
-            responses::translate_answer(&body, false, &tr.carry.echo, created)
+            responses::translate_answer(&body, false, &tr.carry.echo, created).ok()
         }
         Translation::ResponsesToMessages => {
-            responses::translate_answer(&body, true, &tr.carry.echo, created)
+            responses::translate_answer(&body, true, &tr.carry.echo, created).ok()
         }
     };
-    let Ok(translated) = translated else {
+    let Some(translated) = translated else {
         let e = GatewayError::new(
             ErrorKind::UpstreamProtocol,
             format!(
-                "the answer of provider {} is not a JSON object and cannot be translated",
-                tr.provider.name
+                "the answer of provider {} is not {} and cannot be translated (is the provider's format set right?)",
+                tr.provider.name,
+                if anthropic {
+                    "an Anthropic Messages answer (a JSON object with a content array)"
+                } else {
+                    "a Chat Completions answer (a JSON object with a choices array)"
+                }
             ),
         );
         let after = respond::send_error(shard, client, &e, dialect(t), keep_alive, Some(log)).await;

@@ -29,6 +29,27 @@ pub fn stop_reason_of(finish_reason: &str) -> &'static str {
     }
 }
 
+/// Only the members that tell an answer's format, each read only if it is an array.
+#[derive(serde::Deserialize)]
+struct Shape {
+    #[serde(default)]
+    content: Option<Vec<serde::de::IgnoredAny>>,
+    #[serde(default)]
+    choices: Option<Vec<serde::de::IgnoredAny>>,
+}
+
+/// `body` is a complete answer of the provider's format: an Anthropic message (`content` an
+/// array) when `anthropic`, else a `chat.completion` (`choices` an array). Anything else —
+/// not JSON, or the other format's answer from a provider whose `format` is set wrong — would
+/// translate into an empty answer, so it is not translated at all.
+pub fn is_answer(body: &[u8], anthropic: bool) -> bool {
+    match serde_json::from_slice::<Shape>(body) {
+        Ok(s) if anthropic => s.content.is_some(),
+        Ok(s) => s.choices.is_some(),
+        Err(_) => false,
+    }
+}
+
 fn parse(body: &[u8]) -> Result<Obj, Refused> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
