@@ -1776,3 +1776,40 @@ fn an_answer_not_of_the_providers_format_is_a_bad_upstream_response_not_an_empty
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "bad_upstream_response");
 }
+
+/// A translated request leaves the client API's own headers behind: `openai-*` ones do not
+/// reach an Anthropic provider (the mirror of the Claude Code test's `anthropic-*`), while a
+/// same-format request keeps them.
+#[test]
+fn the_client_apis_own_headers_stay_behind_when_translated() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on("/v1/messages", Reply::anthropic_message("hi"));
+    openai.on("/v1/chat/completions", Reply::openai_chat("hi"));
+    let gw = start(&openai, &anthropic);
+    for model in ["an/claude-x", "oa/gpt-x"] {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/v1/chat/completions?trace=1",
+            &[
+                ("authorization", "Bearer k"),
+                ("content-type", "application/json"),
+                ("openai-organization", "org-1"),
+                ("openai-project", "proj-1"),
+                ("x-custom", "kept"),
+            ],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let to_an = &anthropic.requests_to("/v1/messages")[0];
+    assert_eq!(to_an.target, "/v1/messages");
+    assert_eq!(to_an.header("openai-organization"), None);
+    assert_eq!(to_an.header("openai-project"), None);
+    assert_eq!(to_an.header("x-custom"), Some("kept"));
+    let to_oa = &openai.requests_to("/v1/chat/completions")[0];
+    assert_eq!(to_oa.target, "/v1/chat/completions?trace=1");
+    assert_eq!(to_oa.header("openai-organization"), Some("org-1"));
+    assert_eq!(to_oa.header("openai-project"), Some("proj-1"));
+}
