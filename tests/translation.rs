@@ -1674,7 +1674,7 @@ fn same_format_traffic_beside_translation_passes_through_byte_for_byte() {
     let raw = |ct: &str, body: &str| {
         Reply::status(200)
             .header("content-type", ct)
-            .body(body.to_owned())
+            .body(body)
     };
     openai.on("/v1/chat/completions", raw("application/json", chat_answer));
     openai.on(
