@@ -1671,11 +1671,7 @@ fn same_format_traffic_beside_translation_passes_through_byte_for_byte() {
     let messages_answer = "{\"type\":\"message\" ,\"content\":[{\"type\":\"text\",\"text\":\"\\u00e9\"}],\"id\":\"m\"}";
     let chat_stream = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}] , \"x\":1}\n\n: note\n\ndata: [DONE]\n\n";
     let messages_stream = "event: message_start\ndata: {\"type\":\"message_start\",  \"message\":{}}\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
-    let raw = |ct: &str, body: &str| {
-        Reply::status(200)
-            .header("content-type", ct)
-            .body(body)
-    };
+    let raw = |ct: &str, body: &str| Reply::status(200).header("content-type", ct).body(body);
     openai.on("/v1/chat/completions", raw("application/json", chat_answer));
     openai.on(
         "/v1/chat/completions",
