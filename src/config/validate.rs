@@ -43,15 +43,13 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl ConfigError {
-    fn from_toml(text: &str, e: &toml::de::Error) -> Self {
+    /// The problem serde reports for `text`, naming its key when it is a value of the
+    /// wrong type.
+    fn toml_problem(text: &str, e: &toml::de::Error) -> Problem {
         let mut message = super::diagnose::plain_types(e.message().replace('\n', " ").trim());
         let key = match e.span() {
             // A value of the wrong type: name its key, and give the place after the message.
-            Some(span)
-                if message.starts_with("invalid type")
-                    || message.starts_with("invalid value")
-                    || message.starts_with("invalid length") =>
-            {
+            Some(span) if is_wrong_value(e) => {
                 let (line, column) = line_column(text, span.start);
                 message = format!("{message} (line {line}, column {column})");
                 super::diagnose::key_at(text, span.start)
@@ -63,10 +61,119 @@ impl ConfigError {
             }
             None => "toml".to_string(),
         };
-        Self {
-            problems: vec![Problem::new(key, message.trim().to_string())],
+        Problem::new(key, message.trim().to_string())
+    }
+}
+
+/// The error is a value of the wrong type (or shape), at the value's place.
+fn is_wrong_value(e: &toml::de::Error) -> bool {
+    [
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "data did not match any variant",
+    ]
+    .iter()
+    .any(|p| e.message().starts_with(p))
+}
+
+/// Most values of the wrong type reported from one file (each costs one more read of it).
+const MAX_TYPE_PROBLEMS: usize = 64;
+
+/// The problems of a file that does not deserialize. serde stops at its first error, and
+/// the unknown keys seen so far are lost with it; so while the error is a value of the
+/// wrong type, that `key = value` is blanked out (spaces: every other byte keeps its
+/// offset, so lines, columns and key paths stay those of the file) and the file is read
+/// again — until it reads, when its unknown keys are added, or an error that cannot be
+/// blanked out stops the search, which is then said.
+fn deserialize_problems(text: &str, first: &toml::de::Error) -> Vec<Problem> {
+    let mut problems = vec![ConfigError::toml_problem(text, first)];
+    let mut text = text.to_owned();
+    let mut range = wrong_value_range(&text, first);
+    while let Some(r) = range.take() {
+        if problems.len() >= MAX_TYPE_PROBLEMS {
+            break;
+        }
+        blank(&mut text, r);
+        // A blanking that broke the file (a value that shared its lines with others) ends
+        // the search: what serde would say next could be of its making.
+        if text.parse::<toml::Table>().is_err() {
+            break;
+        }
+        match deserialize(&text) {
+            Ok((_, unknown)) => {
+                problems.extend(unknown.into_iter().map(|key| {
+                    let message = super::diagnose::unknown_key(&key);
+                    Problem::new(key, message)
+                }));
+                return problems;
+            }
+            Err(e) => {
+                problems.push(ConfigError::toml_problem(&text, &e));
+                range = wrong_value_range(&text, &e);
+            }
         }
     }
+    problems.push(Problem::new(
+        "",
+        "the rest of the file (unknown keys included) was not checked past the error above; \
+         fix it and check again",
+    ));
+    problems
+}
+
+/// Reads the file into the raw structs, with the path of every key they do not take.
+fn deserialize(text: &str) -> Result<(RawConfig, Vec<String>), toml::de::Error> {
+    let mut unknown = Vec::new();
+    let raw = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
+        unknown.push(key_path(&path.to_string()));
+    })?;
+    Ok((raw, unknown))
+}
+
+/// The bytes of the `key = value` whose value has the wrong type: from the start of the
+/// line its key is on (the error's line, or the nearest line above with a key, for a
+/// value spread over lines) to the end of the value's last line. `None` when the error is
+/// not a wrong value or has no such line (a table of the wrong type, a syntax error).
+fn wrong_value_range(text: &str, e: &toml::de::Error) -> Option<std::ops::Range<usize>> {
+    let span = e.span().filter(|_| is_wrong_value(e))?;
+    let mut start = text.get(..span.start)?.rfind('\n').map_or(0, |i| i + 1);
+    loop {
+        let line = text.get(start..)?.lines().next().unwrap_or_default().trim();
+        if line.starts_with('[') {
+            return None;
+        }
+        if line.contains('=') && !line.starts_with('#') {
+            break;
+        }
+        start = text
+            .get(..start.checked_sub(1)?)?
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+    }
+    // The value's last byte (a line end is one byte, whatever the characters around it).
+    let last = span.end.saturating_sub(1).max(span.start).min(text.len());
+    let end = text
+        .as_bytes()
+        .get(last..)?
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(text.len(), |i| last + i);
+    (start < end).then_some(start..end)
+}
+
+/// Replaces every byte of `range` but line ends with a space.
+fn blank(text: &mut String, range: std::ops::Range<usize>) {
+    let blanked: String = text
+        .get(range.clone())
+        .unwrap_or_default()
+        .chars()
+        .flat_map(|c| {
+            let n = if c == '\n' { 0 } else { c.len_utf8() };
+            std::iter::repeat_n(' ', n).chain((c == '\n').then_some('\n'))
+        })
+        .collect();
+    text.replace_range(range, &blanked);
 }
 
 /// 1-based line and column (in characters) of byte `offset`.
@@ -170,11 +277,9 @@ pub fn load_str(
     text: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<LoadOutcome, ConfigError> {
-    let mut unknown = Vec::new();
-    let raw: RawConfig = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
-        unknown.push(key_path(&path.to_string()));
-    })
-    .map_err(|e| ConfigError::from_toml(text, &e))?;
+    let (raw, unknown) = deserialize(text).map_err(|e| ConfigError {
+        problems: deserialize_problems(text, &e),
+    })?;
     let mut l = Loader {
         env,
         problems: Vec::new(),
