@@ -83,7 +83,8 @@ const MAX_TYPE_PROBLEMS: usize = 64;
 /// The problems of a file that does not deserialize. serde stops at its first error, and
 /// the unknown keys seen so far are lost with it; so while the error is a value of the
 /// wrong type, that `key = value` is blanked out (spaces: every other byte keeps its
-/// offset, so lines, columns and key paths stay those of the file) and the file is read
+/// offset, so lines, columns and key paths stay those of the file; a wrong element takes
+/// the rest of its array with it) and the file is read
 /// again — until it reads, when its unknown keys are added, or an error that cannot be
 /// blanked out stops the search, which is then said.
 fn deserialize_problems(text: &str, first: &toml::de::Error) -> Vec<Problem> {
@@ -94,10 +95,9 @@ fn deserialize_problems(text: &str, first: &toml::de::Error) -> Vec<Problem> {
         if problems.len() >= MAX_TYPE_PROBLEMS {
             break;
         }
-        blank(&mut text, r);
-        // A blanking that broke the file (a value that shared its lines with others) ends
-        // the search: what serde would say next could be of its making.
-        if text.parse::<toml::Table>().is_err() {
+        // A blanking that broke the file ends the search: what serde would say next could
+        // be of its making.
+        if !blank_whole(&mut text, r) {
             break;
         }
         match deserialize(&text) {
@@ -160,6 +160,34 @@ fn wrong_value_range(text: &str, e: &toml::de::Error) -> Option<std::ops::Range<
         .position(|b| *b == b'\n')
         .map_or(text.len(), |i| last + i);
     (start < end).then_some(start..end)
+}
+
+/// Most lines a blanking reaches past a wrong value for the rest of its array.
+const MAX_BLANK_EXTENSION_LINES: usize = 64;
+
+/// Blanks `range`, and as many of the lines after it as it takes for the file to read as
+/// TOML again (an array's other elements and its closing `]`, for an element of the wrong
+/// type); `false` (the file left as it was) when no such end is found.
+fn blank_whole(text: &mut String, range: std::ops::Range<usize>) -> bool {
+    let mut end = range.end;
+    for _ in 0..=MAX_BLANK_EXTENSION_LINES {
+        let mut tried = text.clone();
+        blank(&mut tried, range.start..end);
+        if tried.parse::<toml::Table>().is_ok() {
+            *text = tried;
+            return true;
+        }
+        // The next line, with its line end.
+        let Some(next) = text
+            .get(end + 1..)
+            .filter(|rest| !rest.is_empty())
+            .map(|rest| rest.find('\n').map_or(text.len(), |i| end + 1 + i))
+        else {
+            return false;
+        };
+        end = next;
+    }
+    false
 }
 
 /// Replaces every byte of `range` but line ends with a space.
@@ -1817,6 +1845,38 @@ mod tests {
 
     fn load(text: &str) -> Result<LoadOutcome, ConfigError> {
         load_str(text, &no_env)
+    }
+
+    fn problem_keys(text: &str) -> Vec<String> {
+        match load(text) {
+            Ok(_) => panic!("loaded:\n{text}"),
+            Err(e) => e.problems.into_iter().map(|p| p.key).collect(),
+        }
+    }
+
+    #[test]
+    fn wrong_values_spread_over_lines_or_sharing_one_are_set_aside_whole() {
+        // A multi-line array and an inline table: each blanked whole, the rest read on.
+        let text = "[server]\ncors_allow_origins = [\n  \"a\",\n  3,\n]\nbogus = 1\n\n\
+                    [[providers]]\nid = \"m\"\nformat = \"mock\"\nheaders = { a = 1 }\n";
+        assert_eq!(
+            problem_keys(text),
+            [
+                "server.cors_allow_origins",
+                "providers[0].headers",
+                "server.bogus"
+            ]
+        );
+        // Blanking keeps every offset: the second error's position is the file's.
+        let e = load("[server]\nworkers = \"x\"\n\n\nlisten = 1\n").unwrap_err();
+        assert!(
+            e.problems[1].message.ends_with("(line 5, column 10)"),
+            "{e}"
+        );
+        // A table where an array of tables belongs: no `key = value` to blank (its
+        // position names it); what was not checked is said.
+        let keys = problem_keys("server = 3\n[providers]\nbogus = 1\n");
+        assert_eq!(keys, ["server", "line 2, column 1", ""]);
     }
 
     fn load_env(text: &str, vars: &[(&str, &str)]) -> Result<LoadOutcome, ConfigError> {
