@@ -2086,12 +2086,15 @@ mod tests {
     #[test]
     fn toml_syntax_errors_give_line_and_column() {
         let e = load("[server]\nlisten = \"127.0.0.1:1\"\nworkers = = 3\n").unwrap_err();
-        assert_eq!(e.problems.len(), 1);
+        assert_eq!(e.problems.len(), 2, "{e}");
         assert!(
             e.problems[0].key.starts_with("line 3, column "),
             "{}",
             e.problems[0].key
         );
+        // Nothing past it was read: said, keyed by the file itself.
+        assert_eq!(e.problems[1].key, "");
+        assert!(e.problems[1].message.contains("not checked"), "{e}");
     }
 
     #[test]
