@@ -90,7 +90,8 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
-    /// Validate a configuration file: exit 0, or 2 with one line per problem.
+    /// Validate a configuration file and the TIDEGATE_LOG, TIDEGATE_DRIVER and
+    /// TIDEGATE_URING_SETUP variables: exit 0, or 2 with one line per problem.
     Check {
         /// Configuration file [env: TIDEGATE_CONFIG] [default: config/tidegate.toml, or
         /// /etc/tidegate/tidegate.toml under systemd (INVOCATION_ID or NOTIFY_SOCKET set)]
@@ -187,6 +188,29 @@ fn log_filter() -> Result<tracing_subscriber::EnvFilter, String> {
         }
     }
     tracing_subscriber::EnvFilter::try_new(&spec).map_err(|e| format!("TIDEGATE_LOG: {e}"))
+}
+
+fn driver_choice() -> Result<DriverChoice, String> {
+    DriverChoice::parse(&std::env::var("TIDEGATE_DRIVER").unwrap_or_default())
+        .ok_or_else(|| "TIDEGATE_DRIVER: expected auto, io_uring or epoll".to_owned())
+}
+
+fn uring_setup() -> Result<UringSetup, String> {
+    UringSetup::parse(&std::env::var("TIDEGATE_URING_SETUP").unwrap_or_default())
+        .ok_or_else(|| "TIDEGATE_URING_SETUP: expected coop, defer or plain".to_owned())
+}
+
+/// What `serve` would refuse in `TIDEGATE_LOG`, `TIDEGATE_DRIVER` and
+/// `TIDEGATE_URING_SETUP`, one line each (`check` reports them; `serve` exits 2 on the first).
+fn startup_variable_problems() -> Vec<String> {
+    [
+        log_filter().err(),
+        driver_choice().err(),
+        uring_setup().err(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 fn init_logging(filter: tracing_subscriber::EnvFilter, format: config::LogFormat) {
@@ -322,7 +346,14 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => {
             let path = config_path(config);
-            match load(&path) {
+            // The variables `serve` would refuse are reported beside the file's problems.
+            let env_problems = startup_variable_problems();
+            let loaded = load(&path);
+            for p in &env_problems {
+                eprintln!("{p}");
+            }
+            match loaded {
+                Ok(_) if !env_problems.is_empty() => ExitCode::from(EXIT_CONFIG),
                 Ok((cfg, warnings)) => {
                     for w in &warnings {
                         eprintln!("warning: {w}");
@@ -461,18 +492,19 @@ fn serve(path: PathBuf) -> ExitCode {
         eprintln!("{}: server.listen: {why}", path.display());
         return ExitCode::from(EXIT_CONFIG);
     }
-    let choice = match DriverChoice::parse(&std::env::var("TIDEGATE_DRIVER").unwrap_or_default()) {
-        Some(c) => c,
-        None => {
-            eprintln!("TIDEGATE_DRIVER: expected auto, io_uring or epoll");
+    let choice = match driver_choice() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let Some(uring_setup) =
-        UringSetup::parse(&std::env::var("TIDEGATE_URING_SETUP").unwrap_or_default())
-    else {
-        eprintln!("TIDEGATE_URING_SETUP: expected coop, defer or plain");
-        return ExitCode::from(EXIT_CONFIG);
+    let uring_setup = match uring_setup() {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
     };
     // Handlers are installed before any shard starts; this thread waits for them.
     let mut signals = match signal_hook::iterator::Signals::new([

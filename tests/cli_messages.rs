@@ -1,6 +1,8 @@
 //! What the command line tells an operator: `tidegate --help` lists every environment
 //! variable the binary reads; an unknown key suggests the nearest known one; a value of the
-//! wrong type names its key path and the kind of value it takes, not a Rust type.
+//! wrong type names its key path and the kind of value it takes, not a Rust type, and does
+//! not hide the file's other wrong values and unknown keys; `check` reports a bad
+//! `TIDEGATE_LOG` (or driver variable) as `serve` would refuse it.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -80,4 +82,93 @@ fn a_type_error_names_the_key_path_not_a_rust_type() {
     for rust in ["u32", "u64", "struct Raw", "a sequence"] {
         assert!(!stderr.contains(rust), "{stderr}");
     }
+}
+
+#[test]
+fn a_type_error_does_not_hide_the_other_wrong_values_and_unknown_keys() {
+    let file = r#"
+[server]
+listen = "127.0.0.1:0"
+workers = "two"
+idle_timeot_ms = 5000
+
+[[providers]]
+id = "m"
+format = "mock"
+bogus = 1
+
+[[connections]]
+id = "c"
+provider = "m"
+priority = "high"
+[connections.rate_limit_overrides]
+max_wait = 3
+
+[[combos]]
+name = "x"
+targets = [
+  { model = "m/a", weight = "w" },
+]
+"#;
+    let (code, _, stderr) = run_check(file);
+    assert_eq!(code, 2, "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let expected = [
+        "server.workers: invalid type: string \"two\", expected a whole number (0..=4294967295) (line 4, column 11)",
+        "connections[0].priority: invalid type: string \"high\", expected a whole number (0..=4294967295) (line 15, column 12)",
+        "combos[0].targets: expected \"provider/model\" or a table with `model` or `combo` and a whole-number `weight` (line 21, column 11)",
+        "server.idle_timeot_ms: unknown key; did you mean `idle_timeout_ms`?",
+        "providers[0].bogus: unknown key",
+        "connections[0].rate_limit_overrides.max_wait: unknown key; did you mean `max_wait_ms`?",
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, want) in lines.iter().zip(expected) {
+        assert!(line.ends_with(want), "{line:?} is not {want:?}\n{stderr}");
+    }
+
+    // An error that cannot be set aside (a table header given twice) says what it left
+    // unchecked.
+    let (code, _, stderr) = run_check("[server]\nworkers = \"two\"\nbogus = 1\n[server]\n");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("not checked past the error above"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_reports_a_tidegate_log_that_serve_would_refuse() {
+    let dir = support::TempDir::new("check-log");
+    let good = dir.write("good.toml", "[server]\nlisten = \"127.0.0.1:0\"\n");
+    let bad = dir.write("bad.toml", "[server]\nbogus = 1\n");
+    let check = |path: &std::path::Path, env: &[(&str, &str)]| {
+        run_tidegate(&["check", "--config", path.to_str().unwrap()], env)
+    };
+    let out = check(&good, &[("TIDEGATE_LOG", "inof")]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("TIDEGATE_LOG: \"inof\" is not a level"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stdout.contains(": ok"), "{}", out.stdout);
+    // Beside the file's own problems, and with the driver variables serve reads.
+    let out = check(
+        &bad,
+        &[
+            ("TIDEGATE_LOG", "warn,access=inof"),
+            ("TIDEGATE_DRIVER", "bogus"),
+        ],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    for needle in [
+        "server.bogus: unknown key",
+        "TIDEGATE_LOG:",
+        "TIDEGATE_DRIVER:",
+    ] {
+        assert!(out.stderr.contains(needle), "{needle}: {}", out.stderr);
+    }
+    // A valid filter passes.
+    let out = check(&good, &[("TIDEGATE_LOG", "warn,access=info")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
 }

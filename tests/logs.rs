@@ -384,3 +384,127 @@ fn a_breaker_that_opens_and_closes_again_logs_each_transition_once() {
     // The connection never cooled (disable_cooling), so it never became "available again".
     assert!(!logs.contains("connection available again"), "{logs}");
 }
+
+/// The number a field of an access line holds (`ttfb_ms=0.123`).
+fn field_ms(line: &str, field: &str) -> f64 {
+    let start = line
+        .find(&format!(" {field}="))
+        .unwrap_or_else(|| panic!("{field} missing from {line}"))
+        + field.len()
+        + 2;
+    let value: String = line[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{field} is not a number in {line}"))
+}
+
+fn line_of(gw: &Gateway, id: &str) -> String {
+    eventually(secs(5), "the access line", || {
+        access_lines(&gw.logs())
+            .into_iter()
+            .find(|l| l.contains(&format!("request_id={id} ")))
+    })
+}
+
+#[test]
+fn ttfb_is_measured_for_an_answer_made_in_process_and_one_from_an_upstream() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let cfg = keyed(&mock.base_url(), "").replace(
+        "[[connections]]",
+        "[[providers]]\nid = \"inproc\"\nformat = \"mock\"\nmodels = [\"echo\"]\n\n\
+         [[connections]]\nid = \"m1\"\nprovider = \"inproc\"\n\n[[connections]]",
+    );
+    let gw = Gateway::start(&cfg);
+    for (id, model) in [("inproc-1", "inproc/echo"), ("upstream-1", "up/m1")] {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            CHAT,
+            &[("authorization", "Bearer k-a"), ("x-request-id", id)],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let line = line_of(&gw, id);
+        let (ttfb, latency) = (field_ms(&line, "ttfb_ms"), field_ms(&line, "latency_ms"));
+        // The in-process mock answers within the poll its request started in: the
+        // response head is still some microseconds after the request was read.
+        assert!(ttfb > 0.0, "{line}");
+        assert!(ttfb <= latency, "{line}");
+    }
+}
+
+#[test]
+fn early_refusals_log_what_was_known_when_refused() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = Gateway::start(&keyed(&mock.base_url(), "max_request_body_bytes = 300"));
+    let send = |id: &str, key: &str, path: &str, body: &[u8]| {
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            path,
+            &[("authorization", key), ("x-request-id", id)],
+            body,
+        );
+        assert_eq!(r.header("x-request-id"), Some(id), "{}", r.text());
+        (r.status, line_of(&gw, id))
+    };
+    let has = |line: &str, fields: &[&str]| {
+        for f in fields {
+            assert!(line.contains(f), "{f} missing from {line}");
+        }
+    };
+
+    // A model no route serves: the 404 names it (it was peeked).
+    let (status, line) = send(
+        "unknown-model",
+        "Bearer k-a",
+        "/v1/messages",
+        br#"{"model":"nowhere/x","max_tokens":5,"messages":[]}"#,
+    );
+    assert_eq!(status, 404);
+    has(
+        &line,
+        &[
+            "key=team-a",
+            "model=nowhere/x",
+            "status=404",
+            "error=\"model_not_found\"",
+        ],
+    );
+    // A body that is not JSON: the key is known, the model is not.
+    let (status, line) = send("bad-json", "Bearer k-a", "/v1/messages", br#"{"model":"#);
+    assert_eq!(status, 400);
+    has(
+        &line,
+        &[
+            "key=team-a",
+            "model=-",
+            "status=400",
+            "error=\"invalid_json\"",
+        ],
+    );
+    // A body over the limit is refused before it is read: the line is still written, with
+    // the key from the head.
+    let big = format!(r#"{{"model":"up/m1","pad":"{}"}}"#, "x".repeat(400));
+    let (status, line) = send("too-big", "Bearer k-a", CHAT, big.as_bytes());
+    assert_eq!(status, 413);
+    has(
+        &line,
+        &[
+            "key=team-a",
+            "route=\"/v1/chat/completions\"",
+            "model=-",
+            "status=413",
+            "error=\"request_too_large\"",
+        ],
+    );
+    // A key that is not valid: nothing of the body is read.
+    let (status, line) = send("bad-key", "Bearer nope", CHAT, BODY);
+    assert_eq!(status, 401);
+    has(&line, &["key=-", "model=-", "status=401"]);
+}

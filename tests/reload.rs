@@ -1024,3 +1024,110 @@ fn a_reloaded_max_concurrent_is_enforced_at_once_while_every_shard_is_busy() {
         );
     }
 }
+
+/// A connection whose request queue (limiter) is on, with one start per minute and a short
+/// queue wait, so a second request within the minute is refused with
+/// `rate_limit_queue_timeout`.
+fn limited(id: &str, provider: &str) -> String {
+    format!(
+        "[[connections]]\nid = \"{id}\"\nprovider = \"{provider}\"\n\
+         [connections.rate_limit_overrides]\nrequests_per_minute = 1\n\
+         min_time_between_requests_ms = 0\nmax_wait_ms = 200\n\n"
+    )
+}
+
+#[test]
+fn a_reload_drops_a_removed_connection_s_request_queue_and_a_re_added_one_starts_fresh() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let up = support::provider("up", &mock.base_url(), &["m1"]);
+    // One shard: the re-added connection's queue has the same owner as the removed one's.
+    let with_c1 = format!("{}{up}{}", head(1), limited("c1", "up"));
+    let without = format!("{}{up}{}", head(1), connection_at("c2", "up", 5));
+    let mut gw = Gateway::start(&with_c1);
+    let addr = gw.addr();
+    let queues = "tidegate_owner_entries{table=\"request_queues\"}";
+
+    assert_eq!(served_by(&chat(addr, "k", "up/m1")).as_deref(), Some("c1"));
+    let r = chat(addr, "k", "up/m1");
+    assert_eq!(
+        r.status,
+        503,
+        "the minute's one start is spent: {}",
+        r.text()
+    );
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("rate_limit_queue_timeout")
+    );
+    assert_eq!(sample(addr, queues), Some(1), "c1's queue is listed");
+
+    // Removed: its queue (idle) goes with it, at the reload.
+    reload_to(&mut gw, &without);
+    assert_eq!(sample(addr, queues), Some(0), "c1's queue is gone at once");
+    assert_eq!(served_by(&chat(addr, "k", "up/m1")).as_deref(), Some("c2"));
+
+    // Added again under the same name: a fresh queue, not the old one's spent minute.
+    reload_to(&mut gw, &with_c1);
+    let r = chat(addr, "k", "up/m1");
+    assert_eq!(
+        served_by(&r).as_deref(),
+        Some("c1"),
+        "{} {}",
+        r.status,
+        r.text()
+    );
+}
+
+#[test]
+fn a_request_s_body_is_read_under_the_limit_of_the_configuration_it_started_on() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let file = |max: usize| {
+        format!(
+            "{}{}{}",
+            head(1).replace(
+                "workers = 1\n",
+                &format!("workers = 1\nmax_request_body_bytes = {max}\n")
+            ),
+            support::provider("up", &mock.base_url(), &["m1"]),
+            connection_at("c1", "up", 1)
+        )
+    };
+    let mut gw = Gateway::start(&file(4096));
+    let addr = gw.addr();
+    let body = format!(
+        r#"{{"model":"up/m1","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(2000)
+    );
+    let head_only = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer k\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+
+    // The head arrives under the 4096-byte limit; the limit drops to 1000 before the body.
+    let mut held = Client::connect(addr);
+    held.write_raw(head_only.as_bytes());
+    held.write_raw(&body.as_bytes()[..100]);
+    // In flight: it and the scrape that asks.
+    eventually(secs(10), "the request to be in flight", || {
+        (sample(addr, "tidegate_requests_in_flight") == Some(2)).then_some(())
+    });
+    reload_to(&mut gw, &file(1000));
+    held.write_raw(&body.as_bytes()[100..]);
+    let r = held.read_response();
+    assert_eq!(r.status, 200, "read under its own limit: {}", r.text());
+
+    // A request that starts after the reload gets the new limit.
+    let r = Client::connect(addr).request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer k"),
+            ("content-type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+}

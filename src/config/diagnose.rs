@@ -281,6 +281,15 @@ pub fn plain_types(message: &str) -> String {
             }
         }
     }
+    // The one untagged enum of the file: a combo target.
+    const TARGET: &str = "data did not match any variant of untagged enum RawComboTarget";
+    if let Some(at) = out.find(TARGET) {
+        out.replace_range(
+            at..at + TARGET.len(),
+            "expected \"provider/model\" or a table with `model` or `combo` and a whole-number \
+             `weight`",
+        );
+    }
     const STRUCT: &str = "expected struct ";
     if let Some(at) = out.find(STRUCT) {
         let name_start = at + STRUCT.len();

@@ -1,7 +1,9 @@
 //! The TOML file as written: serde structs that mirror `config/tidegate.toml` key for key,
 //! units in the key names. Unknown keys are rejected, but not with serde's
 //! `deny_unknown_fields`, which stops at the first one: `validate` deserializes through
-//! `serde_ignored` and reports every unknown key with its path, beside every other problem. Nothing here is checked beyond
+//! `serde_ignored` and reports every unknown key with its path, beside every other problem
+//! (beside every value of the wrong type, when one stops serde: `validate` reads the file
+//! again without it). Nothing here is checked beyond
 //! TOML types; `validate` turns these into the typed [`super::Config`] and reports every
 //! problem at once. Values that select among names (formats, scopes, strategies) stay
 //! strings here so a bad one becomes a problem naming its key rather than a serde error.

@@ -43,15 +43,13 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl ConfigError {
-    fn from_toml(text: &str, e: &toml::de::Error) -> Self {
+    /// The problem serde reports for `text`, naming its key when it is a value of the
+    /// wrong type.
+    fn toml_problem(text: &str, e: &toml::de::Error) -> Problem {
         let mut message = super::diagnose::plain_types(e.message().replace('\n', " ").trim());
         let key = match e.span() {
             // A value of the wrong type: name its key, and give the place after the message.
-            Some(span)
-                if message.starts_with("invalid type")
-                    || message.starts_with("invalid value")
-                    || message.starts_with("invalid length") =>
-            {
+            Some(span) if is_wrong_value(e) => {
                 let (line, column) = line_column(text, span.start);
                 message = format!("{message} (line {line}, column {column})");
                 super::diagnose::key_at(text, span.start)
@@ -63,10 +61,147 @@ impl ConfigError {
             }
             None => "toml".to_string(),
         };
-        Self {
-            problems: vec![Problem::new(key, message.trim().to_string())],
+        Problem::new(key, message.trim().to_string())
+    }
+}
+
+/// The error is a value of the wrong type (or shape), at the value's place.
+fn is_wrong_value(e: &toml::de::Error) -> bool {
+    [
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "data did not match any variant",
+    ]
+    .iter()
+    .any(|p| e.message().starts_with(p))
+}
+
+/// Most values of the wrong type reported from one file (each costs one more read of it).
+const MAX_TYPE_PROBLEMS: usize = 64;
+
+/// The problems of a file that does not deserialize. serde stops at its first error, and
+/// the unknown keys seen so far are lost with it; so while the error is a value of the
+/// wrong type, that `key = value` is blanked out (spaces: every other byte keeps its
+/// offset, so lines, columns and key paths stay those of the file; a wrong element takes
+/// the rest of its array with it) and the file is read
+/// again — until it reads, when its unknown keys are added, or an error that cannot be
+/// blanked out stops the search, which is then said.
+fn deserialize_problems(text: &str, first: &toml::de::Error) -> Vec<Problem> {
+    let mut problems = vec![ConfigError::toml_problem(text, first)];
+    let mut text = text.to_owned();
+    let mut range = wrong_value_range(&text, first);
+    while let Some(r) = range.take() {
+        if problems.len() >= MAX_TYPE_PROBLEMS {
+            break;
+        }
+        // A blanking that broke the file ends the search: what serde would say next could
+        // be of its making.
+        if !blank_whole(&mut text, r) {
+            break;
+        }
+        match deserialize(&text) {
+            Ok((_, unknown)) => {
+                problems.extend(unknown.into_iter().map(|key| {
+                    let message = super::diagnose::unknown_key(&key);
+                    Problem::new(key, message)
+                }));
+                return problems;
+            }
+            Err(e) => {
+                problems.push(ConfigError::toml_problem(&text, &e));
+                range = wrong_value_range(&text, &e);
+            }
         }
     }
+    problems.push(Problem::new(
+        "",
+        "the rest of the file (unknown keys included) was not checked past the error above; \
+         fix it and check again",
+    ));
+    problems
+}
+
+/// Reads the file into the raw structs, with the path of every key they do not take.
+fn deserialize(text: &str) -> Result<(RawConfig, Vec<String>), toml::de::Error> {
+    let mut unknown = Vec::new();
+    let raw = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
+        unknown.push(key_path(&path.to_string()));
+    })?;
+    Ok((raw, unknown))
+}
+
+/// The bytes of the `key = value` whose value has the wrong type: from the start of the
+/// line its key is on (the error's line, or the nearest line above with a key, for a
+/// value spread over lines) to the end of the value's last line. `None` when the error is
+/// not a wrong value or has no such line (a table of the wrong type, a syntax error).
+fn wrong_value_range(text: &str, e: &toml::de::Error) -> Option<std::ops::Range<usize>> {
+    let span = e.span().filter(|_| is_wrong_value(e))?;
+    let mut start = text.get(..span.start)?.rfind('\n').map_or(0, |i| i + 1);
+    loop {
+        let line = text.get(start..)?.lines().next().unwrap_or_default().trim();
+        if line.starts_with('[') {
+            return None;
+        }
+        if line.contains('=') && !line.starts_with('#') {
+            break;
+        }
+        start = text
+            .get(..start.checked_sub(1)?)?
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+    }
+    // The value's last byte (a line end is one byte, whatever the characters around it).
+    let last = span.end.saturating_sub(1).max(span.start).min(text.len());
+    let end = text
+        .as_bytes()
+        .get(last..)?
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(text.len(), |i| last + i);
+    (start < end).then_some(start..end)
+}
+
+/// Most lines a blanking reaches past a wrong value for the rest of its array.
+const MAX_BLANK_EXTENSION_LINES: usize = 64;
+
+/// Blanks `range`, and as many of the lines after it as it takes for the file to read as
+/// TOML again (an array's other elements and its closing `]`, for an element of the wrong
+/// type); `false` (the file left as it was) when no such end is found.
+fn blank_whole(text: &mut String, range: std::ops::Range<usize>) -> bool {
+    let mut end = range.end;
+    for _ in 0..=MAX_BLANK_EXTENSION_LINES {
+        let mut tried = text.clone();
+        blank(&mut tried, range.start..end);
+        if tried.parse::<toml::Table>().is_ok() {
+            *text = tried;
+            return true;
+        }
+        // The next line, with its line end.
+        let Some(next) = text
+            .get(end + 1..)
+            .filter(|rest| !rest.is_empty())
+            .map(|rest| rest.find('\n').map_or(text.len(), |i| end + 1 + i))
+        else {
+            return false;
+        };
+        end = next;
+    }
+    false
+}
+
+/// Replaces every byte of `range` but line ends with a space.
+fn blank(text: &mut String, range: std::ops::Range<usize>) {
+    let blanked: String = text
+        .get(range.clone())
+        .unwrap_or_default()
+        .chars()
+        .flat_map(|c| {
+            let n = if c == '\n' { 0 } else { c.len_utf8() };
+            std::iter::repeat_n(' ', n).chain((c == '\n').then_some('\n'))
+        })
+        .collect();
+    text.replace_range(range, &blanked);
 }
 
 /// 1-based line and column (in characters) of byte `offset`.
@@ -170,11 +305,9 @@ pub fn load_str(
     text: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<LoadOutcome, ConfigError> {
-    let mut unknown = Vec::new();
-    let raw: RawConfig = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
-        unknown.push(key_path(&path.to_string()));
-    })
-    .map_err(|e| ConfigError::from_toml(text, &e))?;
+    let (raw, unknown) = deserialize(text).map_err(|e| ConfigError {
+        problems: deserialize_problems(text, &e),
+    })?;
     let mut l = Loader {
         env,
         problems: Vec::new(),
@@ -1714,6 +1847,38 @@ mod tests {
         load_str(text, &no_env)
     }
 
+    fn problem_keys(text: &str) -> Vec<String> {
+        match load(text) {
+            Ok(_) => panic!("loaded:\n{text}"),
+            Err(e) => e.problems.into_iter().map(|p| p.key).collect(),
+        }
+    }
+
+    #[test]
+    fn wrong_values_spread_over_lines_or_sharing_one_are_set_aside_whole() {
+        // A multi-line array and an inline table: each blanked whole, the rest read on.
+        let text = "[server]\ncors_allow_origins = [\n  \"a\",\n  3,\n]\nbogus = 1\n\n\
+                    [[providers]]\nid = \"m\"\nformat = \"mock\"\nheaders = { a = 1 }\n";
+        assert_eq!(
+            problem_keys(text),
+            [
+                "server.cors_allow_origins",
+                "providers[0].headers",
+                "server.bogus"
+            ]
+        );
+        // Blanking keeps every offset: the second error's position is the file's.
+        let e = load("[server]\nworkers = \"x\"\n\n\nlisten = 1\n").unwrap_err();
+        assert!(
+            e.problems[1].message.ends_with("(line 5, column 10)"),
+            "{e}"
+        );
+        // A table where an array of tables belongs: no `key = value` to blank (its
+        // position names it); what was not checked is said.
+        let keys = problem_keys("server = 3\n[providers]\nbogus = 1\n");
+        assert_eq!(keys, ["server", "line 2, column 1", ""]);
+    }
+
     fn load_env(text: &str, vars: &[(&str, &str)]) -> Result<LoadOutcome, ConfigError> {
         let map: HashMap<String, String> = vars
             .iter()
@@ -1921,12 +2086,15 @@ mod tests {
     #[test]
     fn toml_syntax_errors_give_line_and_column() {
         let e = load("[server]\nlisten = \"127.0.0.1:1\"\nworkers = = 3\n").unwrap_err();
-        assert_eq!(e.problems.len(), 1);
+        assert_eq!(e.problems.len(), 2, "{e}");
         assert!(
             e.problems[0].key.starts_with("line 3, column "),
             "{}",
             e.problems[0].key
         );
+        // Nothing past it was read: said, keyed by the file itself.
+        assert_eq!(e.problems[1].key, "");
+        assert!(e.problems[1].message.contains("not checked"), "{e}");
     }
 
     #[test]

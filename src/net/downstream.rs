@@ -44,7 +44,11 @@ pub trait Handler {
     where
         Self: 'a;
 
+    /// The limits of reading the next request's head (the configuration in force now).
     fn limits(&self) -> Limits;
+    /// The limits of reading `request`'s body: those of the configuration it started on,
+    /// whatever a reload changes meanwhile.
+    fn body_limits(&self, request: &Self::Request<'_>) -> Limits;
     /// Monotonic now, in ns.
     fn now_ns(&self) -> u64;
     /// Shutting down: finish what is in flight, read no new request.
@@ -86,7 +90,8 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             }
         };
         let request = handler.request_started();
-        let mut body = match read_body(handler.limits(), &mut stream, &mut buf, &head).await {
+        let limits = handler.body_limits(&request);
+        let mut body = match read_body(limits, &mut stream, &mut buf, &head).await {
             Ok(b) => b,
             Err(Some(err)) => {
                 handler.reject(Some(&head), &mut stream, &err).await;

@@ -347,6 +347,8 @@ impl App for Tidegate {
         run_owners(shard, shard.id(), |cx| {
             settings_changed_all(&shard.state().owners, cx);
         });
+        // A reload drops the tables of removed providers and connections: shown at once.
+        shard.metrics().publish_flow(&shard.state().owners.gauges());
     }
 }
 

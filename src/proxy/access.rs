@@ -1,9 +1,12 @@
 //! The access log: one line per request, written when its response is done, with the
 //! request id (the client's `x-request-id`, or one made here) that the response carries.
-//! The fields are filled in as the phases decide them; unknown ones log as `-`.
+//! The fields are filled in as the phases decide them; unknown ones log as `-`. A
+//! request refused early logs what was known when it was refused: the key once it was
+//! identified, the model once the body was peeked (a model no route serves included).
 
 use std::cell::{Cell, RefCell};
 
+use crate::config::Config;
 use crate::error::GatewayError;
 use crate::http1::RequestHead;
 use crate::owners::{Req, Shard};
@@ -20,8 +23,8 @@ const CORS_EXPOSE: &str = "x-request-id, x-tidegate-error, x-tidegate-provider, 
 
 /// The `Access-Control-Allow-Origin` value for a request: its `Origin` when
 /// `server.cors_allow_origins` lists it, `*` when the list has `"*"`; else none.
-pub fn cors_origin(shard: &Req<'_>, head: &RequestHead) -> Option<String> {
-    let allowed = &shard.config().server.cors_allow_origins;
+pub fn cors_origin(config: &Config, head: &RequestHead) -> Option<String> {
+    let allowed = &config.server.cors_allow_origins;
     if allowed.is_empty() {
         return None;
     }
@@ -83,6 +86,12 @@ pub struct AccessLog {
 
 impl AccessLog {
     pub fn new(shard: &Req<'_>, head: &RequestHead) -> Self {
+        Self::under(shard, shard.config(), head)
+    }
+
+    /// The log of a request read under `config` (a request refused while its body was
+    /// read has no [`Req`] of its own here: the shard's current configuration).
+    pub fn under(shard: &Shard, config: &Config, head: &RequestHead) -> Self {
         let now = shard.now();
         let given = head
             .header(REQUEST_ID_HEADER)
@@ -95,7 +104,7 @@ impl AccessLog {
         };
         Self {
             id,
-            cors_origin: cors_origin(shard, head),
+            cors_origin: cors_origin(config, head),
             start_ns: now.mono_ns,
             on: tracing::enabled!(target: "access", tracing::Level::INFO),
             key: RefCell::new(None),
@@ -129,10 +138,17 @@ impl AccessLog {
         }
     }
 
-    pub fn model(&self, model: &str, combo: Option<&str>) {
+    /// The model the body names (known once it is peeked, before it is resolved).
+    pub fn model(&self, model: &str) {
         if self.on {
             *self.model.borrow_mut() = Some(model.to_owned());
-            *self.combo.borrow_mut() = combo.map(str::to_owned);
+        }
+    }
+
+    /// The model resolved to this combo.
+    pub fn combo(&self, name: &str) {
+        if self.on {
+            *self.combo.borrow_mut() = Some(name.to_owned());
         }
     }
 
@@ -149,11 +165,13 @@ impl AccessLog {
         self.attempts.set(attempts);
     }
 
-    /// The response head is about to be written.
+    /// The response head is about to be written: `ttfb_ms` ends here. Read from the clock
+    /// itself, not the poll's one reading: an answer made in-process (the `mock` format)
+    /// is written in the poll its request started in, and showed `ttfb_ms=0.0`.
     pub fn responding(&self, shard: &Shard, status: u16) {
         self.status.set(status);
-        if self.first_byte_ns.get().is_none() {
-            self.first_byte_ns.set(Some(shard.now().mono_ns));
+        if self.on && self.first_byte_ns.get().is_none() {
+            self.first_byte_ns.set(Some(shard.exact_mono_ns()));
         }
     }
 
@@ -173,12 +191,12 @@ impl AccessLog {
         if !self.on {
             return;
         }
-        let now = shard.now().mono_ns;
+        let now = shard.exact_mono_ns();
         let ms = |ns: u64| ns as f64 / 1e6;
         let opt = |c: &RefCell<Option<String>>| c.borrow().clone().unwrap_or_else(|| "-".into());
         let ttfb = self.first_byte_ns.get().map_or_else(
             || "-".to_owned(),
-            |t| format!("{:.1}", ms(t - self.start_ns.min(t))),
+            |t| format!("{:.3}", ms(t - self.start_ns.min(t))),
         );
         tracing::info!(
             target: "access",
@@ -193,7 +211,7 @@ impl AccessLog {
             attempts = self.attempts.get(),
             status = self.status.get(),
             bytes = self.bytes.get(),
-            latency_ms = %format!("{:.1}", ms(now.saturating_sub(self.start_ns))),
+            latency_ms = %format!("{:.3}", ms(now.saturating_sub(self.start_ns))),
             ttfb_ms = %ttfb,
             error = self.error.get().unwrap_or("-"),
             "access"

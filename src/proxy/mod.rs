@@ -45,13 +45,11 @@ impl Handler for Shard {
     type Request<'a> = Req<'a>;
 
     fn limits(&self) -> Limits {
-        let current = self.current();
-        let s = &current.config().server;
-        Limits {
-            idle_timeout_ms: s.idle_timeout_ms,
-            header_timeout_ms: s.header_timeout_ms,
-            max_request_body_bytes: s.max_request_body_bytes,
-        }
+        limits_of(&self.current().config().server)
+    }
+
+    fn body_limits(&self, request: &Req<'_>) -> Limits {
+        limits_of(&request.config().server)
     }
 
     fn now_ns(&self) -> u64 {
@@ -103,8 +101,30 @@ impl Handler for Shard {
         client: &mut ClientStream,
         err: &GatewayError,
     ) {
-        let dialect = head.map_or(Dialect::OpenAi, dialect);
-        send_error(self, client, err, dialect, false, None).await;
+        let Some(head) = head else {
+            send_error(self, client, err, Dialect::OpenAi, false, None).await;
+            return;
+        };
+        // A request refused while its body was read (413, a broken chunked body) has its
+        // access-log line: its head is known, and its key when the key is valid.
+        let current = self.current();
+        let config = current.config();
+        let log = access::AccessLog::under(self, config, head);
+        if let Caller::Key(i) = current.shared().keys.identify(head)
+            && let Some(k) = config.client_keys.get(i)
+        {
+            log.key(&k.id);
+        }
+        send_error(self, client, err, dialect(head), false, Some(&log)).await;
+        log.emit(self, head);
+    }
+}
+
+fn limits_of(s: &crate::config::ServerConfig) -> Limits {
+    Limits {
+        idle_timeout_ms: s.idle_timeout_ms,
+        header_timeout_ms: s.header_timeout_ms,
+        max_request_body_bytes: s.max_request_body_bytes,
     }
 }
 
@@ -204,9 +224,9 @@ pub async fn handle(
             log.emit(shard, head);
             return after;
         }
-        Ok(Route::Models) => authorize(shard, head, Scope::Inference)
+        Ok(Route::Models) => authorize(shard, head, Scope::Inference, &log)
             .map(|_| models::list(shard.config(), &shard.shared().routes)),
-        Ok(Route::Model) => authorize(shard, head, Scope::Inference).and_then(|_| {
+        Ok(Route::Model) => authorize(shard, head, Scope::Inference, &log).and_then(|_| {
             let id = head.path().get(MODELS_PATH.len() + 1..).unwrap_or_default();
             models::retrieve(shard.config(), &shard.shared().routes, id)
         }),
@@ -296,10 +316,12 @@ async fn preflight(
 }
 
 /// Checks the caller may use `scope`; returns the client key index when a key was used.
+/// A valid key is logged, even one refused for want of the scope.
 fn authorize(
     shard: &Req<'_>,
     head: &RequestHead,
     scope: Scope,
+    log: &access::AccessLog,
 ) -> Result<Option<usize>, GatewayError> {
     match shard.shared().keys.identify(head) {
         Caller::Open => Ok(None),
@@ -309,12 +331,11 @@ fn authorize(
             "the admin token is for the management API",
         )),
         Caller::Key(i) => {
-            let has = shard
-                .config()
-                .client_keys
-                .get(i)
-                .is_some_and(|k| k.has_scope(scope));
-            if has {
+            let key = shard.config().client_keys.get(i);
+            if let Some(k) = key {
+                log.key(&k.id);
+            }
+            if key.is_some_and(|k| k.has_scope(scope)) {
                 Ok(Some(i))
             } else {
                 Err(GatewayError::new(
@@ -405,18 +426,18 @@ fn plan(
     body: &[u8],
     log: &access::AccessLog,
 ) -> Result<Plan, GatewayError> {
-    let key = authorize(shard, head, Scope::Inference)?;
+    let key = authorize(shard, head, Scope::Inference, log)?;
     let config = shard.config();
-    if let Some(k) = key.and_then(|i| config.client_keys.get(i)) {
-        log.key(&k.id);
-    }
     let peek = {
         let mut scratch = shard.scratch().borrow_mut();
         peek::peek(body, &mut scratch).map_err(peek_error)?
     };
+    // Logged before it is resolved: a model no route serves is in its 404's line.
+    log.model(&peek.model);
     let resolved = resolve(config, &shard.shared().routes, &peek.model)?;
-    let combo = resolved.combo.and_then(|i| config.combos.get(i));
-    log.model(&peek.model, combo.map(|c| c.name.as_str()));
+    if let Some(c) = resolved.combo.and_then(|i| config.combos.get(i)) {
+        log.combo(&c.name);
+    }
     let mut candidates = Vec::new();
     let mut any_enabled = false;
     let mut any_format = false;

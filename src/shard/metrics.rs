@@ -139,11 +139,12 @@ pub struct FlowGauges {
 }
 
 /// The `table` labels of `tidegate_owner_entries`.
-pub const OWNER_TABLES: [&str; 4] = [
+pub const OWNER_TABLES: [&str; 5] = [
     "breakers",
     "model_lockouts",
     "model_failures",
     "cooldown_tracker",
+    "request_queues",
 ];
 
 /// Upper bounds (seconds) of every latency histogram's buckets; `+Inf` is implied.

@@ -355,6 +355,12 @@ impl<A: App> Shard<A> {
         self.clock.now()
     }
 
+    /// Monotonic nanoseconds read at this moment, not the reading of the poll under way:
+    /// for a span that may begin and end within one poll ([`MonoClock::exact_mono_ns`]).
+    pub fn exact_mono_ns(&self) -> u64 {
+        MonoClock::exact_mono_ns()
+    }
+
     /// Monotonic nanoseconds only: one clock read, for per-piece stream timing.
     pub fn mono_ns(&self) -> u64 {
         self.clock.mono_ns()

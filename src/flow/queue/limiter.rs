@@ -373,9 +373,13 @@ impl Limiter {
     }
 
     fn is_idle(&self, now_ns: u64) -> bool {
-        self.queue.is_empty()
-            && self.slots.is_empty()
+        self.is_unused()
             && now_ns.saturating_sub(self.last_used_ns) >= LIMITER_IDLE_EVICT_MS * NS_PER_MS
+    }
+
+    /// Nobody queued and no slot held.
+    fn is_unused(&self) -> bool {
+        self.queue.is_empty() && self.slots.is_empty()
     }
 
     // ---- learning (B §1.2); the parsing lives in `learn.rs` ----
@@ -532,6 +536,23 @@ impl LimiterTable {
             }
         }
         out
+    }
+
+    /// How many limiters the table holds (`tidegate_owner_entries{table="request_queues"}`).
+    pub fn entry_count(&self) -> usize {
+        self.limiters.len()
+    }
+
+    /// Drops the limiters whose key `keep` refuses (their connection was removed, or its
+    /// queue turned off) as soon as nobody is queued on them or holds a slot, and the
+    /// remembered 429 cooldowns of those keys; returns how many limiters were dropped.
+    /// A limiter still in use stays until a later call finds it unused.
+    pub fn forget(&mut self, keep: impl Fn(&str) -> bool) -> usize {
+        let before = self.limiters.len();
+        self.limiters.retain(|k, l| keep(k) || !l.is_unused());
+        self.known_cooldowns
+            .retain(|k, _| keep(k) || self.limiters.contains_key(k));
+        before - self.limiters.len()
     }
 
     /// Drops limiters idle for [`LIMITER_IDLE_EVICT_MS`] and expired cooldowns; returns

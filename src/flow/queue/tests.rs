@@ -917,6 +917,33 @@ fn idle_limiters_are_evicted() {
     assert!(t.is_empty());
 }
 
+#[test]
+fn forgotten_keys_go_when_unused_with_their_remembered_cooldowns() {
+    let mut t = LimiterTable::new();
+    t.get_or_create("p:gone", settings(1, 0, None, 0), at(0))
+        .schedule(1, at(0));
+    t.get_or_create("p:gone:m1", settings(1, 0, None, 0), at(0));
+    t.get_or_create("p:kept", settings(1, 0, None, 0), at(0));
+    t.on_upstream_429("p:gone:m1", Some(60_000), at(0));
+    t.on_upstream_429("p:gone", Some(60_000), at(0));
+    let keep = |k: &str| k.starts_with("p:kept");
+    assert_eq!(
+        t.forget(keep),
+        1,
+        "p:gone holds a slot; p:gone:m1 is unused"
+    );
+    assert!(t.known_cooldown_ms("p:gone:m1", at(1)).is_none());
+    assert!(
+        t.known_cooldown_ms("p:gone", at(1)).is_some(),
+        "kept while its limiter is"
+    );
+    t.get_mut("p:gone").unwrap().on_finish(1, at(5));
+    assert_eq!(t.forget(keep), 1);
+    assert!(t.known_cooldown_ms("p:gone", at(6)).is_none());
+    assert_eq!(t.entry_count(), 1);
+    assert!(t.get("p:kept").is_some());
+}
+
 // ---- provider sliding window ----
 
 #[test]

@@ -10,7 +10,7 @@ use crate::flow::queue::{
     check_queue_admission,
 };
 use crate::shard::call::CallId;
-use crate::shard::metrics::FlowGauges;
+use crate::shard::metrics::{FlowGauges, OWNER_TABLES};
 
 use super::protocol::{Fact, Reply, Request};
 use crate::flow::queue::QueueError;
@@ -108,14 +108,70 @@ impl Mechanism for Queue {
         }
         self.limiters.evict_idle(now);
         self.windows.retain(|_, w| !w.is_idle(now));
+        self.forget_removed(cx);
+    }
+
+    /// A reload: the queues of removed connections go at once when nobody uses them.
+    fn settings_changed(&mut self, cx: &mut Cx<'_>) {
+        self.forget_removed(cx);
     }
 
     fn gauges(&self, g: &mut FlowGauges) {
         g.queue_requests += self.waiters.len();
+        g.owner_entries[REQUEST_QUEUES_TABLE] += self.limiters.entry_count();
     }
 }
 
+/// The `tidegate_owner_entries` slot of the request queues.
+const REQUEST_QUEUES_TABLE: usize = 4;
+const _: () = assert!(matches!(
+    OWNER_TABLES[REQUEST_QUEUES_TABLE].as_bytes(),
+    b"request_queues"
+));
+
 impl Queue {
+    /// Drops the limiters (when unused) and the sliding windows of connections the
+    /// configuration no longer has, or whose queue or window it turned off: a connection
+    /// removed by a reload leaves no queue behind, and one added again later under the
+    /// same name starts with a fresh one (not the old one's spent reservoir, learned
+    /// spacing or remembered 429 cooldown). Limiters still in use (requests of the old
+    /// configuration) go at the first sweep after their last request ends.
+    fn forget_removed(&mut self, cx: &mut Cx<'_>) {
+        if self.limiters.entry_count() == 0 && self.windows.is_empty() {
+            return;
+        }
+        let config = cx.config;
+        let queues: Vec<String> = config
+            .connections
+            .iter()
+            .filter_map(|c| queue_of(config, c.id, "").map(|(_, key)| key))
+            .map(|key| key.trim_end_matches(':').to_owned())
+            .collect();
+        // A limiter key is its connection's key, or that key, `:` and a model or family.
+        let live = |key: &str| {
+            queues.iter().any(|q| {
+                key.strip_prefix(q.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
+            })
+        };
+        let dropped = self.limiters.forget(live);
+        let windows: Vec<String> = config
+            .connections
+            .iter()
+            .filter_map(|c| window_of(config, c.id).map(|(_, key)| key))
+            .collect();
+        let before = self.windows.len();
+        self.windows.retain(|key, _| windows.contains(key));
+        let windows_dropped = before - self.windows.len();
+        if dropped + windows_dropped > 0 {
+            tracing::debug!(
+                queues = dropped,
+                windows = windows_dropped,
+                "request queues of removed connections dropped"
+            );
+        }
+    }
+
     /// The provider's sliding window (B §1.2b), before the queue: a slot now, or — while
     /// the request's wait budget (`max(window, max_wait_ms)`) lasts — an answer telling the
     /// asker when to ask again. Past the budget the request goes through anyway (fail open).
