@@ -707,20 +707,16 @@ fn mixed_failure_classes_become_a_5xx_naming_each_class() {
 
 #[test]
 fn targets_that_never_answer_give_all_accounts_inactive() {
-    // Two ports nothing listens on: every attempt fails to connect, no status comes back.
-    let dead = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l);
-        format!("http://{addr}/v1")
-    };
+    // Two ports that refuse every connection for the whole test (held, never listening):
+    // every attempt fails to connect, no status comes back.
+    let (dead_p, dead_q) = (RefusingPort::new(), RefusingPort::new());
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}\
          [[connections]]\nid = \"cp\"\nprovider = \"p\"\n\n\
          [[connections]]\nid = \"cq\"\nprovider = \"q\"\n\n\
          [[combos]]\nname = \"duo\"\ntargets = [\"p/a\", \"q/x\"]\n",
-        provider("p", &dead(), &["a"]),
-        provider("q", &dead(), &["x"]),
+        provider("p", &dead_p.base_url(), &["a"]),
+        provider("q", &dead_q.base_url(), &["x"]),
     );
     let gw = Gateway::start(&config);
     let r = ask(gw.addr(), "duo");

@@ -91,6 +91,37 @@ pub fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// A loopback port that refuses every connection for as long as this value lives: a socket
+/// bound to it that never listens. The kernel answers a connect with a reset (connection
+/// refused), and while the socket holds the port no other process can be given it, so the
+/// port cannot turn into somebody else's server halfway through a test (a port merely
+/// reserved and released can).
+#[derive(Debug)]
+pub struct RefusingPort {
+    socket: socket2::Socket,
+    addr: std::net::SocketAddr,
+}
+
+impl RefusingPort {
+    pub fn new() -> RefusingPort {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&any.into()).unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        RefusingPort { socket, addr }
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>/v1`, a provider `base_url` on this port.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
 /// A fresh directory under the system temp dir, removed with its contents on drop.
 /// Named after the process id and a counter, so parallel tests and test binaries never share
 /// one; no extra crate needed.
