@@ -22,6 +22,8 @@ pub mod eventually;
 pub mod flow;
 pub mod gateway;
 pub mod mock_upstream;
+pub mod resilience_state;
+pub mod streams;
 mod wire;
 
 // Re-exported for the test files; each uses only some of them.
@@ -41,6 +43,13 @@ pub use gateway::{Gateway, ReadyLine, RunOutput, StartFailure, run_check, run_ti
 pub use mock_upstream::{
     Chunk, Gate, MockUpstream, RecordedRequest, Reply, anthropic_stream_chunks,
     openai_stream_chunks,
+};
+#[allow(unused_imports)]
+pub use resilience_state::{breaker_failures, connection_once};
+#[allow(unused_imports)]
+pub use streams::{
+    AnthropicEvents, ChatChunks, SSE_DONE, Streamed, continuation_on, last_message, provider_of,
+    raw, read_stream, script, sse_data, two_providers, typed_chunk, typed_sse, words,
 };
 
 use std::path::{Path, PathBuf};
