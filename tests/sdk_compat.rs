@@ -197,14 +197,7 @@ fn the_openai_sdk_is_served_by_an_anthropic_format_upstream() {
             "end_turn",
         ),
     );
-    let gw = Gateway::start(&sdk_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["openai", "an/claude-x"],
-    );
+    let r = run_translate(&openai, &anthropic, &["openai", "an/claude-x"]);
     assert_eq!(r["chat"]["content"], "A red dot.", "{r}");
     assert_eq!(r["stream"]["content"], "one two", "{r}");
     assert_eq!(r["tool_call"]["id"], "toolu_w", "{r}");
@@ -227,14 +220,12 @@ fn the_openai_sdk_is_served_by_an_anthropic_format_upstream() {
     assert_eq!(openai.total_hits(), 0);
 }
 
-/// A whole Chat Completions answer from `model` (9 prompt and 4 completion tokens).
-fn chat_completion(model: &str, message: serde_json::Value, finish: &str) -> Reply {
-    Reply::json(
-        200,
-        serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
-    )
+/// Starts the gateway of [`sdk_providers`] and runs sdk_translate.py's `args` against it
+/// with the client key; returns what the script printed.
+fn run_translate(openai: &MockUpstream, anthropic: &MockUpstream, args: &[&str]) -> Value {
+    let gw = Gateway::start(&sdk_providers(openai, anthropic));
+    let origin = format!("http://{}", gw.addr());
+    run_sdk_script(SDK_TRANSLATE, &origin, "sdk-key", args)
 }
 
 /// Scripts `openai` as a Chat Completions upstream of `model` for sdk_translate.py's three
@@ -242,7 +233,9 @@ fn chat_completion(model: &str, message: serde_json::Value, finish: &str) -> Rep
 /// stream with the reasoning `reasoning` and the text "The answer is 4." (5 prompt and 8
 /// completion tokens).
 fn script_chat_calls(openai: &MockUpstream, model: &str, reasoning: [&str; 2]) {
-    let completion = |message, finish| chat_completion(model, message, finish);
+    // 9 prompt and 4 completion tokens each.
+    let completion =
+        |message, finish| chat_completion("chatcmpl-x", model, message, finish, (9, 4));
     openai.on(
         "/v1/chat/completions",
         completion(
@@ -298,14 +291,7 @@ fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
     script_chat_calls(&openai, "gpt-x", ["Let me think. ", "Done."]);
-    let gw = Gateway::start(&sdk_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["anthropic", "oa/gpt-x"],
-    );
+    let r = run_translate(&openai, &anthropic, &["anthropic", "oa/gpt-x"]);
     assert_eq!(r["tool_use"]["id"], "call_w", "{r}");
     assert_eq!(r["tool_result"]["content"], "Sunny.", "{r}");
     assert_eq!(r["stream"]["thinking"], "Let me think. Done.", "{r}");
@@ -325,14 +311,7 @@ fn the_openai_sdk_responses_api_is_served_by_a_chat_completions_only_upstream() 
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
     script_chat_calls(&openai, "gpt-c", ["Let me ", "think."]);
-    let gw = Gateway::start(&sdk_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["responses", "oc/gpt-c"],
-    );
+    let r = run_translate(&openai, &anthropic, &["responses", "oc/gpt-c"]);
     assert_eq!(r["call"]["call_id"], "call_w", "{r}");
     assert_eq!(r["answer"]["text"], "Sunny.", "{r}");
     assert_eq!(r["stream"]["summary"], "Let me think.", "{r}");
@@ -392,14 +371,7 @@ fn the_openai_sdk_responses_api_is_served_by_an_anthropic_format_upstream() {
             .stop("end_turn", 11)
             .reply(),
     );
-    let gw = Gateway::start(&sdk_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["responses", "an/claude-x"],
-    );
+    let r = run_translate(&openai, &anthropic, &["responses", "an/claude-x"]);
     assert_eq!(r["call"]["call_id"], "toolu_w", "{r}");
     assert_eq!(r["answer"]["text"], "Sunny.", "{r}");
     assert_eq!(r["stream"]["summary"], "Two and two.", "{r}");

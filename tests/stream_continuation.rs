@@ -572,6 +572,22 @@ fn t_chunk(id: &str, delta: Value, finish: Value) -> Value {
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}})
 }
 
+/// a's 12 words as the chat client sees them, translated: a role chunk, then a chunk a
+/// word.
+fn translated_start() -> Vec<Value> {
+    let mut chunks = vec![t_chunk(
+        "msg_a",
+        json!({"role": "assistant", "content": ""}),
+        json!(null),
+    )];
+    chunks.extend(
+        words(0..12)
+            .iter()
+            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
+    );
+    chunks
+}
+
 /// An Anthropic event as the client sees it.
 fn a_ev(name: &str, data: Value) -> Value {
     json!({"event": name, "data": data})
@@ -651,30 +667,14 @@ fn translated_chat_continued_by_openai(end: Option<Chunk>) {
     // a's events translated; b's chunks without its role chunk and the 14 repeated
     // characters, with a's id; usage over the whole answer: a's prompt (its
     // message_start), 12 + 4 completion tokens.
-    let mut want = vec![t_chunk(
-        "msg_a",
-        json!({"role": "assistant", "content": ""}),
-        json!(null),
-    )];
-    want.extend(
-        words(0..12)
-            .iter()
-            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
-    );
+    let mut want = translated_start();
+    // b's part keeps b's own chunk shape (no model, no time), with a's id.
+    let spliced = ChatChunks::new("msg_a");
     for t in ["word12 ", "end."] {
-        want.push(
-            json!({"data": {"choices": [{"delta": {"content": t}, "finish_reason": null,
-            "index": 0}], "id": "msg_a", "object": "chat.completion.chunk"}}),
-        );
+        want.push(json!({"data": spliced.text(t)}));
     }
-    want.push(
-        json!({"data": {"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}],
-        "id": "msg_a", "object": "chat.completion.chunk"}}),
-    );
-    want.push(
-        json!({"data": {"choices": [], "id": "msg_a", "object": "chat.completion.chunk",
-        "usage": {"prompt_tokens": 21, "completion_tokens": 16, "total_tokens": 37}}}),
-    );
+    want.push(json!({"data": spliced.finish("stop")}));
+    want.push(json!({"data": spliced.usage(21, 16)}));
     want.push(json!({"data": "[DONE]"}));
     assert_eq!(client_events(&body), want, "{body}");
     assert!(terminated, "a continued stream ends cleanly");
@@ -716,16 +716,7 @@ fn a_translated_chat_stream_cut_mid_answer_is_continued_by_an_anthropic_target()
     assert_eq!(status, 200);
     // b's block translated into chunks with a's id; its role chunk and ping dropped, the
     // leading space that repeats the one left out of the prefill skipped.
-    let mut want = vec![t_chunk(
-        "msg_a",
-        json!({"role": "assistant", "content": ""}),
-        json!(null),
-    )];
-    want.extend(
-        words(0..12)
-            .iter()
-            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
-    );
+    let mut want = translated_start();
     want.push(t_chunk("msg_a", json!({"content": "word12"}), json!(null)));
     want.push(t_chunk("msg_a", json!({"content": " fin."}), json!(null)));
     want.push(t_chunk("msg_a", json!({}), json!("stop")));

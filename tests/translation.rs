@@ -480,12 +480,12 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
     let anthropic = MockUpstream::start();
     openai.on(
         "/v1/chat/completions",
-        Reply::json(
-            200,
-            json!({"id": "chatcmpl-cc", "object": "chat.completion", "created": 1, "model": "gpt-x",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": "hello"}}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}),
+        chat_completion(
+            "chatcmpl-cc",
+            "gpt-x",
+            json!({"role": "assistant", "content": "hello"}),
+            "stop",
+            (9, 1),
         ),
     );
     anthropic.on(
@@ -861,13 +861,14 @@ fn a_responses_request_is_served_by_a_chat_completions_only_provider() {
     let anthropic = MockUpstream::start();
     openai.on(
         "/v1/chat/completions",
-        Reply::json(
-            200,
-            json!({"id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": "gpt-c-1",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
-                    "content": "Reading it.", "tool_calls": [{"id": "call_2", "type": "function",
-                    "function": {"name": "shell", "arguments": "{\"cmd\":\"cat a.rs\"}"}}]}}],
-                "usage": {"prompt_tokens": 30, "completion_tokens": 8, "total_tokens": 38}}),
+        chat_completion(
+            "chatcmpl-r",
+            "gpt-c-1",
+            json!({"role": "assistant", "content": "Reading it.", "tool_calls": [
+                {"id": "call_2", "type": "function",
+                 "function": {"name": "shell", "arguments": "{\"cmd\":\"cat a.rs\"}"}}]}),
+            "tool_calls",
+            (30, 8),
         ),
     );
     let gw = start(&openai, &anthropic);
@@ -1010,13 +1011,14 @@ fn codex_multi_agent_namespace_tools_are_served_by_chat_and_anthropic_providers(
     // The Chat Completions provider calls a namespaced tool by its flat name.
     openai.on(
         "/v1/chat/completions",
-        Reply::json(
-            200,
-            json!({"id": "chatcmpl-n", "object": "chat.completion", "created": 1, "model": "gpt-c-1",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
-                    "content": null, "tool_calls": [{"id": "call_s", "type": "function",
-                    "function": {"name": "multi_agent_v1__spawn_agent", "arguments": "{\"target\":\"t\"}"}}]}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        chat_completion(
+            "chatcmpl-n",
+            "gpt-c-1",
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_s", "type": "function", "function": {
+                    "name": "multi_agent_v1__spawn_agent", "arguments": "{\"target\":\"t\"}"}}]}),
+            "tool_calls",
+            (3, 2),
         ),
     );
     anthropic.on(

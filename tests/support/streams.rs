@@ -101,6 +101,24 @@ impl ChatChunks {
     }
 }
 
+/// A whole Chat Completions answer `id` from `model`: one choice of `message` ending with
+/// `finish`, and its usage (`prompt`, `completion` tokens).
+pub fn chat_completion(
+    id: &str,
+    model: &str,
+    message: Value,
+    finish: &str,
+    (prompt, completion): (u64, u64),
+) -> Reply {
+    Reply::json(
+        200,
+        json!({"id": id, "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}}),
+    )
+}
+
 /// An event named after its data's `type`, as Anthropic and Responses streams send them:
 /// `event: <type>\ndata: <value>\n\n`.
 pub fn typed_sse(value: &Value) -> String {
