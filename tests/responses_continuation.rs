@@ -25,21 +25,19 @@ const MESSAGES: &str = "/v1/messages";
 const RESPONSES: &str = "/v1/responses";
 const ASK: &str = r#"{"model":"m1","stream":true,"instructions":"Count.","input":"count","max_output_tokens":100}"#;
 
-/// Providers `a` then `b` (model `m1`, formats as `provider_of` reads them), one
-/// connection each, continuation on.
-fn config(a: &MockUpstream, a_format: &str, b: &MockUpstream, b_format: &str) -> String {
-    config_stalling(a, a_format, b, b_format, 5_000)
-}
-
-/// [`config`] with a content-stall budget of `stall_ms`.
-fn config_stalling(
-    a: &MockUpstream,
-    a_format: &str,
-    b: &MockUpstream,
-    b_format: &str,
+/// Starts the gateway in front of `a` and `b` (`(mock, format)`, formats as
+/// `provider_of` reads them; continuation on, a content-stall budget of `stall_ms`), asks
+/// `ASK` and checks the answer is a 200 stream: the gateway, the de-chunked body, whether it
+/// ended cleanly.
+fn continued(
+    a: (&MockUpstream, &str),
+    b: (&MockUpstream, &str),
     stall_ms: u64,
-) -> String {
-    two_providers((a, a_format), (b, b_format), &continuation_on(stall_ms))
+) -> (Gateway, String, bool) {
+    let gw = Gateway::start(&two_providers(a, b, &continuation_on(stall_ms)));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    (gw, body, terminated)
 }
 
 /// A chunk as a chat upstream writes it (the mock's model and time).
@@ -219,9 +217,7 @@ fn chat_continued_by_chat(end: Option<Chunk>) {
     let b = MockUpstream::start();
     script(&a, CHAT, &chat_start(), end);
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config_stalling(&a, "chat", &b, "chat", 1_000));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "chat"), 1_000);
     // b's text goes on in a's message item, its 14 repeated characters skipped; usage: b's
     // prompt less the 12 delivered deltas, 12 + 4 output tokens.
     let text = check_continued(&body, "msg_chatcmpl-a_0", (28, 16));
@@ -252,9 +248,7 @@ fn a_responses_stream_from_a_chat_provider_cut_mid_answer_is_continued_by_an_ant
     let b = MockUpstream::start();
     script(&a, CHAT, &chat_start(), Some(Chunk::close()));
     b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
-    let gw = Gateway::start(&config(&a, "chat", &b, "anthropic"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "anthropic"), 5_000);
     // b's ping, message start and thinking-free block start dropped, its leading space
     // (left out of the prefill) skipped; usage: b's 45 input tokens less the 12 delivered
     // deltas, 12 + 4 output tokens.
@@ -288,9 +282,7 @@ fn a_responses_stream_from_an_anthropic_provider_cut_mid_answer_is_continued() {
         );
         b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
         b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
-        let gw = Gateway::start(&config(&a, "anthropic", &b, b_format));
-        let (status, body, terminated) = ask(gw.addr());
-        assert_eq!(status, 200);
+        let (gw, body, terminated) = continued((&a, "anthropic"), (&b, b_format), 5_000);
         // Usage: a's 21 input tokens (its message_start), 12 + 4 output tokens.
         let text = check_continued(&body, "msg_msg_a_0", (21, 16));
         let delivered = words(0..12).concat();
@@ -330,9 +322,7 @@ fn a_responses_stream_that_carried_a_function_call_is_not_continued() {
     ));
     script(&a, CHAT, &chunks, Some(Chunk::close()));
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config(&a, "chat", &b, "chat"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "chat"), 5_000);
     let evs = events(&body);
     let n = names(&evs);
     assert!(
@@ -354,9 +344,7 @@ fn a_candidate_serving_the_responses_api_as_it_is_is_not_asked_to_continue() {
     let b = MockUpstream::start();
     script(&a, CHAT, &chat_start(), Some(Chunk::close()));
     b.on_always(RESPONSES, Reply::error(500, "not to be asked"));
-    let gw = Gateway::start(&config(&a, "chat", &b, "responses"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "responses"), 5_000);
     let evs = events(&body);
     let (name, err) = evs.last().unwrap();
     assert_eq!(name, "error", "{body}");
@@ -395,9 +383,7 @@ fn a_responses_stream_relayed_as_it_is_is_not_continued() {
     let sent: Vec<String> = [created, added, delta].iter().map(typed_sse).collect();
     script(&a, RESPONSES, &sent, Some(Chunk::close()));
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config(&a, "responses", &b, "chat"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "responses"), (&b, "chat"), 5_000);
     let rest = body
         .strip_prefix(&sent.concat())
         .unwrap_or_else(|| panic!("{body}"));

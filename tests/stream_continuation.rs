@@ -65,6 +65,22 @@ fn ask(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String, bool
     (got.status, got.body, got.terminated, got.took)
 }
 
+/// Starts the gateway in front of `a` and `b` (continuation on, a content-stall budget of
+/// `stall_ms`), asks `body` on `path` and checks the answer is a 200 stream. Returns the
+/// gateway, the de-chunked body, whether it ended cleanly and how long it took.
+fn continued(
+    a: (&MockUpstream, &str),
+    b: (&MockUpstream, &str),
+    stall_ms: u64,
+    path: &str,
+    body: &str,
+) -> (Gateway, String, bool, Duration) {
+    let gw = Gateway::start(&two_providers(a, b, &continuation_on(stall_ms)));
+    let (status, body, terminated, took) = ask(gw.addr(), path, body);
+    assert_eq!(status, 200);
+    (gw, body, terminated, took)
+}
+
 /// The content of every OpenAI delta in `body`, concatenated, and how many `[DONE]`s.
 fn content(body: &str) -> (String, usize) {
     let mut text = String::new();
@@ -108,13 +124,7 @@ fn a_cut_after_25_tokens_is_continued_by_the_next_target_without_repeated_text()
     b_chunks.push(b_usage("b-1", 40, 5));
     b_chunks.push(SSE_DONE.to_owned());
     b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
-    let gw = Gateway::start(&two_providers(
-        (&a, "openai"),
-        (&b, "openai"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     // Byte for byte: a's stream as it came, then b's without its role chunk and the two
     // repeated words, chunk ids a's, usage for the whole answer (prompt 40 − the 25 prefill
     // tokens, completion 25 + 5).
@@ -199,13 +209,7 @@ fn a_target_refusing_the_prefill_is_asked_again_and_its_repeated_prefix_is_skipp
         ),
     )
     .on_always(CHAT, Reply::sse(raw(&b_chunks)));
-    let gw = Gateway::start(&two_providers(
-        (&a, "openai"),
-        (&b, "openai"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     // Only what follows the delivered text is new: the last piece's tail; the prompt is the
     // replay's (the original request), the completion the replay's (it covers the prefix).
     let tail = &p3[p3.len() - "the end.".len()..];
@@ -245,13 +249,7 @@ fn a_replay_that_does_not_repeat_the_delivered_text_ends_with_the_in_band_error(
         CHAT,
         Reply::openai_stream(&["word0 ", "word1 ", "different"]),
     );
-    let gw = Gateway::start(&two_providers(
-        (&a, "openai"),
-        (&b, "openai"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     let rest = body
         .strip_prefix(&a_sent)
         .unwrap_or_else(|| panic!("{body}"));
@@ -275,13 +273,8 @@ fn a_stall_after_10_tokens_is_continued_within_the_stall_budget_plus_one_second(
     b_chunks.push(SSE_DONE.to_owned());
     b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
     let stall_ms = 1_000;
-    let gw = Gateway::start(&two_providers(
-        (&a, "openai"),
-        (&b, "openai"),
-        &continuation_on(stall_ms),
-    ));
-    let (status, body, terminated, took) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, took) =
+        continued((&a, "openai"), (&b, "openai"), stall_ms, CHAT, ASK);
     let mut want = a_sent;
     want.push_str(&b_text("chatcmpl-mock", "word10 "));
     want.push_str(&b_text("chatcmpl-mock", "end."));
@@ -385,13 +378,7 @@ fn with_no_candidate_able_to_continue_the_stream_ends_with_the_in_band_error() {
     let b = MockUpstream::start();
     let (a_sent, delivered) = cut_after_25(&a);
     b.on_always(CHAT, Reply::error(500, "overloaded"));
-    let gw = Gateway::start(&two_providers(
-        (&a, "openai"),
-        (&b, "openai"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     // a's words, then one in-band error naming the cut; b's 500 never reaches the stream.
     let rest = body
         .strip_prefix(&a_sent)
@@ -657,13 +644,7 @@ fn translated_chat_continued_by_openai(end: Option<Chunk>) {
         end,
     );
     b.on_always(CHAT, Reply::sse(raw(&openai_continuation())));
-    let gw = Gateway::start(&two_providers(
-        (&a, "anthropic"),
-        (&b, "openai"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued((&a, "anthropic"), (&b, "openai"), 5_000, CHAT, ASK);
     // a's events translated; b's chunks without its role chunk and the 14 repeated
     // characters, with a's id; usage over the whole answer: a's prompt (its
     // message_start), 12 + 4 completion tokens.
@@ -707,13 +688,8 @@ fn a_translated_chat_stream_cut_mid_answer_is_continued_by_an_anthropic_target()
     );
     // b speaks Anthropic too: the continuation is translated as well.
     b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
-    let gw = Gateway::start(&two_providers(
-        (&a, "anthropic"),
-        (&b, "anthropic"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) =
+        continued((&a, "anthropic"), (&b, "anthropic"), 5_000, CHAT, ASK);
     // b's block translated into chunks with a's id; its role chunk and ping dropped, the
     // leading space that repeats the one left out of the prefill skipped.
     let mut want = translated_start();
@@ -760,13 +736,13 @@ fn a_translated_messages_stream_stalled_mid_answer_is_continued_by_an_anthropic_
     script(&a, CHAT, &chunks, Some(Chunk::stall()));
     b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
     let stall_ms = 1_000;
-    let gw = Gateway::start(&two_providers(
+    let (gw, body, terminated, took) = continued(
         (&a, "openai"),
         (&b, "anthropic"),
-        &continuation_on(stall_ms),
-    ));
-    let (status, body, terminated, took) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
-    assert_eq!(status, 200);
+        stall_ms,
+        MESSAGES,
+        ASK_MESSAGES,
+    );
     // a's chunks as Anthropic events; after the stall b's block goes on in the client's
     // open block 0 (its message_start, ping and block start dropped, the repeated space
     // skipped), output tokens 12 + 4.
@@ -827,13 +803,13 @@ fn a_messages_stream_cut_mid_answer_is_continued_by_an_openai_target_translated(
     let a_sent = script(&a, MESSAGES, &a_chunks, Some(Chunk::close()));
     // b speaks OpenAI: the continuation request is translated, its answer too.
     b.on_always(CHAT, Reply::sse(raw(&openai_continuation())));
-    let gw = Gateway::start(&two_providers(
+    let (gw, body, terminated, _) = continued(
         (&a, "anthropic"),
         (&b, "openai"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
-    assert_eq!(status, 200);
+        5_000,
+        MESSAGES,
+        ASK_MESSAGES,
+    );
     // a's events as they came (byte for byte), then b's translated: the 14 repeated
     // characters skipped, in block 0; usage: a's 21 input tokens, 12 + 4 output tokens.
     let rest = body
@@ -911,13 +887,13 @@ fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpo
     let (p1, p2) = all.split_at(30);
     b.on(MESSAGES, anthropic_refusal())
         .on_always(MESSAGES, Reply::sse(raw(&anthropic_replay(&[p1, p2], 14))));
-    let gw = Gateway::start(&two_providers(
+    let (_gw, body, terminated, _) = continued(
         (&a, "anthropic"),
         (&b, "anthropic"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
-    assert_eq!(status, 200);
+        5_000,
+        MESSAGES,
+        ASK_MESSAGES,
+    );
     let rest = body
         .strip_prefix(&a_sent)
         .unwrap_or_else(|| panic!("{body}"));
@@ -956,13 +932,7 @@ fn a_translated_target_refusing_the_prefill_is_asked_again_with_the_original_req
     let (p1, p2) = all.split_at(100);
     b.on(MESSAGES, anthropic_refusal())
         .on_always(MESSAGES, Reply::sse(raw(&anthropic_replay(&[p1, p2], 27))));
-    let gw = Gateway::start(&two_providers(
-        (&a, "openai"),
-        (&b, "anthropic"),
-        &continuation_on(5_000),
-    ));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued((&a, "openai"), (&b, "anthropic"), 5_000, CHAT, ASK);
     let rest = body
         .strip_prefix(&a_sent)
         .unwrap_or_else(|| panic!("{body}"));
