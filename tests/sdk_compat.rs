@@ -263,9 +263,7 @@ fn script_chat_calls(openai: &MockUpstream, model: &str, reasoning: [&str; 2]) {
         c.finish("stop"),
         c.usage(5, 8),
     ];
-    let mut steps: Vec<Chunk> = chunks.into_iter().map(Chunk::json).collect();
-    steps.push(Chunk::done());
-    openai.on("/v1/chat/completions", Reply::sse(steps));
+    openai.on("/v1/chat/completions", chat_stream(chunks));
 }
 
 /// The three requests [`script_chat_calls`]' upstream got, checked for what every
@@ -501,9 +499,7 @@ fn the_openai_sdk_reads_a_responses_stream_continued_after_a_cut() {
         cb.finish("stop"),
         cb.usage(30, 6),
     ];
-    let mut b_steps: Vec<Chunk> = b_chunks.into_iter().map(Chunk::json).collect();
-    b_steps.push(Chunk::done());
-    b.on_always("/v1/chat/completions", Reply::sse(b_steps));
+    b.on_always("/v1/chat/completions", chat_stream(b_chunks));
     let chat_only = |id: &str, m: &MockUpstream| {
         provider_of(id, m, "chat") + &connection(&format!("{id}-1"), id)
     };

@@ -223,13 +223,8 @@ fn a_target_refusing_the_prefill_is_asked_again_and_its_repeated_prefix_is_skipp
     assert_eq!(content(&body), (all.clone(), 1));
     let seen = b.requests_to(CHAT);
     assert_eq!(seen.len(), 2);
-    let last = &seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
-    assert_eq!(last, &json!({"role": "assistant", "content": delivered}));
+    let last = last_of(&seen[0].json());
+    assert_eq!(last, json!({"role": "assistant", "content": delivered}));
     assert_eq!(seen[1].text(), ASK, "the replay is the original request");
 }
 
@@ -903,12 +898,7 @@ fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpo
     assert!(terminated, "{body}");
     let seen = b.requests_to(MESSAGES);
     assert_eq!(seen.len(), 2);
-    let prefill = seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let prefill = last_of(&seen[0].json());
     assert_eq!(
         prefill,
         json!({"role": "assistant", "content": delivered.trim_end()})
@@ -943,11 +933,6 @@ fn a_translated_target_refusing_the_prefill_is_asked_again_with_the_original_req
     assert_eq!(seen.len(), 2);
     // The replay is the original chat request, translated: its last message is the user's.
     let replay = seen[1].json();
-    let last = replay["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let last = last_of(&replay);
     assert_eq!(last["role"], "user", "{replay}");
 }

@@ -342,9 +342,7 @@ fn an_openai_stream_reaches_an_anthropic_client_as_message_events() {
         c.finish("tool_calls"),
         c.usage(11, 4),
     ];
-    let mut steps: Vec<Chunk> = chunks.into_iter().map(Chunk::json).collect();
-    steps.push(Chunk::done());
-    openai.on("/v1/chat/completions", Reply::sse(steps));
+    openai.on("/v1/chat/completions", chat_stream(chunks));
     let gw = start(&openai, &anthropic);
     let r = post(
         &gw,

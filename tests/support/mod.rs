@@ -48,9 +48,9 @@ pub use mock_upstream::{
 pub use resilience_state::{breaker_failures, connection_once};
 #[allow(unused_imports)]
 pub use streams::{
-    AnthropicEvents, ChatChunks, SSE_DONE, Streamed, chat_completion, continuation_on,
-    last_message, provider_of, raw, read_stream, script, sse_data, two_providers, typed_chunk,
-    typed_sse, words,
+    AnthropicEvents, ChatChunks, SSE_DONE, Streamed, chat_completion, chat_stream, continuation_on,
+    last_message, last_of, provider_of, raw, read_stream, script, sse_data, two_providers,
+    typed_chunk, typed_sse, words,
 };
 
 use std::path::{Path, PathBuf};

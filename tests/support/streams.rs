@@ -119,6 +119,13 @@ pub fn chat_completion(
     )
 }
 
+/// A Chat Completions stream reply: each chunk a data event, then `[DONE]`.
+pub fn chat_stream(chunks: impl IntoIterator<Item = Value>) -> Reply {
+    let mut steps: Vec<Chunk> = chunks.into_iter().map(Chunk::json).collect();
+    steps.push(Chunk::done());
+    Reply::sse(steps)
+}
+
 /// An event named after its data's `type`, as Anthropic and Responses streams send them:
 /// `event: <type>\ndata: <value>\n\n`.
 pub fn typed_sse(value: &Value) -> String {
@@ -302,13 +309,16 @@ pub fn last_message(m: &MockUpstream, path: &str) -> (Value, Value) {
     let seen = m.requests_to(path);
     assert_eq!(seen.len(), 1, "{path}");
     let body = seen[0].json();
-    let last = body["messages"]
+    (last_of(&body), body)
+}
+
+/// The last of a chat or Messages request's `messages`.
+pub fn last_of(request: &Value) -> Value {
+    request["messages"]
         .as_array()
-        .unwrap()
-        .last()
+        .and_then(|m| m.last())
         .cloned()
-        .unwrap();
-    (last, body)
+        .unwrap_or_else(|| panic!("no messages in {request}"))
 }
 
 /// What the client got on a streamed request.
