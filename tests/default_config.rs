@@ -111,7 +111,7 @@ fn real_providers_without_keys_are_disabled_not_fatal() {
         &shipped(&[]),
         &[("OPENAI_API_KEY", ""), ("ANTHROPIC_API_KEY", "")],
     );
-    assert!(gw.logs().contains("OPENAI_API_KEY"), "{}", gw.logs());
+    gw.wait_for_log("OPENAI_API_KEY", secs(5));
     let r = chat(&gw, "openai/gpt-4o-mini", false);
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(

@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::net::TcpListener;
-
 use support::*;
 
 /// Two providers-worth of connections: `first` (priority 1) and `second` (priority 2).
@@ -59,14 +57,6 @@ fn ask(gw: &Gateway, model: &str) -> Response {
     )
 }
 
-/// A loopback address nothing listens on.
-fn dead_base() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    drop(l);
-    format!("http://127.0.0.1:{port}/v1")
-}
-
 #[test]
 fn a_5xx_moves_to_the_next_candidate_and_the_attempts_are_counted() {
     let a = MockUpstream::start();
@@ -89,9 +79,11 @@ fn a_5xx_moves_to_the_next_candidate_and_the_attempts_are_counted() {
 
 #[test]
 fn a_refused_connection_moves_to_the_next_candidate() {
+    // The first candidate's port refuses every connection (held for the whole test).
+    let dead = RefusingPort::new();
     let b = MockUpstream::start();
     b.on_always("/v1/chat/completions", Reply::openai_chat("from b"));
-    let gw = Gateway::start(&config(&dead_base(), &b.base_url(), ""));
+    let gw = Gateway::start(&config(&dead.base_url(), &b.base_url(), ""));
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("x-tidegate-attempts"), Some("2"));
@@ -164,7 +156,8 @@ fn the_last_candidates_5xx_is_relayed_as_the_upstream_sent_it() {
 
 #[test]
 fn when_every_candidate_is_unreachable_the_gateway_answers_502() {
-    let gw = Gateway::start(&config(&dead_base(), &dead_base(), ""));
+    let (dead, dead_too) = (RefusingPort::new(), RefusingPort::new());
+    let gw = Gateway::start(&config(&dead.base_url(), &dead_too.base_url(), ""));
     let resp = ask(&gw, "m1");
     assert_eq!(resp.status, 502);
     assert_eq!(

@@ -13,11 +13,15 @@ use support::Deadline;
 use support::*;
 
 const THRESHOLD: usize = 6;
+/// The breaker's reset timeout. Everything the test checks while the breaker is open (its
+/// 503s on every shard, some 30 requests on new connections) must fit in it however slow a
+/// loaded machine is, so it is far longer than that work takes; the test waits it out once.
+const RESET_MS: u64 = 5_000;
 
 fn config(mock: &MockUpstream) -> String {
     // Keep the connection itself routable so every 503 reaches the breaker.
     let breaker = format!(
-        "[resilience.provider_breaker.apikey]\nfailure_threshold = {THRESHOLD}\ndegradation_threshold = 3\nreset_timeout_ms = 1000"
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = {THRESHOLD}\ndegradation_threshold = 3\nreset_timeout_ms = {RESET_MS}"
     );
     one_upstream(&mock.base_url(), 2, "disable_cooling = true", &breaker)
 }
@@ -55,6 +59,8 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
     let gw = Gateway::start(&config(&mock));
     assert_eq!(gw.shards(), 2);
 
+    // Started before the breaker can open: at least as long as it has been open.
+    let since_open = Stopwatch::start();
     for i in 0..THRESHOLD {
         let r = ask(&gw);
         assert_eq!(r.status, 503, "failure {i} is the upstream's own 503");
@@ -71,8 +77,14 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
         "nothing passes an open breaker"
     );
     assert_eq!(r.header("x-omniroute-provider-breaker"), Some("open"));
+    // Retry-After is the rest of the reset timeout, in whole seconds rounded up.
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
-    assert!((1..=1).contains(&retry), "retry-after {retry}");
+    let open_for = since_open.elapsed();
+    assert!(
+        (1..=RESET_MS / 1000).contains(&retry)
+            && u128::from(retry * 1000) + open_for.as_millis() >= u128::from(RESET_MS),
+        "retry-after {retry} after {open_for:?} open"
+    );
     let body = r.json();
     assert_eq!(body["error"]["type"], "server_error");
     assert_eq!(body["error"]["code"], "provider_circuit_open");
@@ -85,15 +97,21 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
     );
     assert_eq!(body["error"]["connections"], serde_json::json!(["c1"]));
     // Every shard answers from its own view without touching the upstream.
-    for _ in 0..20 {
-        assert!(is_open(&ask(&gw)));
+    for i in 0..20 {
+        let r = ask(&gw);
+        assert!(
+            is_open(&r),
+            "request {i}, {:?} after the failures began (reset {RESET_MS} ms): {}",
+            since_open.elapsed(),
+            r.status
+        );
     }
     assert_eq!(mock.hits("/v1/chat/completions"), THRESHOLD);
 
     // After the reset timeout: exactly one probe goes through; others are told to wait.
     let addr = gw.addr();
     let prober = std::thread::spawn(move || {
-        let deadline = Deadline::after(Duration::from_secs(5));
+        let deadline = Deadline::after(Duration::from_millis(RESET_MS) + Duration::from_secs(5));
         loop {
             let r = ask_at(addr);
             if !is_open(&r) || deadline.passed() {
@@ -105,7 +123,7 @@ fn opens_after_the_threshold_then_one_probe_then_closes() {
     mock.wait_for_hits(
         "/v1/chat/completions",
         THRESHOLD + 1,
-        Duration::from_secs(5),
+        Duration::from_millis(RESET_MS) + Duration::from_secs(5),
     );
     for _ in 0..10 {
         let r = ask(&gw);

@@ -25,59 +25,24 @@ const MESSAGES: &str = "/v1/messages";
 const RESPONSES: &str = "/v1/responses";
 const ASK: &str = r#"{"model":"m1","stream":true,"instructions":"Count.","input":"count","max_output_tokens":100}"#;
 
-/// A provider table of `format`: `chat` (OpenAI format, Chat Completions only), `responses`
-/// (OpenAI format serving the Responses API as it is) or `anthropic`.
-fn provider_of(id: &str, m: &MockUpstream, format: &str) -> String {
-    let p = provider(id, &m.base_url(), &["m1"]);
-    match format {
-        "chat" => p.replace(
-            "format = \"openai\"",
-            "format = \"openai\"\nresponses_api = false",
-        ),
-        "responses" => p,
-        other => p.replace("format = \"openai\"", &format!("format = \"{other}\"")),
-    }
-}
-
-/// Providers `a` then `b` (model `m1`), one connection each, continuation on.
-fn config(a: &MockUpstream, a_format: &str, b: &MockUpstream, b_format: &str) -> String {
-    config_stalling(a, a_format, b, b_format, 5_000)
-}
-
-/// [`config`] with a content-stall budget of `stall_ms`.
-fn config_stalling(
-    a: &MockUpstream,
-    a_format: &str,
-    b: &MockUpstream,
-    b_format: &str,
+/// Starts the gateway in front of `a` and `b` (`(mock, format)`, formats as
+/// `provider_of` reads them; continuation on, a content-stall budget of `stall_ms`), asks
+/// `ASK` and checks the answer is a 200 stream: the gateway, the de-chunked body, whether it
+/// ended cleanly.
+fn continued(
+    a: (&MockUpstream, &str),
+    b: (&MockUpstream, &str),
     stall_ms: u64,
-) -> String {
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}\
-         [resilience.stream_watchdog]\nstall_timeout_ms = {stall_ms}\n\n\
-         [resilience.stream_recovery]\ncontinue_mid_stream = true\n",
-        provider_of("a", a, a_format),
-        connection("first", "a"),
-        provider_of("b", b, b_format),
-        connection("second", "b"),
-    )
+) -> (Gateway, String, bool) {
+    let gw = Gateway::start(&two_providers(a, b, &continuation_on(stall_ms)));
+    let (status, body, terminated) = ask(gw.addr());
+    assert_eq!(status, 200);
+    (gw, body, terminated)
 }
 
-fn words(range: std::ops::Range<usize>) -> Vec<String> {
-    range.map(|i| format!("word{i} ")).collect()
-}
-
-fn raw(chunks: &[String]) -> Vec<Chunk> {
-    chunks.iter().map(Chunk::raw).collect()
-}
-
+/// A chunk as a chat upstream writes it (the mock's model and time).
 fn chat_chunk(id: &str, delta: Value, finish: Value) -> String {
-    format!(
-        "data: {}\n\n",
-        json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000,
-            "model": "mock-model", "choices": [{"index": 0, "delta": delta,
-            "finish_reason": finish}]})
-    )
+    sse_data(&ChatChunks::stamped(id, "mock-model", 1_700_000_000).chunk(delta, finish))
 }
 
 /// A chat upstream's first part: a role chunk and 12 words.
@@ -98,77 +63,41 @@ fn chat_start() -> Vec<String> {
 /// A chat upstream's continuation: a role chunk, the last two delivered words again (14
 /// characters), two new pieces, the finish, usage (40 prompt, 4 completion), `[DONE]`.
 fn chat_continuation() -> Vec<String> {
-    let mut chunks = vec![chat_chunk(
-        "chatcmpl-b",
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
-    )];
+    let b = ChatChunks::stamped("chatcmpl-b", "mock-model", 1_700_000_000);
+    let mut chunks = vec![b.role()];
     for t in ["word10 word11 ", "word12 ", "end."] {
-        chunks.push(chat_chunk("chatcmpl-b", json!({"content": t}), Value::Null));
+        chunks.push(b.text(t));
     }
-    chunks.push(chat_chunk("chatcmpl-b", json!({}), json!("stop")));
-    chunks.push(format!(
-        "data: {}\n\n",
-        json!({"id": "chatcmpl-b", "object": "chat.completion.chunk", "choices": [],
-            "usage": {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44}})
-    ));
-    chunks.push("data: [DONE]\n\n".to_owned());
+    chunks.push(b.finish("stop"));
+    chunks.push(ChatChunks::new("chatcmpl-b").usage(40, 4));
+    let mut chunks: Vec<String> = chunks.iter().map(sse_data).collect();
+    chunks.push(SSE_DONE.to_owned());
     chunks
 }
 
-fn anthropic_event(v: Value) -> String {
-    format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap())
-}
-
-/// An Anthropic upstream's message start (`input` tokens) and one text block of `texts`.
+/// An Anthropic upstream's message start (`input` tokens) and one text block of `texts`,
+/// left open.
 fn anthropic_start(id: &str, input: u64, texts: &[String]) -> Vec<String> {
-    let mut chunks = vec![
-        anthropic_event(json!({"type": "message_start", "message": {"id": id,
-            "type": "message", "role": "assistant", "model": "m1", "content": [],
-            "stop_reason": null, "usage": {"input_tokens": input, "output_tokens": 1}}})),
-        anthropic_event(json!({"type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}})),
-    ];
-    for t in texts {
-        chunks.push(anthropic_event(
-            json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": t}}),
-        ));
-    }
-    chunks
+    AnthropicEvents::start(id, "m1", input)
+        .open_text(0, texts)
+        .sse()
 }
 
 /// An Anthropic upstream's continuation: its start (45 input tokens) and a ping, a block
 /// starting with the space the prefill left out, its end, 4 output tokens.
 fn anthropic_continuation() -> Vec<String> {
-    let mut chunks = anthropic_start("msg_b", 45, &[" word12".to_owned(), " fin.".to_owned()]);
-    chunks.insert(1, anthropic_event(json!({"type": "ping"})));
-    chunks.push(anthropic_event(
-        json!({"type": "content_block_stop", "index": 0}),
-    ));
-    chunks.push(anthropic_event(json!({"type": "message_delta",
-        "delta": {"stop_reason": "end_turn", "stop_sequence": null},
-        "usage": {"output_tokens": 4}})));
-    chunks.push(anthropic_event(json!({"type": "message_stop"})));
-    chunks
+    AnthropicEvents::start("msg_b", "m1", 45)
+        .ping()
+        .text(0, &[" word12", " fin."])
+        .finish(json!({"stop_reason": "end_turn", "stop_sequence": null}), 4)
+        .sse()
 }
 
 /// Asks `ASK` and reads the stream: `(status, de-chunked body, cleanly terminated)`.
 fn ask(addr: std::net::SocketAddr) -> (u16, String, bool) {
-    let mut c = Client::connect(addr);
-    c.start_request("POST", RESPONSES, &[], ASK.as_bytes());
-    let head = c.read_head();
-    assert_eq!(head.header("transfer-encoding"), Some("chunked"));
-    let mut body = Vec::new();
-    let terminated = loop {
-        match c.next_body_piece(Duration::from_secs(20)) {
-            Piece::Data(d) => body.extend_from_slice(&d),
-            Piece::End => break true,
-            Piece::Closed => break false,
-            Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
-        }
-    };
-    (head.status, String::from_utf8(body).unwrap(), terminated)
+    let got = read_stream(addr, RESPONSES, ASK.as_bytes(), Duration::from_secs(20));
+    assert_eq!(got.header("transfer-encoding"), Some("chunked"));
+    (got.status, got.body, got.terminated)
 }
 
 /// The client's events: `(event name, data)`; the name must equal the data's `type`.
@@ -266,20 +195,6 @@ fn check_continued(body: &str, item_id: &str, usage: (u64, u64)) -> String {
     text
 }
 
-/// The last input message of the one request `m` got on `path`, and that request.
-fn last_message(m: &MockUpstream, path: &str) -> (Value, Value) {
-    let seen = m.requests_to(path);
-    assert_eq!(seen.len(), 1, "{path}");
-    let body = seen[0].json();
-    let last = body["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
-    (last, body)
-}
-
 #[test]
 fn a_responses_stream_from_a_chat_provider_cut_mid_answer_is_continued_by_a_chat_provider() {
     chat_continued_by_chat(Some(Chunk::close()));
@@ -300,13 +215,9 @@ fn a_responses_stream_stalled_mid_answer_is_continued() {
 fn chat_continued_by_chat(end: Option<Chunk>) {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
-    let mut steps = raw(&chat_start());
-    steps.extend(end);
-    a.on_always(CHAT, Reply::sse(steps));
+    script(&a, CHAT, &chat_start(), end);
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config_stalling(&a, "chat", &b, "chat", 1_000));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "chat"), 1_000);
     // b's text goes on in a's message item, its 14 repeated characters skipped; usage: b's
     // prompt less the 12 delivered deltas, 12 + 4 output tokens.
     let text = check_continued(&body, "msg_chatcmpl-a_0", (28, 16));
@@ -335,13 +246,9 @@ fn chat_continued_by_chat(end: Option<Chunk>) {
 fn a_responses_stream_from_a_chat_provider_cut_mid_answer_is_continued_by_an_anthropic_provider() {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
-    let mut steps = raw(&chat_start());
-    steps.push(Chunk::close());
-    a.on_always(CHAT, Reply::sse(steps));
+    script(&a, CHAT, &chat_start(), Some(Chunk::close()));
     b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
-    let gw = Gateway::start(&config(&a, "chat", &b, "anthropic"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "anthropic"), 5_000);
     // b's ping, message start and thinking-free block start dropped, its leading space
     // (left out of the prefill) skipped; usage: b's 45 input tokens less the 12 delivered
     // deltas, 12 + 4 output tokens.
@@ -367,14 +274,15 @@ fn a_responses_stream_from_an_anthropic_provider_cut_mid_answer_is_continued() {
     for b_format in ["chat", "anthropic"] {
         let a = MockUpstream::start();
         let b = MockUpstream::start();
-        let mut steps = raw(&anthropic_start("msg_a", 21, &words(0..12)));
-        steps.push(Chunk::close());
-        a.on_always(MESSAGES, Reply::sse(steps));
+        script(
+            &a,
+            MESSAGES,
+            &anthropic_start("msg_a", 21, &words(0..12)),
+            Some(Chunk::close()),
+        );
         b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
         b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
-        let gw = Gateway::start(&config(&a, "anthropic", &b, b_format));
-        let (status, body, terminated) = ask(gw.addr());
-        assert_eq!(status, 200);
+        let (gw, body, terminated) = continued((&a, "anthropic"), (&b, b_format), 5_000);
         // Usage: a's 21 input tokens (its message_start), 12 + 4 output tokens.
         let text = check_continued(&body, "msg_msg_a_0", (21, 16));
         let delivered = words(0..12).concat();
@@ -412,13 +320,9 @@ fn a_responses_stream_that_carried_a_function_call_is_not_continued() {
             "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}),
         Value::Null,
     ));
-    let mut steps = raw(&chunks);
-    steps.push(Chunk::close());
-    a.on_always(CHAT, Reply::sse(steps));
+    script(&a, CHAT, &chunks, Some(Chunk::close()));
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config(&a, "chat", &b, "chat"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "chat"), 5_000);
     let evs = events(&body);
     let n = names(&evs);
     assert!(
@@ -438,13 +342,9 @@ fn a_candidate_serving_the_responses_api_as_it_is_is_not_asked_to_continue() {
     // candidate is left, the stream ends with the in-band error.
     let a = MockUpstream::start();
     let b = MockUpstream::start();
-    let mut steps = raw(&chat_start());
-    steps.push(Chunk::close());
-    a.on_always(CHAT, Reply::sse(steps));
+    script(&a, CHAT, &chat_start(), Some(Chunk::close()));
     b.on_always(RESPONSES, Reply::error(500, "not to be asked"));
-    let gw = Gateway::start(&config(&a, "chat", &b, "responses"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "chat"), (&b, "responses"), 5_000);
     let evs = events(&body);
     let (name, err) = evs.last().unwrap();
     assert_eq!(name, "error", "{body}");
@@ -480,17 +380,10 @@ fn a_responses_stream_relayed_as_it_is_is_not_continued() {
         "status": "in_progress", "content": []}});
     let delta = json!({"type": "response.output_text.delta", "sequence_number": 2,
         "item_id": "msg_a", "output_index": 0, "content_index": 0, "delta": "Hello there "});
-    let sent: Vec<String> = [created, added, delta]
-        .iter()
-        .map(|v| anthropic_event(v.clone()))
-        .collect();
-    let mut steps = raw(&sent);
-    steps.push(Chunk::close());
-    a.on_always(RESPONSES, Reply::sse(steps));
+    let sent: Vec<String> = [created, added, delta].iter().map(typed_sse).collect();
+    script(&a, RESPONSES, &sent, Some(Chunk::close()));
     b.on_always(CHAT, Reply::sse(raw(&chat_continuation())));
-    let gw = Gateway::start(&config(&a, "responses", &b, "chat"));
-    let (status, body, terminated) = ask(gw.addr());
-    assert_eq!(status, 200);
+    let (gw, body, terminated) = continued((&a, "responses"), (&b, "chat"), 5_000);
     let rest = body
         .strip_prefix(&sent.concat())
         .unwrap_or_else(|| panic!("{body}"));

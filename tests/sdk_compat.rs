@@ -6,6 +6,7 @@
 
 mod support;
 
+use serde_json::Value;
 use support::*;
 
 /// The gateway on `workers` shards with one client key (`sdk-key`) and the in-process mock.
@@ -65,7 +66,7 @@ fn official_sdks_work_through_to_real_socket_upstreams() {
         "/v1/messages",
         Reply::anthropic_stream(&["hello ", "from ", "anthropic"]),
     );
-    let gw = Gateway::start(&two_providers(&openai, &anthropic));
+    let gw = Gateway::start(&sdk_providers(&openai, &anthropic));
     let origin = format!("http://{}", gw.addr());
     let oa = run_sdk_client(
         &origin,
@@ -109,7 +110,7 @@ fn sdks_type_the_gateways_own_errors() {
     let openai = MockUpstream::start();
     // The cooling model is answered at once, not after waiting the 60 s out.
     let cfg =
-        two_providers(&openai, &anthropic) + "\n[resilience.wait_for_cooldown]\nenabled = false\n";
+        sdk_providers(&openai, &anthropic) + "\n[resilience.wait_for_cooldown]\nenabled = false\n";
     let gw = Gateway::start(&cfg);
     let body =
         br#"{"model":"an/claude-x","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -196,14 +197,7 @@ fn the_openai_sdk_is_served_by_an_anthropic_format_upstream() {
             "end_turn",
         ),
     );
-    let gw = Gateway::start(&two_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["openai", "an/claude-x"],
-    );
+    let r = run_translate(&openai, &anthropic, &["openai", "an/claude-x"]);
     assert_eq!(r["chat"]["content"], "A red dot.", "{r}");
     assert_eq!(r["stream"]["content"], "one two", "{r}");
     assert_eq!(r["tool_call"]["id"], "toolu_w", "{r}");
@@ -226,30 +220,22 @@ fn the_openai_sdk_is_served_by_an_anthropic_format_upstream() {
     assert_eq!(openai.total_hits(), 0);
 }
 
-/// A whole Chat Completions answer from `model` (9 prompt and 4 completion tokens).
-fn chat_completion(model: &str, message: serde_json::Value, finish: &str) -> Reply {
-    Reply::json(
-        200,
-        serde_json::json!({"id": "chatcmpl-x", "object": "chat.completion", "created": 1,
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
-    )
+/// Starts the gateway of [`sdk_providers`] and runs sdk_translate.py's `args` against it
+/// with the client key; returns what the script printed.
+fn run_translate(openai: &MockUpstream, anthropic: &MockUpstream, args: &[&str]) -> Value {
+    let gw = Gateway::start(&sdk_providers(openai, anthropic));
+    let origin = format!("http://{}", gw.addr());
+    run_sdk_script(SDK_TRANSLATE, &origin, "sdk-key", args)
 }
 
-/// One Chat Completions stream chunk from `model`.
-fn chat_chunk(model: &str, delta: serde_json::Value, finish: Option<&str>) -> Chunk {
-    Chunk::json(
-        serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
-        "created": 1, "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-    )
-}
-
-#[test]
-fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
-    let openai = MockUpstream::start();
-    let anthropic = MockUpstream::start();
-    let completion = |message, finish| chat_completion("gpt-x", message, finish);
+/// Scripts `openai` as a Chat Completions upstream of `model` for sdk_translate.py's three
+/// calls, in the order it makes them: a call of `get_weather`, then "Sunny.", then a
+/// stream with the reasoning `reasoning` and the text "The answer is 4." (5 prompt and 8
+/// completion tokens).
+fn script_chat_calls(openai: &MockUpstream, model: &str, reasoning: [&str; 2]) {
+    // 9 prompt and 4 completion tokens each.
+    let completion =
+        |message, finish| chat_completion("chatcmpl-x", model, message, finish, (9, 4));
     openai.on(
         "/v1/chat/completions",
         completion(
@@ -266,61 +252,55 @@ fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
             "stop",
         ),
     );
-    let chunk = |delta, finish| chat_chunk("gpt-x", delta, finish);
-    openai.on(
-        "/v1/chat/completions",
-        Reply::sse(vec![
-            chunk(
-                serde_json::json!({"role": "assistant", "content": ""}),
-                None,
-            ),
-            chunk(
-                serde_json::json!({"reasoning_content": "Let me think. "}),
-                None,
-            ),
-            chunk(serde_json::json!({"reasoning_content": "Done."}), None),
-            chunk(serde_json::json!({"content": "The answer "}), None),
-            chunk(serde_json::json!({"content": "is 4."}), None),
-            chunk(serde_json::json!({}), Some("stop")),
-            Chunk::json(
-                serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
-                "created": 1, "model": "gpt-x", "choices": [],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}),
-            ),
-            Chunk::done(),
-        ]),
-    );
-    let gw = Gateway::start(&two_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["anthropic", "oa/gpt-x"],
-    );
-    assert_eq!(r["tool_use"]["id"], "call_w", "{r}");
-    assert_eq!(r["tool_result"]["content"], "Sunny.", "{r}");
-    assert_eq!(r["stream"]["thinking"], "Let me think. Done.", "{r}");
-    assert_eq!(r["stream"]["content"], "The answer is 4.", "{r}");
-    assert_eq!(r["stream"]["output_tokens"], 8, "{r}");
+    let c = ChatChunks::stamped("chatcmpl-s", model, 1);
+    let thought = |t: &str| c.chunk(serde_json::json!({"reasoning_content": t}), Value::Null);
+    let chunks = [
+        c.role(),
+        thought(reasoning[0]),
+        thought(reasoning[1]),
+        c.text("The answer "),
+        c.text("is 4."),
+        c.finish("stop"),
+        c.usage(5, 8),
+    ];
+    openai.on("/v1/chat/completions", chat_stream(chunks));
+}
+
+/// The three requests [`script_chat_calls`]' upstream got, checked for what every
+/// translated client sends alike: the tool offered, the call and its output sent back
+/// with the call's id, the stream asked with the reasoning effort.
+fn chat_calls_sent(openai: &MockUpstream) -> [Value; 3] {
     let sent = openai.requests_to("/v1/chat/completions");
     assert_eq!(sent.len(), 3);
-    let first = sent[0].json();
-    assert_eq!(
-        first["messages"][0],
-        serde_json::json!({"role": "system", "content": [
-            {"type": "text", "text": "You are terse."}, {"type": "text", "text": "Use tools."}]})
-    );
+    let [first, second, third] = [0, 1, 2].map(|i| sent[i].json());
     assert_eq!(first["tools"][0]["function"]["name"], "get_weather");
-    let second = sent[1].json();
     assert_eq!(second["messages"][2]["tool_calls"][0]["id"], "call_w");
     assert_eq!(
         second["messages"][3],
         serde_json::json!({"role": "tool", "tool_call_id": "call_w", "content": "sunny, 21C"})
     );
-    let third = sent[2].json();
     assert_eq!(third["stream"], true);
     assert_eq!(third["reasoning_effort"], "medium");
+    [first, second, third]
+}
+
+#[test]
+fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    script_chat_calls(&openai, "gpt-x", ["Let me think. ", "Done."]);
+    let r = run_translate(&openai, &anthropic, &["anthropic", "oa/gpt-x"]);
+    assert_eq!(r["tool_use"]["id"], "call_w", "{r}");
+    assert_eq!(r["tool_result"]["content"], "Sunny.", "{r}");
+    assert_eq!(r["stream"]["thinking"], "Let me think. Done.", "{r}");
+    assert_eq!(r["stream"]["content"], "The answer is 4.", "{r}");
+    assert_eq!(r["stream"]["output_tokens"], 8, "{r}");
+    let [first, _, _] = chat_calls_sent(&openai);
+    assert_eq!(
+        first["messages"][0],
+        serde_json::json!({"role": "system", "content": [
+            {"type": "text", "text": "You are terse."}, {"type": "text", "text": "Use tools."}]})
+    );
     assert_eq!(anthropic.total_hits(), 0);
 }
 
@@ -328,77 +308,19 @@ fn the_anthropic_sdk_is_served_by_an_openai_format_upstream() {
 fn the_openai_sdk_responses_api_is_served_by_a_chat_completions_only_upstream() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let completion = |message, finish| chat_completion("gpt-c", message, finish);
-    // In the order sdk_translate.py makes its calls.
-    openai.on(
-        "/v1/chat/completions",
-        completion(
-            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_w", "type": "function",
-                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}),
-            "tool_calls",
-        ),
-    );
-    openai.on(
-        "/v1/chat/completions",
-        completion(
-            serde_json::json!({"role": "assistant", "content": "Sunny."}),
-            "stop",
-        ),
-    );
-    let chunk = |delta, finish| chat_chunk("gpt-c", delta, finish);
-    openai.on(
-        "/v1/chat/completions",
-        Reply::sse(vec![
-            chunk(
-                serde_json::json!({"role": "assistant", "content": ""}),
-                None,
-            ),
-            chunk(serde_json::json!({"reasoning_content": "Let me "}), None),
-            chunk(serde_json::json!({"reasoning_content": "think."}), None),
-            chunk(serde_json::json!({"content": "The answer "}), None),
-            chunk(serde_json::json!({"content": "is 4."}), None),
-            chunk(serde_json::json!({}), Some("stop")),
-            Chunk::json(
-                serde_json::json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
-                "created": 1, "model": "gpt-c", "choices": [],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}),
-            ),
-            Chunk::done(),
-        ]),
-    );
-    let gw = Gateway::start(&two_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["responses", "oc/gpt-c"],
-    );
+    script_chat_calls(&openai, "gpt-c", ["Let me ", "think."]);
+    let r = run_translate(&openai, &anthropic, &["responses", "oc/gpt-c"]);
     assert_eq!(r["call"]["call_id"], "call_w", "{r}");
     assert_eq!(r["answer"]["text"], "Sunny.", "{r}");
     assert_eq!(r["stream"]["summary"], "Let me think.", "{r}");
     assert_eq!(r["stream"]["text"], "The answer is 4.", "{r}");
     assert_eq!(r["stream"]["output_tokens"], 8, "{r}");
     assert_eq!(openai.hits("/v1/responses"), 0);
-    let sent = openai.requests_to("/v1/chat/completions");
-    assert_eq!(sent.len(), 3);
-    let first = sent[0].json();
+    let [first, _, _] = chat_calls_sent(&openai);
     assert_eq!(
         first["messages"][0],
         serde_json::json!({"role": "system", "content": "Be brief."})
     );
-    assert_eq!(first["tools"][0]["function"]["name"], "get_weather");
-    // The function call and its output went back with the call's id.
-    let second = sent[1].json();
-    assert_eq!(second["messages"][2]["tool_calls"][0]["id"], "call_w");
-    assert_eq!(
-        second["messages"][3],
-        serde_json::json!({"role": "tool", "tool_call_id": "call_w", "content": "sunny, 21C"})
-    );
-    let third = sent[2].json();
-    assert_eq!(third["stream"], true);
-    assert_eq!(third["reasoning_effort"], "medium");
     assert_eq!(anthropic.total_hits(), 0);
 }
 
@@ -430,54 +352,24 @@ fn the_openai_sdk_responses_api_is_served_by_an_anthropic_format_upstream() {
             "end_turn",
         ),
     );
-    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
     anthropic.on(
         "/v1/messages",
-        Reply::sse(vec![
-            event(
-                serde_json::json!({"type": "message_start", "message": {"id": "msg_s",
-                "type": "message", "role": "assistant", "model": "claude-x", "content": [],
-                "stop_reason": null, "usage": {"input_tokens": 7, "output_tokens": 1}}}),
-            ),
-            event(
-                serde_json::json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "thinking", "thinking": ""}}),
-            ),
-            event(
-                serde_json::json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "thinking_delta", "thinking": "Two and two."}}),
-            ),
-            event(
-                serde_json::json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "signature_delta", "signature": "sig"}}),
-            ),
-            event(serde_json::json!({"type": "content_block_stop", "index": 0})),
-            event(
-                serde_json::json!({"type": "content_block_start", "index": 1,
-                "content_block": {"type": "text", "text": ""}}),
-            ),
-            event(
-                serde_json::json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "text_delta", "text": "Four"}}),
-            ),
-            event(
-                serde_json::json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "text_delta", "text": "."}}),
-            ),
-            event(serde_json::json!({"type": "content_block_stop", "index": 1})),
-            event(serde_json::json!({"type": "message_delta",
-                "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 11}})),
-            event(serde_json::json!({"type": "message_stop"})),
-        ]),
+        AnthropicEvents::start("msg_s", "claude-x", 7)
+            .open(0, serde_json::json!({"type": "thinking", "thinking": ""}))
+            .delta(
+                0,
+                serde_json::json!({"type": "thinking_delta", "thinking": "Two and two."}),
+            )
+            .delta(
+                0,
+                serde_json::json!({"type": "signature_delta", "signature": "sig"}),
+            )
+            .close(0)
+            .text(1, &["Four", "."])
+            .stop("end_turn", 11)
+            .reply(),
     );
-    let gw = Gateway::start(&two_providers(&openai, &anthropic));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["responses", "an/claude-x"],
-    );
+    let r = run_translate(&openai, &anthropic, &["responses", "an/claude-x"]);
     assert_eq!(r["call"]["call_id"], "toolu_w", "{r}");
     assert_eq!(r["answer"]["text"], "Sunny.", "{r}");
     assert_eq!(r["stream"]["summary"], "Two and two.", "{r}");
@@ -502,7 +394,7 @@ fn the_openai_sdk_responses_api_is_served_by_an_anthropic_format_upstream() {
 /// One OpenAI-format provider `oa` (model `gpt-x`), one Anthropic-format provider `an`
 /// (model `claude-x`), and `oc` (model `gpt-c`) on the OpenAI-format upstream marked as
 /// Chat Completions only; one connection each, client key `sdk-key`.
-fn two_providers(openai: &MockUpstream, anthropic: &MockUpstream) -> String {
+fn sdk_providers(openai: &MockUpstream, anthropic: &MockUpstream) -> String {
     format!(
         r#"
 [server]
@@ -584,71 +476,32 @@ fn the_openai_sdk_reads_a_responses_stream_continued_after_a_cut() {
     // 15 characters, with reasoning of its own that the client never sees).
     let a = MockUpstream::start();
     let b = MockUpstream::start();
-    let chunk = |id: &str, delta: serde_json::Value, finish: Option<&str>| {
-        Chunk::json(
-            serde_json::json!({"id": id, "object": "chat.completion.chunk",
-            "created": 1, "model": "gpt-c", "choices": [{"index": 0, "delta": delta,
-            "finish_reason": finish}]}),
-        )
-    };
-    let role = serde_json::json!({"role": "assistant", "content": ""});
-    a.on_always(
-        "/v1/chat/completions",
-        Reply::sse(vec![
-            chunk("chatcmpl-a", role.clone(), None),
-            chunk(
-                "chatcmpl-a",
-                serde_json::json!({"reasoning_content": "Let me "}),
-                None,
-            ),
-            chunk(
-                "chatcmpl-a",
-                serde_json::json!({"reasoning_content": "think."}),
-                None,
-            ),
-            chunk(
-                "chatcmpl-a",
-                serde_json::json!({"content": "The answer "}),
-                None,
-            ),
-            chunk(
-                "chatcmpl-a",
-                serde_json::json!({"content": "is forty"}),
-                None,
-            ),
-            Chunk::close(),
-        ]),
+    let (ca, cb) = (
+        ChatChunks::stamped("chatcmpl-a", "gpt-c", 1),
+        ChatChunks::stamped("chatcmpl-b", "gpt-c", 1),
     );
-    b.on_always(
-        "/v1/chat/completions",
-        Reply::sse(vec![
-            chunk("chatcmpl-b", role, None),
-            chunk(
-                "chatcmpl-b",
-                serde_json::json!({"reasoning_content": "Again."}),
-                None,
-            ),
-            chunk(
-                "chatcmpl-b",
-                serde_json::json!({"content": "answer is forty"}),
-                None,
-            ),
-            chunk("chatcmpl-b", serde_json::json!({"content": "-two."}), None),
-            chunk("chatcmpl-b", serde_json::json!({}), Some("stop")),
-            Chunk::json(serde_json::json!({"id": "chatcmpl-b",
-                "object": "chat.completion.chunk", "created": 1, "model": "gpt-c",
-                "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 6,
-                "total_tokens": 36}})),
-            Chunk::done(),
-        ]),
-    );
+    let thought =
+        |c: &ChatChunks, t: &str| c.chunk(serde_json::json!({"reasoning_content": t}), Value::Null);
+    let a_chunks = [
+        ca.role(),
+        thought(&ca, "Let me "),
+        thought(&ca, "think."),
+        ca.text("The answer "),
+        ca.text("is forty"),
+    ];
+    let a_chunks: Vec<String> = a_chunks.iter().map(sse_data).collect();
+    script(&a, "/v1/chat/completions", &a_chunks, Some(Chunk::close()));
+    let b_chunks = [
+        cb.role(),
+        thought(&cb, "Again."),
+        cb.text("answer is forty"),
+        cb.text("-two."),
+        cb.finish("stop"),
+        cb.usage(30, 6),
+    ];
+    b.on_always("/v1/chat/completions", chat_stream(b_chunks));
     let chat_only = |id: &str, m: &MockUpstream| {
-        format!(
-            "[[providers]]\nid = \"{id}\"\nformat = \"openai\"\nbase_url = \"{}\"\n\
-             models = [\"m1\"]\nresponses_api = false\n\n\
-             [[connections]]\nid = \"{id}-1\"\nprovider = \"{id}\"\n\n",
-            m.base_url()
-        )
+        provider_of(id, m, "chat") + &connection(&format!("{id}-1"), id)
     };
     let gw = Gateway::start(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n\
@@ -694,14 +547,7 @@ fn the_openai_sdk_reads_a_responses_stream_continued_after_a_cut() {
         .collect();
     assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "{r}");
     // b was asked with the delivered text as an assistant prefill.
-    let sent = b.requests_to("/v1/chat/completions");
-    assert_eq!(sent.len(), 1);
-    let last = sent[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let (last, _) = last_message(&b, "/v1/chat/completions");
     assert_eq!(
         last,
         serde_json::json!({"role": "assistant", "content": "The answer is forty"})

@@ -101,7 +101,8 @@ fn the_new_instance_writes_state_dir_only_after_the_old_one_has_exited() {
     // The new instance restores the ban (its owners re-report it: it has something to
     // write) but leaves the directory to the old one while that one lives.
     let new = Gateway::start(&cfg);
-    assert!(new.logs().contains("snapshot restored"), "{}", new.logs());
+    // Logged before the ready line, but on the other pipe: it may arrive a moment later.
+    new.wait_for_log("snapshot restored", secs(5));
     new.wait_for_log("writing waits until it exits", secs(5));
     let old_logs = old.logs();
     assert!(!old_logs.contains("another instance"), "{old_logs}");

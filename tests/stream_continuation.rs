@@ -12,12 +12,10 @@
 //! saw.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-// Elapsed wall time is what the stall test measures (the budget of a real binary).
-#![allow(clippy::disallowed_methods)]
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
@@ -26,98 +24,61 @@ const CHAT: &str = "/v1/chat/completions";
 const MESSAGES: &str = "/v1/messages";
 const ASK: &str = r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"count"}]}"#;
 
-/// Providers `a` then `b` (same model, `format`), one connection each.
-fn config(a: &MockUpstream, b: &MockUpstream, format: &str, tail: &str) -> String {
-    let p = |id: &str, m: &MockUpstream| {
-        provider(id, &m.base_url(), &["m1"])
-            .replace("format = \"openai\"", &format!("format = \"{format}\""))
-    };
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}{tail}\n",
-        p("a", a),
-        connection("first", "a"),
-        p("b", b),
-        connection("second", "b"),
-    )
-}
-
-fn on(stall_ms: u64) -> String {
-    format!(
-        "[resilience.stream_watchdog]\nstall_timeout_ms = {stall_ms}\n\n\
-         [resilience.stream_recovery]\ncontinue_mid_stream = true\n"
-    )
-}
-
-fn words(range: std::ops::Range<usize>) -> Vec<String> {
-    range.map(|i| format!("word{i} ")).collect()
-}
-
-/// The SSE bytes of chunks as the mock sends them.
-fn sse(chunks: &[String]) -> String {
-    chunks.concat()
+/// The mock's own chunks (`openai_stream_chunks`' id, model and time).
+fn mock_chunks() -> ChatChunks {
+    ChatChunks::stamped("chatcmpl-mock", "mock-model", 1_700_000_000)
 }
 
 /// An OpenAI chunk as `openai_stream_chunks` writes it.
 fn a_delta(text: &str) -> String {
-    format!(
-        "data: {}\n\n",
-        json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
-            "model": "mock-model", "choices": [{"index": 0, "delta": {"content": text},
-            "finish_reason": null}]})
-    )
+    sse_data(&mock_chunks().text(text))
 }
 
 fn a_role() -> String {
-    format!(
-        "data: {}\n\n",
-        json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
-            "model": "mock-model", "choices": [{"index": 0,
-            "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]})
-    )
+    sse_data(&mock_chunks().role())
 }
 
-/// b's chunks: keys in sorted order, so the expected spliced bytes can be written down.
-fn b_chunk(id: &str, delta: &str, finish: &str) -> String {
-    format!(
-        "data: {{\"choices\":[{{\"delta\":{delta},\"finish_reason\":{finish},\"index\":0}}],\"id\":\"{id}\",\"object\":\"chat.completion.chunk\"}}\n\n"
-    )
-}
-
+/// A chunk with the id and object type only (b's, and what the client gets once b's
+/// part is spliced in).
 fn b_text(id: &str, text: &str) -> String {
-    b_chunk(id, &json!({"content": text}).to_string(), "null")
+    sse_data(&ChatChunks::new(id).text(text))
+}
+
+fn b_role(id: &str) -> String {
+    sse_data(&ChatChunks::new(id).role())
+}
+
+fn b_stop(id: &str) -> String {
+    sse_data(&ChatChunks::new(id).finish("stop"))
 }
 
 fn b_usage(id: &str, prompt: u64, completion: u64) -> String {
-    format!(
-        "data: {{\"choices\":[],\"id\":\"{id}\",\"object\":\"chat.completion.chunk\",\"usage\":{{\"completion_tokens\":{completion},\"prompt_tokens\":{prompt},\"total_tokens\":{}}}}}\n\n",
-        prompt + completion
-    )
+    sse_data(&ChatChunks::new(id).usage(prompt, completion))
 }
 
-fn raw(chunks: &[String]) -> Vec<Chunk> {
-    chunks.iter().map(Chunk::raw).collect()
-}
-
-/// Asks on `path` and reads the answer: `(status, de-chunked body, terminated, elapsed)`.
-/// A complete answer is read by its framing; a broken one until the gateway closes.
+/// Asks on `path` and reads the answer (chunked): `(status, de-chunked body, terminated,
+/// elapsed)`. A complete answer is read by its framing; a broken one until the gateway
+/// closes.
 fn ask(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String, bool, Duration) {
-    let mut c = Client::connect(addr);
-    let t0 = Instant::now();
-    c.start_request("POST", path, &[], body.as_bytes());
-    let head = c.read_head();
-    assert_eq!(head.header("transfer-encoding"), Some("chunked"));
-    let mut body = Vec::new();
-    let terminated = loop {
-        match c.next_body_piece(Duration::from_secs(20)) {
-            Piece::Data(d) => body.extend_from_slice(&d),
-            Piece::End => break true,
-            Piece::Closed => break false,
-            Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
-        }
-    };
-    let took = t0.elapsed();
-    let body = String::from_utf8(body).unwrap();
-    (head.status, body, terminated, took)
+    let got = read_stream(addr, path, body.as_bytes(), Duration::from_secs(20));
+    assert_eq!(got.header("transfer-encoding"), Some("chunked"));
+    (got.status, got.body, got.terminated, got.took)
+}
+
+/// Starts the gateway in front of `a` and `b` (continuation on, a content-stall budget of
+/// `stall_ms`), asks `body` on `path` and checks the answer is a 200 stream. Returns the
+/// gateway, the de-chunked body, whether it ended cleanly and how long it took.
+fn continued(
+    a: (&MockUpstream, &str),
+    b: (&MockUpstream, &str),
+    stall_ms: u64,
+    path: &str,
+    body: &str,
+) -> (Gateway, String, bool, Duration) {
+    let gw = Gateway::start(&two_providers(a, b, &continuation_on(stall_ms)));
+    let (status, body, terminated, took) = ask(gw.addr(), path, body);
+    assert_eq!(status, 200);
+    (gw, body, terminated, took)
 }
 
 /// The content of every OpenAI delta in `body`, concatenated, and how many `[DONE]`s.
@@ -145,10 +106,7 @@ fn content(body: &str) -> (String, usize) {
 fn cut_after_25(a: &MockUpstream) -> (String, String) {
     let mut chunks = vec![a_role()];
     chunks.extend(words(0..25).iter().map(|w| a_delta(w)));
-    let sent = sse(&chunks);
-    let mut steps = raw(&chunks);
-    steps.push(Chunk::close());
-    a.on_always(CHAT, Reply::sse(steps));
+    let sent = script(a, CHAT, &chunks, Some(Chunk::close()));
     (sent, words(0..25).concat())
 }
 
@@ -158,21 +116,15 @@ fn a_cut_after_25_tokens_is_continued_by_the_next_target_without_repeated_text()
     let b = MockUpstream::start();
     let (a_sent, delivered) = cut_after_25(&a);
     // b: a role chunk, repeats the last two words (14 characters), goes on, ends with usage.
-    let mut b_chunks = vec![b_chunk(
-        "b-1",
-        r#"{"content":"","role":"assistant"}"#,
-        "null",
-    )];
+    let mut b_chunks = vec![b_role("b-1")];
     b_chunks.extend(
         ["word23 ", "word24 ", "word25 ", "word26 ", "and done."].map(|t| b_text("b-1", t)),
     );
-    b_chunks.push(b_chunk("b-1", "{}", "\"stop\""));
+    b_chunks.push(b_stop("b-1"));
     b_chunks.push(b_usage("b-1", 40, 5));
-    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b_chunks.push(SSE_DONE.to_owned());
     b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
-    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     // Byte for byte: a's stream as it came, then b's without its role chunk and the two
     // repeated words, chunk ids a's, usage for the whole answer (prompt 40 − the 25 prefill
     // tokens, completion 25 + 5).
@@ -180,9 +132,9 @@ fn a_cut_after_25_tokens_is_continued_by_the_next_target_without_repeated_text()
     for t in ["word25 ", "word26 ", "and done."] {
         want.push_str(&b_text("chatcmpl-mock", t));
     }
-    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str(&b_stop("chatcmpl-mock"));
     want.push_str(&b_usage("chatcmpl-mock", 15, 30));
-    want.push_str("data: [DONE]\n\n");
+    want.push_str(SSE_DONE);
     assert_eq!(body, want);
     assert!(terminated, "a continued stream ends cleanly");
     let (text, done) = content(&body);
@@ -211,10 +163,9 @@ fn with_continuation_off_the_same_cut_ends_with_the_in_band_error() {
     let b = MockUpstream::start();
     let (a_sent, _) = cut_after_25(&a);
     b.on_always(CHAT, Reply::openai_stream(&["never"]));
-    let gw = Gateway::start(&config(
-        &a,
-        &b,
-        "openai",
+    let gw = Gateway::start(&two_providers(
+        (&a, "openai"),
+        (&b, "openai"),
         "[resilience.stream_watchdog]\nstall_timeout_ms = 5000\n",
     ));
     let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
@@ -240,20 +191,16 @@ fn a_target_refusing_the_prefill_is_asked_again_and_its_repeated_prefix_is_skipp
     let b = MockUpstream::start();
     let (a_sent, delivered) = cut_after_25(&a);
     // b refuses the prefill, then answers the original request from the start.
-    let mut b_chunks = vec![b_chunk(
-        "b-2",
-        r#"{"content":"","role":"assistant"}"#,
-        "null",
-    )];
+    let mut b_chunks = vec![b_role("b-2")];
     // Split differently from a's pieces: the repeated prefix is matched as text.
     let mut all = delivered.clone();
     all.push_str("the end.");
     let (p1, p2) = all.split_at(100);
     let (p2, p3) = p2.split_at(p2.len() - 10);
     b_chunks.extend([p1, p2, p3].map(|t| b_text("b-2", t)));
-    b_chunks.push(b_chunk("b-2", "{}", "\"stop\""));
+    b_chunks.push(b_stop("b-2"));
     b_chunks.push(b_usage("b-2", 12, 27));
-    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b_chunks.push(SSE_DONE.to_owned());
     b.on(
         CHAT,
         Reply::error(
@@ -262,29 +209,22 @@ fn a_target_refusing_the_prefill_is_asked_again_and_its_repeated_prefix_is_skipp
         ),
     )
     .on_always(CHAT, Reply::sse(raw(&b_chunks)));
-    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     // Only what follows the delivered text is new: the last piece's tail; the prompt is the
     // replay's (the original request), the completion the replay's (it covers the prefix).
     let tail = &p3[p3.len() - "the end.".len()..];
     let mut want = a_sent.clone();
     want.push_str(&b_text("chatcmpl-mock", tail));
-    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
+    want.push_str(&b_stop("chatcmpl-mock"));
     want.push_str(&b_usage("chatcmpl-mock", 12, 27));
-    want.push_str("data: [DONE]\n\n");
+    want.push_str(SSE_DONE);
     assert_eq!(body, want);
     assert!(terminated);
     assert_eq!(content(&body), (all.clone(), 1));
     let seen = b.requests_to(CHAT);
     assert_eq!(seen.len(), 2);
-    let last = &seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
-    assert_eq!(last, &json!({"role": "assistant", "content": delivered}));
+    let last = last_of(&seen[0].json());
+    assert_eq!(last, json!({"role": "assistant", "content": delivered}));
     assert_eq!(seen[1].text(), ASK, "the replay is the original request");
 }
 
@@ -304,9 +244,7 @@ fn a_replay_that_does_not_repeat_the_delivered_text_ends_with_the_in_band_error(
         CHAT,
         Reply::openai_stream(&["word0 ", "word1 ", "different"]),
     );
-    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     let rest = body
         .strip_prefix(&a_sent)
         .unwrap_or_else(|| panic!("{body}"));
@@ -323,38 +261,27 @@ fn a_stall_after_10_tokens_is_continued_within_the_stall_budget_plus_one_second(
     let b = MockUpstream::start();
     let mut chunks = vec![a_role()];
     chunks.extend(words(0..10).iter().map(|w| a_delta(w)));
-    let a_sent = sse(&chunks);
-    let mut steps = raw(&chunks);
-    steps.push(Chunk::stall());
-    a.on_always(CHAT, Reply::sse(steps));
+    let a_sent = script(&a, CHAT, &chunks, Some(Chunk::stall()));
     // b goes on without repeating anything.
     let mut b_chunks: Vec<String> = ["word10 ", "end."].map(|t| b_text("b-3", t)).to_vec();
-    b_chunks.push(b_chunk("b-3", "{}", "\"stop\""));
-    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b_chunks.push(b_stop("b-3"));
+    b_chunks.push(SSE_DONE.to_owned());
     b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
     let stall_ms = 1_000;
-    let gw = Gateway::start(&config(&a, &b, "openai", &on(stall_ms)));
-    let (status, body, terminated, took) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, took) =
+        continued((&a, "openai"), (&b, "openai"), stall_ms, CHAT, ASK);
     let mut want = a_sent;
     want.push_str(&b_text("chatcmpl-mock", "word10 "));
     want.push_str(&b_text("chatcmpl-mock", "end."));
-    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
-    want.push_str("data: [DONE]\n\n");
+    want.push_str(&b_stop("chatcmpl-mock"));
+    want.push_str(SSE_DONE);
     assert_eq!(body, want);
     assert!(terminated);
     assert!(
         took >= Duration::from_millis(stall_ms) && took < Duration::from_millis(stall_ms + 1_000),
         "{took:?}"
     );
-    let seen = b.requests_to(CHAT);
-    assert_eq!(seen.len(), 1);
-    let last = seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let (last, _) = last_message(&b, CHAT);
     assert_eq!(
         last,
         json!({"role": "assistant", "content": words(0..10).concat()})
@@ -365,39 +292,13 @@ fn a_stall_after_10_tokens_is_continued_within_the_stall_budget_plus_one_second(
     });
 }
 
-fn anthropic_event(name: &str, v: Value) -> String {
-    format!("event: {name}\ndata: {v}\n\n")
-}
-
 #[test]
 fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
     // a: message_start, one text block, 12 words with a trailing space, cut.
-    let mut a_chunks = vec![
-        anthropic_event(
-            "message_start",
-            json!({"type": "message_start", "message": {"id": "msg_a", "type": "message",
-                "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
-                "usage": {"input_tokens": 21, "output_tokens": 1}}}),
-        ),
-        anthropic_event(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-        ),
-    ];
-    for w in words(0..12) {
-        a_chunks.push(anthropic_event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": w}}),
-        ));
-    }
-    let a_sent = sse(&a_chunks);
-    let mut steps = raw(&a_chunks);
-    steps.push(Chunk::close());
-    a.on_always(MESSAGES, Reply::sse(steps));
+    let a_chunks = anthropic_start("msg_a", 21, &words(0..12));
+    let a_sent = script(&a, MESSAGES, &a_chunks, Some(Chunk::close()));
     // b continues after the prefill (sent without the trailing space): its own start, a
     // ping, its block 0 starting with the space, stop, usage.
     let ev = |name: &str, body: &str| format!("event: {name}\ndata: {body}\n\n");
@@ -430,7 +331,11 @@ fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
         ev("message_stop", r#"{"type":"message_stop"}"#),
     ];
     b.on_always(MESSAGES, Reply::sse(raw(&b_chunks)));
-    let gw = Gateway::start(&config(&a, &b, "anthropic", &on(5_000)));
+    let gw = Gateway::start(&two_providers(
+        (&a, "anthropic"),
+        (&b, "anthropic"),
+        &continuation_on(5_000),
+    ));
     let ask_body = r#"{"model":"m1","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
     let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ask_body);
     assert_eq!(status, 200);
@@ -451,14 +356,7 @@ fn an_anthropic_stream_cut_mid_answer_is_continued_in_the_same_text_block() {
     want.push_str(&b_chunks[7]);
     assert_eq!(body, want);
     assert!(terminated);
-    let seen = b.requests_to(MESSAGES);
-    assert_eq!(seen.len(), 1);
-    let last = seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let (last, _) = last_message(&b, MESSAGES);
     let prefill = words(0..12).concat();
     assert_eq!(
         last,
@@ -475,9 +373,7 @@ fn with_no_candidate_able_to_continue_the_stream_ends_with_the_in_band_error() {
     let b = MockUpstream::start();
     let (a_sent, delivered) = cut_after_25(&a);
     b.on_always(CHAT, Reply::error(500, "overloaded"));
-    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued((&a, "openai"), (&b, "openai"), 5_000, CHAT, ASK);
     // a's words, then one in-band error naming the cut; b's 500 never reaches the stream.
     let rest = body
         .strip_prefix(&a_sent)
@@ -490,14 +386,7 @@ fn with_no_candidate_able_to_continue_the_stream_ends_with_the_in_band_error() {
     assert!(!rest.contains("overloaded"), "{rest}");
     assert_eq!(rest.matches("data: ").count(), 1, "{rest}");
     assert!(!terminated);
-    let seen = b.requests_to(CHAT);
-    assert_eq!(seen.len(), 1);
-    let last = seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let (last, _) = last_message(&b, CHAT);
     assert_eq!(last, json!({"role": "assistant", "content": delivered}));
     assert_eq!(metric(gw.addr(), "tidegate_streams_broken_total"), 1);
 }
@@ -510,12 +399,12 @@ fn a_combo_stream_cut_mid_answer_is_continued_by_its_next_target() {
     let mut b_chunks: Vec<String> = ["word24 word25 ", "done."]
         .map(|t| b_text("b-4", t))
         .to_vec();
-    b_chunks.push(b_chunk("b-4", "{}", "\"stop\""));
-    b_chunks.push("data: [DONE]\n\n".to_owned());
+    b_chunks.push(b_stop("b-4"));
+    b_chunks.push(SSE_DONE.to_owned());
     b.on_always(CHAT, Reply::sse(raw(&b_chunks)));
     let cfg = format!(
         "{}[[combos]]\nname = \"duo\"\ntargets = [\"a/m1\", \"b/m1\"]\n",
-        config(&a, &b, "openai", &on(5_000))
+        two_providers((&a, "openai"), (&b, "openai"), &continuation_on(5_000))
     );
     let gw = Gateway::start(&cfg);
     let ask_duo = ASK.replace("\"m1\"", "\"duo\"");
@@ -526,21 +415,13 @@ fn a_combo_stream_cut_mid_answer_is_continued_by_its_next_target() {
     let mut want = a_sent;
     want.push_str(&b_text("chatcmpl-mock", "word24 word25 "));
     want.push_str(&b_text("chatcmpl-mock", "done."));
-    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
-    want.push_str("data: [DONE]\n\n");
+    want.push_str(&b_stop("chatcmpl-mock"));
+    want.push_str(SSE_DONE);
     assert_eq!(body, want);
     assert!(terminated);
     // b was asked for its own model, with the prefill.
-    let seen = b.requests_to(CHAT);
-    assert_eq!(seen.len(), 1);
-    let sent = seen[0].json();
+    let (last, sent) = last_message(&b, CHAT);
     assert_eq!(sent["model"], "m1");
-    let last = sent["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
     assert_eq!(last, json!({"role": "assistant", "content": delivered}));
     assert_eq!(a.hits(CHAT), 1);
 }
@@ -554,21 +435,20 @@ fn a_continuation_cut_in_turn_is_continued_by_the_candidate_after_it() {
     // b goes on for 25 words (175 bytes: past the 160-byte overlap window, so they reach
     // the client) and is cut too; c finishes.
     let b_words = words(25..50);
-    let mut b_steps = raw(&b_words.iter().map(|w| b_text("b-5", w)).collect::<Vec<_>>());
-    b_steps.push(Chunk::close());
-    b.on_always(CHAT, Reply::sse(b_steps));
+    let b_chunks: Vec<String> = b_words.iter().map(|w| b_text("b-5", w)).collect();
+    script(&b, CHAT, &b_chunks, Some(Chunk::close()));
     let c_chunks = vec![
         b_text("c-1", "finally."),
-        b_chunk("c-1", "{}", "\"stop\""),
-        "data: [DONE]\n\n".to_owned(),
+        b_stop("c-1"),
+        SSE_DONE.to_owned(),
     ];
     c.on_always(CHAT, Reply::sse(raw(&c_chunks)));
     let cfg = format!(
         "{}{}{}",
-        config(&a, &b, "openai", ""),
+        two_providers((&a, "openai"), (&b, "openai"), ""),
         provider("c", &c.base_url(), &["m1"]),
         connection("third", "c"),
-    ) + &on(5_000);
+    ) + &continuation_on(5_000);
     let gw = Gateway::start(&cfg);
     let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
     assert_eq!(status, 200);
@@ -578,20 +458,11 @@ fn a_continuation_cut_in_turn_is_continued_by_the_candidate_after_it() {
         want.push_str(&b_text("chatcmpl-mock", w));
     }
     want.push_str(&b_text("chatcmpl-mock", "finally."));
-    want.push_str(&b_chunk("chatcmpl-mock", "{}", "\"stop\""));
-    want.push_str("data: [DONE]\n\n");
+    want.push_str(&b_stop("chatcmpl-mock"));
+    want.push_str(SSE_DONE);
     assert_eq!(body, want);
     assert!(terminated);
-    let last = |m: &MockUpstream| {
-        let seen = m.requests_to(CHAT);
-        assert_eq!(seen.len(), 1);
-        seen[0].json()["messages"]
-            .as_array()
-            .unwrap()
-            .last()
-            .cloned()
-            .unwrap()
-    };
+    let last = |m: &MockUpstream| last_message(m, CHAT).0;
     assert_eq!(
         last(&b),
         json!({"role": "assistant", "content": words(0..25).concat()})
@@ -610,7 +481,11 @@ fn a_client_that_hangs_up_while_the_continuation_is_awaited_cancels_it() {
     let (a_sent, _) = cut_after_25(&a);
     // b takes the continuation request and never answers it.
     b.on_always(CHAT, Reply::stall_before_head());
-    let gw = Gateway::start(&config(&a, &b, "openai", &on(5_000)));
+    let gw = Gateway::start(&two_providers(
+        (&a, "openai"),
+        (&b, "openai"),
+        &continuation_on(5_000),
+    ));
     let mut c = Client::connect(gw.addr());
     c.start_request("POST", CHAT, &[], ASK.as_bytes());
     assert_eq!(c.read_head().status, 200);
@@ -650,21 +525,6 @@ fn a_client_that_hangs_up_while_the_continuation_is_awaited_cancels_it() {
 
 const ASK_MESSAGES: &str = r#"{"model":"m1","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
 
-/// Providers `a` and `b` (model `m1`) of the formats given, one connection each.
-fn mixed(a: &MockUpstream, a_format: &str, b: &MockUpstream, b_format: &str, tail: &str) -> String {
-    let p = |id: &str, m: &MockUpstream, format: &str| {
-        provider(id, &m.base_url(), &["m1"])
-            .replace("format = \"openai\"", &format!("format = \"{format}\""))
-    };
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n\n{}{}{}{}{tail}\n",
-        p("a", a, a_format),
-        connection("first", "a"),
-        p("b", b, b_format),
-        connection("second", "b"),
-    )
-}
-
 /// Every event of a client's stream: `{"event": name}` (when named) and `"data"` (the JSON,
 /// `created` left out, or the string `[DONE]`); comments left out.
 fn client_events(body: &str) -> Vec<Value> {
@@ -694,6 +554,22 @@ fn t_chunk(id: &str, delta: Value, finish: Value) -> Value {
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}})
 }
 
+/// a's 12 words as the chat client sees them, translated: a role chunk, then a chunk a
+/// word.
+fn translated_start() -> Vec<Value> {
+    let mut chunks = vec![t_chunk(
+        "msg_a",
+        json!({"role": "assistant", "content": ""}),
+        json!(null),
+    )];
+    chunks.extend(
+        words(0..12)
+            .iter()
+            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
+    );
+    chunks
+}
+
 /// An Anthropic event as the client sees it.
 fn a_ev(name: &str, data: Value) -> Value {
     json!({"event": name, "data": data})
@@ -708,79 +584,37 @@ fn text_delta(index: u64, text: &str) -> Value {
 }
 
 /// An Anthropic upstream's message: `message_start` (`input` tokens), one text block with
-/// `words`.
+/// `words`, left open.
 fn anthropic_start(id: &str, input: u64, words: &[String]) -> Vec<String> {
-    let mut chunks = vec![
-        anthropic_event(
-            "message_start",
-            json!({"type": "message_start", "message": {"id": id, "type": "message",
-                "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
-                "usage": {"input_tokens": input, "output_tokens": 1}}}),
-        ),
-        anthropic_event(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-        ),
-    ];
-    for w in words {
-        chunks.push(anthropic_event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": w}}),
-        ));
-    }
-    chunks
+    AnthropicEvents::start(id, "m1", input)
+        .open_text(0, words)
+        .sse()
+}
+
+/// A `message_delta` delta: `end_turn`, no stop sequence.
+fn end_turn() -> Value {
+    json!({"stop_reason": "end_turn", "stop_sequence": null})
 }
 
 /// An Anthropic upstream's continuation: its own start (45 input tokens) and a ping, a
 /// block starting with the space the prefill left out, its end and 4 output tokens.
 fn anthropic_continuation() -> Vec<String> {
-    let mut chunks = anthropic_start("msg_b", 45, &[" word12".to_owned(), " fin.".to_owned()]);
-    chunks.insert(1, anthropic_event("ping", json!({"type": "ping"})));
-    chunks.push(anthropic_event(
-        "content_block_stop",
-        json!({"type": "content_block_stop", "index": 0}),
-    ));
-    chunks.push(anthropic_event(
-        "message_delta",
-        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
-            "stop_sequence": null}, "usage": {"output_tokens": 4}}),
-    ));
-    chunks.push(anthropic_event(
-        "message_stop",
-        json!({"type": "message_stop"}),
-    ));
-    chunks
+    AnthropicEvents::start("msg_b", "m1", 45)
+        .ping()
+        .text(0, &[" word12", " fin."])
+        .finish(end_turn(), 4)
+        .sse()
 }
 
 /// An OpenAI upstream's continuation: a role chunk, the last two delivered words again
 /// (14 characters), two new pieces, the finish, usage (40 prompt, 4 completion), `[DONE]`.
 fn openai_continuation() -> Vec<String> {
-    let mut chunks = vec![b_chunk(
-        "b-9",
-        r#"{"content":"","role":"assistant"}"#,
-        "null",
-    )];
+    let mut chunks = vec![b_role("b-9")];
     chunks.extend(["word10 word11 ", "word12 ", "end."].map(|t| b_text("b-9", t)));
-    chunks.push(b_chunk("b-9", "{}", "\"stop\""));
+    chunks.push(b_stop("b-9"));
     chunks.push(b_usage("b-9", 40, 5 - 1));
-    chunks.push("data: [DONE]\n\n".to_owned());
+    chunks.push(SSE_DONE.to_owned());
     chunks
-}
-
-/// The last message of the one request `m` got on `path`, and that request.
-fn last_message(m: &MockUpstream, path: &str) -> (Value, Value) {
-    let seen = m.requests_to(path);
-    assert_eq!(seen.len(), 1, "{path}");
-    let body = seen[0].json();
-    let last = body["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
-    (last, body)
 }
 
 #[test]
@@ -798,40 +632,25 @@ fn translated_chat_continued_by_openai(end: Option<Chunk>) {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
     // a speaks Anthropic (translated for the chat client): 12 words, then `end`.
-    let mut steps = raw(&anthropic_start("msg_a", 21, &words(0..12)));
-    steps.extend(end);
-    a.on_always(MESSAGES, Reply::sse(steps));
+    script(
+        &a,
+        MESSAGES,
+        &anthropic_start("msg_a", 21, &words(0..12)),
+        end,
+    );
     b.on_always(CHAT, Reply::sse(raw(&openai_continuation())));
-    let gw = Gateway::start(&mixed(&a, "anthropic", &b, "openai", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued((&a, "anthropic"), (&b, "openai"), 5_000, CHAT, ASK);
     // a's events translated; b's chunks without its role chunk and the 14 repeated
     // characters, with a's id; usage over the whole answer: a's prompt (its
     // message_start), 12 + 4 completion tokens.
-    let mut want = vec![t_chunk(
-        "msg_a",
-        json!({"role": "assistant", "content": ""}),
-        json!(null),
-    )];
-    want.extend(
-        words(0..12)
-            .iter()
-            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
-    );
+    let mut want = translated_start();
+    // b's part keeps b's own chunk shape (no model, no time), with a's id.
+    let spliced = ChatChunks::new("msg_a");
     for t in ["word12 ", "end."] {
-        want.push(
-            json!({"data": {"choices": [{"delta": {"content": t}, "finish_reason": null,
-            "index": 0}], "id": "msg_a", "object": "chat.completion.chunk"}}),
-        );
+        want.push(json!({"data": spliced.text(t)}));
     }
-    want.push(
-        json!({"data": {"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}],
-        "id": "msg_a", "object": "chat.completion.chunk"}}),
-    );
-    want.push(
-        json!({"data": {"choices": [], "id": "msg_a", "object": "chat.completion.chunk",
-        "usage": {"prompt_tokens": 21, "completion_tokens": 16, "total_tokens": 37}}}),
-    );
+    want.push(json!({"data": spliced.finish("stop")}));
+    want.push(json!({"data": spliced.usage(21, 16)}));
     want.push(json!({"data": "[DONE]"}));
     assert_eq!(client_events(&body), want, "{body}");
     assert!(terminated, "a continued stream ends cleanly");
@@ -856,26 +675,19 @@ fn translated_chat_continued_by_openai(end: Option<Chunk>) {
 fn a_translated_chat_stream_cut_mid_answer_is_continued_by_an_anthropic_target() {
     let a = MockUpstream::start();
     let b = MockUpstream::start();
-    let mut steps = raw(&anthropic_start("msg_a", 21, &words(0..12)));
-    steps.push(Chunk::close());
-    a.on_always(MESSAGES, Reply::sse(steps));
+    script(
+        &a,
+        MESSAGES,
+        &anthropic_start("msg_a", 21, &words(0..12)),
+        Some(Chunk::close()),
+    );
     // b speaks Anthropic too: the continuation is translated as well.
     b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
-    let gw = Gateway::start(&mixed(&a, "anthropic", &b, "anthropic", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) =
+        continued((&a, "anthropic"), (&b, "anthropic"), 5_000, CHAT, ASK);
     // b's block translated into chunks with a's id; its role chunk and ping dropped, the
     // leading space that repeats the one left out of the prefill skipped.
-    let mut want = vec![t_chunk(
-        "msg_a",
-        json!({"role": "assistant", "content": ""}),
-        json!(null),
-    )];
-    want.extend(
-        words(0..12)
-            .iter()
-            .map(|w| t_chunk("msg_a", json!({"content": w}), json!(null))),
-    );
+    let mut want = translated_start();
     want.push(t_chunk("msg_a", json!({"content": "word12"}), json!(null)));
     want.push(t_chunk("msg_a", json!({"content": " fin."}), json!(null)));
     want.push(t_chunk("msg_a", json!({}), json!("stop")));
@@ -916,14 +728,16 @@ fn a_translated_messages_stream_stalled_mid_answer_is_continued_by_an_anthropic_
     // a speaks OpenAI (translated for the Messages client): 12 words, then silence.
     let mut chunks = vec![a_role()];
     chunks.extend(words(0..12).iter().map(|w| a_delta(w)));
-    let mut steps = raw(&chunks);
-    steps.push(Chunk::stall());
-    a.on_always(CHAT, Reply::sse(steps));
+    script(&a, CHAT, &chunks, Some(Chunk::stall()));
     b.on_always(MESSAGES, Reply::sse(raw(&anthropic_continuation())));
     let stall_ms = 1_000;
-    let gw = Gateway::start(&mixed(&a, "openai", &b, "anthropic", &on(stall_ms)));
-    let (status, body, terminated, took) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, took) = continued(
+        (&a, "openai"),
+        (&b, "anthropic"),
+        stall_ms,
+        MESSAGES,
+        ASK_MESSAGES,
+    );
     // a's chunks as Anthropic events; after the stall b's block goes on in the client's
     // open block 0 (its message_start, ping and block start dropped, the repeated space
     // skipped), output tokens 12 + 4.
@@ -981,15 +795,16 @@ fn a_messages_stream_cut_mid_answer_is_continued_by_an_openai_target_translated(
     let a = MockUpstream::start();
     let b = MockUpstream::start();
     let a_chunks = anthropic_start("msg_a", 21, &words(0..12));
-    let a_sent = sse(&a_chunks);
-    let mut steps = raw(&a_chunks);
-    steps.push(Chunk::close());
-    a.on_always(MESSAGES, Reply::sse(steps));
+    let a_sent = script(&a, MESSAGES, &a_chunks, Some(Chunk::close()));
     // b speaks OpenAI: the continuation request is translated, its answer too.
     b.on_always(CHAT, Reply::sse(raw(&openai_continuation())));
-    let gw = Gateway::start(&mixed(&a, "anthropic", &b, "openai", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
-    assert_eq!(status, 200);
+    let (gw, body, terminated, _) = continued(
+        (&a, "anthropic"),
+        (&b, "openai"),
+        5_000,
+        MESSAGES,
+        ASK_MESSAGES,
+    );
     // a's events as they came (byte for byte), then b's translated: the 14 repeated
     // characters skipped, in block 0; usage: a's 21 input tokens, 12 + 4 output tokens.
     let rest = body
@@ -1047,22 +862,10 @@ fn anthropic_refusal() -> Reply {
 /// An Anthropic upstream's whole answer to the original request: `pieces` in block 0, its
 /// end and `output` tokens.
 fn anthropic_replay(pieces: &[&str], output: u64) -> Vec<String> {
-    let pieces: Vec<String> = pieces.iter().map(|p| (*p).to_owned()).collect();
-    let mut chunks = anthropic_start("msg_r", 21, &pieces);
-    chunks.push(anthropic_event(
-        "content_block_stop",
-        json!({"type": "content_block_stop", "index": 0}),
-    ));
-    chunks.push(anthropic_event(
-        "message_delta",
-        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
-            "stop_sequence": null}, "usage": {"output_tokens": output}}),
-    ));
-    chunks.push(anthropic_event(
-        "message_stop",
-        json!({"type": "message_stop"}),
-    ));
-    chunks
+    AnthropicEvents::start("msg_r", "m1", 21)
+        .text(0, pieces)
+        .finish(end_turn(), output)
+        .sse()
 }
 
 #[test]
@@ -1070,10 +873,7 @@ fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpo
     let a = MockUpstream::start();
     let b = MockUpstream::start();
     let a_chunks = anthropic_start("msg_a", 21, &words(0..12));
-    let a_sent = sse(&a_chunks);
-    let mut steps = raw(&a_chunks);
-    steps.push(Chunk::close());
-    a.on_always(MESSAGES, Reply::sse(steps));
+    let a_sent = script(&a, MESSAGES, &a_chunks, Some(Chunk::close()));
     // b refuses the prefill, then answers the original request from the start (split
     // differently from a's pieces).
     let delivered = words(0..12).concat();
@@ -1082,9 +882,13 @@ fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpo
     let (p1, p2) = all.split_at(30);
     b.on(MESSAGES, anthropic_refusal())
         .on_always(MESSAGES, Reply::sse(raw(&anthropic_replay(&[p1, p2], 14))));
-    let gw = Gateway::start(&config(&a, &b, "anthropic", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), MESSAGES, ASK_MESSAGES);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued(
+        (&a, "anthropic"),
+        (&b, "anthropic"),
+        5_000,
+        MESSAGES,
+        ASK_MESSAGES,
+    );
     let rest = body
         .strip_prefix(&a_sent)
         .unwrap_or_else(|| panic!("{body}"));
@@ -1094,12 +898,7 @@ fn an_anthropic_target_refusing_the_prefill_is_asked_again_on_the_messages_endpo
     assert!(terminated, "{body}");
     let seen = b.requests_to(MESSAGES);
     assert_eq!(seen.len(), 2);
-    let prefill = seen[0].json()["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let prefill = last_of(&seen[0].json());
     assert_eq!(
         prefill,
         json!({"role": "assistant", "content": delivered.trim_end()})
@@ -1123,9 +922,7 @@ fn a_translated_target_refusing_the_prefill_is_asked_again_with_the_original_req
     let (p1, p2) = all.split_at(100);
     b.on(MESSAGES, anthropic_refusal())
         .on_always(MESSAGES, Reply::sse(raw(&anthropic_replay(&[p1, p2], 27))));
-    let gw = Gateway::start(&mixed(&a, "openai", &b, "anthropic", &on(5_000)));
-    let (status, body, terminated, _) = ask(gw.addr(), CHAT, ASK);
-    assert_eq!(status, 200);
+    let (_gw, body, terminated, _) = continued((&a, "openai"), (&b, "anthropic"), 5_000, CHAT, ASK);
     let rest = body
         .strip_prefix(&a_sent)
         .unwrap_or_else(|| panic!("{body}"));
@@ -1136,11 +933,6 @@ fn a_translated_target_refusing_the_prefill_is_asked_again_with_the_original_req
     assert_eq!(seen.len(), 2);
     // The replay is the original chat request, translated: its last message is the user's.
     let replay = seen[1].json();
-    let last = replay["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .cloned()
-        .unwrap();
+    let last = last_of(&replay);
     assert_eq!(last["role"], "user", "{replay}");
 }

@@ -42,83 +42,25 @@ fn stream(addr: std::net::SocketAddr, path: &str) -> (u16, Option<String>, Strin
     } else {
         r#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#
     };
-    let mut c = Client::connect(addr);
-    c.start_request("POST", path, &[], body.as_bytes());
-    let head = c.read_head();
-    let attempts = head.header("x-tidegate-attempts").map(str::to_owned);
-    let mut body = Vec::new();
-    let ended = loop {
-        match c.next_body_piece(Duration::from_secs(10)) {
-            Piece::Data(d) => body.extend_from_slice(&d),
-            Piece::End => break true,
-            Piece::Closed => break false,
-            Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
-        }
-    };
-    (
-        head.status,
-        attempts,
-        String::from_utf8(body).unwrap(),
-        ended,
-    )
-}
-
-/// The connection `id` as `/api/resilience/cooldowns` shows it, once its last error type
-/// is `want`.
-fn connection_once(addr: std::net::SocketAddr, id: &str, want: &str) -> Value {
-    eventually(Duration::from_secs(5), "the failure recorded", || {
-        let r = Client::connect(addr).request("GET", "/api/resilience/cooldowns", &[], b"");
-        let list = r.json()["connections"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        list.into_iter()
-            .find(|c| c["id"] == id && c["lastErrorType"] == want)
-    })
-}
-
-/// The failures the breakers have counted, summed over every breaker.
-fn breaker_failures(addr: std::net::SocketAddr) -> u64 {
-    let r = Client::connect(addr).request("GET", "/api/monitoring/health", &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["providerBreakers"].as_array().map_or(0, |list| {
-        list.iter()
-            .map(|b| b["failureCount"].as_u64().unwrap_or(0))
-            .sum()
-    })
+    let got = read_stream(addr, path, body.as_bytes(), Duration::from_secs(10));
+    let attempts = got.header("x-tidegate-attempts").map(str::to_owned);
+    (got.status, attempts, got.body, got.terminated)
 }
 
 fn chat_chunk(delta: Value) -> String {
-    format!(
-        "data: {}\n\n",
-        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m1",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
-    )
+    sse_data(&ChatChunks::stamped("c", "m1", 1).chunk(delta, Value::Null))
 }
 
-fn anthropic_event(name: &str, v: Value) -> String {
-    format!("event: {name}\ndata: {v}\n\n")
-}
-
+/// An Anthropic stream's start (no output counted yet) and its first text, "Hel".
 fn anthropic_head() -> Vec<String> {
-    vec![
-        anthropic_event(
-            "message_start",
+    AnthropicEvents::default()
+        .event(
             json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
-                "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
-                "usage": {"input_tokens": 3, "output_tokens": 0}}}),
-        ),
-        anthropic_event(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-        ),
-        anthropic_event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": "Hel"}}),
-        ),
-    ]
+            "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
+            "usage": {"input_tokens": 3, "output_tokens": 0}}}),
+        )
+        .open_text(0, &["Hel"])
+        .sse()
 }
 
 const OVERLOADED: &str =

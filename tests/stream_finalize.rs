@@ -9,6 +9,7 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::json;
 use support::*;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -70,8 +71,16 @@ fn access_lines_once_settled(gw: &Gateway, request_id: &str) -> usize {
     access_lines(gw, request_id)
 }
 
-fn anthropic(name: &str, v: serde_json::Value) -> Chunk {
-    Chunk::event(name, &v.to_string())
+/// An Anthropic stream's start (message `m`, `input` tokens in, one out; no stop reason)
+/// and a text delta "Hi".
+fn started_hi(input: u64) -> AnthropicEvents {
+    AnthropicEvents::default()
+        .event(
+            json!({"type": "message_start", "message": {"id": "m", "type": "message",
+            "role": "assistant", "model": "m1", "content": [],
+            "usage": {"input_tokens": input, "output_tokens": 1}}}),
+        )
+        .delta(0, json!({"type": "text_delta", "text": "Hi"}))
 }
 
 #[test]
@@ -79,11 +88,7 @@ fn a_completed_stream_counts_its_usage_once() {
     let mock = MockUpstream::start();
     let mut chunks = openai_stream_chunks(&["Hel", "lo"]);
     let done = chunks.pop().unwrap();
-    chunks.push(Chunk::json(
-        serde_json::json!({"id": "c", "object": "chat.completion.chunk",
-        "created": 1, "model": "m1", "choices": [],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}}),
-    ));
+    chunks.push(Chunk::json(ChatChunks::stamped("c", "m1", 1).usage(11, 2)));
     chunks.push(done);
     mock.on_always(CHAT, Reply::sse(chunks));
     let gw = Gateway::start(&config(&mock, "openai"));
@@ -107,23 +112,9 @@ fn a_completed_stream_counts_its_usage_once() {
 #[test]
 fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
     let mock = MockUpstream::start();
-    mock.on_always(
-        MESSAGES,
-        Reply::sse(vec![
-            anthropic(
-                "message_start",
-                serde_json::json!({"type": "message_start", "message": {"id": "m",
-                    "type": "message", "role": "assistant", "model": "m1", "content": [],
-                    "usage": {"input_tokens": 7, "output_tokens": 1}}}),
-            ),
-            anthropic(
-                "content_block_delta",
-                serde_json::json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": "Hi"}}),
-            ),
-            Chunk::stall(),
-        ]),
-    );
+    let mut steps = started_hi(7).chunks();
+    steps.push(Chunk::stall());
+    mock.on_always(MESSAGES, Reply::sse(steps));
     let gw = Gateway::start(&config(&mock, "anthropic"));
     let addr = gw.addr();
     let mut c = Client::connect(addr);
@@ -164,29 +155,12 @@ fn a_stream_broken_by_the_stall_watchdog_counts_what_it_reported_once() {
 #[test]
 fn a_stream_the_client_hangs_up_on_counts_what_it_reported_once() {
     let mock = MockUpstream::start();
-    mock.on_always(
-        MESSAGES,
-        Reply::sse(vec![
-            anthropic(
-                "message_start",
-                serde_json::json!({"type": "message_start", "message": {"id": "m",
-                    "type": "message", "role": "assistant", "model": "m1", "content": [],
-                    "usage": {"input_tokens": 5, "output_tokens": 1}}}),
-            ),
-            anthropic(
-                "content_block_delta",
-                serde_json::json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": "Hi"}}),
-            ),
-            anthropic(
-                "message_delta",
-                serde_json::json!({"type": "message_delta", "delta": {},
-                    "usage": {"output_tokens": 9}}),
-            ),
-            // Silence with the connection open, until the client leaves.
-            Chunk::stall(),
-        ]),
-    );
+    let mut steps = started_hi(5)
+        .event(json!({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 9}}))
+        .chunks();
+    // Silence with the connection open, until the client leaves.
+    steps.push(Chunk::stall());
+    mock.on_always(MESSAGES, Reply::sse(steps));
     let gw = Gateway::start(
         &config(&mock, "anthropic").replace("stall_timeout_ms = 400", "stall_timeout_ms = 0"),
     );
@@ -270,17 +244,6 @@ fn whole_answers_and_translated_streams_count_their_usage_once() {
         (tokens(addr) == (6, 4)).then_some(())
     });
     assert_eq!(flow_held(addr), 0);
-}
-
-/// The failures the breakers have counted, summed over every breaker.
-fn breaker_failures(addr: std::net::SocketAddr) -> u64 {
-    let r = Client::connect(addr).request("GET", "/api/monitoring/health", &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["providerBreakers"].as_array().map_or(0, |list| {
-        list.iter()
-            .map(|b| b["failureCount"].as_u64().unwrap_or(0))
-            .sum()
-    })
 }
 
 /// docs/resilience.md: a stream cut after its first byte records the cut on its connection

@@ -79,7 +79,7 @@ fn lockouts_for_ever_new_model_names_are_swept_once_expired_and_idle() {
     eventually(secs(5), "one lock per model name", || {
         (entries(&gw, "model_lockouts") == N && entries(&gw, "model_failures") == N).then_some(())
     });
-    assert!(gw.logs().contains("model locked for"), "{}", gw.logs());
+    gw.wait_for_log("model locked for", secs(5));
     // After the lock expires and the failure state's window passes, the sweep forgets both.
     eventually(secs(40), "the swept tables", || {
         (entries(&gw, "model_lockouts") == 0 && entries(&gw, "model_failures") == 0).then_some(())
@@ -140,5 +140,5 @@ fn a_flood_of_new_model_names_is_held_to_the_cap_oldest_first() {
         before + 1,
         "flood-0 was evicted"
     );
-    assert!(gw.logs().contains("model lock lifted"), "{}", gw.logs());
+    gw.wait_for_log("model lock lifted", secs(5));
 }

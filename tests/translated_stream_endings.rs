@@ -15,7 +15,6 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::client::Head;
 use support::*;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -61,42 +60,15 @@ impl Started {
     }
 }
 
-/// What the client got on a stream request.
-struct Got {
-    status: u16,
-    head: Head,
-    body: String,
-    /// The body ended with the chunked terminator (else the gateway closed).
-    terminated: bool,
-}
-
-impl Got {
-    fn events(&self) -> Vec<SseEvent> {
-        parse_sse(self.body.as_bytes())
-    }
-}
-
-fn ask(gw: &Gateway, path: &str, body: Value) -> Got {
-    let mut c = Client::connect(gw.addr());
-    c.start_request("POST", path, &[], body.to_string().as_bytes());
-    let head = c.read_head();
-    let status = head.status;
-    // A chunked stream, or a whole (error) answer by its length.
-    let mut body = Vec::new();
-    let terminated = loop {
-        match c.next_body_piece(Duration::from_secs(20)) {
-            Piece::Data(d) => body.extend_from_slice(&d),
-            Piece::End => break true,
-            Piece::Closed => break false,
-            Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&body)),
-        }
-    };
-    Got {
-        status,
-        head,
-        body: String::from_utf8(body).unwrap(),
-        terminated,
-    }
+/// Asks on `path` and reads the answer: a chunked stream, or a whole (error) answer by its
+/// length.
+fn ask(gw: &Gateway, path: &str, body: Value) -> Streamed {
+    read_stream(
+        gw.addr(),
+        path,
+        body.to_string().as_bytes(),
+        Duration::from_secs(20),
+    )
 }
 
 fn chat_ask(model: &str) -> Value {
@@ -174,7 +146,7 @@ fn no_fake_end(body: &str) {
 }
 
 /// The last event is the chat in-band error with `code`; returns its `error`.
-fn chat_error_last(got: &Got, code: Option<&str>) -> Value {
+fn chat_error_last(got: &Streamed, code: Option<&str>) -> Value {
     let events = got.events();
     let last = events.last().unwrap();
     assert_eq!(last.event, None, "{}", got.body);
@@ -188,7 +160,7 @@ fn chat_error_last(got: &Got, code: Option<&str>) -> Value {
 }
 
 /// The last event is Anthropic's `event: error` with `code` (a gateway error) or `type`.
-fn messages_error_last(got: &Got, code: Option<&str>) -> Value {
+fn messages_error_last(got: &Streamed, code: Option<&str>) -> Value {
     let events = got.events();
     let last = events.last().unwrap();
     assert_eq!(last.event.as_deref(), Some("error"), "{}", got.body);
@@ -205,7 +177,7 @@ fn messages_error_last(got: &Got, code: Option<&str>) -> Value {
 }
 
 /// The last event is the Responses `event: error` with `code`.
-fn responses_error_last(got: &Got, code: &str) {
+fn responses_error_last(got: &Streamed, code: &str) {
     let events = got.events();
     let last = events.last().unwrap();
     assert_eq!(last.event.as_deref(), Some("error"), "{}", got.body);

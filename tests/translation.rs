@@ -263,25 +263,14 @@ fn an_anthropic_messages_request_is_served_by_an_openai_provider() {
 fn an_anthropic_stream_reaches_an_openai_client_as_chunks_with_usage_and_done() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
     anthropic.on(
         "/v1/messages",
-        Reply::sse(vec![
-            event(json!({"type": "message_start", "message": {"id": "msg_s", "type": "message",
-                "role": "assistant", "model": "claude-x", "content": [], "stop_reason": null,
-                "usage": {"input_tokens": 9, "output_tokens": 1}}})),
-            event(json!({"type": "ping"})),
-            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})),
-            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}})),
-            event(json!({"type": "content_block_stop", "index": 0})),
-            event(json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_9", "name": "f", "input": {}}})),
-            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}})),
-            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "1}"}})),
-            event(json!({"type": "content_block_stop", "index": 1})),
-            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 12}})),
-            event(json!({"type": "message_stop"})),
-        ]),
+        AnthropicEvents::start("msg_s", "claude-x", 9)
+            .ping()
+            .text(0, &["Hel", "lo"])
+            .tool_use(1, "toolu_9", "f", &["{\"a\":", "1}"])
+            .stop("tool_use", 12)
+            .reply(),
     );
     let gw = start(&openai, &anthropic);
     let r = post(
@@ -335,37 +324,25 @@ fn an_anthropic_stream_reaches_an_openai_client_as_chunks_with_usage_and_done() 
 fn an_openai_stream_reaches_an_anthropic_client_as_message_events() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        Chunk::json(
-            json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
-            "model": "gpt-x", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-        )
-    };
-    openai.on(
-        "/v1/chat/completions",
-        Reply::sse(vec![
-            chunk(json!({"role": "assistant", "content": ""}), None),
-            chunk(json!({"reasoning_content": "hmm"}), None),
-            chunk(json!({"content": "Hi "}), None),
-            chunk(json!({"content": "there"}), None),
-            chunk(
-                json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                "function": {"name": "f", "arguments": ""}}]}),
-                None,
-            ),
-            chunk(
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"x\":2}"}}]}),
-                None,
-            ),
-            chunk(json!({}), Some("tool_calls")),
-            Chunk::json(
-                json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
-                "model": "gpt-x", "choices": [],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}}),
-            ),
-            Chunk::done(),
-        ]),
-    );
+    let c = ChatChunks::stamped("chatcmpl-s", "gpt-x", 1);
+    let chunks = [
+        c.role(),
+        c.chunk(json!({"reasoning_content": "hmm"}), json!(null)),
+        c.text("Hi "),
+        c.text("there"),
+        c.chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": ""}}]}),
+            json!(null),
+        ),
+        c.chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"x\":2}"}}]}),
+            json!(null),
+        ),
+        c.finish("tool_calls"),
+        c.usage(11, 4),
+    ];
+    openai.on("/v1/chat/completions", chat_stream(chunks));
     let gw = start(&openai, &anthropic);
     let r = post(
         &gw,
@@ -501,12 +478,12 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
     let anthropic = MockUpstream::start();
     openai.on(
         "/v1/chat/completions",
-        Reply::json(
-            200,
-            json!({"id": "chatcmpl-cc", "object": "chat.completion", "created": 1, "model": "gpt-x",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": "hello"}}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}),
+        chat_completion(
+            "chatcmpl-cc",
+            "gpt-x",
+            json!({"role": "assistant", "content": "hello"}),
+            "stop",
+            (9, 1),
         ),
     );
     anthropic.on(
@@ -780,17 +757,17 @@ fn a_combo_of_alternating_formats_fails_over_mid_list() {
 #[test]
 fn a_translated_stream_that_stalls_ends_with_an_in_band_error_in_the_clients_shape() {
     let anthropic = MockUpstream::start();
-    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
-    anthropic.on_always(
-        "/v1/messages",
-        Reply::sse(vec![
-            event(json!({"type": "message_start", "message": {"id": "msg_w", "type": "message",
-                "role": "assistant", "model": "claude-x", "content": [], "usage": {"input_tokens": 1}}})),
-            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})),
-            Chunk::stall(),
-        ]),
-    );
+    // A message start without a stop reason or output tokens, as some upstreams send it.
+    let events = AnthropicEvents::default()
+        .event(
+            json!({"type": "message_start", "message": {"id": "msg_w", "type": "message",
+            "role": "assistant", "model": "claude-x", "content": [],
+            "usage": {"input_tokens": 1}}}),
+        )
+        .open_text(0, &["Hel"]);
+    let mut steps = events.chunks();
+    steps.push(Chunk::stall());
+    anthropic.on_always("/v1/messages", Reply::sse(steps));
     let gw = Gateway::start(&format!(
         r#"
 [server]
@@ -882,13 +859,14 @@ fn a_responses_request_is_served_by_a_chat_completions_only_provider() {
     let anthropic = MockUpstream::start();
     openai.on(
         "/v1/chat/completions",
-        Reply::json(
-            200,
-            json!({"id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": "gpt-c-1",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
-                    "content": "Reading it.", "tool_calls": [{"id": "call_2", "type": "function",
-                    "function": {"name": "shell", "arguments": "{\"cmd\":\"cat a.rs\"}"}}]}}],
-                "usage": {"prompt_tokens": 30, "completion_tokens": 8, "total_tokens": 38}}),
+        chat_completion(
+            "chatcmpl-r",
+            "gpt-c-1",
+            json!({"role": "assistant", "content": "Reading it.", "tool_calls": [
+                {"id": "call_2", "type": "function",
+                 "function": {"name": "shell", "arguments": "{\"cmd\":\"cat a.rs\"}"}}]}),
+            "tool_calls",
+            (30, 8),
         ),
     );
     let gw = start(&openai, &anthropic);
@@ -950,28 +928,15 @@ fn a_responses_request_is_served_by_a_chat_completions_only_provider() {
 fn a_responses_stream_is_served_by_an_anthropic_provider() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
     anthropic.on(
         "/v1/messages",
-        Reply::sse(vec![
-            event(json!({"type": "message_start", "message": {"id": "msg_r", "type": "message",
-                "role": "assistant", "model": "claude-x-1", "content": [], "stop_reason": null,
-                "usage": {"input_tokens": 9, "output_tokens": 1}}})),
-            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}})),
-            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Need ls."}})),
-            event(json!({"type": "content_block_stop", "index": 0})),
-            event(json!({"type": "ping"})),
-            event(json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})),
-            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Run"}})),
-            event(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "ning."}})),
-            event(json!({"type": "content_block_stop", "index": 1})),
-            event(json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_r", "name": "shell", "input": {}}})),
-            event(json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"cmd\":"}})),
-            event(json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "\"ls\"}"}})),
-            event(json!({"type": "content_block_stop", "index": 2})),
-            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 14}})),
-            event(json!({"type": "message_stop"})),
-        ]),
+        AnthropicEvents::start("msg_r", "claude-x-1", 9)
+            .thinking(0, &["Need ls."])
+            .ping()
+            .text(1, &["Run", "ning."])
+            .tool_use(2, "toolu_r", "shell", &["{\"cmd\":", "\"ls\"}"])
+            .stop("tool_use", 14)
+            .reply(),
     );
     let gw = start(&openai, &anthropic);
     let r = post(&gw, "/v1/responses", &codex_request("an/claude-x", true));
@@ -1044,30 +1009,27 @@ fn codex_multi_agent_namespace_tools_are_served_by_chat_and_anthropic_providers(
     // The Chat Completions provider calls a namespaced tool by its flat name.
     openai.on(
         "/v1/chat/completions",
-        Reply::json(
-            200,
-            json!({"id": "chatcmpl-n", "object": "chat.completion", "created": 1, "model": "gpt-c-1",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
-                    "content": null, "tool_calls": [{"id": "call_s", "type": "function",
-                    "function": {"name": "multi_agent_v1__spawn_agent", "arguments": "{\"target\":\"t\"}"}}]}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        chat_completion(
+            "chatcmpl-n",
+            "gpt-c-1",
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_s", "type": "function", "function": {
+                    "name": "multi_agent_v1__spawn_agent", "arguments": "{\"target\":\"t\"}"}}]}),
+            "tool_calls",
+            (3, 2),
         ),
     );
-    let event = |v: serde_json::Value| Chunk::event(v["type"].as_str().unwrap(), &v.to_string());
     anthropic.on(
         "/v1/messages",
-        Reply::sse(vec![
-            event(json!({"type": "message_start", "message": {"id": "msg_n", "type": "message",
-                "role": "assistant", "model": "claude-x-1", "content": [], "stop_reason": null,
-                "usage": {"input_tokens": 4, "output_tokens": 1}}})),
-            event(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use",
-                "id": "toolu_c", "name": "multi_agent_v1__close_agent", "input": {}}})),
-            event(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta",
-                "partial_json": "{\"target\":\"1\"}"}})),
-            event(json!({"type": "content_block_stop", "index": 0})),
-            event(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 6}})),
-            event(json!({"type": "message_stop"})),
-        ]),
+        AnthropicEvents::start("msg_n", "claude-x-1", 4)
+            .tool_use(
+                0,
+                "toolu_c",
+                "multi_agent_v1__close_agent",
+                &["{\"target\":\"1\"}"],
+            )
+            .stop("tool_use", 6)
+            .reply(),
     );
     let gw = start(&openai, &anthropic);
     // A later turn: Codex sends the earlier namespaced call back with its namespace.
@@ -1183,18 +1145,10 @@ fn a_responses_request_is_refused_naming_the_field_and_errors_come_back_in_opena
 fn a_responses_stream_cut_short_ends_with_a_responses_error_event() {
     let openai = MockUpstream::start();
     let anthropic = MockUpstream::start();
-    let chunk = |delta: serde_json::Value| {
-        Chunk::json(
-            json!({"id": "chatcmpl-c", "object": "chat.completion.chunk", "created": 1,
-            "model": "gpt-c", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]}),
-        )
-    };
+    let c = ChatChunks::stamped("chatcmpl-c", "gpt-c", 1);
     openai.on(
         "/v1/chat/completions",
-        Reply::sse(vec![
-            chunk(json!({"role": "assistant", "content": ""})),
-            chunk(json!({"content": "Half"})),
-        ]),
+        Reply::sse(vec![Chunk::json(c.role()), Chunk::json(c.text("Half"))]),
     );
     let gw = start(&openai, &anthropic);
     let mut c = Client::connect(gw.addr());

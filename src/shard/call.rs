@@ -134,7 +134,21 @@ impl<A: App> Shard<A> {
                 pending.answered = true;
                 P::unwrap(reply).ok_or(CallError::Mismatched)
             }
-            Err(_) => Err(CallError::TimedOut),
+            Err(_) => {
+                // Every bound sits well past the time the owner answers by (its own
+                // deadline, or at once): passing it means the request or the reply was
+                // held up on the way (a starved thread, a lost wake-up). Say which call and
+                // which owner, so an occurrence can be traced.
+                tracing::warn!(
+                    shard = self.id,
+                    owner,
+                    kind = ?P::KIND,
+                    call = id,
+                    bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+                    "owner call got no reply within its limit"
+                );
+                Err(CallError::TimedOut)
+            }
         }
     }
 }

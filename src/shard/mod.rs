@@ -50,8 +50,8 @@ pub trait App: Sized + 'static {
     type Fact: MeshSafe + Send + 'static;
     type Request: MeshSafe + Send + 'static;
     type Reply: MeshSafe + Send + 'static;
-    /// Names a protocol in a cancel.
-    type Kind: Copy + Send + 'static;
+    /// Names a protocol in a cancel (and in the warning of a call left unanswered).
+    type Kind: Copy + Send + std::fmt::Debug + 'static;
     /// The shard's owner tables and view replicas.
     type State;
 

@@ -22,6 +22,8 @@ pub mod eventually;
 pub mod flow;
 pub mod gateway;
 pub mod mock_upstream;
+pub mod resilience_state;
+pub mod streams;
 mod wire;
 
 // Re-exported for the test files; each uses only some of them.
@@ -41,6 +43,14 @@ pub use gateway::{Gateway, ReadyLine, RunOutput, StartFailure, run_check, run_ti
 pub use mock_upstream::{
     Chunk, Gate, MockUpstream, RecordedRequest, Reply, anthropic_stream_chunks,
     openai_stream_chunks,
+};
+#[allow(unused_imports)]
+pub use resilience_state::{breaker_failures, connection_once};
+#[allow(unused_imports)]
+pub use streams::{
+    AnthropicEvents, ChatChunks, SSE_DONE, Streamed, chat_completion, chat_stream, continuation_on,
+    last_message, last_of, provider_of, raw, read_stream, script, sse_data, two_providers,
+    typed_chunk, typed_sse, words,
 };
 
 use std::path::{Path, PathBuf};
@@ -89,6 +99,37 @@ pub fn ms(n: u64) -> Duration {
 /// Shorthand for test code: `secs(5)`.
 pub fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
+}
+
+/// A loopback port that refuses every connection for as long as this value lives: a socket
+/// bound to it that never listens. The kernel answers a connect with a reset (connection
+/// refused), and while the socket holds the port no other process can be given it, so the
+/// port cannot turn into somebody else's server halfway through a test (a port merely
+/// reserved and released can).
+#[derive(Debug)]
+pub struct RefusingPort {
+    socket: socket2::Socket,
+    addr: std::net::SocketAddr,
+}
+
+impl RefusingPort {
+    pub fn new() -> RefusingPort {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&any.into()).unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        RefusingPort { socket, addr }
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>/v1`, a provider `base_url` on this port.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
 }
 
 /// A fresh directory under the system temp dir, removed with its contents on drop.
