@@ -17,7 +17,7 @@ mod tests;
 pub mod throughput;
 pub mod usage;
 
-pub use classify::classify;
+pub use classify::{classify, event_may_be_error};
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types
 pub use classify::{Frame, FrameKind};
 
