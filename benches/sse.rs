@@ -38,7 +38,10 @@ fn openai_stream() -> Vec<u8> {
         s.push_str(finish);
         s.push_str("}],\"usage\":null}\n\n");
     };
-    chunk(r#"{"role":"assistant","content":"","refusal":null}"#, "null");
+    chunk(
+        r#"{"role":"assistant","content":"","refusal":null}"#,
+        "null",
+    );
     for w in WORDS {
         chunk(&format!(r#"{{"content":"{w}"}}"#), "null");
     }
@@ -60,15 +63,16 @@ fn anthropic_stream() -> Vec<u8> {
             "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{w}\"}}}}\n\n"
         ));
     }
-    s.push_str("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n");
+    s.push_str(
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    );
     s.push_str("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":12}}\n\n");
     s.push_str("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     s.into_bytes()
 }
 
 const WORDS: [&str; 12] = [
-    "Hello", " there", ",", " load", " test", "!", " Nice", " to", " meet", " you", " today",
-    ".",
+    "Hello", " there", ",", " load", " test", "!", " Nice", " to", " meet", " you", " today", ".",
 ];
 
 /// The stream cut after every blank line: one read per event.
@@ -134,7 +138,10 @@ fn naive(stream: &[u8]) -> (usize, usize, Option<u64>, Option<u64>) {
 }
 
 fn streams(c: &mut Criterion) {
-    for (label, stream) in [("openai", openai_stream()), ("anthropic", anthropic_stream())] {
+    for (label, stream) in [
+        ("openai", openai_stream()),
+        ("anthropic", anthropic_stream()),
+    ] {
         let reads = per_event(&stream);
         let mut g = c.benchmark_group(format!("sse/{label}"));
         g.throughput(Throughput::Elements(reads.len() as u64));

@@ -576,7 +576,9 @@ mod tests {
     /// already in the buffer; no bytes, no chunk.
     #[test]
     fn a_write_s_bytes_framed_in_place_are_one_chunk() {
-        for len in [0usize, 1, 9, 15, 16, 17, 255, 256, 4095, 4096, 65_536, 1_048_577] {
+        for len in [
+            0usize, 1, 9, 15, 16, 17, 255, 256, 4095, 4096, 65_536, 1_048_577,
+        ] {
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             let mut framed = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
             let at = framed.len();

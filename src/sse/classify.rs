@@ -73,7 +73,9 @@ fn may_be_error(bytes: &[u8]) -> bool {
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"error"));
     static FAILED: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"failed"));
-    ERROR.find(bytes).is_some() || FAILED.find(bytes).is_some() || memchr::memchr(b'\\', bytes).is_some()
+    ERROR.find(bytes).is_some()
+        || FAILED.find(bytes).is_some()
+        || memchr::memchr(b'\\', bytes).is_some()
 }
 
 /// [`may_be_error`] for one event (its name and its data).

@@ -361,29 +361,52 @@ mod tests {
     #[test]
     fn null_usage_members_are_skipped_and_nothing_else() {
         for (d, only_null) in [
-            (r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#, true),
+            (
+                r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#,
+                true,
+            ),
             (r#"{"usage" :  null,"x":{"usage":null}}"#, true),
-            (r#"{"usage":null,"message":{"usage":{"input_tokens":5}}}"#, false),
-            (r#"{"choices":[{"delta":{"content":"usage"}}],"usage":null}"#, false),
-            (r#"{"usage":null,"message":{"us\u0061ge":{"input_tokens":5}}}"#, false),
+            (
+                r#"{"usage":null,"message":{"usage":{"input_tokens":5}}}"#,
+                false,
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":"usage"}}],"usage":null}"#,
+                false,
+            ),
+            (
+                r#"{"usage":null,"message":{"us\u0061ge":{"input_tokens":5}}}"#,
+                false,
+            ),
             (r#"{"usage":{"prompt_tokens":1}}"#, false),
         ] {
             assert_eq!(only_null_usage(d.as_bytes()), only_null, "{d}");
             // Whatever the shortcut says, the report is what the full read gives.
             let mut u = Usage::default();
             u.observe(&data(d));
-            let full = serde_json::from_str::<Probe>(d).ok().map_or(Usage::default(), |p| {
-                let mut v = Usage::default();
-                for c in [p.usage, p.message.and_then(|m| m.usage), p.response.and_then(|r| r.usage)]
+            let full = serde_json::from_str::<Probe>(d)
+                .ok()
+                .map_or(Usage::default(), |p| {
+                    let mut v = Usage::default();
+                    for c in [
+                        p.usage,
+                        p.message.and_then(|m| m.usage),
+                        p.response.and_then(|r| r.usage),
+                    ]
                     .into_iter()
                     .flatten()
-                {
-                    v.prompt_tokens = c.prompt_tokens.or(c.input_tokens).unwrap_or(v.prompt_tokens);
-                    v.completion_tokens =
-                        c.completion_tokens.or(c.output_tokens).unwrap_or(v.completion_tokens);
-                }
-                v
-            });
+                    {
+                        v.prompt_tokens = c
+                            .prompt_tokens
+                            .or(c.input_tokens)
+                            .unwrap_or(v.prompt_tokens);
+                        v.completion_tokens = c
+                            .completion_tokens
+                            .or(c.output_tokens)
+                            .unwrap_or(v.completion_tokens);
+                    }
+                    v
+                });
             assert_eq!(u, full, "{d}");
         }
     }
