@@ -204,6 +204,11 @@ pub async fn commit(
             BodyKind::Chunked | BodyKind::CloseDelimited => (Framing::Close, false),
         };
         let chunked = framing == Framing::Chunked;
+        // Without a splice, what one write carries goes out as one chunk, however many
+        // pieces it gathered (the pieces are written bare, then framed: `frame_chunk`); a
+        // splice frames what it passes itself.
+        let one_chunk = chunked && splice.is_none();
+        let per_piece = chunked && !one_chunk;
         let event_stream = up.head.is_event_stream();
         if let Some(s) = splice.as_deref_mut()
             && !continuing
@@ -246,18 +251,19 @@ pub async fn commit(
             log.responding(shard, status);
         }
         // Everything that is already here goes out with the head, in one write.
+        let body_at = out.len();
         let mut done = match first {
             None => true,
             Some(piece) => {
                 if let Some(t) = tail.as_mut() {
                     t.feed(&piece);
                 }
-                emit(&mut out, &piece, chunked, splice.as_deref_mut());
+                emit(&mut out, &piece, per_piece, splice.as_deref_mut());
                 gather(
                     shard,
                     &mut up,
                     &mut out,
-                    chunked,
+                    per_piece,
                     wd.as_mut(),
                     splice.as_deref_mut(),
                     tail.as_mut(),
@@ -265,6 +271,9 @@ pub async fn commit(
             }
         };
         done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
+        if one_chunk {
+            frame_chunk(&mut out, body_at);
+        }
         if done && chunked {
             write_last_chunk(&mut out);
         }
@@ -348,17 +357,20 @@ pub async fn commit(
                 write_all(client, piece).await.map(|_| ())
             } else {
                 let mut out = BytesMut::with_capacity(piece.len() + 64);
-                emit(&mut out, &piece, chunked, splice.as_deref_mut());
+                emit(&mut out, &piece, per_piece, splice.as_deref_mut());
                 done = gather(
                     shard,
                     &mut up,
                     &mut out,
-                    chunked,
+                    per_piece,
                     wd.as_mut(),
                     splice.as_deref_mut(),
                     tail.as_mut(),
                 );
                 done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
+                if one_chunk {
+                    frame_chunk(&mut out, 0);
+                }
                 if done && chunked {
                     write_last_chunk(&mut out);
                 }
@@ -528,10 +540,53 @@ pub(super) fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut 
     }
 }
 
+/// Frames the bytes of `out` from `at` on as one chunk: its size line goes in before them
+/// (they move up by its length, one `memmove`) and its CRLF after. Nothing when there are
+/// none (an empty chunk would end the body).
+fn frame_chunk(out: &mut BytesMut, at: usize) {
+    let len = out.len().saturating_sub(at);
+    if len == 0 {
+        return;
+    }
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4) as usize;
+    let line = digits + 2;
+    out.resize(out.len() + line, 0);
+    out.copy_within(at..at + len, at + line);
+    for (i, d) in out[at..at + digits].iter_mut().enumerate() {
+        let nibble = (len >> (4 * (digits - 1 - i))) & 0xf;
+        *d = b"0123456789ABCDEF"[nibble];
+    }
+    out[at + digits..at + line].copy_from_slice(b"\r\n");
+    out.extend_from_slice(b"\r\n");
+}
+
 pub(super) fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
     if chunked {
         write_chunk(out, piece);
     } else {
         out.extend_from_slice(piece);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes framed in place are the chunk `write_chunk` makes of them, after what was
+    /// already in the buffer; no bytes, no chunk.
+    #[test]
+    fn a_write_s_bytes_framed_in_place_are_one_chunk() {
+        for len in [
+            0usize, 1, 9, 15, 16, 17, 255, 256, 4095, 4096, 65_536, 1_048_577,
+        ] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut framed = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
+            let at = framed.len();
+            framed.extend_from_slice(&data);
+            frame_chunk(&mut framed, at);
+            let mut expected = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
+            write_chunk(&mut expected, &data);
+            assert_eq!(framed, expected, "{len} bytes");
+        }
     }
 }

@@ -29,7 +29,7 @@ use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::Req;
 use crate::sse::throughput::{self, Decision, Meter, Policy};
 use crate::sse::usage::Usage;
-use crate::sse::{FrameKind, Scanner, classify};
+use crate::sse::{FrameKind, Scanner, classify, event_may_be_error};
 
 /// Longest error event data kept for classification.
 const MAX_ERROR_EVENT_BYTES: usize = 4 * 1024;
@@ -56,6 +56,8 @@ pub struct Watchdog {
     deadline_ns: u64,
     /// A model-generated frame has been seen.
     output: bool,
+    /// The clock reading of the last piece with model output.
+    output_ns: u64,
     /// The throughput watchdog's meter, when it is enabled.
     throughput: Option<Meter>,
     /// The throughput decision that ended the stream, once one did.
@@ -75,47 +77,60 @@ impl Watchdog {
     /// is not 0, the throughput meter when it is on, and the usage it reports in any case.
     pub fn arm(shard: &Req<'_>, event_stream: bool) -> Option<Watchdog> {
         let resilience = &shard.config().resilience;
-        let ms = resilience.stream_watchdog.stall_timeout_ms;
         let tw = &resilience.stream_recovery.throughput_watchdog;
         if !event_stream {
             return None;
         }
-        let now_ns = shard.mono_ns();
-        let throughput = tw.enabled.then(|| {
-            Meter::new(Policy {
-                warmup_ms: tw.warmup_ms,
-                window_ms: tw.window_ms,
-                min_useful_bytes_per_second: tw.min_useful_bytes_per_second,
-                min_useful_bytes: tw.min_useful_bytes,
-            })
+        let throughput = tw.enabled.then_some(Policy {
+            warmup_ms: tw.warmup_ms,
+            window_ms: tw.window_ms,
+            min_useful_bytes_per_second: tw.min_useful_bytes_per_second,
+            min_useful_bytes: tw.min_useful_bytes,
         });
-        Some(Watchdog {
+        Some(Watchdog::new(
+            resilience.stream_watchdog.stall_timeout_ms,
+            throughput,
+            shard.mono_ns(),
+        ))
+    }
+
+    /// A watch armed at `now_ns` with a stall budget of `stall_ms` (0: off) and the
+    /// throughput watchdog's policy when it is on.
+    pub fn new(stall_ms: u64, throughput: Option<Policy>, now_ns: u64) -> Watchdog {
+        Watchdog {
             scanner: Scanner::default(),
-            stall: (ms > 0).then(|| Duration::from_millis(ms)),
-            deadline_ns: if ms > 0 {
-                now_ns.saturating_add(ms.saturating_mul(1_000_000))
+            stall: (stall_ms > 0).then(|| Duration::from_millis(stall_ms)),
+            deadline_ns: if stall_ms > 0 {
+                now_ns.saturating_add(stall_ms.saturating_mul(1_000_000))
             } else {
                 u64::MAX
             },
             output: false,
-            throughput,
+            output_ns: 0,
+            throughput: throughput.map(Meter::new),
             tripped: None,
             now_ns,
             usage: Usage::default(),
             scanned: 0,
             error_event: None,
-        })
+        }
     }
 
-    /// Scans a piece received at `now_ns`; true when it carried model output (the stall
-    /// budget is re-armed). An event too large for the scanner is not classified; its
+    /// Scans a piece received at `now_ns`; when it carries model output the stall budget
+    /// is re-armed from `now_ns`. An event too large for the scanner is not classified; its
     /// bytes count as output (an upstream sending that much is not stalled). With the
     /// throughput watchdog on, the piece's useful bytes are recorded and the decision
     /// taken; an abort is kept for [`Watchdog::error`].
-    pub fn observe(&mut self, piece: &[u8], now_ns: u64) -> bool {
+    ///
+    /// Output is looked for only until one event shows some at this clock reading: every
+    /// later event read at the same reading would re-arm the budget to the same instant
+    /// (the pieces already buffered are observed at one reading). Past that, and without
+    /// the stall budget, an event is classified only when it may be an error
+    /// ([`crate::sse::event_may_be_error`]) and none came yet.
+    pub fn observe(&mut self, piece: &[u8], now_ns: u64) {
         self.now_ns = now_ns;
         let stall = self.stall.is_some();
-        let mut progress = false;
+        let mut progress = self.output && self.output_ns == now_ns;
         let mut useful = 0u64;
         let meter = &mut self.throughput;
         let usage = &mut self.usage;
@@ -125,13 +140,8 @@ impl Watchdog {
         self.scanner.feed_ends(piece, &mut |r, end| match r {
             Ok(ev) => {
                 usage.observe(&ev);
-                // Without the stall budget only an event that may be an error is read.
-                let read = stall
-                    || (error_event.is_none()
-                        && ev
-                            .data
-                            .is_some_and(|d| memchr::memmem::find(d, b"error").is_some()));
-                if read {
+                let may_err = error_event.is_none() && event_may_be_error(&ev);
+                if (stall && !progress) || may_err {
                     let frame = classify(&ev);
                     progress |= frame.output;
                     if frame.kind == FrameKind::Error && error_event.is_none() {
@@ -157,12 +167,12 @@ impl Watchdog {
         }
         if progress {
             self.output = true;
+            self.output_ns = now_ns;
             if let Some(budget) = self.stall {
                 let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
                 self.deadline_ns = now_ns.saturating_add(budget_ns);
             }
         }
-        progress
     }
 
     /// Holding lifecycle frames back: the stall budget is on and no model output came yet.

@@ -17,9 +17,9 @@ mod tests;
 pub mod throughput;
 pub mod usage;
 
-pub use classify::classify;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types
 pub use classify::{Frame, FrameKind};
+pub use classify::{classify, event_may_be_error};
 
 /// Default limit of one event, terminating blank line included.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 256 * 1024;

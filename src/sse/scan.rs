@@ -415,6 +415,8 @@ pub mod arb {
             r#""Response.Reasoning.Delta""#,
             r#""TOOL_result""#,
             r#""te\u0078t_delta""#,
+            r#""response.failed""#,
+            r#""e\u0072ror""#,
             r#""""#,
         ])
     }
@@ -583,6 +585,8 @@ pub mod arb {
             Some(b"Thinking"),
             Some(b"\xffTOOL"),
             Some(b"reas\xffoning"),
+            Some(b"error"),
+            Some(b"response.failed"),
             Some(b""),
         ])
         .prop_map(|n| n.map(<[u8]>::to_vec))

@@ -2,7 +2,8 @@
 //! (`prompt_tokens`, `completion_tokens`), Responses' `response.usage` (`input_tokens`,
 //! `output_tokens`), Anthropic's `message_start` (`message.usage.input_tokens`) and
 //! `message_delta` (`usage.output_tokens`, cumulative). Only events that mention `"usage"`
-//! are parsed, so a stream costs one substring search per event.
+//! are parsed (one substring search per event), and of those only events where `usage` is
+//! not `null` everywhere (OpenAI sends `"usage":null` in every chunk before the last).
 
 use serde::Deserialize;
 
@@ -50,12 +51,34 @@ struct Probe {
 static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
 
+/// Whether `bytes` mention `"usage"`: an event's data can report usage only when it does.
+fn mentioned(bytes: &[u8]) -> bool {
+    USAGE_KEY.find(bytes).is_some()
+}
+
+/// Every `"usage"` in `data` is a member set to `null` (as in each chunk of an OpenAI stream
+/// asked to include usage, before the last): nothing to read, no parse. Not said for data
+/// with a backslash, where an escaped key or a string could hide another `usage`.
+fn only_null_usage(data: &[u8]) -> bool {
+    if memchr::memchr(b'\\', data).is_some() {
+        return false;
+    }
+    let skip_ws = |b: &[u8]| b.iter().take_while(|c| c.is_ascii_whitespace()).count();
+    USAGE_KEY.find_iter(data).all(|at| {
+        let rest = &data[at + 7..];
+        match rest[skip_ws(rest)..].strip_prefix(b":") {
+            Some(value) => value[skip_ws(value)..].starts_with(b"null"),
+            None => false,
+        }
+    })
+}
+
 impl Usage {
     /// Takes in what `ev` reports, if anything (a later report replaces an earlier one
     /// field by field: Anthropic's output count is cumulative).
     pub fn observe(&mut self, ev: &Event<'_>) {
         let Some(data) = ev.data else { return };
-        if USAGE_KEY.find(data).is_none() {
+        if !mentioned(data) || only_null_usage(data) {
             return;
         }
         let Ok(p) = serde_json::from_slice::<Probe>(data) else {
@@ -331,6 +354,61 @@ mod tests {
         assert_eq!((r.prompt_tokens, r.completion_tokens), (3, 4));
         r.observe(&data("not json \"usage\""));
         assert_eq!((r.prompt_tokens, r.completion_tokens), (3, 4));
+    }
+
+    /// A chunk whose every `usage` is null is not parsed and reports nothing; one with a
+    /// non-null `usage` anywhere, or an escape, is still read.
+    #[test]
+    fn null_usage_members_are_skipped_and_nothing_else() {
+        for (d, only_null) in [
+            (
+                r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#,
+                true,
+            ),
+            (r#"{"usage" :  null,"x":{"usage":null}}"#, true),
+            (
+                r#"{"usage":null,"message":{"usage":{"input_tokens":5}}}"#,
+                false,
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":"usage"}}],"usage":null}"#,
+                false,
+            ),
+            (
+                r#"{"usage":null,"message":{"us\u0061ge":{"input_tokens":5}}}"#,
+                false,
+            ),
+            (r#"{"usage":{"prompt_tokens":1}}"#, false),
+        ] {
+            assert_eq!(only_null_usage(d.as_bytes()), only_null, "{d}");
+            // Whatever the shortcut says, the report is what the full read gives.
+            let mut u = Usage::default();
+            u.observe(&data(d));
+            let full = serde_json::from_str::<Probe>(d)
+                .ok()
+                .map_or(Usage::default(), |p| {
+                    let mut v = Usage::default();
+                    for c in [
+                        p.usage,
+                        p.message.and_then(|m| m.usage),
+                        p.response.and_then(|r| r.usage),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        v.prompt_tokens = c
+                            .prompt_tokens
+                            .or(c.input_tokens)
+                            .unwrap_or(v.prompt_tokens);
+                        v.completion_tokens = c
+                            .completion_tokens
+                            .or(c.output_tokens)
+                            .unwrap_or(v.completion_tokens);
+                    }
+                    v
+                });
+            assert_eq!(u, full, "{d}");
+        }
     }
 
     #[test]
