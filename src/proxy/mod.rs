@@ -301,7 +301,7 @@ fn authorize(
     head: &RequestHead,
     scope: Scope,
 ) -> Result<Option<usize>, GatewayError> {
-    match shard.shared().keys.identify(head) {
+    match shard.caller(head) {
         Caller::Open => Ok(None),
         Caller::Admin if scope == Scope::Manage => Ok(None),
         Caller::Admin => Err(GatewayError::new(
