@@ -382,6 +382,16 @@ fn valid_requests_decode_the_same_at_every_split() {
     }
 }
 
+/// `tchar` (RFC 9110 §5.6.2) is exactly the letters, digits and `!#$%&'*+-.^_`|~`.
+#[test]
+fn tchar_is_the_rfc_set() {
+    let specials = b"!#$%&'*+-.^_`|~";
+    for b in 0..=255u8 {
+        let want = b.is_ascii_alphanumeric() || specials.contains(&b);
+        assert_eq!(head::is_tchar(b), want, "byte {b:#04x}");
+    }
+}
+
 /// Targets on either side of the length kept as a string of their own read the same:
 /// the target as sent, its path up to the first `?`, the query after it, non-ASCII
 /// (UTF-8) bytes included.

@@ -417,7 +417,8 @@ fn plan(
     let resolved = resolve(config, &shard.shared().routes, &peek.model)?;
     let combo = resolved.combo.and_then(|i| config.combos.get(i));
     log.model(&peek.model, combo.map(|c| c.name.as_str()));
-    let mut candidates = Vec::new();
+    // Sized for one connection per target (the common case): no regrowth on the first push.
+    let mut candidates = Vec::with_capacity(resolved.targets.len());
     let mut any_enabled = false;
     let mut any_format = false;
     for t in resolved.targets {
