@@ -1,7 +1,13 @@
 //! Client authentication: a key from `Authorization: Bearer` or `x-api-key`, looked up by
 //! its SHA-256 digest (plain keys are hashed at start-up), so the lookup time says nothing
 //! about how much of a guess was right.
+//!
+//! Each shard keeps, per configuration generation, the last few keys that identified a
+//! client ([`KeyCache`]): a request presenting one of them again skips the digest. A hit
+//! needs the presented bytes equal to a cached key's, compared in constant time over the
+//! key's length, so the time a miss takes still says nothing about a partly right guess.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -102,13 +108,23 @@ impl KeyIndex {
 
     /// Identifies the caller of a request.
     pub fn identify(&self, head: &RequestHead) -> Caller {
-        let Some(presented) = presented_key(head) else {
-            return if self.is_open() {
-                Caller::Open
-            } else {
-                Caller::Denied
-            };
-        };
+        match presented_key(head) {
+            Some(presented) => self.identify_key(presented),
+            None => self.without_key(),
+        }
+    }
+
+    /// The caller of a request that presents no key.
+    fn without_key(&self) -> Caller {
+        if self.is_open() {
+            Caller::Open
+        } else {
+            Caller::Denied
+        }
+    }
+
+    /// The caller presenting `presented` (trimmed, non-empty).
+    fn identify_key(&self, presented: &[u8]) -> Caller {
         let d = digest(presented);
         if self.admin_digest == Some(d) {
             return Caller::Admin;
@@ -119,6 +135,71 @@ impl KeyIndex {
             None => Caller::Denied,
         }
     }
+}
+
+/// How many presented keys one shard remembers per configuration generation.
+const CACHED_KEYS: usize = 8;
+
+/// The client keys recently presented on one shard under one configuration generation, with
+/// the client each identified. It lives in the generation (`shard::Generation`): a reload or
+/// a runtime-settings change starts a new, empty one, so a key revoked by a reload is never
+/// served from here. Only keys that identified a configured client are kept (never a
+/// denied guess, never the admin token); the oldest entry gives way to a new one.
+#[derive(Debug, Default)]
+pub struct KeyCache {
+    entries: RefCell<Vec<(Box<[u8]>, usize)>>,
+    /// The slot the next new key replaces once every slot is taken.
+    next: Cell<usize>,
+}
+
+impl KeyCache {
+    /// Identifies the caller of a request as [`KeyIndex::identify`] does, with `index` the
+    /// key index of the generation this cache belongs to.
+    pub fn identify(&self, index: &KeyIndex, head: &RequestHead) -> Caller {
+        let Some(presented) = presented_key(head) else {
+            return index.without_key();
+        };
+        if let Some(i) = self.lookup(presented) {
+            return Caller::Key(i);
+        }
+        let caller = index.identify_key(presented);
+        if let Caller::Key(i) = caller {
+            self.remember(presented, i);
+        }
+        caller
+    }
+
+    fn lookup(&self, presented: &[u8]) -> Option<usize> {
+        let entries = self.entries.borrow();
+        entries
+            .iter()
+            .find(|(key, _)| same_bytes(key, presented))
+            .map(|(_, i)| *i)
+    }
+
+    fn remember(&self, presented: &[u8], client: usize) {
+        let mut entries = self.entries.borrow_mut();
+        let entry = (Box::from(presented), client);
+        if entries.len() < CACHED_KEYS {
+            entries.push(entry);
+            return;
+        }
+        let slot = self.next.get() % CACHED_KEYS;
+        self.next.set((slot + 1) % CACHED_KEYS);
+        if let Some(e) = entries.get_mut(slot) {
+            *e = entry;
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same bytes, in a time that depends on their lengths only
+/// (every byte pair is compared; no early exit on the first difference).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 /// The key a request presents: `Authorization: Bearer <k>` first, then `x-api-key`.
@@ -145,4 +226,114 @@ fn trim(v: &[u8]) -> &[u8] {
         .rposition(|b| !b.is_ascii_whitespace())
         .map_or(start, |e| e + 1);
     &v[start..end.max(start)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+
+    fn config(toml: &str) -> Config {
+        crate::config::load_str(toml, &|name| {
+            (name == "TG_TEST_ADMIN").then(|| "admin-token".to_owned())
+        })
+        .map(|o| o.config)
+        .unwrap_or_else(|e| panic!("config: {e}"))
+    }
+
+    fn head(key: Option<&str>) -> RequestHead {
+        let auth = key.map_or(String::new(), |k| format!("authorization: Bearer {k}\r\n"));
+        let mut buf = BytesMut::from(
+            format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n{auth}\r\n").as_str(),
+        );
+        match crate::http1::decode_request_head(&mut buf) {
+            Ok(crate::http1::Decoded::Complete(h)) => h,
+            other => panic!("head: {other:?}"),
+        }
+    }
+
+    const KEYS: &str = "[server]\nadmin_token_env = \"TG_TEST_ADMIN\"\n\n[[client_keys]]\nid = \"a\"\nkey = \"key-a\"\n\n[[client_keys]]\nid = \"b\"\nkey = \"key-b\"\n";
+
+    /// Different keys on one shard each get their own client, in any order and again,
+    /// and a wrong key, a key that only shares a prefix, the admin token or no key get
+    /// what the index says.
+    #[test]
+    fn the_cache_answers_each_key_as_the_index_does() {
+        let index = KeyIndex::new(&config(KEYS));
+        let cache = KeyCache::default();
+        let cases = [
+            (Some("key-a"), Caller::Key(0)),
+            (Some("key-b"), Caller::Key(1)),
+            (Some("key-a"), Caller::Key(0)),
+            (Some("key-"), Caller::Denied),
+            (Some("key-ab"), Caller::Denied),
+            (Some("key-c"), Caller::Denied),
+            (Some("admin-token"), Caller::Admin),
+            (None, Caller::Denied),
+            (Some("key-b"), Caller::Key(1)),
+            (Some("admin-token"), Caller::Admin),
+        ];
+        for (key, want) in cases {
+            assert_eq!(cache.identify(&index, &head(key)), want, "{key:?}");
+            assert_eq!(index.identify(&head(key)), want, "{key:?}");
+        }
+        // Only the two client keys were remembered: no denied guess, no admin token.
+        assert_eq!(cache.entries.borrow().len(), 2);
+    }
+
+    /// A remembered key is answered without its digest: an index without that key (what a
+    /// cache kept across a reload would see) still gets the remembered client, which is why
+    /// each configuration generation has a cache of its own.
+    #[test]
+    fn a_remembered_key_is_answered_from_the_cache() {
+        let cache = KeyCache::default();
+        let before = KeyIndex::new(&config(KEYS));
+        assert_eq!(
+            cache.identify(&before, &head(Some("key-b"))),
+            Caller::Key(1)
+        );
+        let revoked = KeyIndex::new(&config("[[client_keys]]\nid = \"a\"\nkey = \"key-a\"\n"));
+        assert_eq!(revoked.identify(&head(Some("key-b"))), Caller::Denied);
+        assert_eq!(
+            cache.identify(&revoked, &head(Some("key-b"))),
+            Caller::Key(1)
+        );
+        assert_eq!(
+            KeyCache::default().identify(&revoked, &head(Some("key-b"))),
+            Caller::Denied
+        );
+    }
+
+    /// More keys than the cache holds: every one still identifies its client, the oldest
+    /// entries give way, and the cache never grows past its bound.
+    #[test]
+    fn more_keys_than_slots_each_get_their_client() {
+        let n = CACHED_KEYS * 2 + 3;
+        let toml: String = (0..n)
+            .map(|i| format!("[[client_keys]]\nid = \"k{i}\"\nkey = \"key-{i}\"\n\n"))
+            .collect();
+        let index = KeyIndex::new(&config(&toml));
+        let cache = KeyCache::default();
+        for round in 0..3 {
+            for i in 0..n {
+                let key = format!("key-{i}");
+                assert_eq!(
+                    cache.identify(&index, &head(Some(&key))),
+                    Caller::Key(i),
+                    "round {round}"
+                );
+            }
+        }
+        assert_eq!(cache.entries.borrow().len(), CACHED_KEYS);
+    }
+
+    #[test]
+    fn same_bytes_needs_every_byte_and_the_length() {
+        assert!(same_bytes(b"", b""));
+        assert!(same_bytes(b"abc", b"abc"));
+        assert!(!same_bytes(b"abc", b"abd"));
+        assert!(!same_bytes(b"abc", b"xbc"));
+        assert!(!same_bytes(b"abc", b"ab"));
+        assert!(!same_bytes(b"ab", b"abc"));
+    }
 }

@@ -133,12 +133,24 @@ pub(crate) fn map_httparse(err: httparse::Error, head: &[u8], start: StartLine) 
 }
 
 /// RFC 9110 `tchar`.
+///
+/// One table load per byte: field names are checked byte by byte on every head written.
 pub(crate) fn is_tchar(b: u8) -> bool {
-    matches!(b,
-        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9'
-        | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+'
-        | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
+    TCHAR[usize::from(b)]
 }
+
+static TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < table.len() {
+        table[i] = matches!(i as u8,
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9'
+            | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+'
+            | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~');
+        i += 1;
+    }
+    table
+};
 
 /// RFC 9110 field-value byte (HTAB, SP, VCHAR, obs-text); the same set `httparse` accepts.
 pub(crate) fn is_field_value_byte(b: u8) -> bool {

@@ -17,12 +17,19 @@ pub struct RequestHead {
     /// The path's length within the target (up to the first `?`), found once at parse:
     /// the path is read several times per request.
     path_len: u32,
+    /// The target when it is at most [`SHORT_TARGET`] bytes (every API path), copied at
+    /// parse, where it was checked to be UTF-8: read without checking it again. Empty for
+    /// a longer target (a target is never empty), which is read from `raw`.
+    short_target: heapless::String<SHORT_TARGET>,
     minor_version: u8,
     fields: Fields,
     body_kind: BodyKind,
     keep_alive: bool,
     expect_continue: bool,
 }
+
+/// The longest request target kept as a string of its own (see `RequestHead::short_target`).
+const SHORT_TARGET: usize = 64;
 
 impl RequestHead {
     /// Gives the head bytes an allocation of their own: decoded, they share the
@@ -45,7 +52,11 @@ impl RequestHead {
 
     /// The request-target as sent (origin-form `/path?query`, or absolute-form, or `*`).
     pub fn target(&self) -> &str {
-        self.target.get_str(&self.raw)
+        if self.short_target.is_empty() {
+            self.target.get_str(&self.raw)
+        } else {
+            &self.short_target
+        }
     }
 
     /// The target up to (excluding) the first `?`.
@@ -140,6 +151,7 @@ struct Parsed {
     method_span: Span,
     target: Span,
     path_len: u32,
+    short_target: heapless::String<SHORT_TARGET>,
     minor_version: u8,
     fields: Fields,
     body_kind: BodyKind,
@@ -155,6 +167,7 @@ impl Parsed {
             method_span: self.method_span,
             target: self.target,
             path_len: self.path_len,
+            short_target: self.short_target,
             minor_version: self.minor_version,
             fields: self.fields,
             body_kind: self.body_kind,
@@ -191,6 +204,8 @@ fn parse(bytes: &[u8]) -> Result<Parsed, HeadError> {
         // The target is at most a head long (16 KiB), so its offsets fit.
         path_len: u32::try_from(memchr::memchr(b'?', target.as_bytes()).unwrap_or(target.len()))
             .map_err(|_| HeadError::TooLarge)?,
+        // Longer than SHORT_TARGET: left empty, read from the head's bytes.
+        short_target: heapless::String::try_from(target).unwrap_or_default(),
         minor_version,
         fields,
         body_kind: body_kind(&facts, minor_version)?,

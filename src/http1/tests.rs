@@ -382,6 +382,47 @@ fn valid_requests_decode_the_same_at_every_split() {
     }
 }
 
+/// `tchar` (RFC 9110 §5.6.2) is exactly the letters, digits and `!#$%&'*+-.^_`|~`.
+#[test]
+fn tchar_is_the_rfc_set() {
+    let specials = b"!#$%&'*+-.^_`|~";
+    for b in 0..=255u8 {
+        let want = b.is_ascii_alphanumeric() || specials.contains(&b);
+        assert_eq!(head::is_tchar(b), want, "byte {b:#04x}");
+    }
+}
+
+/// Targets on either side of the length kept as a string of their own read the same:
+/// the target as sent, its path up to the first `?`, the query after it, non-ASCII
+/// (UTF-8) bytes included.
+#[test]
+fn request_targets_of_every_length_read_as_sent() {
+    for len in [1usize, 2, 20, 63, 64, 65, 200, 4000] {
+        for with_query in [false, true] {
+            let path: String = std::iter::once('/')
+                .chain("v1/é/models".chars().cycle())
+                .take(len.max(1))
+                .collect();
+            let target = if with_query {
+                format!("{path}?a=1&b=ü")
+            } else {
+                path.clone()
+            };
+            let mut buf =
+                BytesMut::from(format!("GET {target} HTTP/1.1\r\nhost: x\r\n\r\n").as_str());
+            let Ok(Decoded::Complete(h)) = decode_request_head(&mut buf) else {
+                panic!("expected a head for {target:?}");
+            };
+            assert_eq!(h.target(), target);
+            assert_eq!(h.path(), path);
+            assert_eq!(h.query(), with_query.then_some("a=1&b=ü"));
+            let copy = h.clone();
+            assert_eq!(copy.target(), target);
+            assert_eq!(copy, h);
+        }
+    }
+}
+
 #[test]
 fn request_head_accessors() {
     let mut buf = BytesMut::from(

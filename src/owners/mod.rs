@@ -424,6 +424,65 @@ pub(crate) mod tests {
         })
     }
 
+    fn head_with_key(key: &str) -> crate::http1::RequestHead {
+        let mut buf = bytes::BytesMut::from(
+            format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-api-key: {key}\r\n\r\n")
+                .as_str(),
+        );
+        match crate::http1::decode_request_head(&mut buf) {
+            Ok(crate::http1::Decoded::Complete(h)) => h,
+            other => panic!("head: {other:?}"),
+        }
+    }
+
+    fn keys_toml(keys: &[(&str, &str)]) -> String {
+        keys.iter()
+            .map(|(id, key)| format!("[[client_keys]]\nid = \"{id}\"\nkey = \"{key}\"\n\n"))
+            .collect()
+    }
+
+    /// The keys a shard remembers belong to one configuration generation: after a reload
+    /// a key is identified by the reloaded file (here the same key names another client),
+    /// a key the reload removed is refused at once, and a request that started before the
+    /// reload keeps its own configuration's answer.
+    #[test]
+    fn a_reload_forgets_remembered_keys_and_a_revoked_key_is_refused() {
+        use crate::auth::Caller;
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let first = shared_of(&keys_toml(&[("a", "key-a"), ("b", "key-b")]));
+            let shard = Shard::new(0, first, None);
+            let before = Req::enter(&shard);
+            for _ in 0..2 {
+                assert_eq!(before.caller(&head_with_key("key-a")), Caller::Key(0));
+                assert_eq!(before.caller(&head_with_key("key-b")), Caller::Key(1));
+            }
+            // The reload swaps the clients' order and revokes key-a.
+            shard.adopt(shared_of(&keys_toml(&[("b", "key-b"), ("c", "key-c")])));
+            let after = Req::enter(&shard);
+            assert_eq!(after.caller(&head_with_key("key-b")), Caller::Key(0));
+            assert_eq!(after.caller(&head_with_key("key-a")), Caller::Denied);
+            assert_eq!(after.caller(&head_with_key("key-c")), Caller::Key(1));
+            assert_eq!(after.caller(&head_with_key("key-a")), Caller::Denied);
+            // The request that started before the reload still runs on its configuration.
+            assert_eq!(before.caller(&head_with_key("key-a")), Caller::Key(0));
+            // A runtime-settings change starts a new generation too: still identified.
+            let changed = shard.current().shared().runtime.update(|current| {
+                let mut next = current.clone();
+                next.resilience.session_affinity_ttl_ms = 7;
+                Ok::<_, ()>(next)
+            });
+            assert!(changed.is_ok());
+            shard.refresh();
+            let later = Req::enter(&shard);
+            assert_eq!(later.caller(&head_with_key("key-b")), Caller::Key(0));
+            assert_eq!(later.caller(&head_with_key("key-a")), Caller::Denied);
+        });
+    }
+
     /// A request keeps the generation it started with through any number of settings
     /// changes (as `PATCH /api/resilience` makes) and reloads; the shard keeps only the
     /// current one, and the request's is freed when the request ends.

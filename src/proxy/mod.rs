@@ -323,7 +323,7 @@ fn authorize(
     scope: Scope,
     log: &access::AccessLog,
 ) -> Result<Option<usize>, GatewayError> {
-    match shard.shared().keys.identify(head) {
+    match shard.caller(head) {
         Caller::Open => Ok(None),
         Caller::Admin if scope == Scope::Manage => Ok(None),
         Caller::Admin => Err(GatewayError::new(
@@ -438,7 +438,8 @@ fn plan(
     if let Some(c) = resolved.combo.and_then(|i| config.combos.get(i)) {
         log.combo(&c.name);
     }
-    let mut candidates = Vec::new();
+    // Sized for one connection per target (the common case): no regrowth on the first push.
+    let mut candidates = Vec::with_capacity(resolved.targets.len());
     let mut any_enabled = false;
     let mut any_format = false;
     for t in resolved.targets {

@@ -26,9 +26,10 @@ use std::sync::atomic::Ordering;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use crate::auth::KeyIndex;
+use crate::auth::{Caller, KeyCache, KeyIndex};
 use crate::clock::{Clock, MonoClock, Now};
 use crate::config::{Config, ProviderId};
+use crate::http1::RequestHead;
 use crate::mesh::outbox::{Outbox, Sent};
 use crate::mesh::placement::{OwnerKey, owner_of};
 use crate::mesh::ring::{MeshReceiver, MeshSender, MeshStats};
@@ -142,6 +143,9 @@ pub struct Generation {
     /// Pool key of each provider's API root, by provider id (`None` for in-process
     /// providers).
     pool_keys: Vec<Option<PoolKey>>,
+    /// The client keys recently presented on this shard under this generation: a new
+    /// generation (reload, runtime settings) starts with none.
+    key_cache: KeyCache,
 }
 
 impl Generation {
@@ -164,6 +168,7 @@ impl Generation {
             config,
             settings,
             pool_keys,
+            key_cache: KeyCache::default(),
         }
     }
 
@@ -714,6 +719,13 @@ impl<'a, A: App> Req<'a, A> {
     /// The shard's labelled metric families of the request's configuration.
     pub fn families(&self) -> &metrics::Families {
         self.generation.families(self.shard.id)
+    }
+
+    /// Who sent `head`, by the client keys of the request's configuration (remembered per
+    /// generation, see [`KeyCache`]).
+    pub fn caller(&self, head: &RequestHead) -> Caller {
+        let g = &self.generation;
+        g.key_cache.identify(&g.shared.keys, head)
     }
 }
 
