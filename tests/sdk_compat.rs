@@ -571,7 +571,7 @@ fn the_sdks_are_served_by_a_combo_failing_over_to_the_other_format() {
         "/v1/messages",
         Reply::anthropic_stream(&["claude ", "streams"]),
     );
-    let gw = Gateway::start(&format!("{}{combos}", two_providers(&openai, &anthropic)));
+    let gw = Gateway::start(&format!("{}{combos}", sdk_providers(&openai, &anthropic)));
     let origin = format!("http://{}", gw.addr());
     let r = run_sdk_script(
         SDK_TRANSLATE,
@@ -602,7 +602,7 @@ fn the_sdks_are_served_by_a_combo_failing_over_to_the_other_format() {
         "/v1/chat/completions",
         Reply::openai_stream(&["gpt ", "streams"]),
     );
-    let gw = Gateway::start(&format!("{}{combos}", two_providers(&openai, &anthropic)));
+    let gw = Gateway::start(&format!("{}{combos}", sdk_providers(&openai, &anthropic)));
     let origin = format!("http://{}", gw.addr());
     let r = run_sdk_script(
         SDK_TRANSLATE,
