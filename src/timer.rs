@@ -212,9 +212,7 @@ async fn grace_ticker() {
             w.wake();
         }
         if let Some(deadline) = next {
-            let wait = deadline
-                .saturating_sub(now)
-                .max(GRACE_TICK_MS * 1_000_000);
+            let wait = deadline.saturating_sub(now).max(GRACE_TICK_MS * 1_000_000);
             monoio::time::sleep(Duration::from_nanos(wait)).await;
         }
     }
@@ -358,7 +356,10 @@ mod tests {
                 let took_ms = (clock.mono_ns() - start) / 1_000_000;
                 assert!(took_ms >= GRACE_MS, "ended after {took_ms} ms");
                 // One tick late at most, plus a generous allowance for a loaded machine.
-                assert!(took_ms < GRACE_MS + GRACE_TICK_MS + 500, "ended after {took_ms} ms");
+                assert!(
+                    took_ms < GRACE_MS + GRACE_TICK_MS + 500,
+                    "ended after {took_ms} ms"
+                );
                 assert_eq!(graces_running(), 0);
             }
         });
@@ -370,7 +371,12 @@ mod tests {
             // One that a ready future beats: registered, then dropped.
             let mut early = Box::pin(grace());
             let waker = std::task::Waker::noop();
-            assert!(early.as_mut().poll(&mut Context::from_waker(waker)).is_pending());
+            assert!(
+                early
+                    .as_mut()
+                    .poll(&mut Context::from_waker(waker))
+                    .is_pending()
+            );
             assert_eq!(graces_running(), 1);
             drop(early);
             assert_eq!(graces_running(), 0);
