@@ -16,7 +16,8 @@
 #   BASE_DIR=DIR                    (a directory holding an older build's `tidegate`) adds a
 #                                   fourth side, "base": that build with the same config in
 #                                   front of the same mock, in the same interleaved rounds,
-#                                   and a Tidegate/base table (same-format throughput A/B).
+#                                   and a Tidegate/base table (same-format throughput A/B);
+#                                   BASE_PIN=true|false runs it with its own pin_threads.
 #   TIDEGATE_WORKERS defaults to the number of cores (`nproc`): the shipped default
 #   (`workers = 0`, one shard per core), and the same as nginx's `worker_processes 2` on the
 #   2-core benchmark machine. Runs A–H used one worker; `TIDEGATE_WORKERS=1` repeats them.
@@ -51,7 +52,10 @@ BASE_DIR=${BASE_DIR:-}
 if [ -n "$BASE_DIR" ]; then
   [ -x "$BASE_DIR/tidegate" ] || { echo "BASE_DIR=$BASE_DIR has no executable tidegate" >&2; exit 2; }
   # The same config (gateway_config); an older build that refused it would fail here.
-  TIDEGATE_LOG=warn "$BASE_DIR/tidegate" serve --config "$OUT/perf.toml" > "$OUT/base.log" 2>&1 &
+  # BASE_PIN=true|false gives the base side its own pin_threads (default: Tidegate's).
+  base_toml="$OUT/perf.toml"
+  if [ -n "${BASE_PIN:-}" ]; then base_toml="$OUT/perf-base.toml"; write_config "$base_toml" "$TIDEGATE_WORKERS" "$BASE_PIN"; fi
+  TIDEGATE_LOG=warn "$BASE_DIR/tidegate" serve --config "$base_toml" > "$OUT/base.log" 2>&1 &
   BASE_PID=$!; pids+=($BASE_PID)
   BASE_ADDR=$(listening_addr "$OUT/base.log")
 fi
@@ -118,10 +122,17 @@ fixed_rows() {
       # shellcheck disable=SC2086
       F50[$side]=$(median ${F50[$side]}); F99[$side]=$(median ${F99[$side]}); FOK[$side]=$(median ${FOK[$side]})
     done
-    lat_rows+=("| $mode | $RATE | ${F50[direct]} | ${F99[direct]} | $(minus "${F50[nginx]}" "${F50[direct]}") | $(minus "${F99[nginx]}" "${F99[direct]}") | $(minus "${F50[tidegate]}" "${F50[direct]}") | **$(minus "${F99[tidegate]}" "${F99[direct]}")** | ${FOK[direct]} / ${FOK[nginx]} / ${FOK[tidegate]} |")
+    local base_cols=""
+    if [ -n "$BASE_DIR" ]; then base_cols=" $(minus "${F50[base]}" "${F50[direct]}") | $(minus "${F99[base]}" "${F99[direct]}") |"; fi
+    lat_rows+=("| $mode | $RATE | ${F50[direct]} | ${F99[direct]} | $(minus "${F50[nginx]}" "${F50[direct]}") | $(minus "${F99[nginx]}" "${F99[direct]}") | $(minus "${F50[tidegate]}" "${F50[direct]}") | **$(minus "${F99[tidegate]}" "${F99[direct]}")** |$base_cols ${FOK[direct]} / ${FOK[nginx]} / ${FOK[tidegate]} |")
   done
 }
 lat_header() {
+  if [ -n "$BASE_DIR" ]; then
+    echo "| mode | offered rps | direct p50 | direct p99 | nginx added p50 | nginx added p99 | tidegate added p50 | tidegate added p99 | base added p50 | base added p99 | success direct / nginx / tidegate |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    return
+  fi
   echo "| mode | offered rps | direct p50 | direct p99 | nginx added p50 | nginx added p99 | tidegate added p50 | tidegate added p99 | success direct / nginx / tidegate |"
   echo "|---|---|---|---|---|---|---|---|---|"
 }
@@ -134,7 +145,7 @@ if [ "${ONLY:-}" = fixed ]; then
     lat_header
     printf '%s\n' "${lat_rows[@]}"
     echo
-    echo "Command: \`ONLY=fixed FIXED_ROUNDS=$FIXED_ROUNDS STREAMS=\"${STREAMS:-0 1}\" TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE perf/run.sh $DUR\`."
+    echo "Command: \`${TIDEGATE_BIN:+TIDEGATE_BIN=$TIDEGATE_BIN }${BASE_DIR:+BASE_DIR=$BASE_DIR }${BASE_PIN:+BASE_PIN=$BASE_PIN }ONLY=fixed FIXED_ROUNDS=$FIXED_ROUNDS STREAMS=\"${STREAMS:-0 1}\" TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE perf/run.sh $DUR\`."
   } > "$OUT/fixed.md"
   cat "$OUT/fixed.md"
   exit 0
