@@ -377,8 +377,9 @@ pub struct Unescaped<'a> {
     body_text: Option<&'a str>,
     text: String,
     /// Per string with escapes: where it starts in the body (after the quote), where it
-    /// ends (after the closing quote), and where its text ends in `text`.
-    strings: Vec<(usize, usize, usize)>,
+    /// ends (after the closing quote), where its text ends in `text`, and whether its
+    /// escapes are all the ones the writer would write (so the body's bytes can be copied).
+    strings: Vec<(usize, usize, usize, bool)>,
 }
 
 impl<'a> Unescaped<'a> {
@@ -415,8 +416,8 @@ impl<'a> Unescaped<'a> {
                     (b'"', None) => open = Some(at + 1),
                     (b'"', Some(_)) => open = None,
                     (b'\\', Some(start)) => match unescape(text, start, at, &mut u.text) {
-                        Some(end) => {
-                            u.strings.push((start, end, u.text.len()));
+                        Some((end, canonical)) => {
+                            u.strings.push((start, end, u.text.len(), canonical));
                             open = None;
                             i = end;
                             continue 'scan;
@@ -429,6 +430,102 @@ impl<'a> Unescaped<'a> {
             i += n;
         }
         u
+    }
+
+    /// `s` as JSON string contents ready to copy, when it is a string of this body whose
+    /// bytes there are what [`write_str`] would write for it: one without escapes (the
+    /// reader takes no control character), or one whose escapes are all the writer's own.
+    fn raw<'s>(&'s self, s: &'s str) -> Option<&'s [u8]> {
+        let p = s.as_ptr() as usize;
+        let body = self.body.as_ptr() as usize;
+        if p >= body && p + s.len() <= body + self.body.len() {
+            return Some(s.as_bytes());
+        }
+        let text = self.text.as_ptr() as usize;
+        if p < text || p + s.len() > text + self.text.len() {
+            return None;
+        }
+        let (from, to) = (p - text, p - text + s.len());
+        let k = self.strings.partition_point(|e| e.2 < to);
+        let &(start, end, text_end, canonical) = self.strings.get(k)?;
+        let text_start = match k {
+            0 => 0,
+            k => self.strings.get(k - 1)?.2,
+        };
+        (canonical && text_start == from && text_end == to).then(|| &self.body[start..end - 1])
+    }
+}
+
+/// An output buffer that writes the strings of one body's tree by copying them from the
+/// body when their bytes there are what the writer would write ([`Unescaped`] knows).
+pub struct Out<'u> {
+    pub buf: Vec<u8>,
+    body: &'u Unescaped<'u>,
+}
+
+impl<'u> Out<'u> {
+    pub fn new(body: &'u Unescaped<'u>, capacity: usize) -> Out<'u> {
+        Out {
+            buf: Vec::with_capacity(capacity),
+            body,
+        }
+    }
+
+    /// `s` as a JSON string.
+    pub fn str(&mut self, s: &str) {
+        match self.body.raw(s) {
+            Some(raw) => {
+                self.buf.reserve(raw.len() + 2);
+                self.buf.push(b'"');
+                self.buf.extend_from_slice(raw);
+                self.buf.push(b'"');
+            }
+            None => write_str(&mut self.buf, s),
+        }
+    }
+
+    /// `v` as JSON, byte for byte what [`J::write`] writes.
+    pub fn j(&mut self, v: &J<'_>) {
+        match v {
+            J::Str(s) => self.str(s),
+            J::Arr(a) => {
+                self.buf.push(b'[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        self.buf.push(b',');
+                    }
+                    self.j(x);
+                }
+                self.buf.push(b']');
+            }
+            J::Obj(p) => {
+                self.buf.push(b'{');
+                for (i, (k, v)) in p.iter().enumerate() {
+                    if i > 0 {
+                        self.buf.push(b',');
+                    }
+                    self.str(k);
+                    self.buf.push(b':');
+                    self.j(v);
+                }
+                self.buf.push(b'}');
+            }
+            _ => v.write(&mut self.buf),
+        }
+    }
+}
+
+impl std::ops::Deref for Out<'_> {
+    type Target = Vec<u8>;
+
+    fn deref(&self) -> &Vec<u8> {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for Out<'_> {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
     }
 }
 
@@ -451,18 +548,22 @@ fn quotes_and_backslashes(w: &[u8]) -> u64 {
 }
 
 /// Decodes the string whose contents start at `start` (first escape at `at`) of `text`,
-/// appending to `out`; returns the index after its closing quote, or `None` for what the
-/// reader leaves to serde_json (a control character, a bad escape, a surrogate).
-fn unescape(text: &str, start: usize, mut at: usize, out: &mut String) -> Option<usize> {
+/// appending to `out`; returns the index after its closing quote and whether every escape
+/// is the one [`write_str`] writes for its character (`\"`, `\\`, the short forms, `\u00xx`
+/// for other control characters), or `None` for what the reader leaves to serde_json (a
+/// control character, a bad escape, a surrogate).
+fn unescape(text: &str, start: usize, mut at: usize, out: &mut String) -> Option<(usize, bool)> {
     let b = text.as_bytes();
     let mut run = start;
+    let mut canonical = true;
     loop {
         out.push_str(text.get(run..at)?);
         match b[at] {
-            b'"' => return Some(at + 1),
+            b'"' => return Some((at + 1, canonical)),
             b'\\' => {
                 let e = *b.get(at + 1)?;
                 at += 2;
+                canonical &= e != b'/';
                 out.push(match e {
                     b'"' => '"',
                     b'\\' => '\\',
@@ -475,9 +576,13 @@ fn unescape(text: &str, start: usize, mut at: usize, out: &mut String) -> Option
                     // Surrogates (pairs and lone ones) are left to serde_json.
                     b'u' => {
                         let mut n = 0;
-                        for &c in b.get(at..at + 4)? {
+                        let digits = b.get(at..at + 4)?;
+                        for &c in digits {
                             n = n * 16 + char::from(c).to_digit(16)?;
                         }
+                        canonical &= n < 0x20
+                            && !matches!(n, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d)
+                            && digits[2..] == [HEX[(n >> 4) as usize], HEX[(n & 0xf) as usize]];
                         at += 4;
                         char::from_u32(n)?
                     }
@@ -599,7 +704,8 @@ impl<'a> Reader<'a> {
             b'\\' => match self.unescaped {
                 // The text pass 1 decoded for this string (checked to be this one).
                 Some(u) => {
-                    let &(body_start, body_end, text_end) = u.strings.get(self.next_unescaped)?;
+                    let &(body_start, body_end, text_end, _) =
+                        u.strings.get(self.next_unescaped)?;
                     if body_start != start {
                         return None;
                     }
@@ -613,7 +719,7 @@ impl<'a> Reader<'a> {
                 }
                 None => {
                     let mut s = String::with_capacity(at - start + 32);
-                    self.i = unescape(self.text, start, at, &mut s)?;
+                    self.i = unescape(self.text, start, at, &mut s)?.0;
                     Some(Cow::Owned(s))
                 }
             },
@@ -682,6 +788,7 @@ impl<'a> Reader<'a> {
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
+const HEX: &[u8; 16] = b"0123456789abcdef";
 const HIGHS: u64 = 0x8080_8080_8080_8080;
 
 /// Whether a byte must be escaped in a JSON string (or ends one): `"`, `\` or a control
@@ -719,7 +826,6 @@ fn find_special(b: &[u8]) -> Option<usize> {
 /// `s` as a JSON string, escaped exactly as serde_json writes it (`\"`, `\\`, the short
 /// forms `\b \f \n \r \t`, other control characters as `\u00xx`; nothing else).
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let b = s.as_bytes();
     out.reserve(b.len() + 2);
     out.push(b'"');
@@ -993,6 +1099,24 @@ mod tests {
             }
             prop_assert_eq!(J::parse_in(&unescaped).ok(), Some(old.clone()));
             prop_assert_eq!(J::parse(text.as_bytes()).ok(), Some(old));
+        }
+
+        /// The writer that copies strings from the body ([`Out`]) against the tree's own
+        /// writer, on texts spelled with every kind of escape (those the writer writes and
+        /// those it does not, which it must not copy).
+        #[test]
+        fn the_copying_writer_writes_what_the_writer_writes(
+            j in tree().prop_filter("finite", finite),
+            choices in prop::collection::vec(any::<u8>(), 1..64),
+        ) {
+            let mut text = String::new();
+            spell(&j, &mut choices.iter().copied().cycle(), &mut text);
+            let unescaped = Unescaped::of(text.as_bytes());
+            let tree = J::parse_in(&unescaped).map_err(|e| TestCaseError::fail(format!("{e}: {text}")))?;
+            let mut out = Out::new(&unescaped, 0);
+            out.j(&tree);
+            let expected = tree.to_vec();
+            prop_assert_eq!(String::from_utf8_lossy(&out.buf), String::from_utf8_lossy(&expected), "{}", text);
         }
 
         /// A text one byte away from valid JSON: whatever the reader takes, serde_json takes
