@@ -55,11 +55,13 @@ fn bench(c: &mut Criterion) {
         .map(|t| t.body)
         .unwrap_or_default();
     let responses = responses_request(&chat);
-    // The Responses request of the size the target names (at most 4 KiB; the one above,
-    // from the same conversation as the chat request, is larger).
+    // The Responses request of the size the target names, 4 KiB (the one above, from the
+    // same conversation as the chat request, is larger): the longest conversation that
+    // fits, its instructions lengthened to make up the rest.
     let responses_4k = (0..33)
         .map(|k| responses_request(&chat_request_of(3300 - 100 * k)))
         .find(|r| r.len() <= 4096)
+        .map(|r| padded(&r, 4096))
         .unwrap_or_default();
     let mut g = c.benchmark_group("translate_request");
     g.throughput(Throughput::Bytes(chat.len() as u64));
@@ -125,6 +127,22 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// `request` (a Responses request) with its instructions lengthened by plain words to
+/// make it `size` bytes long.
+fn padded(request: &[u8], size: usize) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(request).unwrap_or_default();
+    let more = size.saturating_sub(request.len());
+    let words: String = " Keep each answer short and cite the file you read."
+        .chars()
+        .cycle()
+        .take(more)
+        .collect();
+    if let Some(serde_json::Value::String(s)) = v.get_mut("instructions") {
+        s.push_str(&words);
+    }
+    v.to_string().into_bytes()
 }
 
 /// The chat request's conversation as a Responses request of the same size.

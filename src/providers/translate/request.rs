@@ -67,8 +67,8 @@ const OPENAI: &str = "the OpenAI Chat Completions API";
 /// body is read into a borrowing tree (`J`) and the answer written from one: no string
 /// of the conversation is copied on the way.
 pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(&unescaped) {
+    let mut unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&mut unescaped).0 {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
@@ -680,8 +680,8 @@ fn owned(j: J<'_>) -> J<'static> {
 /// An Anthropic Messages request as an OpenAI Chat Completions request for `model`, read
 /// into and written from a borrowing tree (`J`) as [`chat_to_messages`].
 pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(&unescaped) {
+    let mut unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&mut unescaped).0 {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),

@@ -54,9 +54,15 @@ fn flat_name(namespace: &str, name: &str) -> String {
 const MAX_TOOL_NAME: usize = 64;
 
 impl Echo {
+    #[cfg(test)]
     fn add(&mut self, key: &'static str, v: &J<'_>) {
         self.settings
             .push((key, String::from_utf8(v.to_vec()).unwrap_or_default()));
+    }
+
+    /// Records setting `key`, its value as JSON.
+    fn set(&mut self, key: &'static str, json: String) {
+        self.settings.push((key, json));
     }
 
     fn get(&self, key: &str) -> Option<&str> {
@@ -99,13 +105,14 @@ pub fn translate_request(
     model: &str,
     anthropic: bool,
 ) -> Result<(Vec<u8>, Echo), Refused> {
-    let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(&unescaped) {
+    let mut unescaped = Unescaped::of(body);
+    let (req, unescaped) = J::parse_in(&mut unescaped);
+    let req = match req {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
     };
-    let mut out = Out::new(&unescaped, body.len() + 256);
+    let mut out = Out::new(unescaped, body.len() + 256);
     let echo = write_request(&req, model, anthropic, &mut out)?;
     Ok((out.buf, echo))
 }
@@ -268,7 +275,7 @@ fn write_request<'r>(
                 v.as_str()
                     .ok_or_else(|| Refused::new(k, "must be a string"))?;
                 instructions = Some(v);
-                echo.add("instructions", v);
+                echo.set("instructions", out.text_of(v));
             }
             "max_output_tokens" => {
                 let n = v
@@ -280,7 +287,7 @@ fn write_request<'r>(
                     key(out, "max_tokens");
                     out.j(v);
                 }
-                echo.add("max_output_tokens", v);
+                echo.set("max_output_tokens", out.text_of(v));
             }
             "temperature" => {
                 let t = v
@@ -294,14 +301,14 @@ fn write_request<'r>(
                 }
                 key(out, "temperature");
                 out.j(v);
-                echo.add("temperature", v);
+                echo.set("temperature", out.text_of(v));
             }
             "top_p" => {
                 v.as_f64()
                     .ok_or_else(|| Refused::new(k, "must be a number"))?;
                 key(out, "top_p");
                 out.j(v);
-                echo.add("top_p", v);
+                echo.set("top_p", out.text_of(v));
             }
             "stream" => {
                 let b = v
@@ -317,7 +324,7 @@ fn write_request<'r>(
             "tools" => {
                 key(out, "tools");
                 write_tools(v, anthropic, &mut echo.namespaced, out)?;
-                echo.add("tools", v);
+                echo.set("tools", out.text_of(v));
             }
             "tool_choice" => {
                 let c = choice_of(v)?;
@@ -334,7 +341,7 @@ fn write_request<'r>(
                         }
                     }
                 }
-                echo.add("tool_choice", v);
+                echo.set("tool_choice", out.text_of(v));
             }
             "parallel_tool_calls" => {
                 let b = v
@@ -346,11 +353,11 @@ fn write_request<'r>(
                     key(out, "parallel_tool_calls");
                     out.j(v);
                 }
-                echo.add("parallel_tool_calls", v);
+                echo.set("parallel_tool_calls", out.text_of(v));
             }
             "reasoning" => {
                 later.effort = write_reasoning(v, anthropic, out)?;
-                echo.add("reasoning", v);
+                echo.set("reasoning", out.text_of(v));
             }
             "text" => write_text(v, anthropic, out)?,
             "user" => {
@@ -1517,8 +1524,8 @@ pub(super) mod two_step {
         model: &str,
         anthropic: bool,
     ) -> Result<(Vec<u8>, Echo), Refused> {
-        let unescaped = Unescaped::of(body);
-        let req = match J::parse_in(&unescaped) {
+        let mut unescaped = Unescaped::of(body);
+        let req = match J::parse_in(&mut unescaped).0 {
             Ok(j @ J::Obj(_)) => j,
             Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
             Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
