@@ -355,7 +355,8 @@ const READER_MAX_DEPTH: usize = 64;
 /// when it says `None`, so errors read as before. `text`: `body` as text, when the caller
 /// has it. `into`: decode the strings with escapes into its buffer, leaving an empty
 /// owned string in their place (what [`J::parse_in`] then fills); a repeated key whose
-/// earlier value had such strings is left to serde_json (the places would not match).
+/// earlier or later value has such strings is left to serde_json (the places would no
+/// longer be in document order).
 fn read<'a>(
     body: &'a [u8],
     text: Option<&'a str>,
@@ -694,7 +695,9 @@ impl<'a> Reader<'a> {
             // map and the serde reader of this tree do).
             match self.pairs[mark..].iter_mut().find(|(old, _)| *old == k) {
                 Some((_, old)) => {
-                    if self.defer && has_place(old) {
+                    // The value takes the earlier one's place: the places of decoded
+                    // strings would no longer be in document order.
+                    if self.defer && (has_place(old) || has_place(&v)) {
                         return None;
                     }
                     *old = v;
@@ -1195,6 +1198,22 @@ mod tests {
             let new = J::parse(&bytes);
             prop_assert_eq!(new.as_ref().ok(), old.as_ref().ok());
             prop_assert_eq!(new.map_err(|e| e.to_string()).err(), old.map_err(|e| e.to_string()).err());
+        }
+    }
+
+    /// A repeated key puts a later value in an earlier place: when either value has a
+    /// string with escapes, the one-buffer reader leaves the body to serde_json (its places
+    /// would be filled out of order — found by `the_reader_reads_what_serde_json_reads`).
+    #[test]
+    fn a_repeated_key_with_escaped_strings_reads_as_serde_json_reads_it() {
+        for text in [
+            r#"{"":null,"b":["a\u007f"],"":"a\u0061"}"#,
+            r#"{"":"\u0061","b":["x\n"],"":1}"#,
+            r#"{"a":{"k":"\n","k":"\t"},"b":"\r"}"#,
+        ] {
+            let mut unescaped = Unescaped::of(text.as_bytes());
+            let (tree, _) = J::parse_in(&mut unescaped);
+            assert_eq!(tree.ok(), serde_json::from_str::<J<'_>>(text).ok(), "{text}");
         }
     }
 
