@@ -373,8 +373,6 @@ fn read<'a>(
         defer: into.is_some(),
         decoded: String::new(),
         strings: Vec::new(),
-        items: Vec::new(),
-        pairs: Vec::new(),
     };
     let v = r.value(0)?;
     r.ws();
@@ -397,10 +395,6 @@ struct Reader<'a> {
     defer: bool,
     decoded: String,
     strings: Vec<(usize, usize, usize, bool)>,
-    /// The elements and members of the arrays and objects being read (each container's
-    /// vector is then allocated once, at its size).
-    items: Vec<J<'a>>,
-    pairs: Pairs<'a>,
 }
 
 /// A body prepared for [`J::parse_in`]: its text (UTF-8 checked once), and, once read, the
@@ -442,6 +436,9 @@ impl<'a> Unescaped<'a> {
     /// Puts the decoded strings in the places the reader left for them (`next`: how many
     /// are placed), in document order.
     fn fill(&'a self, j: &mut J<'a>, next: &mut usize) {
+        if *next >= self.strings.len() {
+            return;
+        }
         match j {
             J::Str(s) => {
                 if matches!(s, Cow::Owned(o) if o.capacity() == 0) {
@@ -678,7 +675,7 @@ impl<'a> Reader<'a> {
             self.i += 1;
             return Some(J::Obj(Vec::new()));
         }
-        let mark = self.pairs.len();
+        let mut out: Pairs<'a> = Vec::with_capacity(4);
         loop {
             self.ws();
             if self.next()? != b'"' {
@@ -693,7 +690,7 @@ impl<'a> Reader<'a> {
             let v = self.value(depth)?;
             // A repeated key keeps its first place and its last value (as serde_json's
             // map and the serde reader of this tree do).
-            match self.pairs[mark..].iter_mut().find(|(old, _)| *old == k) {
+            match out.iter_mut().find(|(old, _)| *old == k) {
                 Some((_, old)) => {
                     // The value takes the earlier one's place: the places of decoded
                     // strings would no longer be in document order.
@@ -702,12 +699,12 @@ impl<'a> Reader<'a> {
                     }
                     *old = v;
                 }
-                None => self.pairs.push((k, v)),
+                None => out.push((k, v)),
             }
             self.ws();
             match self.next()? {
                 b',' => {}
-                b'}' => return Some(J::Obj(self.pairs.drain(mark..).collect())),
+                b'}' => return Some(J::Obj(out)),
                 _ => return None,
             }
         }
@@ -719,14 +716,13 @@ impl<'a> Reader<'a> {
             self.i += 1;
             return Some(J::Arr(Vec::new()));
         }
-        let mark = self.items.len();
+        let mut out = Vec::with_capacity(4);
         loop {
-            let v = self.value(depth)?;
-            self.items.push(v);
+            out.push(self.value(depth)?);
             self.ws();
             match self.next()? {
                 b',' => {}
-                b']' => return Some(J::Arr(self.items.drain(mark..).collect())),
+                b']' => return Some(J::Arr(out)),
                 _ => return None,
             }
         }
