@@ -83,15 +83,17 @@ fn bench(c: &mut Criterion) {
         b.iter(|| translate_request(black_box(&responses), "claude", true))
     });
     g.throughput(Throughput::Bytes(responses_4k.len() as u64));
-    g.bench_function(format!("baseline_parse_value_{}B", responses_4k.len()), |b| {
-        b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(&responses_4k)))
-    });
+    g.bench_function(
+        format!("baseline_parse_value_{}B", responses_4k.len()),
+        |b| b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(&responses_4k))),
+    );
     g.bench_function(format!("responses_to_chat_{}B", responses_4k.len()), |b| {
         b.iter(|| translate_request(black_box(&responses_4k), "gpt-4o", false))
     });
-    g.bench_function(format!("responses_to_messages_{}B", responses_4k.len()), |b| {
-        b.iter(|| translate_request(black_box(&responses_4k), "claude", true))
-    });
+    g.bench_function(
+        format!("responses_to_messages_{}B", responses_4k.len()),
+        |b| b.iter(|| translate_request(black_box(&responses_4k), "claude", true)),
+    );
     g.finish();
 
     let mut g = c.benchmark_group("translate_stream_event");

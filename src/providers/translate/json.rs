@@ -1093,7 +1093,9 @@ mod tests {
         match j {
             J::Arr(a) => a.iter().any(repeated_keys),
             J::Obj(p) => {
-                p.iter().enumerate().any(|(i, (k, _))| p[..i].iter().any(|(o, _)| o == k))
+                p.iter()
+                    .enumerate()
+                    .any(|(i, (k, _))| p[..i].iter().any(|(o, _)| o == k))
                     || p.iter().any(|(_, v)| repeated_keys(v))
             }
             _ => false,
@@ -1209,7 +1211,11 @@ mod tests {
         ] {
             let mut unescaped = Unescaped::of(text.as_bytes());
             let (tree, _) = J::parse_in(&mut unescaped);
-            assert_eq!(tree.ok(), serde_json::from_str::<J<'_>>(text).ok(), "{text}");
+            assert_eq!(
+                tree.ok(),
+                serde_json::from_str::<J<'_>>(text).ok(),
+                "{text}"
+            );
         }
     }
 
@@ -1226,7 +1232,10 @@ mod tests {
         assert!(read(pair, None, None).is_none());
         assert_eq!(J::parse(pair).ok(), Some(J::from("\u{1f600}")));
         assert!(J::parse(br#""\ud83d""#).is_err());
-        assert_eq!(read(b" 18446744073709551615 ", None, None), Some(J::U(u64::MAX)));
+        assert_eq!(
+            read(b" 18446744073709551615 ", None, None),
+            Some(J::U(u64::MAX))
+        );
         assert_eq!(
             read(b"-0", None, None),
             serde_json::from_slice::<J<'_>>(b"-0").ok()

@@ -800,7 +800,9 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
     }
     let mut turns: Vec<J<'a>> = Vec::new();
     if let Some(s) = system {
-        turns.push(jo! {"role" => "system", "content" => system_to_openai(s, &|| "system".to_owned())?});
+        turns.push(
+            jo! {"role" => "system", "content" => system_to_openai(s, &|| "system".to_owned())?},
+        );
     }
     let Some(messages) = messages else {
         return Err(Refused::new("messages", "is required"));
@@ -984,7 +986,8 @@ fn block_to_part<'a>(b: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refuse
                         member(src, "media_type"),
                         P(|| format!("{}.source.media_type", at())),
                     )?;
-                    let data = jwant_str(member(src, "data"), P(|| format!("{}.source.data", at())))?;
+                    let data =
+                        jwant_str(member(src, "data"), P(|| format!("{}.source.data", at())))?;
                     J::from(format!("data:{media};base64,{data}"))
                 }
                 Some("url") => {

@@ -335,7 +335,9 @@ fn write_request<'r>(
                     match c {
                         Choice::Mode(_) => out.j(v),
                         Choice::Function(name, ns) => {
-                            out.extend_from_slice(b"{\"type\":\"function\",\"function\":{\"name\":");
+                            out.extend_from_slice(
+                                b"{\"type\":\"function\",\"function\":{\"name\":",
+                            );
                             write_name(out, name, ns);
                             out.extend_from_slice(b"}}");
                         }
@@ -677,7 +679,13 @@ impl<'r, 'a> Function<'r, 'a> {
     /// (`parameters` named `input_schema`, an empty object schema when there is none).
     /// `flat`: the name it is offered by instead of its own; `description`: the
     /// description it gets instead of its own (or in addition, after its members).
-    fn write(&self, out: &mut Out<'_>, anthropic: bool, flat: Option<&str>, description: Option<&str>) {
+    fn write(
+        &self,
+        out: &mut Out<'_>,
+        anthropic: bool,
+        flat: Option<&str>,
+        description: Option<&str>,
+    ) {
         if anthropic {
             out.push(b'{');
         } else {
@@ -937,7 +945,9 @@ enum Open<'r, 'a> {
     Nothing,
     /// Chat Completions: an assistant message, and how many `tool_calls` it has (its
     /// calls array open when any).
-    ChatAssistant { calls: usize },
+    ChatAssistant {
+        calls: usize,
+    },
     /// Anthropic: an assistant turn (chat message `index`): its string content not yet
     /// written (`text`, while no block is) or its content array open with `blocks`
     /// blocks, `calls` of them tool calls.
@@ -1182,7 +1192,13 @@ impl<'r, 'a> Conversation<'r, 'a> {
             match content {
                 J::Str(_) => out.j(content),
                 _ => {
-                    write_chat_parts(parts_of(content, i, "content")?, i, "content", assistant, out)?;
+                    write_chat_parts(
+                        parts_of(content, i, "content")?,
+                        i,
+                        "content",
+                        assistant,
+                        out,
+                    )?;
                 }
             }
             if assistant {
@@ -1336,17 +1352,29 @@ impl<'r, 'a> Conversation<'r, 'a> {
     }
 
     /// A function call: joins the assistant message (turn) right before it, or starts one.
-    fn call(&mut self, id: &J<'a>, (name, namespace): (&J<'a>, Option<&str>), args: &J<'a>, out: &mut Out<'_>) {
+    fn call(
+        &mut self,
+        id: &J<'a>,
+        (name, namespace): (&J<'a>, Option<&str>),
+        args: &J<'a>,
+        out: &mut Out<'_>,
+    ) {
         let name_str = name.as_str().unwrap_or("");
         if !self.anthropic {
             match &mut self.open {
                 Open::ChatAssistant { calls } => {
-                    out.extend_from_slice(if *calls == 0 { b",\"tool_calls\":[" } else { b"," });
+                    out.extend_from_slice(if *calls == 0 {
+                        b",\"tool_calls\":["
+                    } else {
+                        b","
+                    });
                     *calls += 1;
                 }
                 _ => {
                     self.chat_message(out);
-                    out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[");
+                    out.extend_from_slice(
+                        b"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[",
+                    );
                     self.open = Open::ChatAssistant { calls: 1 };
                 }
             }
@@ -1425,7 +1453,13 @@ impl<'r, 'a> Conversation<'r, 'a> {
 
     /// A function call's output (item `i`): a tool message, or to Anthropic a tool result
     /// in the user turn of results right before it (or a new one).
-    fn output(&mut self, i: usize, id: &'r J<'a>, output: &'r J<'a>, out: &mut Out<'_>) -> Result<(), Refused> {
+    fn output(
+        &mut self,
+        i: usize,
+        id: &'r J<'a>,
+        output: &'r J<'a>,
+        out: &mut Out<'_>,
+    ) -> Result<(), Refused> {
         let at = |f: &str| format!("input[{i}].{f}");
         let parts: &'r [J<'a>] = match output {
             J::Str(_) => &[],
@@ -1538,11 +1572,14 @@ pub(super) mod two_step {
         Ok((messages.to_vec_sized(body.len() + 256), echo))
     }
 
-
     /// A Responses request as a Chat Completions request, and its [`Echo`]. `anthropic`: the
     /// request goes on to an Anthropic provider, so what it cannot express is refused here
     /// under the Responses field's own name. Field paths are formatted only for a refusal.
-    pub(super) fn to_chat_j<'a>(req: &J<'a>, model: &'a str, anthropic: bool) -> Result<(J<'a>, Echo), Refused> {
+    pub(super) fn to_chat_j<'a>(
+        req: &J<'a>,
+        model: &'a str,
+        anthropic: bool,
+    ) -> Result<(J<'a>, Echo), Refused> {
         let mut out: Pairs<'a> = Vec::with_capacity(12);
         set(&mut out, "model", J::from(model));
         // The instructions and one message per input item at most.
@@ -1677,7 +1714,11 @@ pub(super) mod two_step {
         Ok((J::Obj(out), echo))
     }
 
-    fn reasoning_to_chat<'a>(v: &J<'a>, anthropic: bool, out: &mut Pairs<'a>) -> Result<(), Refused> {
+    fn reasoning_to_chat<'a>(
+        v: &J<'a>,
+        anthropic: bool,
+        out: &mut Pairs<'a>,
+    ) -> Result<(), Refused> {
         let r = v
             .as_object()
             .ok_or_else(|| Refused::new("reasoning", "must be an object"))?;
@@ -1701,8 +1742,9 @@ pub(super) mod two_step {
                 }
                 // Summaries are the reasoning text the target streams back, when it gives any.
                 "summary" | "generate_summary" => {
-                    v.as_str()
-                        .ok_or_else(|| Refused::new(format!("reasoning.{k}"), "must be a string"))?;
+                    v.as_str().ok_or_else(|| {
+                        Refused::new(format!("reasoning.{k}"), "must be a string")
+                    })?;
                 }
                 other => {
                     return Err(Refused::new(
@@ -1880,9 +1922,9 @@ pub(super) mod two_step {
         let ns_name = ns_name.ok_or_else(|| Refused::new(here("name"), "is required"))?;
         let tools = tools.ok_or_else(|| Refused::new(here("tools"), "is required"))?;
         for (j, inner) in tools.iter().enumerate() {
-            let inner = inner
-                .as_object()
-                .ok_or_else(|| Refused::new(format!("tools[{i}].tools[{j}]"), "must be an object"))?;
+            let inner = inner.as_object().ok_or_else(|| {
+                Refused::new(format!("tools[{i}].tools[{j}]"), "must be an object")
+            })?;
             if member(inner, "type").and_then(J::as_str) != Some("function") {
                 return Err(Refused::new(
                     tool_field(i, Some(j), "type"),
@@ -2162,7 +2204,6 @@ pub(super) mod two_step {
         }
         Ok(())
     }
-
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1906,27 +1906,75 @@ mod responses {
         };
         let settings = (
             (
-                setting("instructions", vec![json!("Be brief."), json!("line\nbreak \"q\" / x"), json!(3)]),
-                setting("max_output_tokens", vec![json!(100), json!(0), json!(-1), json!(1.5)]),
-                setting("temperature", vec![json!(0.5), json!(1), json!(1.7), json!("hot")]),
+                setting(
+                    "instructions",
+                    vec![json!("Be brief."), json!("line\nbreak \"q\" / x"), json!(3)],
+                ),
+                setting(
+                    "max_output_tokens",
+                    vec![json!(100), json!(0), json!(-1), json!(1.5)],
+                ),
+                setting(
+                    "temperature",
+                    vec![json!(0.5), json!(1), json!(1.7), json!("hot")],
+                ),
                 setting("top_p", vec![json!(0.9), json!(null), json!("x")]),
                 setting("stream", vec![json!(true), json!(false), json!("yes")]),
-                setting("tool_choice", vec![json!("auto"), json!("none"), json!("required"),
-                    json!({"type": "function", "name": "a"}), json!({"type": "function", "name": "a", "namespace": "grp"}),
-                    json!({"type": "function", "name": "b", "extra": 1}), json!("any"),
-                    json!({"type": "function", "name": 1}), json!({"type": "function", "name": "a", "namespace": 2})]),
-                setting("parallel_tool_calls", vec![json!(false), json!(true), json!(0)]),
+                setting(
+                    "tool_choice",
+                    vec![
+                        json!("auto"),
+                        json!("none"),
+                        json!("required"),
+                        json!({"type": "function", "name": "a"}),
+                        json!({"type": "function", "name": "a", "namespace": "grp"}),
+                        json!({"type": "function", "name": "b", "extra": 1}),
+                        json!("any"),
+                        json!({"type": "function", "name": 1}),
+                        json!({"type": "function", "name": "a", "namespace": 2}),
+                    ],
+                ),
+                setting(
+                    "parallel_tool_calls",
+                    vec![json!(false), json!(true), json!(0)],
+                ),
             ),
             (
-                setting("reasoning", vec![json!({"effort": "low", "summary": "auto"}), json!({"effort": "high"}),
-                    json!({"effort": "minimal", "generate_summary": null}), json!({"effort": "xhigh"}), json!({"effort": 1}),
-                    json!({"summary": 2}), json!({"other": true}), json!("low")]),
-                setting("text", vec![json!({"format": {"type": "text"}}), json!({"format": {"type": "json_object"}, "verbosity": "low"}),
-                    json!({"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": true, "x": 1}}),
-                    json!({"verbosity": "low"}), json!({"format": {"type": "xml"}}), json!({"other": 1}), json!(5)]),
+                setting(
+                    "reasoning",
+                    vec![
+                        json!({"effort": "low", "summary": "auto"}),
+                        json!({"effort": "high"}),
+                        json!({"effort": "minimal", "generate_summary": null}),
+                        json!({"effort": "xhigh"}),
+                        json!({"effort": 1}),
+                        json!({"summary": 2}),
+                        json!({"other": true}),
+                        json!("low"),
+                    ],
+                ),
+                setting(
+                    "text",
+                    vec![
+                        json!({"format": {"type": "text"}}),
+                        json!({"format": {"type": "json_object"}, "verbosity": "low"}),
+                        json!({"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": true, "x": 1}}),
+                        json!({"verbosity": "low"}),
+                        json!({"format": {"type": "xml"}}),
+                        json!({"other": 1}),
+                        json!(5),
+                    ],
+                ),
                 setting("user", vec![json!("u-1"), json!(1)]),
                 setting("store", vec![json!(false), json!(true)]),
-                setting("include", vec![json!(["reasoning.encrypted_content"]), json!(["x"]), json!("x")]),
+                setting(
+                    "include",
+                    vec![
+                        json!(["reasoning.encrypted_content"]),
+                        json!(["x"]),
+                        json!("x"),
+                    ],
+                ),
                 setting("prompt_cache_key", vec![json!("k"), json!(1)]),
                 setting("metadata", vec![json!({}), json!(null), json!({"a": "b"})]),
                 setting("previous_response_id", vec![json!("resp_1")]),
@@ -1939,36 +1987,38 @@ mod responses {
             1 => Just(json!({"not": "items"})),
         ];
         let tools = prop::option::weighted(0.5, prop::collection::vec(any_tool(), 0..3));
-        (settings, input, tools, any::<u64>()).prop_map(|(((a, b, c, d, e, f, g), (h, i, j, k, l, m, n, o)), input, tools, seed)| {
-            let mut pairs: Vec<(&str, Value)> = Vec::new();
-            for (k, v) in [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o] {
-                if let Some(v) = v {
-                    pairs.push((k, v));
+        (settings, input, tools, any::<u64>()).prop_map(
+            |(((a, b, c, d, e, f, g), (h, i, j, k, l, m, n, o)), input, tools, seed)| {
+                let mut pairs: Vec<(&str, Value)> = Vec::new();
+                for (k, v) in [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o] {
+                    if let Some(v) = v {
+                        pairs.push((k, v));
+                    }
                 }
-            }
-            if !input.is_null() {
-                pairs.push(("input", input));
-            }
-            if let Some(t) = tools {
-                pairs.push(("tools", Value::Array(t)));
-            }
-            pairs.push(("model", json!("whatever")));
-            // The request's own order of keys decides the order of the output's.
-            let n = pairs.len();
-            for i in 0..n {
-                let j = (seed.rotate_left(i as u32 * 7) as usize) % n;
-                pairs.swap(i, j);
-            }
-            let mut text = String::from("{");
-            for (i, (k, v)) in pairs.iter().enumerate() {
-                if i > 0 {
-                    text.push(',');
+                if !input.is_null() {
+                    pairs.push(("input", input));
                 }
-                text.push_str(&format!("{}:{}", json!(k), v));
-            }
-            text.push('}');
-            Value::String(text)
-        })
+                if let Some(t) = tools {
+                    pairs.push(("tools", Value::Array(t)));
+                }
+                pairs.push(("model", json!("whatever")));
+                // The request's own order of keys decides the order of the output's.
+                let n = pairs.len();
+                for i in 0..n {
+                    let j = (seed.rotate_left(i as u32 * 7) as usize) % n;
+                    pairs.swap(i, j);
+                }
+                let mut text = String::from("{");
+                for (i, (k, v)) in pairs.iter().enumerate() {
+                    if i > 0 {
+                        text.push(',');
+                    }
+                    text.push_str(&format!("{}:{}", json!(k), v));
+                }
+                text.push('}');
+                Value::String(text)
+            },
+        )
     }
 
     proptest! {
