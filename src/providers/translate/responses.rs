@@ -730,6 +730,10 @@ impl<'r, 'a> Function<'r, 'a> {
     }
 }
 
+/// An offered tool's name, and where it came from: (tools index, index inside its
+/// namespace).
+type Offered<'r> = (Cow<'r, str>, (usize, Option<usize>));
+
 /// The tools, written as Chat Completions function tools or Anthropic tools. A `namespace`
 /// tool's function tools are each offered on their own under [`flat_name`] (recorded in
 /// `namespaced`, so the answer's calls get their namespace and name back).
@@ -744,7 +748,7 @@ fn write_tools<'r>(
         .ok_or_else(|| Refused::new("tools", "must be an array"))?;
     // Each offered tool's name and where it came from: (tools index, index inside its
     // namespace).
-    let mut offered: Vec<(Cow<'r, str>, (usize, Option<usize>))> = Vec::with_capacity(list.len());
+    let mut offered: Vec<Offered<'r>> = Vec::with_capacity(list.len());
     out.push(b'[');
     for (i, t) in list.iter().enumerate() {
         let t = t
@@ -798,7 +802,7 @@ fn write_namespace<'r>(
     i: usize,
     anthropic: bool,
     namespaced: &mut Vec<Namespaced>,
-    offered: &mut Vec<(Cow<'r, str>, (usize, Option<usize>))>,
+    offered: &mut Vec<Offered<'r>>,
     out: &mut Out<'_>,
 ) -> Result<(), Refused> {
     let here = |f: &str| tool_field(i, None, f);
