@@ -18,6 +18,11 @@ const TURN: &str = "Please look at {\"key\": [1, 2, 3]} and explain why it\u{201
 /// A chat request of about 4 KiB: system prompt, alternating turns, a tool call and its
 /// result, one tool definition.
 fn chat_request() -> Vec<u8> {
+    chat_request_of(3300)
+}
+
+/// A chat request as [`chat_request`] whose turns stop once they pass `turns` bytes.
+fn chat_request_of(turns: usize) -> Vec<u8> {
     let mut messages = vec![
         json!({"role": "system", "content": "You are a careful assistant. Answer in Markdown."}),
     ];
@@ -27,7 +32,7 @@ fn chat_request() -> Vec<u8> {
         messages.push(json!({"role": "assistant", "content": format!("Answer {i}: {TURN}")}));
         i += 1;
         let body = json!({"model": "gpt-4o", "messages": messages});
-        if body.to_string().len() > 3300 {
+        if body.to_string().len() > turns {
             break;
         }
     }
@@ -50,6 +55,14 @@ fn bench(c: &mut Criterion) {
         .map(|t| t.body)
         .unwrap_or_default();
     let responses = responses_request(&chat);
+    // The Responses request of the size the target names, 4 KiB (the one above, from the
+    // same conversation as the chat request, is larger): the longest conversation that
+    // fits, its instructions lengthened to make up the rest.
+    let responses_4k = (0..33)
+        .map(|k| responses_request(&chat_request_of(3300 - 100 * k)))
+        .find(|r| r.len() <= 4096)
+        .map(|r| padded(&r, 4096))
+        .unwrap_or_default();
     let mut g = c.benchmark_group("translate_request");
     g.throughput(Throughput::Bytes(chat.len() as u64));
     g.bench_function(format!("baseline_parse_value_{}B", chat.len()), |b| {
@@ -69,6 +82,18 @@ fn bench(c: &mut Criterion) {
     g.bench_function(format!("responses_to_messages_{}B", responses.len()), |b| {
         b.iter(|| translate_request(black_box(&responses), "claude", true))
     });
+    g.throughput(Throughput::Bytes(responses_4k.len() as u64));
+    g.bench_function(
+        format!("baseline_parse_value_{}B", responses_4k.len()),
+        |b| b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(&responses_4k))),
+    );
+    g.bench_function(format!("responses_to_chat_{}B", responses_4k.len()), |b| {
+        b.iter(|| translate_request(black_box(&responses_4k), "gpt-4o", false))
+    });
+    g.bench_function(
+        format!("responses_to_messages_{}B", responses_4k.len()),
+        |b| b.iter(|| translate_request(black_box(&responses_4k), "claude", true)),
+    );
     g.finish();
 
     let mut g = c.benchmark_group("translate_stream_event");
@@ -104,6 +129,22 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// `request` (a Responses request) with its instructions lengthened by plain words to
+/// make it `size` bytes long.
+fn padded(request: &[u8], size: usize) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(request).unwrap_or_default();
+    let more = size.saturating_sub(request.len());
+    let words: String = " Keep each answer short and cite the file you read."
+        .chars()
+        .cycle()
+        .take(more)
+        .collect();
+    if let Some(serde_json::Value::String(s)) = v.get_mut("instructions") {
+        s.push_str(&words);
+    }
+    v.to_string().into_bytes()
 }
 
 /// The chat request's conversation as a Responses request of the same size.

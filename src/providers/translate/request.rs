@@ -67,8 +67,8 @@ const OPENAI: &str = "the OpenAI Chat Completions API";
 /// body is read into a borrowing tree (`J`) and the answer written from one: no string
 /// of the conversation is copied on the way.
 pub fn chat_to_messages(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(&unescaped) {
+    let mut unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&mut unescaped).0 {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
@@ -387,7 +387,7 @@ fn tool_choice_to_anthropic<'a>(
 }
 
 /// `data:<media type>;base64,<data>` → (media type, data).
-fn data_url(url: &str) -> Option<(&str, &str)> {
+pub(super) fn data_url(url: &str) -> Option<(&str, &str)> {
     let rest = url.strip_prefix("data:")?;
     let (meta, data) = rest.split_once(',')?;
     let media = meta.strip_suffix(";base64")?;
@@ -680,8 +680,8 @@ fn owned(j: J<'_>) -> J<'static> {
 /// An Anthropic Messages request as an OpenAI Chat Completions request for `model`, read
 /// into and written from a borrowing tree (`J`) as [`chat_to_messages`].
 pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Translated, Refused> {
-    let unescaped = Unescaped::of(body);
-    let req = match J::parse_in(&unescaped) {
+    let mut unescaped = Unescaped::of(body);
+    let req = match J::parse_in(&mut unescaped).0 {
         Ok(j @ J::Obj(_)) => j,
         Ok(_) => return Err(Refused::new("body", "must be a JSON object")),
         Err(e) => return Err(Refused::new("body", format!("is not valid JSON: {e}"))),
@@ -800,7 +800,9 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
     }
     let mut turns: Vec<J<'a>> = Vec::new();
     if let Some(s) = system {
-        turns.push(jo! {"role" => "system", "content" => system_to_openai(s, "system")?});
+        turns.push(
+            jo! {"role" => "system", "content" => system_to_openai(s, &|| "system".to_owned())?},
+        );
     }
     let Some(messages) = messages else {
         return Err(Refused::new("messages", "is required"));
@@ -940,61 +942,62 @@ fn context_management(v: &J<'_>) -> Result<(), Refused> {
 }
 
 /// Anthropic `system` (a string or text blocks) → the OpenAI system message content;
-/// `at` names the field in refusals.
-fn system_to_openai<'a>(v: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+/// `at` names the field in refusals (formatted only for one, as every path below).
+fn system_to_openai<'a>(v: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
     match v {
         J::Str(_) => Ok(v.clone()),
         J::Arr(blocks) => text_blocks_to_parts(blocks, at),
         _ => Err(Refused::new(
-            at,
+            at(),
             "must be a string or an array of text blocks",
         )),
     }
 }
 
-fn text_blocks_to_parts<'a>(blocks: &[J<'a>], at: &str) -> Result<J<'a>, Refused> {
+fn text_blocks_to_parts<'a>(blocks: &[J<'a>], at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
     let mut parts = Vec::with_capacity(blocks.len());
     for (j, b) in blocks.iter().enumerate() {
-        let bat = format!("{at}[{j}]");
+        let bat = || format!("{}[{j}]", at());
         if b.get("type").and_then(J::as_str) != Some("text") {
             return Err(Refused::new(
-                format!("{bat}.type"),
+                format!("{}.type", bat()),
                 "only text blocks can be carried here to an OpenAI provider",
             ));
         }
         let text = b.at("text");
-        jwant_str(text, P(|| format!("{bat}.text")))?;
+        jwant_str(text, P(|| format!("{}.text", bat())))?;
         parts.push(jo! {"type" => "text", "text" => text.clone()});
     }
     Ok(J::Arr(parts))
 }
 
-fn block_to_part<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
+fn block_to_part<'a>(b: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
     match b.get("type").and_then(J::as_str) {
         Some("text") => {
             let text = b.at("text");
-            jwant_str(text, P(|| format!("{at}.text")))?;
+            jwant_str(text, P(|| format!("{}.text", at())))?;
             Ok(jo! {"type" => "text", "text" => text.clone()})
         }
         Some("image") => {
-            let src = jwant_object(b.at("source"), P(|| format!("{at}.source")))?;
+            let src = jwant_object(b.at("source"), P(|| format!("{}.source", at())))?;
             let url = match member(src, "type").as_str() {
                 Some("base64") => {
                     let media = jwant_str(
                         member(src, "media_type"),
-                        P(|| format!("{at}.source.media_type")),
+                        P(|| format!("{}.source.media_type", at())),
                     )?;
-                    let data = jwant_str(member(src, "data"), P(|| format!("{at}.source.data")))?;
+                    let data =
+                        jwant_str(member(src, "data"), P(|| format!("{}.source.data", at())))?;
                     J::from(format!("data:{media};base64,{data}"))
                 }
                 Some("url") => {
                     let u = member(src, "url");
-                    jwant_str(u, P(|| format!("{at}.source.url")))?;
+                    jwant_str(u, P(|| format!("{}.source.url", at())))?;
                     u.clone()
                 }
                 _ => {
                     return Err(Refused::new(
-                        format!("{at}.source.type"),
+                        format!("{}.source.type", at()),
                         "only base64 and url images can be sent to an OpenAI provider",
                     ));
                 }
@@ -1002,7 +1005,7 @@ fn block_to_part<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
             Ok(jo! {"type" => "image_url", "image_url" => jo!{"url" => url}})
         }
         _ => Err(Refused::new(
-            format!("{at}.type"),
+            format!("{}.type", at()),
             "only text, image, tool_use, tool_result and thinking blocks can be sent to an OpenAI provider",
         )),
     }
@@ -1026,7 +1029,7 @@ fn anthropic_turn_to_openai<'a>(
         // A system message between turns (Claude Code sends them): OpenAI takes system
         // messages anywhere in the list.
         ("system", _) => {
-            let content = system_to_openai(content, &at("content"))?;
+            let content = system_to_openai(content, &|| at("content"))?;
             turns.push(jo! {"role" => "system", "content" => content});
         }
         ("user" | "assistant", J::Str(_)) => {
@@ -1036,7 +1039,7 @@ fn anthropic_turn_to_openai<'a>(
         ("user", J::Arr(blocks)) => {
             let mut parts = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
-                let bat = format!("messages[{i}].content[{j}]");
+                let bat = || format!("messages[{i}].content[{j}]");
                 if b.get("type").and_then(J::as_str) == Some("tool_result") {
                     turns.push(tool_result_to_openai(b, &bat)?);
                 } else {
@@ -1051,14 +1054,14 @@ fn anthropic_turn_to_openai<'a>(
             let mut parts = Vec::new();
             let mut calls = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
-                let bat = format!("messages[{i}].content[{j}]");
+                let bat = || format!("messages[{i}].content[{j}]");
                 match b.get("type").and_then(J::as_str) {
                     Some("text") => parts.push(block_to_part(b, &bat)?),
                     Some("tool_use") => {
                         let id = b.at("id");
-                        jwant_str(id, P(|| format!("{bat}.id")))?;
+                        jwant_str(id, P(|| format!("{}.id", bat())))?;
                         let name = b.at("name");
-                        jwant_str(name, P(|| format!("{bat}.name")))?;
+                        jwant_str(name, P(|| format!("{}.name", bat())))?;
                         let arguments = match b.get("input") {
                             Some(input) => String::from_utf8(input.to_vec()).unwrap_or_default(),
                             None => "{}".to_owned(),
@@ -1070,7 +1073,7 @@ fn anthropic_turn_to_openai<'a>(
                     Some("thinking" | "redacted_thinking") => {}
                     _ => {
                         return Err(Refused::new(
-                            format!("{bat}.type"),
+                            format!("{}.type", bat()),
                             "an assistant turn to an OpenAI provider carries text, tool_use and thinking blocks only",
                         ));
                     }
@@ -1103,17 +1106,17 @@ fn anthropic_turn_to_openai<'a>(
     Ok(())
 }
 
-fn tool_result_to_openai<'a>(b: &J<'a>, at: &str) -> Result<J<'a>, Refused> {
-    let b = jwant_object(b, at)?;
+fn tool_result_to_openai<'a>(b: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
+    let b = jwant_object(b, P(at))?;
     let id = member(b, "tool_use_id");
-    jwant_str(id, P(|| format!("{at}.tool_use_id")))?;
+    jwant_str(id, P(|| format!("{}.tool_use_id", at())))?;
     let content = match member(b, "content") {
         J::Null => J::from(""),
         v @ J::Str(_) => v.clone(),
-        J::Arr(blocks) => text_blocks_to_parts(blocks, &format!("{at}.content"))?,
+        J::Arr(blocks) => text_blocks_to_parts(blocks, &|| format!("{}.content", at()))?,
         _ => {
             return Err(Refused::new(
-                format!("{at}.content"),
+                format!("{}.content", at()),
                 "must be a string or an array of blocks",
             ));
         }

@@ -1089,9 +1089,9 @@ mod responses {
     use serde_json::{Value, json};
 
     use super::super::Translation;
-    use super::super::responses::{Echo, to_chat, translate_answer, translate_request};
+    use super::super::responses::{Echo, to_chat, translate_answer, translate_request, two_step};
     use super::super::stream::StreamTranslator;
-    use super::{anthropic_recording, events_of, obj, openai_recording, text};
+    use super::{anthropic_recording, events_of, image_url, obj, openai_recording, text};
 
     /// A request as Codex sends one: instructions, a conversation with a function call and
     /// its output, function tools, reasoning, no storage.
@@ -1790,6 +1790,262 @@ mod responses {
             }
             pieces.push(&rec[at..]);
             prop_assert_eq!(run(t, &pieces), run(t, &[&rec]));
+        }
+    }
+
+    // --- the direct writer against the two-step oracle ---------------------------------------
+
+    /// A content part of any kind an input item may carry, good or bad.
+    fn any_part() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            20 => text().prop_map(|t| json!({"type": "input_text", "text": t})),
+            20 => text().prop_map(|t| json!({"type": "output_text", "text": t})),
+            3 => text().prop_map(|t| json!({"type": "refusal", "refusal": t})),
+            5 => (image_url(), prop_oneof![Just(json!(null)), Just(json!("auto")), Just(json!("high")), Just(json!(3))])
+                .prop_map(|(u, d)| json!({"type": "input_image", "image_url": u, "detail": d})),
+            3 => Just(json!({"type": "input_image", "image_url": "data:image/png,notbase64"})),
+            1 => Just(json!({"type": "input_image", "file_id": "file_1"})),
+            1 => Just(json!({"type": "input_text", "text": 5})),
+            1 => Just(json!({"type": "input_file"})),
+        ]
+    }
+
+    fn any_content() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            30 => text().prop_map(Value::from),
+            40 => prop::collection::vec(any_part(), 0..3).prop_map(Value::Array),
+            1 => Just(json!(null)),
+            1 => Just(json!(7)),
+        ]
+    }
+
+    fn any_item() -> impl Strategy<Value = Value> {
+        let role = prop_oneof![
+            20 => Just("user"), 20 => Just("assistant"), 3 => Just("system"), 2 => Just("developer"), 1 => Just("robot"),
+        ];
+        let args = prop_oneof![
+            10 => Just("{\"cmd\":\"ls\",\"n\":[1,2.5,{\"x\":null}]}".to_owned()),
+            3 => Just(String::new()),
+            2 => Just("  ".to_owned()),
+            1 => Just("[1]".to_owned()),
+            1 => Just("{bad".to_owned()),
+            10 => text().prop_map(|t| serde_json::to_string(&json!({"t": t})).unwrap_or_default()),
+        ];
+        prop_oneof![
+            40 => (role, any_content(), any::<bool>()).prop_map(|(r, c, typed)| if typed {
+                json!({"type": "message", "role": r, "content": c})
+            } else {
+                json!({"role": r, "content": c})
+            }),
+            30 => ("[a-z0-9]{1,6}", args, prop_oneof![10 => Just(json!(null)), 5 => Just(json!("ns")), 1 => Just(json!(1))])
+                .prop_map(|(id, a, ns)| json!({"type": "function_call", "call_id": format!("call_{id}"),
+                    "name": "f", "arguments": a, "namespace": ns})),
+            30 => ("[a-z0-9]{1,6}", prop_oneof![
+                    10 => text().prop_map(Value::from),
+                    10 => prop::collection::vec(any_part(), 0..3).prop_map(Value::Array),
+                    1 => Just(json!(null)),
+                ]).prop_map(|(id, o)| json!({"type": "function_call_output", "call_id": format!("call_{id}"), "output": o})),
+            5 => Just(json!({"type": "reasoning", "summary": []})),
+            1 => Just(json!({"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"})),
+            1 => Just(json!({"type": "item_reference", "id": "x"})),
+            1 => Just(json!("not an object")),
+            3 => Just(json!({"type": "function_call", "call_id": "call_n", "name": "a", "namespace": "grp", "arguments": "{\"x\":1}"})),
+            2 => Just(json!({"role": "developer", "content": [{"type": "input_text", "text": "t"},
+                {"type": "input_image", "image_url": "https://h.example/i.png"}]})),
+        ]
+    }
+
+    fn any_tool() -> impl Strategy<Value = Value> {
+        let f = |name: &'static str| {
+            prop_oneof![
+                10 => Just(json!({"type": "function", "name": name, "description": "d", "parameters": {"type": "object"}, "strict": false})),
+                2 => Just(json!({"type": "function", "name": name, "strict": true})),
+                5 => Just(json!({"type": "function", "name": name, "description": null, "parameters": null, "strict": null})),
+                5 => Just(json!({"type": "function", "parameters": {"a": "b"}, "name": name, "description": ""})),
+                1 => Just(json!({"type": "function", "name": name, "extra": 1})),
+                1 => Just(json!({"type": "function", "description": "no name"})),
+            ]
+        };
+        prop_oneof![
+            40 => f("a"),
+            20 => f("b"),
+            20 => (f("a"), f("c"), prop_oneof![Just(json!("grp")), Just(json!("n".repeat(62))), Just(json!(""))],
+                  prop_oneof![Just(json!("Group.")), Just(json!("")), Just(json!(null))])
+                .prop_map(|(x, y, n, d)| json!({"type": "namespace", "name": n, "description": d, "tools": [x, y]})),
+            1 => Just(json!({"type": "namespace", "name": "grp", "tools": [{"type": "web_search"}]})),
+            1 => Just(json!({"type": "web_search"})),
+            1 => Just(json!({"type": "custom", "name": "x"})),
+            10 => Just(json!({"type": "function", "name": "c", "parameters": {"type": "object",
+                "properties": {"q": {"type": "string", "description": "what / \"where\"\n"}}}})),
+        ]
+    }
+
+    /// A Responses request of any shape: most settings, each often absent, sometimes
+    /// wrong; an input of any items.
+    fn any_request() -> impl Strategy<Value = Value> {
+        // Each setting is absent half the time; given, it is one of the first `good`
+        // values (each 20 times as likely) or one of the rest (the wrong ones). A setting
+        // with no good value is given rarely.
+        let setting = |k: &'static str, vs: Vec<Value>| {
+            let good = match k {
+                "instructions" | "top_p" | "metadata" | "max_output_tokens" | "temperature" => 2,
+                "user" | "prompt_cache_key" | "store" | "include" => 1,
+                "stream" | "parallel_tool_calls" => 2,
+                "tool_choice" => 6,
+                "reasoning" => 3,
+                "text" => 1,
+                _ => 0,
+            };
+            let mut weighted = Vec::new();
+            for (n, v) in vs.into_iter().enumerate() {
+                let times = if n < good { 20 } else { 1 };
+                weighted.extend(std::iter::repeat_n(v, times));
+            }
+            let given = if good == 0 { 0.03 } else { 0.5 };
+            prop::option::weighted(given, prop::sample::select(weighted)).prop_map(move |v| (k, v))
+        };
+        let settings = (
+            (
+                setting(
+                    "instructions",
+                    vec![json!("Be brief."), json!("line\nbreak \"q\" / x"), json!(3)],
+                ),
+                setting(
+                    "max_output_tokens",
+                    vec![json!(100), json!(0), json!(-1), json!(1.5)],
+                ),
+                setting(
+                    "temperature",
+                    vec![json!(0.5), json!(1), json!(1.7), json!("hot")],
+                ),
+                setting("top_p", vec![json!(0.9), json!(null), json!("x")]),
+                setting("stream", vec![json!(true), json!(false), json!("yes")]),
+                setting(
+                    "tool_choice",
+                    vec![
+                        json!("auto"),
+                        json!("none"),
+                        json!("required"),
+                        json!({"type": "function", "name": "a"}),
+                        json!({"type": "function", "name": "a", "namespace": "grp"}),
+                        json!({"type": "function", "name": "b", "extra": 1}),
+                        json!("any"),
+                        json!({"type": "function", "name": 1}),
+                        json!({"type": "function", "name": "a", "namespace": 2}),
+                    ],
+                ),
+                setting(
+                    "parallel_tool_calls",
+                    vec![json!(false), json!(true), json!(0)],
+                ),
+            ),
+            (
+                setting(
+                    "reasoning",
+                    vec![
+                        json!({"effort": "low", "summary": "auto"}),
+                        json!({"effort": "high"}),
+                        json!({"effort": "minimal", "generate_summary": null}),
+                        json!({"effort": "xhigh"}),
+                        json!({"effort": 1}),
+                        json!({"summary": 2}),
+                        json!({"other": true}),
+                        json!("low"),
+                    ],
+                ),
+                setting(
+                    "text",
+                    vec![
+                        json!({"format": {"type": "text"}}),
+                        json!({"format": {"type": "json_object"}, "verbosity": "low"}),
+                        json!({"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": true, "x": 1}}),
+                        json!({"verbosity": "low"}),
+                        json!({"format": {"type": "xml"}}),
+                        json!({"other": 1}),
+                        json!(5),
+                    ],
+                ),
+                setting("user", vec![json!("u-1"), json!(1)]),
+                setting("store", vec![json!(false), json!(true)]),
+                setting(
+                    "include",
+                    vec![
+                        json!(["reasoning.encrypted_content"]),
+                        json!(["x"]),
+                        json!("x"),
+                    ],
+                ),
+                setting("prompt_cache_key", vec![json!("k"), json!(1)]),
+                setting("metadata", vec![json!({}), json!(null), json!({"a": "b"})]),
+                setting("previous_response_id", vec![json!("resp_1")]),
+            ),
+        );
+        let input = prop_oneof![
+            10 => text().prop_map(Value::from),
+            80 => prop::collection::vec(any_item(), 0..8).prop_map(Value::Array),
+            1 => Just(json!(null)),
+            1 => Just(json!({"not": "items"})),
+        ];
+        let tools = prop::option::weighted(0.5, prop::collection::vec(any_tool(), 0..3));
+        (settings, input, tools, any::<u64>()).prop_map(
+            |(((a, b, c, d, e, f, g), (h, i, j, k, l, m, n, o)), input, tools, seed)| {
+                let mut pairs: Vec<(&str, Value)> = Vec::new();
+                for (k, v) in [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o] {
+                    if let Some(v) = v {
+                        pairs.push((k, v));
+                    }
+                }
+                if !input.is_null() {
+                    pairs.push(("input", input));
+                }
+                if let Some(t) = tools {
+                    pairs.push(("tools", Value::Array(t)));
+                }
+                pairs.push(("model", json!("whatever")));
+                // The request's own order of keys decides the order of the output's.
+                let n = pairs.len();
+                for i in 0..n {
+                    let j = (seed.rotate_left(i as u32 * 7) as usize) % n;
+                    pairs.swap(i, j);
+                }
+                let mut text = String::from("{");
+                for (i, (k, v)) in pairs.iter().enumerate() {
+                    if i > 0 {
+                        text.push(',');
+                    }
+                    text.push_str(&format!("{}:{}", json!(k), v));
+                }
+                text.push('}');
+                Value::String(text)
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1500))]
+
+        /// The direct writer gives, for any Responses request, the bytes (or the refusal)
+        /// of the two steps it replaced: the Chat Completions tree, then for an Anthropic
+        /// provider the Chat Completions → Messages converter. The body is also spelled
+        /// with escapes the writer would not write (`\/`, `\u0078`), whose strings it must
+        /// not copy as they stand.
+        #[test]
+        fn the_responses_writer_gives_what_the_two_steps_give(
+            req in any_request(),
+            respell in any::<bool>(),
+            anthropic in any::<bool>(),
+        ) {
+            let mut body = req.as_str().unwrap_or_default().to_owned();
+            if respell {
+                body = body.replace('/', "\\/").replace('x', "\\u0078");
+            }
+            let new = translate_request(body.as_bytes(), "m", anthropic);
+            let old = two_step::translate_request(body.as_bytes(), "m", anthropic);
+            let show = |r: &Result<(Vec<u8>, Echo), super::super::Refused>| match r {
+                Ok((b, e)) => format!("{}\n{e:?}", String::from_utf8_lossy(b)),
+                Err(r) => format!("refused {r}"),
+            };
+            prop_assert_eq!(show(&new), show(&old), "{}", body);
         }
     }
 }
