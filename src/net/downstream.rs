@@ -142,19 +142,11 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
 /// this the watch stops (the wait goes on, unwatched).
 pub const MAX_PENDING_WHILE_WAITING: usize = 64 * 1024;
 
-/// How long a wait runs before the client is watched for a hang-up. Watching costs a
-/// readiness poll on the client socket (io_uring: a `POLL_ADD`, and an `ASYNC_CANCEL` when
-/// the wait ends first; epoll: a `poll(2)`), which most waits — an admission granted at
-/// once, an upstream that answers in a few ms — end before needing: they cost a slot in
-/// the shard's queue of graces instead (`timer::grace`: no timer of their own, no system
-/// call). A client that hangs up during a longer wait is seen at most this much (plus one
-/// `timer::GRACE_TICK_MS`) later.
-pub const WATCH_AFTER_MS: u64 = crate::timer::GRACE_MS;
-
 /// Runs `wait` (a request's admission: queue slot, gate permits) unless the client hangs
 /// up first (`None`), so a request whose client is gone never reaches the upstream and
 /// gives its place back. `wait` is polled first: one that is ready at once costs nothing;
-/// one that ends within [`WATCH_AFTER_MS`] costs a grace (no timer), no readiness poll. Bytes the
+/// one that ends within [`crate::timer::GRACE_MS`] costs a grace (no timer), no readiness
+/// poll; a longer one watches the client socket (a readiness poll) until it ends. Bytes the
 /// client pipelines meanwhile are appended to `pending` (the connection's read buffer),
 /// where the keep-alive loop finds them. `wait` is pinned by the caller, in place (taken by
 /// value, it would be stored twice: `proxy::deadline::within`).
