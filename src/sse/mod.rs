@@ -106,7 +106,7 @@ impl Scanner {
     }
 
     /// Bytes held for an incomplete event (at most the limit).
-    #[cfg(test)]
+    #[cfg(any(test, fuzzing))]
     pub fn pending_len(&self) -> usize {
         self.pending.len()
     }
