@@ -1419,7 +1419,7 @@ fn the_rest_of_the_chat_field_map_reaches_an_anthropic_provider() {
         ("response_format", json!({"type": "json_object"})),
         (
             "response_format",
-            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+            json!({"type": "json_schema", "json_schema": {"name": "x", "description": "d", "schema": {"type": "object"}}}),
         ),
         ("stream_options", json!({"include_obfuscation": true})),
         ("logit_bias", json!({"1": 2})),
