@@ -656,6 +656,60 @@ fn anthropic_structured_output_is_served_by_an_openai_provider() {
     assert_eq!(openai.total_hits(), 1);
 }
 
+/// An OpenAI `json_schema` response format (Chat Completions `response_format`, Responses
+/// `text.format`) reaches an Anthropic provider as its structured output,
+/// `output_config.format` with the schema (the name left behind), and the JSON answer comes
+/// back as the message's content; `json_object`, which has no schema to give, is refused.
+#[test]
+fn an_openai_json_schema_is_served_by_an_anthropic_provider() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on_always("/v1/messages", Reply::anthropic_message("{\"a\":\"b\"}"));
+    let gw = start(&openai, &anthropic);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+        "required": ["a"], "additionalProperties": false});
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an/claude-x",
+                "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": schema, "strict": true}},
+                "messages": [{"role": "user", "content": "give json"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "{\"a\":\"b\"}"
+    );
+    let up = anthropic.requests_to("/v1/messages")[0].json();
+    assert_eq!(
+        up["output_config"],
+        json!({"format": {"type": "json_schema", "schema": schema}})
+    );
+    assert!(up.get("response_format").is_none());
+    // The Responses API's text.format likewise.
+    let mut req = codex_request("an/claude-x", false);
+    req["text"] = json!({"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": true}});
+    let r = post(&gw, "/v1/responses", &req);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["output"][0]["content"][0]["text"], "{\"a\":\"b\"}");
+    let up = anthropic.requests_to("/v1/messages")[1].json();
+    assert_eq!(
+        up["output_config"],
+        json!({"format": {"type": "json_schema", "schema": schema}})
+    );
+    // JSON without a schema is refused, naming the field, before any upstream is asked.
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an/claude-x", "response_format": {"type": "json_object"},
+                "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "response_format");
+    assert_eq!(anthropic.total_hits(), 2);
+}
+
 /// Three targets whose formats alternate (OpenAI, Anthropic, OpenAI): the first two fail, so
 /// the answer comes from the third after a failover in the middle of the list, from the
 /// Anthropic target to an OpenAI one, each attempt in its target's own format.
@@ -1365,7 +1419,7 @@ fn the_rest_of_the_chat_field_map_reaches_an_anthropic_provider() {
         ("response_format", json!({"type": "json_object"})),
         (
             "response_format",
-            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+            json!({"type": "json_schema", "json_schema": {"name": "x", "description": "d", "schema": {"type": "object"}}}),
         ),
         ("stream_options", json!({"include_obfuscation": true})),
         ("logit_bias", json!({"1": 2})),

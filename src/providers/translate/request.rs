@@ -245,12 +245,8 @@ pub(super) fn chat_to_messages_j<'a>(
             }
             "reasoning_effort" => effort = Some(jwant_str(v, k)?),
             "response_format" => {
-                let t = v.get("type").and_then(J::as_str);
-                if t != Some("text") {
-                    return Err(Refused::new(
-                        "response_format",
-                        "JSON output modes cannot be honoured by an Anthropic provider",
-                    ));
+                if let Some(c) = response_format_to_anthropic(v)? {
+                    set(&mut out, "output_config", c);
                 }
             }
             "n" => jdefault_only(v, k, &[J::U(1)], ANTHROPIC)?,
@@ -299,6 +295,74 @@ pub(super) fn chat_to_messages_j<'a>(
         set(&mut out, "metadata", J::Obj(metadata));
     }
     Ok((J::Obj(out), include_usage))
+}
+
+/// `response_format` → Anthropic's structured output, `output_config` `{format: {type:
+/// json_schema, schema}}`; `text` (the default) sends nothing. The schema's `name` is
+/// dropped (Anthropic's format has none; it is a label, not something the model is asked
+/// to follow) and `strict` is accepted either way: Anthropic's structured output always
+/// follows the schema, which a non-strict request permits too. `json_object` (JSON without
+/// a schema) and a `description` (guidance for the model) have no counterpart.
+fn response_format_to_anthropic<'a>(v: &J<'a>) -> Result<Option<J<'a>>, Refused> {
+    let f = jwant_object(v, "response_format")?;
+    match member(f, "type").as_str() {
+        Some("text") => return Ok(None),
+        Some("json_schema") => {}
+        Some("json_object") => {
+            return Err(Refused::new(
+                "response_format",
+                "json_object cannot be honoured by an Anthropic provider (its structured output takes a schema: send json_schema)",
+            ));
+        }
+        _ => {
+            return Err(Refused::new(
+                "response_format.type",
+                "must be text, json_object or json_schema",
+            ));
+        }
+    }
+    let mut schema = None;
+    for (k, v) in f {
+        match &**k {
+            _ if v.is_null() => {}
+            "type" => {}
+            "json_schema" => {
+                for (sk, sv) in jwant_object(v, "response_format.json_schema")? {
+                    let at = || format!("response_format.json_schema.{sk}");
+                    match &**sk {
+                        _ if sv.is_null() => {}
+                        "name" => {
+                            jwant_str(sv, P(at))?;
+                        }
+                        "strict" => {
+                            sv.as_bool()
+                                .ok_or_else(|| Refused::new(at(), "must be a boolean"))?;
+                        }
+                        "schema" => {
+                            jwant_object(sv, P(at))?;
+                            schema = Some(sv.clone());
+                        }
+                        _ => return Err(no_counterpart(&at(), ANTHROPIC)),
+                    }
+                }
+            }
+            other => {
+                return Err(no_counterpart(
+                    &format!("response_format.{other}"),
+                    ANTHROPIC,
+                ));
+            }
+        }
+    }
+    let Some(schema) = schema else {
+        return Err(Refused::new(
+            "response_format.json_schema.schema",
+            "is required for an Anthropic provider",
+        ));
+    };
+    Ok(Some(
+        jo! {"format" => jo!{"type" => "json_schema", "schema" => schema}},
+    ))
 }
 
 fn tools_to_anthropic<'a>(v: &J<'a>) -> Result<J<'a>, Refused> {

@@ -557,11 +557,13 @@ fn write_text(v: &J<'_>, anthropic: bool, out: &mut Out<'_>) -> Result<(), Refus
         match k.as_ref() {
             "format" => match v.get("type").and_then(J::as_str) {
                 Some("text") => {}
-                Some("json_object") | Some("json_schema") if anthropic => {
-                    return Err(Refused::new(
-                        "text.format",
-                        "JSON output modes cannot be honoured by an Anthropic provider",
-                    ));
+                Some("json_object") if anthropic => return Err(json_object_refused()),
+                Some("json_schema") if anthropic => {
+                    out.extend_from_slice(
+                        b",\"output_config\":{\"format\":{\"type\":\"json_schema\",\"schema\":",
+                    );
+                    out.j(anthropic_schema(v)?);
+                    out.extend_from_slice(b"}}");
                 }
                 Some("json_object") => {
                     out.extend_from_slice(b",\"response_format\":{\"type\":\"json_object\"}");
@@ -603,6 +605,56 @@ fn write_text(v: &J<'_>, anthropic: bool, out: &mut Out<'_>) -> Result<(), Refus
         }
     }
     Ok(())
+}
+
+/// `text.format` `json_object` for an Anthropic provider, whose structured output takes a
+/// schema.
+fn json_object_refused() -> Refused {
+    Refused::new(
+        "text.format",
+        "json_object cannot be honoured by an Anthropic provider (its structured output takes a schema: send json_schema)",
+    )
+}
+
+/// The schema of a `json_schema` `text.format` going to an Anthropic provider, checked
+/// member by member in the request's order: `name` is dropped (a label; Anthropic's format
+/// has none), `strict` is accepted either way (Anthropic always follows the schema, which a
+/// non-strict request permits too), and anything else — a `description` for the model
+/// included — has no counterpart there.
+fn anthropic_schema<'v, 'a>(format: &'v J<'a>) -> Result<&'v J<'a>, Refused> {
+    let mut schema = None;
+    for (k, v) in format.as_object().into_iter().flatten() {
+        let at = || format!("text.format.{k}");
+        match k.as_ref() {
+            _ if v.is_null() => {}
+            "type" => {}
+            "name" => {
+                v.as_str()
+                    .ok_or_else(|| Refused::new(at(), "must be a string"))?;
+            }
+            "strict" => {
+                v.as_bool()
+                    .ok_or_else(|| Refused::new(at(), "must be a boolean"))?;
+            }
+            "schema" => {
+                v.as_object()
+                    .ok_or_else(|| Refused::new(at(), "must be an object"))?;
+                schema = Some(v);
+            }
+            _ => {
+                return Err(Refused::new(
+                    at(),
+                    "has no counterpart in the Anthropic Messages API",
+                ));
+            }
+        }
+    }
+    schema.ok_or_else(|| {
+        Refused::new(
+            "text.format.schema",
+            "is required for an Anthropic provider",
+        )
+    })
 }
 
 /// A function tool's members that reach the provider, in the request's order (`name`,
@@ -1774,11 +1826,54 @@ pub(super) mod two_step {
                     let kind = v.get("type").and_then(J::as_str);
                     match kind {
                         Some("text") => {}
-                        Some("json_object") | Some("json_schema") if anthropic => {
+                        Some("json_object") if anthropic => {
                             return Err(Refused::new(
                                 "text.format",
-                                "JSON output modes cannot be honoured by an Anthropic provider",
+                                "json_object cannot be honoured by an Anthropic provider (its structured output takes a schema: send json_schema)",
                             ));
+                        }
+                        // Checked here under the Responses names; the Chat Completions →
+                        // Messages converter makes it `output_config.format`.
+                        Some("json_schema") if anthropic => {
+                            let mut schema = None;
+                            for (f, x) in v.as_object().into_iter().flatten() {
+                                let at = || format!("text.format.{f}");
+                                match f.as_ref() {
+                                    _ if x.is_null() => {}
+                                    "type" => {}
+                                    "name" => {
+                                        x.as_str().ok_or_else(|| {
+                                            Refused::new(at(), "must be a string")
+                                        })?;
+                                    }
+                                    "strict" => {
+                                        x.as_bool().ok_or_else(|| {
+                                            Refused::new(at(), "must be a boolean")
+                                        })?;
+                                    }
+                                    "schema" if x.as_object().is_some() => schema = Some(x),
+                                    "schema" => {
+                                        return Err(Refused::new(at(), "must be an object"));
+                                    }
+                                    _ => {
+                                        return Err(Refused::new(
+                                            at(),
+                                            "has no counterpart in the Anthropic Messages API",
+                                        ));
+                                    }
+                                }
+                            }
+                            let Some(schema) = schema else {
+                                return Err(Refused::new(
+                                    "text.format.schema",
+                                    "is required for an Anthropic provider",
+                                ));
+                            };
+                            set(
+                                out,
+                                "response_format",
+                                jo! {"type" => "json_schema", "json_schema" => jo!{"schema" => schema.clone()}},
+                            );
                         }
                         Some("json_object") => {
                             set(out, "response_format", jo! {"type" => "json_object"});

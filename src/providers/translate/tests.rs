@@ -31,6 +31,24 @@ fn ident() -> impl Strategy<Value = String> {
     "[a-z_]{1,10}"
 }
 
+/// A JSON schema for structured output: an object of a few typed properties.
+fn json_schema() -> impl Strategy<Value = Value> {
+    prop::collection::btree_map(
+        ident(),
+        prop_oneof![Just("string"), Just("number"), Just("boolean")],
+        1..4,
+    )
+    .prop_map(|props| {
+        let names: Vec<&String> = props.keys().collect();
+        let properties: Obj = props
+            .iter()
+            .map(|(k, t)| (k.clone(), json!({"type": t})))
+            .collect();
+        json!({"type": "object", "properties": properties, "required": names,
+            "additionalProperties": false})
+    })
+}
+
 fn image_url() -> impl Strategy<Value = String> {
     prop_oneof![
         "[A-Za-z0-9+/]{4,16}".prop_map(|d| format!("data:image/png;base64,{d}")),
@@ -135,8 +153,10 @@ fn openai_request() -> impl Strategy<Value = Obj> {
         prop::option::of(prop_oneof![Just("low"), Just("medium"), Just("high")]),
         any::<bool>(),
     );
-    (system, exchanges, tools, choice, knobs).prop_map(
-        |(system, exchanges, tools, choice, knobs)| {
+    // Structured output: the schema with a name and strictness Anthropic does not carry.
+    let format = prop::option::of((json_schema(), ident(), prop::option::of(any::<bool>())));
+    (system, exchanges, tools, choice, (knobs, format)).prop_map(
+        |(system, exchanges, tools, choice, (knobs, format))| {
             let (max, temp, top_p, stop, stream, user, effort, no_parallel) = knobs;
             let mut r = Obj::new();
             r.insert("model".into(), json!("m"));
@@ -189,6 +209,13 @@ fn openai_request() -> impl Strategy<Value = Obj> {
             }
             if let Some(e) = effort {
                 r.insert("reasoning_effort".into(), json!(e));
+            }
+            if let Some((schema, name, strict)) = format {
+                let mut s = json!({"name": name, "schema": schema});
+                if let Some(b) = strict {
+                    s["strict"] = json!(b);
+                }
+                r.insert("response_format".into(), json!({"type": "json_schema", "json_schema": s}));
             }
             if let Some(ts) = tools {
                 let ts: Vec<Value> = ts
@@ -296,7 +323,8 @@ fn anthropic_request() -> impl Strategy<Value = Obj> {
         prop::option::of(prop_oneof![Just(1024u64), Just(4096), Just(16384)]),
         prop::option::of(0u32..=100),
     );
-    (system, exchanges, tools, choice, knobs).prop_map(|(system, exchanges, tools, choice, knobs)| {
+    let format = prop::option::of(json_schema());
+    (system, exchanges, tools, choice, (knobs, format)).prop_map(|(system, exchanges, tools, choice, (knobs, format))| {
         let (max, temp, stop, stream, user, budget, top_p) = knobs;
         let mut r = Obj::new();
         r.insert("model".into(), json!("m"));
@@ -349,6 +377,9 @@ fn anthropic_request() -> impl Strategy<Value = Obj> {
         if let Some(b) = budget {
             r.insert("thinking".into(), json!({"type": "enabled", "budget_tokens": b}));
         }
+        if let Some(schema) = format {
+            r.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
+        }
         if let Some(ts) = tools {
             let ts: Vec<Value> = ts
                 .into_iter()
@@ -380,6 +411,13 @@ proptest! {
         let (anthropic, include_usage) = chat_to_messages_obj(&req, "m").map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(include_usage, req.get("stream_options").is_some());
         let back = messages_to_chat_obj(&anthropic, "m").map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // A json_schema format's name and strictness have no Anthropic counterpart: the
+        // schema comes back under the name "output", strict (as Anthropic follows it).
+        let mut req = req;
+        if let Some(s) = req.get_mut("response_format").and_then(|f| f.get_mut("json_schema")) {
+            s["name"] = json!("output");
+            s["strict"] = json!(true);
+        }
         prop_assert_eq!(Value::Object(back), Value::Object(req));
     }
 
@@ -475,6 +513,26 @@ fn what_anthropic_cannot_express_is_refused_by_name() {
         (
             json!({"messages": m, "response_format": {"type": "json_object"}}),
             "response_format",
+        ),
+        (
+            json!({"messages": m, "response_format": {"type": "xml"}}),
+            "response_format.type",
+        ),
+        (
+            json!({"messages": m, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"messages": m, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "description": "d", "schema": {}}}}),
+            "response_format.json_schema.description",
+        ),
+        (
+            json!({"messages": m, "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}}),
+            "response_format.json_schema.strict",
+        ),
+        (
+            json!({"messages": m, "response_format": {"type": "json_schema", "json_schema": {"schema": true}}}),
+            "response_format.json_schema.schema",
         ),
         (
             json!({"messages": m, "tools": [{"type": "web_search"}]}),
@@ -591,6 +649,33 @@ fn anthropic_structured_output_becomes_a_strict_json_schema_response_format() {
         )
     );
     assert_eq!(out["reasoning_effort"], "low");
+}
+
+#[test]
+fn an_openai_json_schema_becomes_anthropic_structured_output() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+        "required": ["a"], "additionalProperties": false});
+    for strict in [json!(true), json!(false), json!(null)] {
+        let (out, _) = chat_to_messages_obj(
+            &obj(json!({"messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": schema, "strict": strict}}})),
+            "m",
+        )
+        .unwrap_or_default();
+        assert_eq!(
+            out.get("output_config"),
+            Some(&json!({"format": {"type": "json_schema", "schema": schema}})),
+            "strict {strict}"
+        );
+    }
+    let (out, _) = chat_to_messages_obj(
+        &obj(json!({"messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "text"}})),
+        "m",
+    )
+    .unwrap_or_default();
+    assert!(out.contains_key("messages") && !out.contains_key("output_config"));
 }
 
 #[test]
@@ -1195,6 +1280,24 @@ mod responses {
         assert_eq!(m["stream"], true);
     }
 
+    #[test]
+    fn a_json_schema_text_format_reaches_anthropic_as_structured_output() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let mut req = codex_request();
+        req["text"] = json!({"format": {"type": "json_schema", "name": "s", "schema": schema, "strict": true}});
+        let body = serde_json::to_vec(&req).unwrap_or_default();
+        let (out, _) = translate_request(&body, "claude-x", true).expect("translates");
+        let m: Value = serde_json::from_slice(&out).unwrap_or_default();
+        assert_eq!(
+            m["output_config"],
+            json!({"format": {"type": "json_schema", "schema": schema}})
+        );
+        assert!(m.get("response_format").is_none());
+        // The oracle agrees.
+        let (two, _) = two_step::translate_request(&body, "claude-x", true).expect("translates");
+        assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&two));
+    }
+
     fn refused(req: Value, anthropic: bool) -> String {
         match to_chat(&obj(req), "m", anthropic) {
             Ok(_) => "accepted".to_owned(),
@@ -1271,6 +1374,27 @@ mod responses {
         let json_mode = json!({"format": {"type": "json_object"}});
         assert_eq!(refused(with("text", json_mode.clone()), false), "accepted");
         assert_eq!(refused(with("text", json_mode), true), "text.format");
+        let schema = |extra: Value| {
+            let mut f = json!({"type": "json_schema", "name": "s", "schema": {"type": "object"}});
+            for (k, v) in extra.as_object().into_iter().flatten() {
+                f[k] = v.clone();
+            }
+            json!({"format": f})
+        };
+        for (extra, field) in [
+            (json!({"strict": false}), "accepted"),
+            (json!({"description": "d"}), "text.format.description"),
+            (json!({"strict": 1}), "text.format.strict"),
+            (json!({"schema": null}), "text.format.schema"),
+            (json!({"schema": "s"}), "text.format.schema"),
+            (json!({"name": 2}), "text.format.name"),
+        ] {
+            assert_eq!(
+                refused(with("text", schema(extra.clone())), true),
+                field,
+                "{extra}"
+            );
+        }
         assert_eq!(
             refused(with("temperature", json!(1.5)), true),
             "temperature"
@@ -1959,6 +2083,11 @@ mod responses {
                         json!({"format": {"type": "text"}}),
                         json!({"format": {"type": "json_object"}, "verbosity": "low"}),
                         json!({"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": true, "x": 1}}),
+                        json!({"format": {"type": "json_schema", "name": "s", "schema": {"type": "object", "properties": {"a/x": {"type": "string"}}}, "strict": true}}),
+                        json!({"format": {"schema": {"type": "object"}, "type": "json_schema", "strict": false, "name": null}}),
+                        json!({"format": {"type": "json_schema", "name": "s", "description": "d", "schema": {}}}),
+                        json!({"format": {"type": "json_schema", "name": "s"}}),
+                        json!({"format": {"type": "json_schema", "schema": [1], "strict": "no"}}),
                         json!({"verbosity": "low"}),
                         json!({"format": {"type": "xml"}}),
                         json!({"other": 1}),
