@@ -688,16 +688,8 @@ impl<'de> Deserialize<'de> for NonEmpty {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::scan::arb;
+    use super::super::scan::arb::{self, event};
     use super::*;
-
-    fn event<'a>(name: Option<&'a [u8]>, data: &'a [u8]) -> Event<'a> {
-        Event {
-            name,
-            data: Some(data),
-            comment: false,
-        }
-    }
 
     /// The shapes providers send are read by the walk, not handed to `serde_json`.
     #[test]

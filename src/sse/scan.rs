@@ -365,6 +365,17 @@ pub mod arb {
     use proptest::prelude::*;
     use proptest::sample::select;
 
+    use crate::sse::Event;
+
+    /// An event named `name` (or unnamed) carrying `data`.
+    pub fn event<'a>(name: Option<&'a [u8]>, data: &'a [u8]) -> Event<'a> {
+        Event {
+            name,
+            data: Some(data),
+            comment: false,
+        }
+    }
+
     fn one_of(v: &[&'static str]) -> BoxedStrategy<String> {
         select(v.to_vec()).prop_map(str::to_owned).boxed()
     }

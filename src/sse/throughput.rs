@@ -337,7 +337,7 @@ impl Meter {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::scan::arb;
+    use super::super::scan::arb::{self, event};
     use super::*;
 
     /// `useful` as it was before the walk, word for word: the reference the walk and the
@@ -408,14 +408,6 @@ mod tests {
             bytes = 0;
         }
         Useful { bytes, protected }
-    }
-
-    fn event<'a>(name: Option<&'a [u8]>, data: &'a [u8]) -> Event<'a> {
-        Event {
-            name,
-            data: Some(data),
-            comment: false,
-        }
     }
 
     /// The shapes providers send are read by the walk, not by building a tree.
