@@ -554,31 +554,39 @@ fn the_openai_sdk_reads_a_responses_stream_continued_after_a_cut() {
     );
 }
 
+/// Runs `sdk_translate.py`'s `mode` against combo `combo` on a gateway over an OpenAI-format
+/// and an Anthropic-format mock, scripted by `script`; gives the script's result and the two
+/// mocks (for what reached them).
+fn through_combo(
+    mode: &str,
+    combo: &str,
+    script: impl FnOnce(&MockUpstream, &MockUpstream),
+) -> (Value, MockUpstream, MockUpstream) {
+    let combos = "\n[[combos]]\nname = \"oc-an-oa\"\ntargets = [\"oc/gpt-c\", \"an/claude-x\", \"oa/gpt-x\"]\n\
+                  \n[[combos]]\nname = \"an-oc-oa\"\ntargets = [\"an/claude-x\", \"oc/gpt-c\", \"oa/gpt-x\"]\n";
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    script(&openai, &anthropic);
+    let gw = Gateway::start(&format!("{}{combos}", sdk_providers(&openai, &anthropic)));
+    let origin = format!("http://{}", gw.addr());
+    let r = run_sdk_script(SDK_TRANSLATE, &origin, "sdk-key", &[mode, combo]);
+    (r, openai, anthropic)
+}
+
 /// Combos whose targets alternate formats, through the official SDKs: each fails over in the
 /// middle of its list from a provider of the client's format to one of the other format,
 /// whose answers (complete and streamed) the SDK parses with its own types.
 #[test]
 fn the_sdks_are_served_by_a_combo_failing_over_to_the_other_format() {
-    let combos = "\n[[combos]]\nname = \"oc-an-oa\"\ntargets = [\"oc/gpt-c\", \"an/claude-x\", \"oa/gpt-x\"]\n\
-                  \n[[combos]]\nname = \"an-oc-oa\"\ntargets = [\"an/claude-x\", \"oc/gpt-c\", \"oa/gpt-x\"]\n";
-
     // The openai SDK: oc (its own format) fails, an (translated) answers.
-    let openai = MockUpstream::start();
-    let anthropic = MockUpstream::start();
-    openai.on_always("/v1/chat/completions", Reply::error(503, "busy"));
-    anthropic.on("/v1/messages", Reply::anthropic_message("from claude"));
-    anthropic.on(
-        "/v1/messages",
-        Reply::anthropic_stream(&["claude ", "streams"]),
-    );
-    let gw = Gateway::start(&format!("{}{combos}", sdk_providers(&openai, &anthropic)));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["combo-openai", "oc-an-oa"],
-    );
+    let (r, openai, anthropic) = through_combo("combo-openai", "oc-an-oa", |openai, anthropic| {
+        openai.on_always("/v1/chat/completions", Reply::error(503, "busy"));
+        anthropic.on("/v1/messages", Reply::anthropic_message("from claude"));
+        anthropic.on(
+            "/v1/messages",
+            Reply::anthropic_stream(&["claude ", "streams"]),
+        );
+    });
     assert_eq!(r["create"], "from claude", "{r}");
     assert_eq!(r["stream"], "claude streams", "{r}");
     let to_oc = openai.requests_to("/v1/chat/completions");
@@ -591,25 +599,17 @@ fn the_sdks_are_served_by_a_combo_failing_over_to_the_other_format() {
     assert_eq!(to_an.len(), 2);
     assert_eq!(to_an[0].json()["max_tokens"], 50, "translated from chat");
     assert_eq!(to_an[1].json()["stream"], true);
-    drop(gw);
 
     // The anthropic SDK: an (its own format) fails, oc (translated) answers.
-    let openai = MockUpstream::start();
-    let anthropic = MockUpstream::start();
-    anthropic.on_always("/v1/messages", Reply::error(529, "overloaded"));
-    openai.on("/v1/chat/completions", Reply::openai_chat("from gpt"));
-    openai.on(
-        "/v1/chat/completions",
-        Reply::openai_stream(&["gpt ", "streams"]),
-    );
-    let gw = Gateway::start(&format!("{}{combos}", sdk_providers(&openai, &anthropic)));
-    let origin = format!("http://{}", gw.addr());
-    let r = run_sdk_script(
-        SDK_TRANSLATE,
-        &origin,
-        "sdk-key",
-        &["combo-anthropic", "an-oc-oa"],
-    );
+    let (r, openai, anthropic) =
+        through_combo("combo-anthropic", "an-oc-oa", |openai, anthropic| {
+            anthropic.on_always("/v1/messages", Reply::error(529, "overloaded"));
+            openai.on("/v1/chat/completions", Reply::openai_chat("from gpt"));
+            openai.on(
+                "/v1/chat/completions",
+                Reply::openai_stream(&["gpt ", "streams"]),
+            );
+        });
     assert_eq!(r["create"], "from gpt", "{r}");
     assert_eq!(r["stream"], "gpt streams", "{r}");
     assert!(anthropic.hits("/v1/messages") >= 1);
