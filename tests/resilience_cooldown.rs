@@ -360,9 +360,7 @@ fn a_client_that_hangs_up_during_the_wait_costs_nothing_upstream() {
         1,
         "nothing sent upstream"
     );
-    assert_eq!(
-        metric(gw.addr(), "tidegate_requests_in_flight"),
-        1,
-        "only this scrape"
-    );
+    // Only the scrape itself is in flight, once the previous scrape's request has ended:
+    // its client reads the answer before the shard has counted the request done.
+    metric_becomes(gw.addr(), "tidegate_requests_in_flight", 1);
 }
