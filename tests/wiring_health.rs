@@ -15,7 +15,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use support::*;
@@ -215,14 +215,6 @@ fn when_every_combo_target_cools_the_client_gets_all_targets_cooling_down() {
 // ---------------------------------------------------------------------------------------
 // The provider breaker's half-open probe
 
-/// A local port nothing listens on (reserved, then released); a mock takes it later.
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    addr
-}
-
 /// Provider `up` at `addr` with two connections that never cool themselves; its breaker
 /// opens on the first connect failure and half-opens 2 s later.
 fn probe_config(addr: SocketAddr, server_extra: &str) -> String {
@@ -236,11 +228,12 @@ fn probe_config(addr: SocketAddr, server_extra: &str) -> String {
     )
 }
 
-/// Starts the gateway against a port nothing listens on, opens the provider breaker with
-/// a connect failure, then puts a mock on the port.
+/// Starts the gateway against a port that refuses connections, opens the provider breaker
+/// with a connect failure, then puts a mock on the port (the same socket, now listening: the
+/// port is held throughout, so no other process can take it in between).
 fn provider_breaker_open(server_extra: &str) -> (Gateway, MockUpstream) {
-    let addr = free_port();
-    let gw = Gateway::start(&probe_config(addr, server_extra));
+    let port = RefusingPort::new();
+    let gw = Gateway::start(&probe_config(port.addr(), server_extra));
     assert_eq!(gw.shards(), 2);
     let r = chat(gw.addr(), "up/m1");
     assert_ne!(r.status, 200);
@@ -248,7 +241,7 @@ fn provider_breaker_open(server_extra: &str) -> (Gateway, MockUpstream) {
         let r = chat(gw.addr(), "up/m1");
         (gateway_error(&r) == Some("provider_circuit_open")).then_some(())
     });
-    (gw, MockUpstream::start_at(addr))
+    (gw, MockUpstream::start_on(port.listen()))
 }
 
 /// Sends requests until the half-open probe reaches the mock; returns its answer.

@@ -554,23 +554,24 @@ impl MockUpstream {
         MockUpstream::launch(Some((config, ca_pem)))
     }
 
-    /// Starts a plain-HTTP mock on `addr`: a port the test reserved and released, e.g. so the
-    /// gateway first finds nothing listening there (connections refused) and then this mock.
-    pub fn start_at(addr: SocketAddr) -> MockUpstream {
-        MockUpstream::launch_on(addr, None)
+    /// Starts a plain-HTTP mock on `listener`, e.g. a [`RefusingPort`](super::RefusingPort)
+    /// turned listening, so the gateway first finds the port refusing connections and then
+    /// this mock (a port reserved and released instead could be taken by another process in
+    /// between).
+    pub fn start_on(listener: TcpListener) -> MockUpstream {
+        MockUpstream::launch_on(listener, None)
     }
 
     fn launch(tls: Option<(Arc<rustls::ServerConfig>, String)>) -> MockUpstream {
-        let any: SocketAddr = "127.0.0.1:0".parse().expect("mock upstream: address");
-        MockUpstream::launch_on(any, tls)
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .unwrap_or_else(|e| panic!("mock upstream: bind 127.0.0.1:0: {e}"));
+        MockUpstream::launch_on(listener, tls)
     }
 
     fn launch_on(
-        bind: SocketAddr,
+        listener: TcpListener,
         tls: Option<(Arc<rustls::ServerConfig>, String)>,
     ) -> MockUpstream {
-        let listener =
-            TcpListener::bind(bind).unwrap_or_else(|e| panic!("mock upstream: bind {bind}: {e}"));
         let addr = listener.local_addr().expect("mock upstream: local_addr");
         let (tls_config, tls_files) = match tls {
             Some((config, ca_pem)) => (

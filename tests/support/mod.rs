@@ -130,6 +130,14 @@ impl RefusingPort {
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
+
+    /// Starts listening on the held socket: from now on the port accepts connections. The
+    /// port changes hands without ever being free, so no other process can take it between
+    /// the refusing phase and the serving one (see [`MockUpstream::start_on`]).
+    pub fn listen(self) -> std::net::TcpListener {
+        self.socket.listen(128).unwrap();
+        self.socket.into()
+    }
 }
 
 /// A fresh directory under the system temp dir, removed with its contents on drop.
