@@ -337,7 +337,8 @@ fn hedging_starts_no_second_target_when_the_first_answers_in_time() {
     let (p, q) = (MockUpstream::start(), MockUpstream::start());
     p.on_always(CHAT, Reply::openai_chat("from p").delay_ms(50));
     q.on_always(CHAT, Reply::openai_chat("from q"));
-    let gw = started(&p, &q, "hedging = true\nhedge_delay_ms = 2000", "");
+    // A 50 ms answer against a 10 s hedge delay: in time even on a loaded machine.
+    let gw = started(&p, &q, "hedging = true\nhedge_delay_ms = 10000", "");
     let r = ask(gw.addr(), "duo");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(served_by(&r), "cp");
