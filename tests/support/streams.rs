@@ -333,6 +333,9 @@ pub struct Streamed {
     pub terminated: bool,
     /// From sending the request to the end of the body.
     pub took: Duration,
+    /// For each body piece as it was read: the body's length with it, and the time since
+    /// the request was sent.
+    pub arrivals: Vec<(usize, Duration)>,
 }
 
 impl Streamed {
@@ -345,6 +348,21 @@ impl Streamed {
     pub fn events(&self) -> Vec<SseEvent> {
         parse_sse(self.body.as_bytes())
     }
+
+    /// How long the client waited between the byte before `offset` and the byte at it (the
+    /// times the pieces holding them were read; zero when one piece held both): e.g. the
+    /// pause a stall leaves between one upstream's part and the next one's, without the
+    /// time the rest of the request took.
+    pub fn pause_before(&self, offset: usize) -> Duration {
+        let read_at = |byte: usize| {
+            self.arrivals
+                .iter()
+                .find(|(len, _)| *len > byte)
+                .unwrap_or_else(|| panic!("no byte {byte} in a body of {}", self.body.len()))
+                .1
+        };
+        read_at(offset) - read_at(offset - 1)
+    }
 }
 
 /// Sends `body` on `path` and reads the answer to its end: a complete one by its framing, a
@@ -355,9 +373,13 @@ pub fn read_stream(addr: SocketAddr, path: &str, body: &[u8], piece_timeout: Dur
     c.start_request("POST", path, &[], body);
     let head = c.read_head();
     let mut bytes = Vec::new();
+    let mut arrivals = Vec::new();
     let terminated = loop {
         match c.next_body_piece(piece_timeout) {
-            Piece::Data(d) => bytes.extend_from_slice(&d),
+            Piece::Data(d) => {
+                bytes.extend_from_slice(&d);
+                arrivals.push((bytes.len(), clock.elapsed()));
+            }
             Piece::End => break true,
             Piece::Closed => break false,
             Piece::Timeout => panic!("no end after {:?}", String::from_utf8_lossy(&bytes)),
@@ -370,5 +392,6 @@ pub fn read_stream(addr: SocketAddr, path: &str, body: &[u8], piece_timeout: Dur
         body: String::from_utf8(bytes).unwrap(),
         terminated,
         took,
+        arrivals,
     }
 }
