@@ -7,21 +7,11 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 
 use support::{Client, Gateway, secs};
 
 const KEY: &str = "test-key";
-
-/// A port that was free a moment ago (the kernel hands out ephemeral ports in turn, so
-/// another test picking it again at once is unlikely).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Waits until nothing listens on `port` any more. A killed io_uring process is reaped
 /// before the kernel tears its ring down, and the ring's pending accepts keep the listening
@@ -103,8 +93,7 @@ fn echo(addr: SocketAddr) -> u16 {
 
 #[test]
 fn a_second_instance_on_the_same_address_is_refused_even_with_another_config() {
-    let port = free_port();
-    let first = Gateway::start(&config(port, false, 60000));
+    let (first, port) = Gateway::start_on_free_port(|port| config(port, false, 60000));
     assert_eq!(echo(first.addr()), 200);
     refused(&config(port, false, 60000));
     refused(&config(port, false, 30000));
@@ -137,8 +126,7 @@ fn a_foreign_process_sharing_the_port_with_so_reuseport_is_detected() {
 
 #[test]
 fn with_allow_shared_listen_on_both_the_new_instance_takes_over_while_the_old_drains() {
-    let port = free_port();
-    let mut old = Gateway::start(&config(port, true, 60000));
+    let (mut old, port) = Gateway::start_on_free_port(|port| config(port, true, 60000));
     let new = Gateway::start(&config(port, true, 30000));
     assert_eq!(new.addr(), old.addr());
     assert_eq!(echo(new.addr()), 200);
@@ -153,18 +141,23 @@ fn with_allow_shared_listen_on_both_the_new_instance_takes_over_while_the_old_dr
 
 #[test]
 fn a_draining_instance_stops_listening_at_once_so_the_new_one_takes_every_connection() {
-    let port = free_port();
     let mock = support::MockUpstream::start();
     let gate = support::Gate::new();
     let chat = "/v1/chat/completions";
     mock.on(chat, support::Reply::openai_chat("held").wait_for(&gate));
-    let old_cfg = format!(
-        "{}{}{}",
-        config(port, true, 60000).replacen("[server]", "[server]\nshutdown_grace_ms = 20000", 1),
-        support::config::provider("up", &mock.base_url(), &["m1"]),
-        support::config::connection("c1", "up")
-    );
-    let mut old = Gateway::start(&old_cfg);
+    let old_cfg = |port| {
+        format!(
+            "{}{}{}",
+            config(port, true, 60000).replacen(
+                "[server]",
+                "[server]\nshutdown_grace_ms = 20000",
+                1
+            ),
+            support::config::provider("up", &mock.base_url(), &["m1"]),
+            support::config::connection("c1", "up")
+        )
+    };
+    let (mut old, port) = Gateway::start_on_free_port(old_cfg);
     // A request held upstream keeps the old instance draining (made before the new one
     // starts, so it lands on the old one).
     let mut held = Client::connect(old.addr());

@@ -13,21 +13,12 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::path::Path;
 
 use support::gateway::run_tidegate;
 use support::*;
 
 const CHAT: &str = "/v1/chat/completions";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn config(port: u16, state_dir: &Path, upstream: &MockUpstream) -> String {
     format!(
@@ -82,10 +73,9 @@ fn the_new_instance_writes_state_dir_only_after_the_old_one_has_exited() {
     let up = MockUpstream::start();
     up.on(CHAT, Reply::error(403, "Your account has been suspended"));
     up.on_always(CHAT, Reply::openai_chat("ok"));
-    let port = free_port();
+    let (mut old, port) = Gateway::start_on_free_port(|port| config(port, state.path(), &up));
     let cfg = config(port, state.path(), &up);
 
-    let mut old = Gateway::start(&cfg);
     let r = Client::connect(old.addr()).request(
         "POST",
         CHAT,

@@ -225,6 +225,28 @@ impl Gateway {
         Gateway::start_with_env(config_toml, &[])
     }
 
+    /// Starts the gateway listening on a fixed loopback port (for tests of the listen
+    /// claim and of handovers, which need to know the port before the start): `config_for`
+    /// makes the config for a port. The port is picked free, but it is released before the
+    /// gateway binds it, and any other process on the machine may be given it in between
+    /// (the gateway then refuses to start: address in use); the start is then tried on
+    /// another port, at most 5 times. Returns the gateway and its port.
+    pub fn start_on_free_port(config_for: impl Fn(u16) -> String) -> (Gateway, u16) {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            match Gateway::try_start(&config_for(port), &[]) {
+                Ok(gw) => return (gw, port),
+                Err(f) if f.logs.contains("in use") => last = f.logs,
+                Err(f) => panic!(
+                    "tidegate did not become ready (exit status {:?}); output:\n{}",
+                    f.status, f.logs
+                ),
+            }
+        }
+        panic!("5 free ports were taken before tidegate bound them; last output:\n{last}")
+    }
+
     /// As [`start`](Self::start), with extra environment variables for the process.
     pub fn start_with_env(config_toml: &str, env: &[(&str, &str)]) -> Gateway {
         Gateway::try_start(config_toml, env).unwrap_or_else(|f| {
@@ -446,4 +468,14 @@ pub fn run_check(config_toml: &str) -> (i32, String, String) {
     let path = path.to_str().expect("temp path is UTF-8");
     let out = run_tidegate(&["check", "--config", path], &[]);
     (out.code, out.stdout, out.stderr)
+}
+
+/// A loopback port that was free a moment ago (released at once: another process may be
+/// given it next; [`Gateway::start_on_free_port`] tries again if so).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
