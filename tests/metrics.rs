@@ -258,16 +258,13 @@ fn metrics_parse_and_histograms_and_counters_move_under_load() {
 fn fallbacks_inside_a_combo_are_counted() {
     let mock = MockUpstream::start();
     mock.on_always("/v1/chat/completions", Reply::openai_chat("ok"));
-    // A port nothing listens on: connecting is refused at once.
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port held without listening for the whole test: connecting is refused at once
+    // (a port merely released could be given to another process meanwhile).
+    let dead = support::RefusingPort::new();
     let tail = format!(
         "{}[[connections]]\nid = \"d1\"\nprovider = \"dead\"\ndisable_cooling = true\n\n\
          [[combos]]\nname = \"team\"\ntargets = [\"dead/m1\", \"up/m1\"]\n",
-        support::config::provider("dead", &format!("http://127.0.0.1:{dead_port}/v1"), &["m1"]),
+        support::config::provider("dead", &dead.base_url(), &["m1"]),
     );
     let gw = Gateway::start(&one_upstream(&mock.base_url(), 2, "", &tail));
     let gateway_fallbacks = |m: &Value| -> f64 {

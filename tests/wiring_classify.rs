@@ -267,12 +267,10 @@ fn an_unreachable_upstream_is_reported_as_unreachable_never_as_a_rate_limit() {
 }
 
 fn unreachable_is_not_a_rate_limit(auth: &str) {
-    // A port nothing listens on: every connect is refused.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let base_url = format!("http://127.0.0.1:{port}/v1");
+    // A port held without listening for the whole test: every connect is refused (a
+    // port merely released could be given to another process meanwhile).
+    let dead = RefusingPort::new();
+    let base_url = dead.base_url();
     let gw = Gateway::start_with_env(&config(&base_url, "acme", auth, ""), KEYS);
     let r = ask(&gw, "acme/m1");
     assert_eq!(r.status, 502, "{}", r.text());
