@@ -8,7 +8,7 @@
 mod support;
 
 use serde_json::json;
-use support::{Gateway, TempDir, json_post, run_check, run_tidegate};
+use support::{Gateway, TempDir, eventually, json_post, run_check, run_tidegate, secs};
 
 /// A variable no environment sets, for a connection that must come up disabled.
 const UNSET_VAR: &str = "TIDEGATE_TEST_NEVER_SET_KEY_7F3A";
@@ -237,8 +237,10 @@ api_key_env = "{UNSET_VAR}"
     let warning = line_naming(&problem_lines(&stderr), &[UNSET_VAR]);
     assert!(warning.contains("real-main"), "{warning}");
 
-    // serve: starts, logs the warning, serves the enabled provider.
+    // serve: starts, logs the warning, serves the enabled provider. The warning is logged
+    // before the ready line, but on stderr, which another thread drains: wait for it.
     let gw = Gateway::start(&cfg);
+    gw.wait_for_log(UNSET_VAR, secs(5));
     let logs = gw.logs();
     let warning = logs
         .lines()
@@ -352,9 +354,13 @@ fn settings_that_are_not_active_yet_warn_once_each_at_check_and_at_start_up() {
     let out = run_tidegate(&["check", "--config", &shipped_config()], &[]);
     assert_eq!(not_active_lines(&out.stderr), Vec::<&str>::new());
 
-    // serve: logs the same warnings at start-up, then serves.
+    // serve: logs the same warnings at start-up, then serves. They are logged before the
+    // ready line, but on stderr, which another thread drains: wait for them all.
     let gw = Gateway::start_with_env(&cfg, &env);
-    let logs = gw.logs();
+    let logs = eventually(secs(5), "a warning per key in the log", || {
+        let logs = gw.logs();
+        (not_active_lines(&logs).len() >= keys.len()).then_some(logs)
+    });
     let lines = not_active_lines(&logs);
     assert_eq!(lines.len(), keys.len(), "one log line per key:\n{logs}");
     for key in keys {
