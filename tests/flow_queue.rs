@@ -129,11 +129,13 @@ fn a_slow_call_outlives_max_wait_and_is_cut_only_at_the_execution_budget() {
     );
     mock.on(
         "/v1/chat/completions",
-        Reply::openai_chat("too slow").delay_ms(3_000),
+        Reply::openai_chat("too slow").delay_ms(6_000),
     );
     let gw = Gateway::start(&config(
         &mock,
-        "max_wait_ms = 200\nexecution_max_wait_ms = 1200",
+        // 600 ms and 6 s calls against a 2.4 s execution budget: 1.8 s and 3.6 s either
+        // side, so a loaded machine cannot move either call across it.
+        "max_wait_ms = 200\nexecution_max_wait_ms = 2400",
         "",
     ));
     let r = ask(gw.addr());
