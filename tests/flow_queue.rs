@@ -162,12 +162,12 @@ fn a_slow_call_outlives_max_wait_and_is_cut_only_at_the_execution_budget() {
 #[test]
 fn a_successful_answers_rate_limit_headers_space_the_next_request() {
     let mock = MockUpstream::start();
-    // Two plain answers, then one that announces 60 requests per minute.
+    // Two plain answers, then one that announces 6 requests per minute.
     mock.on("/v1/chat/completions", Reply::openai_chat("plain"));
     mock.on("/v1/chat/completions", Reply::openai_chat("plain"));
     mock.on(
         "/v1/chat/completions",
-        Reply::openai_chat("limited").header("x-ratelimit-limit-requests", "60"),
+        Reply::openai_chat("limited").header("x-ratelimit-limit-requests", "6"),
     );
     mock.on_always("/v1/chat/completions", Reply::openai_chat("later"));
     let gw = Gateway::start(&config(
@@ -181,8 +181,9 @@ fn a_successful_answers_rate_limit_headers_space_the_next_request() {
     assert_eq!(ask(addr).status, 200);
     let r = ask(addr);
     assert_eq!(r.json()["choices"][0]["message"]["content"], "limited");
-    // The queue learned a spacing of 60000 / 60 − 10 = 990 ms from that success: the next
-    // request would start later than its 300 ms queue budget allows.
+    // The queue learned a spacing of 60000 / 6 − 10 = 9990 ms from that success: the next
+    // request would start later than its 300 ms queue budget allows (by far: it is sent
+    // after the third's answer, however late a loaded machine sends it).
     let r = ask(addr);
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(
