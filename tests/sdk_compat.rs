@@ -97,7 +97,10 @@ fn official_sdks_work_through_to_real_socket_upstreams() {
 #[test]
 fn sdks_type_the_gateways_own_errors() {
     // The Anthropic upstream rate-limits once; the gateway then holds the model back and
-    // answers the next calls itself (429 in Anthropic's shape).
+    // answers the next calls itself (429 in Anthropic's shape). For 10 minutes: the SDK
+    // script's call comes after the Python interpreter and both SDKs have loaded, which on
+    // a loaded machine took over a minute (a 60 s hold had ended and the call reached the
+    // upstream).
     let anthropic = MockUpstream::start();
     anthropic.on(
         "/v1/messages",
@@ -105,10 +108,10 @@ fn sdks_type_the_gateways_own_errors() {
             429,
             serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
         )
-        .header("retry-after", "60"),
+        .header("retry-after", "600"),
     );
     let openai = MockUpstream::start();
-    // The cooling model is answered at once, not after waiting the 60 s out.
+    // The cooling model is answered at once, not after waiting the 600 s out.
     let cfg =
         sdk_providers(&openai, &anthropic) + "\n[resilience.wait_for_cooldown]\nenabled = false\n";
     let gw = Gateway::start(&cfg);
