@@ -11,6 +11,7 @@
 //! event.
 
 mod classify;
+mod marks;
 mod scan;
 #[cfg(test)]
 mod tests;
@@ -20,6 +21,7 @@ pub mod usage;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types
 pub use classify::{Frame, FrameKind};
 pub use classify::{classify, event_may_be_error};
+pub use marks::Marks;
 
 /// Default limit of one event, terminating blank line included.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 256 * 1024;

@@ -77,8 +77,14 @@ impl Usage {
     /// Takes in what `ev` reports, if anything (a later report replaces an earlier one
     /// field by field: Anthropic's output count is cumulative).
     pub fn observe(&mut self, ev: &Event<'_>) {
+        self.observe_mentioned(ev, ev.data.is_some_and(mentioned));
+    }
+
+    /// [`Usage::observe`] when whether the data mentions `"usage"` is known already
+    /// ([`super::Marks`]).
+    pub fn observe_mentioned(&mut self, ev: &Event<'_>, mentioned: bool) {
         let Some(data) = ev.data else { return };
-        if !mentioned(data) || only_null_usage(data) {
+        if !mentioned || only_null_usage(data) {
             return;
         }
         let Ok(p) = serde_json::from_slice::<Probe>(data) else {
