@@ -126,7 +126,7 @@ impl Watchdog {
     /// later event read at the same reading would re-arm the budget to the same instant
     /// (the pieces already buffered are observed at one reading). Past that, and without
     /// the stall budget, an event is classified only when it may be an error
-    /// ([`crate::sse::event_may_be_error`]) and none came yet.
+    /// ([`crate::sse::Marks::may_be_error`]) and none came yet.
     pub fn observe(&mut self, piece: &[u8], now_ns: u64) {
         self.now_ns = now_ns;
         let stall = self.stall.is_some();

@@ -18,9 +18,9 @@ mod tests;
 pub mod throughput;
 pub mod usage;
 
+pub use classify::classify;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types
 pub use classify::{Frame, FrameKind};
-pub use classify::{classify, event_may_be_error};
 pub use marks::Marks;
 
 /// Default limit of one event, terminating blank line included.
