@@ -88,6 +88,15 @@ impl BodyDecoder {
                     return Ok(BodyEvent::Data(data));
                 }
                 State::ChunkSize => {
+                    if let Some((size, used)) = plain_chunk_line(buf) {
+                        buf.advance(used);
+                        self.state = if size == 0 {
+                            State::Trailers { seen: 0 }
+                        } else {
+                            State::ChunkData { remaining: size }
+                        };
+                        continue;
+                    }
                     let window = buf
                         .get(..buf.len().min(MAX_CHUNK_LINE_BYTES))
                         .unwrap_or_default();
@@ -195,6 +204,28 @@ fn take(buf: &mut BytesMut, remaining: u64) -> Option<(Bytes, u64)> {
 
 fn strip_cr(line: &[u8]) -> Result<&[u8], BodyError> {
     line.strip_suffix(b"\r").ok_or(malformed("bare LF"))
+}
+
+/// The usual chunk-size line at the start of `buf`, read without searching for its end: up
+/// to 15 hex digits and CRLF. Its size and length; `None` for anything else (more digits,
+/// an extension, whitespace, a bare LF, a line not all here yet), which
+/// [`parse_chunk_line`] then reads as it reads every line.
+fn plain_chunk_line(buf: &[u8]) -> Option<(u64, usize)> {
+    let mut size: u64 = 0;
+    for (i, &b) in buf.iter().enumerate().take(16) {
+        let value = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            b'\r' if i > 0 => {
+                return (buf.get(i + 1) == Some(&b'\n')).then_some((size, i + 2));
+            }
+            _ => return None,
+        };
+        // At most 15 digits come here: no overflow.
+        size = (size << 4) | u64::from(value);
+    }
+    None
 }
 
 /// `chunk-size [ chunk-ext ] CRLF` without its LF; returns the size.

@@ -29,7 +29,7 @@ use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::owners::Req;
 use crate::sse::throughput::{self, Decision, Meter, Policy};
 use crate::sse::usage::Usage;
-use crate::sse::{FrameKind, Scanner, classify, event_may_be_error};
+use crate::sse::{FrameKind, Marks, Scanner, classify};
 
 /// Longest error event data kept for classification.
 const MAX_ERROR_EVENT_BYTES: usize = 4 * 1024;
@@ -126,7 +126,7 @@ impl Watchdog {
     /// later event read at the same reading would re-arm the budget to the same instant
     /// (the pieces already buffered are observed at one reading). Past that, and without
     /// the stall budget, an event is classified only when it may be an error
-    /// ([`crate::sse::event_may_be_error`]) and none came yet.
+    /// ([`crate::sse::Marks::may_be_error`]) and none came yet.
     pub fn observe(&mut self, piece: &[u8], now_ns: u64) {
         self.now_ns = now_ns;
         let stall = self.stall.is_some();
@@ -139,8 +139,9 @@ impl Watchdog {
         let error_event = &mut self.error_event;
         self.scanner.feed_ends(piece, &mut |r, end| match r {
             Ok(ev) => {
-                usage.observe(&ev);
-                let may_err = error_event.is_none() && event_may_be_error(&ev);
+                let marks = Marks::of(&ev);
+                usage.observe_mentioned(&ev, marks.usage);
+                let may_err = error_event.is_none() && marks.may_be_error;
                 if (stall && !progress) || may_err {
                     let frame = classify(&ev);
                     progress |= frame.output;

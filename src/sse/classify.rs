@@ -63,26 +63,6 @@ pub fn classify(ev: &Event<'_>) -> Frame {
     })
 }
 
-/// Whether an event whose name and data lie in `bytes` can be classified
-/// [`FrameKind::Error`]: that takes an `error` type, name or member, or a `response.failed`
-/// type or name, so the bytes hold `error` or `failed`, or a backslash (an escape that
-/// spells one of them). False lets a caller skip classifying events it needs only for
-/// errors (`nothing_classified_as_an_error_is_filtered_out`).
-fn may_be_error(bytes: &[u8]) -> bool {
-    static ERROR: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"error"));
-    static FAILED: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"failed"));
-    ERROR.find(bytes).is_some()
-        || FAILED.find(bytes).is_some()
-        || memchr::memchr(b'\\', bytes).is_some()
-}
-
-/// [`may_be_error`] for one event (its name and its data).
-pub fn event_may_be_error(ev: &Event<'_>) -> bool {
-    ev.name.is_some_and(may_be_error) || ev.data.is_some_and(may_be_error)
-}
-
 /// [`classify`] with the JSON fields read by `read` (`None`: not JSON of a shape the
 /// probes take).
 fn classify_with<'a>(ev: &Event<'a>, read: impl FnOnce(&'a [u8]) -> Option<Fields<'a>>) -> Frame {
@@ -688,6 +668,7 @@ impl<'de> Deserialize<'de> for NonEmpty {
 mod tests {
     use proptest::prelude::*;
 
+    use super::super::Marks;
     use super::super::scan::arb::{self, event};
     use super::*;
 
@@ -742,7 +723,7 @@ mod tests {
         ) {
             let ev = event(name.as_deref(), &data);
             if classify(&ev).kind == FrameKind::Error {
-                prop_assert!(event_may_be_error(&ev), "{}", String::from_utf8_lossy(&data));
+                prop_assert!(Marks::of(&ev).may_be_error, "{}", String::from_utf8_lossy(&data));
             }
         }
     }

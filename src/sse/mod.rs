@@ -11,15 +11,17 @@
 //! event.
 
 mod classify;
+mod marks;
 mod scan;
 #[cfg(test)]
 mod tests;
 pub mod throughput;
 pub mod usage;
 
+pub use classify::classify;
 #[cfg_attr(tidegate_reach, allow(unused_imports))] // the fuzz target names the frame types
 pub use classify::{Frame, FrameKind};
-pub use classify::{classify, event_may_be_error};
+pub use marks::Marks;
 
 /// Default limit of one event, terminating blank line included.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 256 * 1024;
@@ -125,13 +127,36 @@ impl Scanner {
     ) {
         let mut start = 0;
         let mut pos = 0;
-        for lf in memchr::memchr_iter(b'\n', input) {
-            let blank = self.line.after(&input[pos..lf]) != Line::Content;
+        // An event that begins in `input` is read line by line as its lines are found here
+        // (`fields`), not searched for its lines again once it ends; one begun in an earlier
+        // piece (or being skipped) is read from `pending` whole. Only the first event of
+        // `input` can be such.
+        let mut fresh = self.pending.is_empty() && !self.discarding;
+        let mut fields = Fields::default();
+        loop {
+            // The next line end; a blank line right after a line end (the usual end of an
+            // event) is seen without a search.
+            let lf = match input.get(pos..) {
+                Some([b'\n', ..]) => pos,
+                Some([b'\r', b'\n', ..]) => pos + 1,
+                Some(rest) => match memchr::memchr(b'\n', rest) {
+                    Some(i) => pos + i,
+                    None => break,
+                },
+                None => break,
+            };
+            let line = &input[pos..lf];
+            let blank = self.line.after(line) != Line::Content;
             self.line = Line::Start;
             pos = lf + 1;
             if !blank {
+                if fresh {
+                    fields.line(line, &mut self.joined);
+                }
                 continue;
             }
+            let read = std::mem::take(&mut fields);
+            let was_fresh = std::mem::replace(&mut fresh, true);
             let piece = &input[start..pos];
             start = pos;
             if self.discarding {
@@ -149,8 +174,8 @@ impl Scanner {
                 );
                 continue;
             }
-            let ev = if self.pending.is_empty() {
-                parse(piece, &mut self.joined)
+            let ev = if was_fresh {
+                read.event(&self.joined)
             } else {
                 self.pending.extend_from_slice(piece);
                 parse(&self.pending, &mut self.joined)
@@ -196,35 +221,56 @@ fn parse<'a>(raw: &'a [u8], joined: &'a mut Vec<u8>) -> Event<'a> {
 
 /// The event that `lines` (split on `\n`, a trailing `\r` still on) make.
 fn event_of_lines<'a>(lines: impl Iterator<Item = &'a [u8]>, joined: &'a mut Vec<u8>) -> Event<'a> {
-    let mut name = None;
-    let mut first: Option<&'a [u8]> = None;
-    let mut lines_of_data = 0usize;
-    let mut comment = false;
+    let mut fields = Fields::default();
     for line in lines {
+        fields.line(line, joined);
+    }
+    fields.event(joined)
+}
+
+/// An event's fields as its lines are read: the last `event:` name, the first `data:` line
+/// (later ones are joined in the scanner's buffer), whether it had a comment.
+#[derive(Default)]
+struct Fields<'a> {
+    name: Option<&'a [u8]>,
+    first: Option<&'a [u8]>,
+    lines_of_data: usize,
+    comment: bool,
+}
+
+impl<'a> Fields<'a> {
+    /// Reads one line (split on `\n`, a trailing `\r` still on); a second and later `data`
+    /// line is joined into `joined`.
+    #[inline]
+    fn line(&mut self, line: &'a [u8], joined: &mut Vec<u8>) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            continue;
+        let Some(&first_byte) = line.first() else {
+            return;
+        };
+        if first_byte == b':' {
+            self.comment = true;
+            return;
         }
-        if line[0] == b':' {
-            comment = true;
-            continue;
-        }
-        let (field, value) = match memchr::memchr(b':', line) {
-            Some(i) => {
-                let v = &line[i + 1..];
-                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
-            }
-            None => (line, &line[line.len()..]),
+        let (field, value) = match line.strip_prefix(b"data:") {
+            // The usual line, without a search for its colon.
+            Some(v) => (&line[..4], v.strip_prefix(b" ").unwrap_or(v)),
+            None => match memchr::memchr(b':', line) {
+                Some(i) => {
+                    let v = &line[i + 1..];
+                    (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+                }
+                None => (line, &line[line.len()..]),
+            },
         };
         match field {
-            b"event" => name = Some(value),
+            b"event" => self.name = Some(value),
             b"data" => {
-                lines_of_data += 1;
-                match lines_of_data {
-                    1 => first = Some(value),
+                self.lines_of_data += 1;
+                match self.lines_of_data {
+                    1 => self.first = Some(value),
                     2 => {
                         joined.clear();
-                        joined.extend_from_slice(first.unwrap_or_default());
+                        joined.extend_from_slice(self.first.unwrap_or_default());
                         joined.push(b'\n');
                         joined.extend_from_slice(value);
                     }
@@ -237,15 +283,21 @@ fn event_of_lines<'a>(lines: impl Iterator<Item = &'a [u8]>, joined: &'a mut Vec
             _ => {}
         }
     }
-    let joined: &'a Vec<u8> = joined;
-    let data = if lines_of_data > 1 {
-        Some(joined.as_slice())
-    } else {
-        first
-    };
-    Event {
-        name,
-        data,
-        comment,
+
+    /// The event read, its data joined in `joined` when it had more than one line.
+    fn event<'b>(self, joined: &'b [u8]) -> Event<'b>
+    where
+        'a: 'b,
+    {
+        let data = if self.lines_of_data > 1 {
+            Some(joined)
+        } else {
+            self.first
+        };
+        Event {
+            name: self.name,
+            data,
+            comment: self.comment,
+        }
     }
 }

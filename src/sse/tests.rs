@@ -481,6 +481,21 @@ proptest! {
         prop_assert_eq!(run(max, &pieces), whole);
     }
 
+    /// Events read line by line as the scanner finds their lines (each event whole in one
+    /// piece) are the events read from the held bytes (each event cut, fed byte by byte).
+    #[test]
+    fn events_read_in_place_are_the_events_read_from_held_bytes(
+        input in proptest::collection::vec(proptest::sample::select(vec![
+            "\n", "\r", ":", " ", "data", "event", "data: x", "event: e", ": c", "id: 1",
+            "\r\n", "\n\n", "{\"a\":1}",
+        ]), 0..60),
+        max in 2usize..400,
+    ) {
+        let input = input.concat().into_bytes();
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        prop_assert_eq!(run(max, &[&input]), run(max, &bytes));
+    }
+
     /// Well-formed events come out exactly as written, with either line end.
     #[test]
     fn written_events_come_back(
