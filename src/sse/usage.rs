@@ -5,6 +5,7 @@
 //! are parsed (one substring search per event), and of those only events where `usage` is
 //! not `null` everywhere (OpenAI sends `"usage":null` in every chunk before the last).
 
+use bytes::Bytes;
 use serde::Deserialize;
 
 use super::Event;
@@ -354,29 +355,49 @@ impl<'a> Plain<'a> {
 }
 
 /// The last [`ANSWER_TAIL_BYTES`] of a whole JSON answer relayed piece by piece, for the
-/// usage it reports ([`Usage::of_answer`]) without holding the answer.
+/// usage it reports ([`Usage::of_answer`]) without holding the answer. The last piece is
+/// held as it came (a reference, not a copy: most answers are one piece, read in place);
+/// the tail of the pieces before it is copied when the next one comes.
 #[derive(Debug, Default)]
 pub struct AnswerTail {
-    buf: Vec<u8>,
+    last: Option<Bytes>,
+    /// The last bytes of the pieces before `last`, at most [`ANSWER_TAIL_BYTES`].
+    before: Vec<u8>,
 }
 
 impl AnswerTail {
-    pub fn feed(&mut self, piece: &[u8]) {
-        if piece.len() >= ANSWER_TAIL_BYTES {
-            self.buf.clear();
-            self.buf
-                .extend_from_slice(&piece[piece.len() - ANSWER_TAIL_BYTES..]);
-            return;
-        }
-        self.buf.extend_from_slice(piece);
-        if self.buf.len() > ANSWER_TAIL_BYTES {
-            let cut = self.buf.len() - ANSWER_TAIL_BYTES;
-            self.buf.drain(..cut);
+    pub fn feed(&mut self, piece: &Bytes) {
+        if let Some(prev) = self.last.replace(piece.clone()) {
+            keep_tail(&mut self.before, &prev);
         }
     }
 
     pub fn usage(&self) -> Option<Usage> {
-        Usage::of_answer(&self.buf)
+        match &self.last {
+            None => Usage::of_answer(&self.before),
+            Some(last) if self.before.is_empty() || last.len() >= ANSWER_TAIL_BYTES => {
+                Usage::of_answer(&last[last.len().saturating_sub(ANSWER_TAIL_BYTES)..])
+            }
+            Some(last) => {
+                let mut tail = self.before.clone();
+                keep_tail(&mut tail, last);
+                Usage::of_answer(&tail)
+            }
+        }
+    }
+}
+
+/// Appends `piece` to `tail`, keeping its last [`ANSWER_TAIL_BYTES`].
+fn keep_tail(tail: &mut Vec<u8>, piece: &[u8]) {
+    if piece.len() >= ANSWER_TAIL_BYTES {
+        tail.clear();
+        tail.extend_from_slice(&piece[piece.len() - ANSWER_TAIL_BYTES..]);
+        return;
+    }
+    tail.extend_from_slice(piece);
+    if tail.len() > ANSWER_TAIL_BYTES {
+        let cut = tail.len() - ANSWER_TAIL_BYTES;
+        tail.drain(..cut);
     }
 }
 
@@ -484,10 +505,17 @@ mod tests {
             assert_eq!((u.prompt_tokens, u.completion_tokens), want);
             // Fed in 7-byte pieces behind a long prefix: the tail still holds it.
             let mut t = AnswerTail::default();
-            t.feed(&vec![b' '; 3 * ANSWER_TAIL_BYTES]);
+            t.feed(&Bytes::from(vec![b' '; 3 * ANSWER_TAIL_BYTES]));
             for piece in body.chunks(7) {
-                t.feed(piece);
+                t.feed(&Bytes::copy_from_slice(piece));
             }
+            assert_eq!(t.usage(), Some(u));
+            // In one piece, and after a long one.
+            let mut t = AnswerTail::default();
+            t.feed(&Bytes::copy_from_slice(body));
+            assert_eq!(t.usage(), Some(u));
+            t.feed(&Bytes::from(vec![b' '; ANSWER_TAIL_BYTES]));
+            t.feed(&Bytes::copy_from_slice(body));
             assert_eq!(t.usage(), Some(u));
         }
         assert_eq!(Usage::of_answer(br#"{"usage":{"prompt_tokens":1"#), None);
@@ -541,6 +569,33 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// However an answer is cut into pieces, the tail reads the usage of its last
+        /// `ANSWER_TAIL_BYTES` bytes.
+        #[test]
+        fn the_tail_reads_the_last_bytes_of_the_answer_however_it_is_cut(
+            pad in 0usize..(2 * ANSWER_TAIL_BYTES),
+            cuts in proptest::collection::vec(0usize..(3 * ANSWER_TAIL_BYTES), 0..6),
+            usage_at_end in proptest::bool::ANY,
+        ) {
+            let usage = r#""usage":{"prompt_tokens":3,"completion_tokens":4}"#;
+            let body = if usage_at_end {
+                format!(r#"{{"x":"{}",{usage}}}"#, "y".repeat(pad))
+            } else {
+                format!(r#"{{{usage},"x":"{}"}}"#, "y".repeat(pad))
+            };
+            let body = body.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(body.len())).collect();
+            cuts.sort_unstable();
+            let mut t = AnswerTail::default();
+            let mut from = 0;
+            for at in cuts.into_iter().chain([body.len()]) {
+                t.feed(&Bytes::copy_from_slice(&body[from..at]));
+                from = at;
+            }
+            let tail = &body[body.len().saturating_sub(ANSWER_TAIL_BYTES)..];
+            proptest::prop_assert_eq!(t.usage(), Usage::of_answer(tail));
+        }
+
         /// The backward search finds the last `"usage"`, as a general reverse search does.
         #[test]
         fn the_last_usage_key_is_found_where_rfind_finds_it(
