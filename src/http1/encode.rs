@@ -94,11 +94,6 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// Hop-by-hop fields (RFC 9110 §7.6.1, plus the legacy `Keep-Alive`, `Proxy-Connection` and
 /// proxy auth fields) that a proxy must not forward. The encoder itself drops only the
 /// framing fields; callers filter with this.
-pub fn is_hop_by_hop(name: &str) -> bool {
-    is_hop_by_hop_name(name.as_bytes())
-}
-
-/// [`is_hop_by_hop`] for a name as bytes.
 pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
     let is = |h: &[u8]| name.eq_ignore_ascii_case(h);
     // By length first: a relayed response's every field name is asked about.

@@ -1167,7 +1167,35 @@ fn chunks_exact_bytes() {
     assert_eq!(CONTINUE_100, b"HTTP/1.1 100 Continue\r\n\r\n");
     assert_eq!(reason_phrase(429), "Too Many Requests");
     assert_eq!(reason_phrase(1), "");
-    assert!(is_hop_by_hop("Keep-Alive") && is_hop_by_hop("TE") && !is_hop_by_hop("content-type"));
+    for name in [
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+    ] {
+        assert!(is_hop_by_hop_name(name.as_bytes()), "{name}");
+        assert!(
+            is_hop_by_hop_name(name.to_ascii_lowercase().as_bytes()),
+            "{name}"
+        );
+    }
+    for name in [
+        "content-type",
+        "t",
+        "tf",
+        "trailers",
+        "upgrades",
+        "connectio",
+        "x-te",
+        "",
+    ] {
+        assert!(!is_hop_by_hop_name(name.as_bytes()), "{name}");
+    }
 }
 
 #[test]

@@ -37,7 +37,7 @@ use crate::sse::usage::{AnswerTail, Usage};
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
 
-/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`),
+/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop_name`),
 /// `content-length`, which the gateway writes from its own framing, and `x-request-id`,
 /// which carries the gateway's own request id.
 pub(super) fn relayed_never(name: &str) -> bool {
