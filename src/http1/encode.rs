@@ -94,24 +94,19 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// Hop-by-hop fields (RFC 9110 §7.6.1, plus the legacy `Keep-Alive`, `Proxy-Connection` and
 /// proxy auth fields) that a proxy must not forward. The encoder itself drops only the
 /// framing fields; callers filter with this.
-pub fn is_hop_by_hop(name: &str) -> bool {
-    is_hop_by_hop_name(name.as_bytes())
-}
-
-/// [`is_hop_by_hop`] for a name as bytes.
 pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
-    const HOP: [&str; 9] = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ];
-    HOP.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(name))
+    let is = |h: &[u8]| name.eq_ignore_ascii_case(h);
+    // By length first: a relayed response's every field name is asked about.
+    match name.len() {
+        2 => is(b"te"),
+        7 => is(b"trailer") || is(b"upgrade"),
+        10 => is(b"connection") || is(b"keep-alive"),
+        16 => is(b"proxy-connection"),
+        17 => is(b"transfer-encoding"),
+        18 => is(b"proxy-authenticate"),
+        19 => is(b"proxy-authorization"),
+        _ => false,
+    }
 }
 
 /// Writes `HTTP/1.1 <status> <reason>`, the fields, the framing field, `Connection: close`
@@ -128,24 +123,36 @@ pub fn write_response_head<'a>(
     framing: Framing,
     keep_alive: bool,
 ) {
+    write_response_head_bytes(
+        dst,
+        status,
+        headers.into_iter().map(|(n, v)| (n.as_bytes(), v)),
+        framing,
+        keep_alive,
+    );
+}
+
+/// [`write_response_head`] with field names as bytes (a relay passing on the names it
+/// read, which are tokens, needs no `&str` of each).
+pub fn write_response_head_bytes<'a>(
+    dst: &mut BytesMut,
+    status: u16,
+    headers: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    framing: Framing,
+    keep_alive: bool,
+) {
     let status = if (100..=999).contains(&status) {
         status
     } else {
         500
     };
     dst.reserve(256);
-    dst.put_slice(b"HTTP/1.1 ");
-    put_decimal(dst, u64::from(status));
-    dst.put_u8(b' ');
+    dst.put_slice(&status_line_start(status));
     dst.put_slice(reason_phrase(status).as_bytes());
     dst.put_slice(b"\r\n");
-    put_fields(
-        dst,
-        headers
-            .into_iter()
-            .map(|(n, v)| (n.as_bytes(), &b""[..], v)),
-        false,
-    );
+    for (name, value) in headers {
+        put_field(dst, name, &[], value, false);
+    }
     match framing {
         Framing::Length(n) => put_content_length(dst, n),
         Framing::Chunked => dst.put_slice(b"Transfer-Encoding: chunked\r\n"),
@@ -281,21 +288,28 @@ fn put_fields<'a>(
     drop_host: bool,
 ) {
     for (name, prefix, value) in headers {
-        if droppable(name, drop_host)
-            || name.is_empty()
-            || !all_bytes(name, is_tchar)
-            || !all_bytes(prefix, is_field_value_byte)
-            || !all_bytes(value, is_field_value_byte)
-        {
-            continue;
-        }
-        dst.reserve(name.len() + prefix.len() + value.len() + 4);
-        dst.put_slice(name);
-        dst.put_slice(b": ");
-        dst.put_slice(prefix);
-        dst.put_slice(value);
-        dst.put_slice(b"\r\n");
+        put_field(dst, name, prefix, value, drop_host);
     }
+}
+
+/// One field (its value in two pieces), unless it is dropped (see [`write_response_head`]).
+fn put_field(dst: &mut BytesMut, name: &[u8], prefix: &[u8], value: &[u8], drop_host: bool) {
+    if droppable(name, drop_host)
+        || name.is_empty()
+        || !all_bytes(name, is_tchar)
+        || !all_bytes(prefix, is_field_value_byte)
+        || !all_bytes(value, is_field_value_byte)
+    {
+        return;
+    }
+    dst.reserve(name.len() + prefix.len() + value.len() + 4);
+    dst.put_slice(name);
+    dst.put_slice(b": ");
+    if !prefix.is_empty() {
+        dst.put_slice(prefix);
+    }
+    dst.put_slice(value);
+    dst.put_slice(b"\r\n");
 }
 
 /// The framing fields (and `Host` in a request) are only ever written by the encoder itself.
@@ -315,10 +329,41 @@ fn all_bytes(bytes: &[u8], ok: impl Fn(u8) -> bool) -> bool {
     bytes.iter().fold(true, |all, &b| all & ok(b))
 }
 
-fn put_content_length(dst: &mut BytesMut, n: u64) {
-    dst.put_slice(b"Content-Length: ");
-    put_decimal(dst, n);
-    dst.put_slice(b"\r\n");
+/// `HTTP/1.1 <status> ` for a status of three digits (100..=999).
+fn status_line_start(status: u16) -> [u8; 13] {
+    let digit = |n: u16| b'0' + (n % 10) as u8;
+    let mut line = *b"HTTP/1.1 000 ";
+    line[9] = digit(status / 100);
+    line[10] = digit(status / 10);
+    line[11] = digit(status);
+    line
+}
+
+const CONTENT_LENGTH_NAME: &[u8; 16] = b"Content-Length: ";
+
+/// `Content-Length: <n>` and its CRLF, put in one piece: built right to left in a buffer
+/// that fits the longest (a `u64` has at most 20 digits).
+fn put_content_length(dst: &mut BytesMut, mut n: u64) {
+    let mut line = [0u8; CONTENT_LENGTH_NAME.len() + 20 + 2];
+    let mut at = line.len() - 2;
+    if let Some(end) = line.get_mut(at..) {
+        end.copy_from_slice(b"\r\n");
+    }
+    loop {
+        at -= 1;
+        if let Some(slot) = line.get_mut(at) {
+            *slot = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == CONTENT_LENGTH_NAME.len() {
+            break;
+        }
+    }
+    at -= CONTENT_LENGTH_NAME.len();
+    if let Some(name) = line.get_mut(at..at + CONTENT_LENGTH_NAME.len()) {
+        name.copy_from_slice(CONTENT_LENGTH_NAME);
+    }
+    dst.put_slice(line.get(at..).unwrap_or_default());
 }
 
 fn put_decimal(dst: &mut BytesMut, mut n: u64) {

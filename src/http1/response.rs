@@ -53,6 +53,12 @@ impl ResponseHead {
         self.fields.iter(&self.raw)
     }
 
+    /// All fields in order, names as bytes as sent (tokens, so no UTF-8 check is made:
+    /// what a relay that writes them on needs).
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields.iter_bytes(&self.raw)
+    }
+
     /// Number of header fields.
     #[cfg(test)]
     pub fn header_count(&self) -> usize {

@@ -1029,6 +1029,29 @@ fn response_head_exact_bytes() {
     );
 }
 
+/// The status line and the length field read as `format!` writes them, for every
+/// three-digit status and lengths at each digit count's edges.
+#[test]
+fn status_lines_and_lengths_read_as_format_writes_them() {
+    let mut lengths = vec![0u64, u64::MAX];
+    let mut p = 1u64;
+    while let Some(next) = p.checked_mul(10) {
+        lengths.extend([p - 1, p, p + 1]);
+        p = next;
+    }
+    lengths.push(p);
+    for (i, status) in (100u16..=999).enumerate() {
+        let n = lengths[i % lengths.len()];
+        let mut dst = BytesMut::new();
+        write_response_head(&mut dst, status, [], Framing::Length(n), true);
+        let want = format!(
+            "HTTP/1.1 {status} {}\r\nContent-Length: {n}\r\n\r\n",
+            reason_phrase(status)
+        );
+        assert_eq!(&dst[..], want.as_bytes());
+    }
+}
+
 #[test]
 fn request_head_exact_bytes() {
     let mut dst = BytesMut::new();
@@ -1144,7 +1167,35 @@ fn chunks_exact_bytes() {
     assert_eq!(CONTINUE_100, b"HTTP/1.1 100 Continue\r\n\r\n");
     assert_eq!(reason_phrase(429), "Too Many Requests");
     assert_eq!(reason_phrase(1), "");
-    assert!(is_hop_by_hop("Keep-Alive") && is_hop_by_hop("TE") && !is_hop_by_hop("content-type"));
+    for name in [
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+    ] {
+        assert!(is_hop_by_hop_name(name.as_bytes()), "{name}");
+        assert!(
+            is_hop_by_hop_name(name.to_ascii_lowercase().as_bytes()),
+            "{name}"
+        );
+    }
+    for name in [
+        "content-type",
+        "t",
+        "tf",
+        "trailers",
+        "upgrades",
+        "connectio",
+        "x-te",
+        "",
+    ] {
+        assert!(!is_hop_by_hop_name(name.as_bytes()), "{name}");
+    }
 }
 
 #[test]

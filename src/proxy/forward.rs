@@ -10,7 +10,7 @@ use crate::http1::{Framing, RequestHead, is_hop_by_hop_name, write_request_head_
 use crate::providers::{Endpoint, auth_headers};
 
 /// Client fields never forwarded upstream besides the hop-by-hop ones
-/// (`http1::is_hop_by_hop`): the host and framing the gateway recomputes, `expect`, the
+/// (`http1::is_hop_by_hop_name`): the host and framing the gateway recomputes, `expect`, the
 /// client's own credentials, the gateway's session, connection-forcing and lease headers, and
 /// `accept-encoding` (so streams arrive as plain text the gateway can inspect).
 pub const STRIPPED_HEADERS: &[&str] = &[

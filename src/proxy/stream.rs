@@ -21,8 +21,8 @@ use super::{After, respond};
 use crate::config::{Connection, Provider};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{
-    BodyKind, Framing, RequestHead, is_hop_by_hop, write_chunk, write_last_chunk,
-    write_response_head,
+    BodyKind, Framing, RequestHead, is_hop_by_hop_name, write_chunk, write_last_chunk,
+    write_response_head, write_response_head_bytes,
 };
 use crate::net::downstream::unless_client_gone;
 use crate::net::io::write_all;
@@ -37,13 +37,18 @@ use crate::sse::usage::{AnswerTail, Usage};
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
 
-/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop`),
+/// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop_name`),
 /// `content-length`, which the gateway writes from its own framing, and `x-request-id`,
 /// which carries the gateway's own request id.
 pub(super) fn relayed_never(name: &str) -> bool {
-    is_hop_by_hop(name)
-        || name.eq_ignore_ascii_case("content-length")
-        || name.eq_ignore_ascii_case(REQUEST_ID_HEADER)
+    relayed_never_name(name.as_bytes())
+}
+
+/// [`relayed_never`] for a name as bytes.
+fn relayed_never_name(name: &[u8]) -> bool {
+    is_hop_by_hop_name(name)
+        || name.eq_ignore_ascii_case(b"content-length")
+        || name.eq_ignore_ascii_case(REQUEST_ID_HEADER.as_bytes())
 }
 
 /// An upstream error answer read in full, kept to relay if nothing better comes.
@@ -231,8 +236,11 @@ pub async fn commit(
             ours.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
             match &up.head {
                 UpHead::Net(h) => {
-                    let relayed = h.headers().filter(|(n, _)| !relayed_never(n));
-                    write_response_head(&mut out, status, relayed.chain(ours), framing, keep_alive);
+                    // Names as bytes: no UTF-8 check of each.
+                    let relayed = h.fields().filter(|(n, _)| !relayed_never_name(n));
+                    let ours = ours.iter().map(|(n, v)| (n.as_bytes(), *v));
+                    let fields = relayed.chain(ours);
+                    write_response_head_bytes(&mut out, status, fields, framing, keep_alive);
                 }
                 UpHead::Mock(_) => {
                     let hs = up.head.fields();

@@ -5,6 +5,7 @@
 //! are parsed (one substring search per event), and of those only events where `usage` is
 //! not `null` everywhere (OpenAI sends `"usage":null` in every chunk before the last).
 
+use bytes::Bytes;
 use serde::Deserialize;
 
 use super::Event;
@@ -119,11 +120,8 @@ impl Usage {
     /// `prompt_tokens`/`input_tokens` and `completion_tokens`/`output_tokens`. `None` when
     /// there is none, or it is cut or not JSON.
     pub fn of_answer(body: &[u8]) -> Option<Usage> {
-        // Built once: constructing a searcher per answer cost more than the search.
-        static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
-            std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
-        let at = USAGE.rfind(body)?;
-        let rest = body.get(at + 7..)?;
+        let at = last_usage_key(body)?;
+        let rest = body.get(at + USAGE_NAME.len()..)?;
         let open = rest
             .iter()
             .position(|b| !b.is_ascii_whitespace() && *b != b':')?;
@@ -174,18 +172,51 @@ impl Usage {
     }
 }
 
+/// The member name a whole answer's usage is found by.
+const USAGE_NAME: &[u8; 7] = b"\"usage\"";
+
+/// How far the backward search for [`USAGE_NAME`] may move its window when the window's
+/// first byte is `b` and the window is not a match: to the leftmost place (past the first)
+/// where the key has `b`, or past `b` altogether (Horspool's rule, mirrored).
+const USAGE_SHIFTS: [u8; 256] = {
+    let mut t = [USAGE_NAME.len() as u8; 256];
+    let mut j = USAGE_NAME.len() - 1;
+    while j >= 1 {
+        t[USAGE_NAME[j] as usize] = j as u8;
+        j -= 1;
+    }
+    t
+};
+
+/// Where the last [`USAGE_NAME`] of `body` starts. Searched from the end, skipping up to
+/// the key's length at a time: the usage object is among an answer's last members, and
+/// this reads a few bytes of every key-length of the tail before it (a general reverse
+/// substring search cost about four times as much per answer).
+fn last_usage_key(body: &[u8]) -> Option<usize> {
+    let mut i = body.len().checked_sub(USAGE_NAME.len())?;
+    loop {
+        let b = body[i];
+        if b == b'"' && body[i + 1..i + USAGE_NAME.len()] == USAGE_NAME[1..] {
+            return Some(i);
+        }
+        i = i.checked_sub(usize::from(USAGE_SHIFTS[usize::from(b)]))?;
+    }
+}
+
 /// The whole of `obj` as a plain usage object (see [`plain_prefix`]), for the tests.
 #[cfg(test)]
 fn plain_counts(obj: &[u8]) -> Option<Counts> {
     plain_prefix(obj).and_then(|(counts, len)| (len == obj.len()).then_some(counts))
 }
 
-/// Reads the `usage` object at the start of `bytes` when it has the plain shape every
-/// provider sends — string keys without escapes, unsigned integers, and one level of
-/// nested objects of the same kind (OpenAI's `prompt_tokens_details`) — without serde:
-/// its counts and its length. `None` when it is not exactly that (any other value, an
-/// escape, a repeated count), and then `serde_json` decides. Where this answers,
-/// `serde_json` reads the same counts (`plain_counts_agree_with_serde_json`).
+/// Reads the `usage` object at the start of `bytes` when it has the plain shape providers
+/// send — string keys without escapes; unsigned integers; other members' values also
+/// strings without escapes, `null`, `true` or `false`; and one level of nested objects of
+/// the same kind (OpenAI's `prompt_tokens_details`, Anthropic's `cache_creation`) —
+/// without serde: its counts and its length. `None` when it is not exactly that (any other
+/// value, an escape, a repeated count, a count that is not an integer), and then
+/// `serde_json` decides. Where this answers, `serde_json` reads the same counts
+/// (`plain_counts_agree_with_serde_json`).
 fn plain_prefix(bytes: &[u8]) -> Option<(Counts, usize)> {
     let mut counts = Counts::default();
     let mut at = Plain { bytes, at: 0 };
@@ -193,62 +224,76 @@ fn plain_prefix(bytes: &[u8]) -> Option<(Counts, usize)> {
     Some((counts, at.at))
 }
 
+/// Printable ASCII but `"` and `\`: the bytes of a plain string.
+const PLAIN_STRING_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = b' ';
+    while b <= b'~' {
+        t[b as usize] = b != b'"' && b != b'\\';
+        b += 1;
+    }
+    t
+};
+
 struct Plain<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Plain<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
+    /// The byte at the cursor; `0` past the end (a byte no rule below accepts).
+    fn peek(&self) -> u8 {
+        self.bytes.get(self.at).copied().unwrap_or(0)
     }
 
     fn space(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        while matches!(self.peek(), b' ' | b'\t' | b'\n' | b'\r') {
             self.at += 1;
         }
     }
 
     fn eat(&mut self, b: u8) -> Option<()> {
-        (self.peek()? == b).then(|| self.at += 1)
+        (self.peek() == b).then(|| self.at += 1)
     }
 
-    /// A printable-ASCII string without escapes.
-    fn key(&mut self) -> Option<&'a [u8]> {
-        self.eat(b'"')?;
-        let start = self.at;
-        loop {
-            match self.peek()? {
-                b'"' => break,
-                b'\\' => return None,
-                b' '..=b'~' => self.at += 1,
-                _ => return None,
-            }
+    /// A printable-ASCII string without escapes (the cursor on its opening quote): its
+    /// bytes between the quotes.
+    fn string(&mut self) -> Option<&'a [u8]> {
+        let start = self.at + 1;
+        let rest = self.bytes.get(start..)?;
+        // One table load a byte: the strings here are short (a call to find the quote and
+        // a second pass to check the bytes cost more).
+        let len = rest
+            .iter()
+            .position(|&b| !PLAIN_STRING_BYTE[usize::from(b)])?;
+        if rest[len] != b'"' {
+            return None;
         }
-        let key = self.bytes.get(start..self.at)?;
-        self.at += 1;
-        Some(key)
+        self.at = start + len + 1;
+        Some(&rest[..len])
     }
 
     /// An unsigned integer as JSON writes it (no leading zero, no fraction or exponent)
     /// of at most 19 digits, so it fits a `u64`.
     fn count(&mut self) -> Option<u64> {
         let start = self.at;
-        while matches!(self.peek(), Some(b'0'..=b'9')) {
+        let mut n = 0u64;
+        loop {
+            let d = self.peek().wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            n = n.wrapping_mul(10).wrapping_add(u64::from(d));
             self.at += 1;
         }
-        let digits = self.bytes.get(start..self.at)?;
-        if digits.is_empty() || digits.len() > 19 || (digits.len() > 1 && digits[0] == b'0') {
+        let len = self.at - start;
+        if len == 0 || len > 19 || (len > 1 && self.bytes[start] == b'0') {
             return None;
         }
-        if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+        if matches!(self.peek(), b'.' | b'e' | b'E') {
             return None;
         }
-        Some(
-            digits
-                .iter()
-                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
-        )
+        Some(n)
     }
 
     /// `{ "key": value, ... }`; the four counts are kept when `counts` is given (the
@@ -262,7 +307,10 @@ impl<'a> Plain<'a> {
         }
         loop {
             self.space();
-            let key = self.key()?;
+            if self.peek() != b'"' {
+                return None;
+            }
+            let key = self.string()?;
             self.space();
             self.eat(b':')?;
             self.space();
@@ -276,17 +324,24 @@ impl<'a> Plain<'a> {
                 },
                 None => None,
             };
-            match (self.peek()?, slot) {
-                (b'{', None) if top => self.object(None)?,
+            match (self.peek(), slot) {
                 (b'0'..=b'9', Some(slot)) => {
                     let n = self.count()?;
                     if slot.replace(n).is_some() {
                         return None; // serde_json refuses a repeated field
                     }
                 }
+                (_, Some(_)) => return None,
                 (b'0'..=b'9', None) => {
                     self.count()?;
                 }
+                (b'{', None) if top => self.object(None)?,
+                (b'"', None) => {
+                    self.string()?;
+                }
+                (b'n', None) => self.literal(b"null")?,
+                (b't', None) => self.literal(b"true")?,
+                (b'f', None) => self.literal(b"false")?,
                 _ => return None,
             }
             self.space();
@@ -295,32 +350,61 @@ impl<'a> Plain<'a> {
             }
         }
     }
+
+    /// `null`, `true` or `false` at the cursor.
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        if !self.bytes.get(self.at..)?.starts_with(word) {
+            return None;
+        }
+        self.at += word.len();
+        Some(())
+    }
 }
 
 /// The last [`ANSWER_TAIL_BYTES`] of a whole JSON answer relayed piece by piece, for the
-/// usage it reports ([`Usage::of_answer`]) without holding the answer.
+/// usage it reports ([`Usage::of_answer`]) without holding the answer. The last piece is
+/// held as it came (a reference, not a copy: most answers are one piece, read in place);
+/// the tail of the pieces before it is copied when the next one comes.
 #[derive(Debug, Default)]
 pub struct AnswerTail {
-    buf: Vec<u8>,
+    last: Option<Bytes>,
+    /// The last bytes of the pieces before `last`, at most [`ANSWER_TAIL_BYTES`].
+    before: Vec<u8>,
 }
 
 impl AnswerTail {
-    pub fn feed(&mut self, piece: &[u8]) {
-        if piece.len() >= ANSWER_TAIL_BYTES {
-            self.buf.clear();
-            self.buf
-                .extend_from_slice(&piece[piece.len() - ANSWER_TAIL_BYTES..]);
-            return;
-        }
-        self.buf.extend_from_slice(piece);
-        if self.buf.len() > ANSWER_TAIL_BYTES {
-            let cut = self.buf.len() - ANSWER_TAIL_BYTES;
-            self.buf.drain(..cut);
+    pub fn feed(&mut self, piece: &Bytes) {
+        if let Some(prev) = self.last.replace(piece.clone()) {
+            keep_tail(&mut self.before, &prev);
         }
     }
 
     pub fn usage(&self) -> Option<Usage> {
-        Usage::of_answer(&self.buf)
+        match &self.last {
+            None => Usage::of_answer(&self.before),
+            Some(last) if self.before.is_empty() || last.len() >= ANSWER_TAIL_BYTES => {
+                Usage::of_answer(&last[last.len().saturating_sub(ANSWER_TAIL_BYTES)..])
+            }
+            Some(last) => {
+                let mut tail = self.before.clone();
+                keep_tail(&mut tail, last);
+                Usage::of_answer(&tail)
+            }
+        }
+    }
+}
+
+/// Appends `piece` to `tail`, keeping its last [`ANSWER_TAIL_BYTES`].
+fn keep_tail(tail: &mut Vec<u8>, piece: &[u8]) {
+    if piece.len() >= ANSWER_TAIL_BYTES {
+        tail.clear();
+        tail.extend_from_slice(&piece[piece.len() - ANSWER_TAIL_BYTES..]);
+        return;
+    }
+    tail.extend_from_slice(piece);
+    if tail.len() > ANSWER_TAIL_BYTES {
+        let cut = tail.len() - ANSWER_TAIL_BYTES;
+        tail.drain(..cut);
     }
 }
 
@@ -428,10 +512,17 @@ mod tests {
             assert_eq!((u.prompt_tokens, u.completion_tokens), want);
             // Fed in 7-byte pieces behind a long prefix: the tail still holds it.
             let mut t = AnswerTail::default();
-            t.feed(&vec![b' '; 3 * ANSWER_TAIL_BYTES]);
+            t.feed(&Bytes::from(vec![b' '; 3 * ANSWER_TAIL_BYTES]));
             for piece in body.chunks(7) {
-                t.feed(piece);
+                t.feed(&Bytes::copy_from_slice(piece));
             }
+            assert_eq!(t.usage(), Some(u));
+            // In one piece, and after a long one.
+            let mut t = AnswerTail::default();
+            t.feed(&Bytes::copy_from_slice(body));
+            assert_eq!(t.usage(), Some(u));
+            t.feed(&Bytes::from(vec![b' '; ANSWER_TAIL_BYTES]));
+            t.feed(&Bytes::copy_from_slice(body));
             assert_eq!(t.usage(), Some(u));
         }
         assert_eq!(Usage::of_answer(br#"{"usage":{"prompt_tokens":1"#), None);
@@ -448,6 +539,13 @@ mod tests {
         let c = plain_counts(spaced).unwrap();
         assert_eq!((c.input_tokens, c.output_tokens), (Some(5), Some(6)));
         assert_eq!(plain_counts(b"{}"), Some(Counts::default()));
+        // Anthropic's, with a string member and a nested object.
+        let anthropic = br#"{"input_tokens":12,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"output_tokens":6,"service_tier":"standard"}"#;
+        let c = plain_counts(anthropic).unwrap();
+        assert_eq!((c.input_tokens, c.output_tokens), (Some(12), Some(6)));
+        let literals =
+            br#"{"a":null,"b":true,"c":false,"d":"x y","e":{"f":null,"g":"h"},"prompt_tokens":3}"#;
+        assert_eq!(plain_counts(literals).unwrap().prompt_tokens, Some(3));
         // Not the plain shape: serde_json decides.
         for other in [
             &br#"{"prompt_tokens":null}"#[..],
@@ -460,8 +558,13 @@ mod tests {
             br#"{"prompt\u005ftokens":1}"#,
             br#"{"prompt_tokens":1,}"#,
             br#"{"a":{"b":{"c":1}}}"#,
-            br#"{"a":"text"}"#,
             br#"{"a":1} "#,
+            br#"{"prompt_tokens":"1"}"#,
+            br#"{"a":"t\u0065xt"}"#,
+            "{\"a\":\"café\"}".as_bytes(),
+            br#"{"a":nul}"#,
+            br#"{"a":truth}"#,
+            br#"{"a":[1]}"#,
         ] {
             assert_eq!(
                 plain_counts(other),
@@ -473,13 +576,53 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// However an answer is cut into pieces, the tail reads the usage of its last
+        /// `ANSWER_TAIL_BYTES` bytes.
+        #[test]
+        fn the_tail_reads_the_last_bytes_of_the_answer_however_it_is_cut(
+            pad in 0usize..(2 * ANSWER_TAIL_BYTES),
+            cuts in proptest::collection::vec(0usize..(3 * ANSWER_TAIL_BYTES), 0..6),
+            usage_at_end in proptest::bool::ANY,
+        ) {
+            let usage = r#""usage":{"prompt_tokens":3,"completion_tokens":4}"#;
+            let body = if usage_at_end {
+                format!(r#"{{"x":"{}",{usage}}}"#, "y".repeat(pad))
+            } else {
+                format!(r#"{{{usage},"x":"{}"}}"#, "y".repeat(pad))
+            };
+            let body = body.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(body.len())).collect();
+            cuts.sort_unstable();
+            let mut t = AnswerTail::default();
+            let mut from = 0;
+            for at in cuts.into_iter().chain([body.len()]) {
+                t.feed(&Bytes::copy_from_slice(&body[from..at]));
+                from = at;
+            }
+            let tail = &body[body.len().saturating_sub(ANSWER_TAIL_BYTES)..];
+            proptest::prop_assert_eq!(t.usage(), Usage::of_answer(tail));
+        }
+
+        /// The backward search finds the last `"usage"`, as a general reverse search does.
+        #[test]
+        fn the_last_usage_key_is_found_where_rfind_finds_it(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "\"usage\"", "usage", "\"", "u", "s", "a", "g", "e", "x", "\"usag", "sage\"",
+                ":", "{", "}", "\"us", "age\"",
+            ]), 0..40)
+        ) {
+            let text = parts.concat();
+            let rfind = memchr::memmem::rfind(text.as_bytes(), USAGE_NAME);
+            proptest::prop_assert_eq!(last_usage_key(text.as_bytes()), rfind, "{}", text);
+        }
+
         /// Wherever the plain reader answers, serde_json answers the same.
         #[test]
         fn plain_counts_agree_with_serde_json(
             parts in proptest::collection::vec(proptest::sample::select(vec![
                 "{", "}", "{", "}", ",", ":", " ", "\n", "\"prompt_tokens\"", "\"completion_tokens\"",
                 "\"input_tokens\"", "\"output_tokens\"", "\"total_tokens\"", "\"x\"", "\"\\u0078\"",
-                "0", "7", "12", "012", "1.5", "1e3", "-3", "null", "true", "\"s\"",
+                "0", "7", "12", "012", "1.5", "1e3", "-3", "null", "true", "false", "\"s\"",
                 "99999999999999999999", "1844674407370955161", "[", "]",
             ]), 0..24)
         ) {
@@ -502,7 +645,8 @@ mod tests {
                 proptest::sample::select(vec![
                     "0", "7", "12", "012", "1.5", "-3", "null", "{}", "{\"a\":1}",
                     "{ \"a\" : 1 , \"b\":2}", "{\"a\":{}}", "99999999999999999999",
-                    "9999999999999999999", "\"s\"",
+                    "9999999999999999999", "\"s\"", "\"a b\"", "\"\\u0061\"", "null",
+                    "true", "false", "{\"a\":\"s\",\"b\":null}",
                 ]),
                 proptest::sample::select(vec!["", " ", "\n", "\t "]),
             ), 0..6)
