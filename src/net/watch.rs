@@ -393,10 +393,7 @@ mod tests {
             assert_eq!(queued(), before + 1);
             // A shorter deadline (a head's budget) is queued beside it, and fires.
             let never = std::pin::pin!(std::future::pending::<()>());
-            assert_eq!(
-                watch.within(now() + 20_000_000, never).await,
-                Err(Elapsed)
-            );
+            assert_eq!(watch.within(now() + 20_000_000, never).await, Err(Elapsed));
             // The next read is not already over.
             let read = std::pin::pin!(monoio::time::sleep(Duration::from_millis(30)));
             assert_eq!(watch.within(now() + 1_000_000_000, read).await, Ok(()));
