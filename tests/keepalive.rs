@@ -490,3 +490,44 @@ fn idle_keep_alive_connection_is_closed_after_idle_timeout() {
     });
     talk(&mut busy, i);
 }
+
+#[test]
+fn a_reloaded_idle_timeout_applies_to_the_next_idle_wait_of_an_open_connection() {
+    // Opened under a long idle timeout; the reload shortens it. The connection's next wait
+    // between requests (it began under the long one) gets the new budget, and so does a
+    // connection opened after the reload.
+    let mut gw = Gateway::start(&config(60_000, None));
+    let mut open = Client::connect(gw.addr());
+    let ask = |c: &mut Client, prompt: &str| {
+        let r = c.request(
+            "POST",
+            CHAT,
+            &headers(),
+            chat_body("mock/echo", prompt, false).as_bytes(),
+        );
+        assert_eq!(answer_text(&r), prompt);
+        assert!(!says_close(&r));
+    };
+    ask(&mut open, "before");
+    std::fs::write(gw.config_path(), config(300, None)).unwrap();
+    gw.signal(libc::SIGHUP);
+    gw.wait_for_log("configuration reloaded", secs(10));
+    // Its wait under the old budget ends with this request; the next one is 300 ms.
+    ask(&mut open, "after");
+    let idle = Stopwatch::start();
+    assert!(
+        open.closed_within(secs(10)),
+        "connection open before the reload not closed within 10 s of idleness"
+    );
+    assert!(
+        idle.elapsed() >= ms(200),
+        "closed after {:?}, before idle_timeout_ms = 300",
+        idle.elapsed()
+    );
+    let mut fresh = Client::connect(gw.addr());
+    ask(&mut fresh, "new");
+    assert!(
+        fresh.closed_within(secs(10)),
+        "connection opened after the reload not closed within 10 s of idleness"
+    );
+}

@@ -17,6 +17,7 @@ use crate::http1::{
     self, BodyDecoder, BodyEvent, BodyKind, CONTINUE_100, Decoded, HeadError, RequestHead,
 };
 use crate::net::io::{ClientStream, READ_BUF_BYTES, read_more, write_all};
+use crate::net::watch::Watch;
 use crate::timer::timeout;
 
 /// What happens to the client connection after a response.
@@ -80,8 +81,10 @@ pub trait Handler {
 pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     handler.connection_opened();
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
+    // The deadlines of this connection's head reads, kept by its thread's sweep.
+    let mut watch = Watch::default();
     loop {
-        let mut head = match read_head(&*handler, &mut stream, &mut buf).await {
+        let mut head = match read_head(&*handler, &mut stream, &mut buf, &mut watch).await {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(err) => {
@@ -229,33 +232,38 @@ fn head_error(e: HeadError) -> GatewayError {
 }
 
 /// Reads the next request head. `Ok(None)`: the client closed or stayed idle too long
-/// between requests (closed silently).
+/// between requests (closed silently). Both budgets are kept by `watch` (no timer per
+/// read): a read ends within [`crate::net::watch::SWEEP_TICK_MS`] after its deadline.
 async fn read_head<H: Handler>(
     handler: &H,
     stream: &mut ClientStream,
     buf: &mut BytesMut,
+    watch: &mut Watch,
 ) -> Result<Option<RequestHead>, GatewayError> {
     let cfg = handler.limits();
-    let mut deadline_ns: Option<u64> = None;
+    let mut head_deadline_ns: Option<u64> = None;
     loop {
         match http1::decode_request_head(buf) {
             Ok(Decoded::Complete(h)) => return Ok(Some(h)),
             Ok(Decoded::Partial) => {}
             Err(e) => return Err(head_error(e)),
         }
-        let now = handler.now_ns();
-        let budget_ns = if buf.is_empty() {
+        let deadline_ns = if buf.is_empty() {
             if handler.is_draining() {
                 return Ok(None);
             }
-            cfg.idle_timeout_ms.saturating_mul(1_000_000)
+            handler
+                .now_ns()
+                .saturating_add(cfg.idle_timeout_ms.saturating_mul(1_000_000))
         } else {
-            let d = *deadline_ns
-                .get_or_insert(now.saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000)));
-            d.saturating_sub(now)
+            *head_deadline_ns.get_or_insert_with(|| {
+                handler
+                    .now_ns()
+                    .saturating_add(cfg.header_timeout_ms.saturating_mul(1_000_000))
+            })
         };
         let read = pin!(read_more(stream, std::mem::take(buf), READ_BUF_BYTES));
-        match timeout(Duration::from_nanos(budget_ns), read).await {
+        match watch.within(deadline_ns, read).await {
             Ok((res, b)) => {
                 *buf = b;
                 match res {
@@ -265,7 +273,7 @@ async fn read_head<H: Handler>(
             }
             // The timed-out read took the buffer with it; whether a head had begun is
             // known from its deadline.
-            Err(_) if deadline_ns.is_none() => return Ok(None),
+            Err(_) if head_deadline_ns.is_none() => return Ok(None),
             Err(_) => {
                 return Err(GatewayError::new(
                     ErrorKind::HeadTimeout,
