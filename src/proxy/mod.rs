@@ -220,11 +220,7 @@ pub async fn handle(
     }
     let result = match route(head) {
         Ok(Route::Inference(ep)) => {
-            // Pinned where it is made: awaited by value, the future was copied into this one.
-            let inference = std::pin::pin!(inference(
-                shard, head, ep, body, client, pending, keep_alive, &log
-            ));
-            let after = inference.await;
+            let after = inference(shard, head, ep, body, client, pending, keep_alive, &log).await;
             log.emit(shard, head);
             return after;
         }
