@@ -25,13 +25,15 @@ pub async fn read_more<S: AsyncReadRent>(
     }
     let len = buf.len();
     let cap = buf.capacity();
-    let (res, slice) = s.read(buf.slice_mut(len..cap)).await;
+    let (res, slice) = std::pin::pin!(s.read(buf.slice_mut(len..cap))).await;
     (res, slice.into_inner())
 }
 
 /// Writes the whole buffer, mapping a short write to an error.
 pub async fn write_all<S: AsyncWriteRent, T: IoBuf + 'static>(s: &mut S, buf: T) -> io::Result<T> {
-    let (res, buf) = s.write_all(buf).await;
+    // Pinned where it is made, here and in the reads and writes below: `.await` on the
+    // future by value copied it (up to ~300 bytes) into the awaiting one, twice.
+    let (res, buf) = std::pin::pin!(s.write_all(buf)).await;
     res.map(|_| buf)
 }
 
@@ -75,14 +77,14 @@ impl ClientStream {
 impl AsyncReadRent for ClientStream {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientStream::Plain(s) => s.read(buf).await,
+            ClientStream::Plain(s) => std::pin::pin!(s.read(buf)).await,
             ClientStream::Tls(s, _) => Box::pin(s.read(buf)).await,
         }
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientStream::Plain(s) => s.readv(buf).await,
+            ClientStream::Plain(s) => std::pin::pin!(s.readv(buf)).await,
             ClientStream::Tls(s, _) => Box::pin(s.readv(buf)).await,
         }
     }
@@ -91,14 +93,14 @@ impl AsyncReadRent for ClientStream {
 impl AsyncWriteRent for ClientStream {
     async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientStream::Plain(s) => s.write(buf).await,
+            ClientStream::Plain(s) => std::pin::pin!(s.write(buf)).await,
             ClientStream::Tls(s, _) => Box::pin(s.write(buf)).await,
         }
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            ClientStream::Plain(s) => s.writev(buf).await,
+            ClientStream::Plain(s) => std::pin::pin!(s.writev(buf)).await,
             ClientStream::Tls(s, _) => Box::pin(s.writev(buf)).await,
         }
     }
@@ -128,14 +130,14 @@ pub enum UpStream {
 impl AsyncReadRent for UpStream {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            UpStream::Plain(s) => s.read(buf).await,
+            UpStream::Plain(s) => std::pin::pin!(s.read(buf)).await,
             UpStream::Tls(s) => Box::pin(s.read(buf)).await,
         }
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            UpStream::Plain(s) => s.readv(buf).await,
+            UpStream::Plain(s) => std::pin::pin!(s.readv(buf)).await,
             UpStream::Tls(s) => Box::pin(s.readv(buf)).await,
         }
     }
@@ -144,14 +146,14 @@ impl AsyncReadRent for UpStream {
 impl AsyncWriteRent for UpStream {
     async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            UpStream::Plain(s) => s.write(buf).await,
+            UpStream::Plain(s) => std::pin::pin!(s.write(buf)).await,
             UpStream::Tls(s) => Box::pin(s.write(buf)).await,
         }
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
-            UpStream::Plain(s) => s.writev(buf).await,
+            UpStream::Plain(s) => std::pin::pin!(s.writev(buf)).await,
             UpStream::Tls(s) => Box::pin(s.writev(buf)).await,
         }
     }

@@ -42,13 +42,33 @@ pub struct PoolKey {
     pub tls_id: u16,
 }
 
-/// An open upstream connection with its read buffer.
-pub struct UpConn {
+/// An open upstream connection with its read buffer, on the heap: it is handed by value
+/// from the pool to the exchange, into the answer's body reader and back to the pool on
+/// every request, and inline (144 bytes: the socket, buffer and pool key) each of those
+/// hands was a `memcpy`. The box is made once per connection, not per request.
+pub struct UpConn(Box<Conn>);
+
+/// What an [`UpConn`] holds (its fields are this module's).
+pub struct Conn {
     io: UpStream,
     buf: BytesMut,
     key: PoolKey,
     /// Served at least one earlier request (so a failure may just be a stale socket).
     reused: bool,
+}
+
+impl std::ops::Deref for UpConn {
+    type Target = Conn;
+
+    fn deref(&self) -> &Conn {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for UpConn {
+    fn deref_mut(&mut self) -> &mut Conn {
+        &mut self.0
+    }
 }
 
 impl UpConn {
@@ -235,12 +255,12 @@ pub async fn connect(
                 ));
             }
         };
-        Ok(UpConn {
+        Ok(UpConn(Box::new(Conn {
             io,
             buf: BytesMut::with_capacity(READ_BUF_BYTES),
             key: key.clone(),
             reused: false,
-        })
+        })))
     });
     match timeout(budget, fut).await {
         Ok(r) => r,

@@ -124,7 +124,7 @@ pub(super) async fn serve(
     head: &RequestHead,
     endpoint: Endpoint,
     body: Bytes,
-    mut plan: Plan,
+    plan: &mut Plan,
     combo: usize,
     mut downstream: Downstream<'_>,
 ) -> After {
@@ -132,8 +132,9 @@ pub(super) async fn serve(
         Some(qs) => order_available(shard, qs, &mut plan.candidates).await,
         None => None,
     };
-    let (body, notes) = super::relay::prepare(shard, endpoint, &mut plan, body).await;
-    let req = Request::new(shard, head, endpoint, &body, &plan, notes);
+    let (body, notes) = super::relay::prepare(shard, endpoint, plan, body).await;
+    let plan: &Plan = plan;
+    let req = Request::new(shard, head, endpoint, &body, plan, notes);
     let after = run(shard, &req, combo, &mut downstream).await;
     // A stream cut after its first byte: the targets after the one that cut it may continue
     // it (mid-stream continuation, in the combo's order, without its retries and waits).

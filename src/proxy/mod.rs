@@ -362,7 +362,7 @@ async fn inference(
     keep_alive: bool,
     log: &access::AccessLog,
 ) -> After {
-    let plan = match plan(shard, head, endpoint, &body, log) {
+    let mut plan = match plan(shard, head, endpoint, &body, log) {
         Ok(plan) => plan,
         Err(err) => {
             return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
@@ -381,32 +381,28 @@ async fn inference(
             log,
             splice: None,
         };
-        let mut work = std::pin::pin!(async move {
-            match plan.combo {
-                // A combo runs by its settings (retries, failover order, timeouts, waits);
-                // boxed, so a direct request's future holds no room for a combo's runner.
-                // Allocated first, then built in place (as `net::downstream::serve`).
-                Some(combo) => {
-                    Box::into_pin(Box::write(
-                        Box::new_uninit(),
-                        combo::serve(shard, head, endpoint, body, plan, combo, downstream),
-                    ))
-                    .await
-                }
-                None => relay::run(shard, head, endpoint, body, plan, downstream).await,
+        // The plan stays here and is lent: moved into the work below (and on into
+        // `relay::run`), each hand copied all of it.
+        let ended = match plan.combo {
+            // A combo runs by its settings (retries, failover order, timeouts, waits);
+            // boxed, so a direct request's future holds no room for a combo's runner.
+            // Allocated first, then built in place (as `net::downstream::serve`).
+            Some(combo) => {
+                let mut work = Box::into_pin(Box::write(
+                    Box::new_uninit(),
+                    combo::serve(shard, head, endpoint, body, &mut plan, combo, downstream),
+                ));
+                unless_cut(shard, &committed, work.as_mut()).await
             }
-        });
-        let mut cut = std::pin::pin!(shard.cut_signal());
-        let ended = std::future::poll_fn(|cx| {
-            if let std::task::Poll::Ready(after) = work.as_mut().poll(cx) {
-                return std::task::Poll::Ready(Some(after));
+            // Pinned where it is made: awaited inside an `async` block (or awaited by
+            // value), the 5 KiB future was copied twice on its way into this one.
+            None => {
+                let work = std::pin::pin!(relay::run(
+                    shard, head, endpoint, body, &mut plan, downstream
+                ));
+                unless_cut(shard, &committed, work).await
             }
-            if !committed.get() && cut.as_mut().poll(cx).is_ready() {
-                return std::task::Poll::Ready(None);
-            }
-            std::task::Poll::Pending
-        })
-        .await;
+        };
         if let Some(after) = ended {
             return after;
         }
@@ -416,6 +412,26 @@ async fn inference(
         "the gateway is shutting down: the request did not finish within the grace period",
     );
     send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await
+}
+
+/// Runs `work` to its end (`Some`), unless the shutdown grace period ends before anything
+/// was written to the client (`None`: the caller answers 503 `shutting_down`).
+async fn unless_cut<F: std::future::Future<Output = After>>(
+    shard: &Req<'_>,
+    committed: &std::cell::Cell<bool>,
+    mut work: std::pin::Pin<&mut F>,
+) -> Option<After> {
+    let mut cut = std::pin::pin!(shard.cut_signal());
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(after) = work.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(after));
+        }
+        if !committed.get() && cut.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(None);
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Authenticate → peek → resolve → select.

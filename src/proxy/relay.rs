@@ -31,7 +31,7 @@ use crate::http1::RequestHead;
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Req;
 use crate::owners::affinity::{self, client::Session};
-use crate::owners::health::client::{ProbePermits, report};
+use crate::owners::health::client::{ProbePermits, is_quiet, report};
 use crate::owners::health::protocol::{ComboAttempt, Ended, Verdict};
 use crate::owners::{gates, queue, quota_share, tool_limits};
 use crate::providers::Endpoint;
@@ -150,18 +150,24 @@ pub async fn run(
     head: &RequestHead,
     endpoint: Endpoint,
     body: Bytes,
-    plan: Plan,
+    plan: &mut Plan,
     mut downstream: Downstream<'_>,
 ) -> After {
-    let mut plan = plan;
     // A quota-share combo: the home orders the candidates that are available now and
     // counts the pick in flight until this request ends (the ticket's drop).
     let _in_flight = match plan.quota_share {
         Some(combo) => order_available(shard, combo, &mut plan.candidates).await,
         None => None,
     };
-    let (body, notes) = prepare(shard, endpoint, &mut plan, body).await;
-    let request = Request::new(shard, head, endpoint, &body, &plan, notes);
+    // Only a session's affinity waits (`prepare`); without one, the rest is done in
+    // place, and `prepare`'s future is neither built nor copied into this one.
+    let (body, notes) = if plan.session.is_some() && plan.quota_share.is_none() {
+        prepare(shard, endpoint, plan, body).await
+    } else {
+        arrange(shard, endpoint, plan, body)
+    };
+    let plan: &Plan = plan;
+    let request = Request::new(shard, head, endpoint, &body, plan, notes);
     let mut budget_spent: Option<Target> = None;
     let mut last: Option<LastFailure> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
@@ -276,15 +282,7 @@ pub async fn run(
     {
         return after;
     }
-    answer_last(
-        shard,
-        &plan,
-        last,
-        &excluded,
-        walk.attempts,
-        &mut downstream,
-    )
-    .await
+    answer_last(shard, plan, last, &excluded, walk.attempts, &mut downstream).await
 }
 
 /// Goes on with a client stream cut after its first byte (mid-stream continuation,
@@ -472,6 +470,16 @@ pub(super) async fn prepare(
     {
         super::affinity::prefer(shard, session, plan.combo.is_some(), &mut plan.candidates).await;
     }
+    arrange(shard, endpoint, plan, body)
+}
+
+/// `prepare` after the session's affinity: tool-limit steering and the `background` flag.
+fn arrange(
+    shard: &Req<'_>,
+    endpoint: Endpoint,
+    plan: &mut Plan,
+    body: Bytes,
+) -> (Bytes, Vec<(&'static str, String)>) {
     if plan.peek.tool_count > 0 {
         let tools = plan.peek.tool_count;
         let (fit, steered): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.candidates)
@@ -801,6 +809,15 @@ impl<'s> Attempted<'s> {
         }
     }
 
+    /// Whether ending with `ended` has nothing to report (`health::client::is_quiet`), no
+    /// probe held and no stream break to count: the attempt may simply be dropped.
+    fn is_quiet(&self, ended: &Ended) -> bool {
+        !matches!(ended, Ended::StreamBroken { .. })
+            && self.permits.as_ref().is_none_or(|p| {
+                is_quiet(self.shard, self.target.provider, self.connection, p, ended)
+            })
+    }
+
     /// The backoff level this shard's view has for the connection.
     fn level(&self) -> u32 {
         let views = self.shard.state().views.borrow();
@@ -919,83 +936,78 @@ pub(super) async fn deliver(
             .await;
             AttemptEnd::Done(after)
         }
-        Ready::Stream(s) => {
-            let Streaming {
-                attempted,
-                translation,
-                up,
-                first,
-                mut wd,
-                active,
-                _held,
-            } = *s;
+        Ready::Stream(mut s) => {
+            // Relayed from its box, not unpacked onto the stack: the watchdog and the
+            // admission guards stay where `open` put them (each move out was a copy).
             let config = shard.config();
-            let provider = config.provider(attempted.target.provider);
-            let conn = config.connection(attempted.connection);
+            let provider = config.provider(s.attempted.target.provider);
+            let conn = config.connection(s.attempted.connection);
             down.committed.set(true);
             down.log.upstream(&provider.name, &conn.name, attempts);
             // Mid-stream continuation: the splice follows the stream (in the client's
             // format: a translated answer goes through it after its translation).
             if down.splice.is_none() && config.resilience.stream_recovery.continue_mid_stream {
-                down.splice = Splice::new(req.endpoint, translation.is_some()).map(Box::new);
+                down.splice = Splice::new(req.endpoint, s.translation.is_some()).map(Box::new);
             }
-            if let Some((t, carry)) = translation {
-                let tr = super::translate::Translated {
-                    translation: t,
-                    carry,
-                    provider,
-                    conn,
-                    attempts,
-                    idle: req.budgets.idle,
-                };
-                let (after, ended) = super::translate::commit(
-                    shard,
-                    req.head,
-                    up,
-                    first,
-                    tr,
-                    down.client,
-                    down.pending,
-                    down.keep_alive,
-                    &mut wd,
-                    down.log,
-                    active,
-                    down.splice.as_deref_mut(),
-                )
-                .await;
-                if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
-                    s.cut_on(attempted.target, attempted.connection);
+            let (up, first, active) = (s.up, s.first.take(), s.active);
+            let (after, ended) = match s.translation.take() {
+                Some((t, carry)) => {
+                    let tr = super::translate::Translated {
+                        translation: t,
+                        carry,
+                        provider,
+                        conn,
+                        attempts,
+                        idle: req.budgets.idle,
+                    };
+                    super::translate::commit(
+                        shard,
+                        req.head,
+                        up,
+                        first,
+                        tr,
+                        down.client,
+                        down.pending,
+                        down.keep_alive,
+                        &mut s.wd,
+                        down.log,
+                        active,
+                        down.splice.as_deref_mut(),
+                    )
+                    .await
                 }
-                let ended = failed_by_event(shard, &attempted, ended, wd.as_ref());
-                attempted.end(ended).await;
-                drop(_held);
-                return AttemptEnd::Done(after);
+                None => {
+                    stream::commit(
+                        shard,
+                        req.head,
+                        up,
+                        first,
+                        provider,
+                        conn,
+                        attempts,
+                        down.client,
+                        down.pending,
+                        down.keep_alive,
+                        req.budgets.idle,
+                        req.endpoint,
+                        &mut s.wd,
+                        down.log,
+                        active,
+                        down.splice.as_deref_mut(),
+                    )
+                    .await
+                }
+            };
+            if let Some(sp) = down.splice.as_mut().filter(|sp| sp.cut_pending()) {
+                sp.cut_on(s.attempted.target, s.attempted.connection);
             }
-            let (after, ended) = stream::commit(
-                shard,
-                req.head,
-                up,
-                first,
-                provider,
-                conn,
-                attempts,
-                down.client,
-                down.pending,
-                down.keep_alive,
-                req.budgets.idle,
-                req.endpoint,
-                &mut wd,
-                down.log,
-                active,
-                down.splice.as_deref_mut(),
-            )
-            .await;
-            if let Some(s) = down.splice.as_mut().filter(|s| s.cut_pending()) {
-                s.cut_on(attempted.target, attempted.connection);
+            let ended = failed_by_event(shard, &s.attempted, ended, s.wd.as_ref());
+            // Most attempts end with nothing to report: `end`'s future (the owner call
+            // inside it) is then neither built nor copied.
+            if !s.attempted.is_quiet(&ended) {
+                s.attempted.end(ended).await;
             }
-            let ended = failed_by_event(shard, &attempted, ended, wd.as_ref());
-            attempted.end(ended).await;
-            drop(_held);
+            // The admission (slot, permits) is held to the end: `s` drops here.
             AttemptEnd::Done(after)
         }
     }
@@ -1369,15 +1381,20 @@ pub(super) async fn open<'s>(
             });
         }
     };
-    Opened::Ready(Ready::Stream(Box::new(Streaming {
-        attempted,
-        translation: translation.map(|t| (t, carry)),
-        up,
-        first,
-        wd,
-        active,
-        _held: (qs_slot, queue_slot, gate),
-    })))
+    // Allocated first, then filled: `Box::new(Streaming { .. })` built it on the stack
+    // and copied it into the box.
+    Opened::Ready(Ready::Stream(Box::write(
+        Box::new_uninit(),
+        Streaming {
+            attempted,
+            translation: translation.map(|t| (t, carry)),
+            up,
+            first,
+            wd,
+            active,
+            _held: (qs_slot, queue_slot, gate),
+        },
+    )))
 }
 
 /// Runs `wait`, raced against the client hanging up when there is one to watch (a hedged

@@ -86,8 +86,15 @@ enum UpBody {
     Mock(playback::MockBody),
 }
 
-/// An upstream answer whose head has arrived.
-pub struct Up {
+/// An upstream answer whose head has arrived: its [`Answer`], on the heap. The answer
+/// (head, body reader with its connection and buffer) is some 300 bytes, and it travels
+/// by value from `open` through every wrapper around the wait (timeouts, the client
+/// watch) into the relay: inline, each of those hands copied all of it (a `memcpy` per
+/// move, a dozen per request); boxed, each moves a pointer, for one allocation.
+pub struct Up(Box<Answer>);
+
+/// What an [`Up`] holds.
+pub struct Answer {
     pub head: UpHead,
     body: UpBody,
     /// Headers the gateway adds to the client's response (warnings, the emergency
@@ -95,10 +102,38 @@ pub struct Up {
     pub extra: Vec<(&'static str, String)>,
 }
 
+impl std::ops::Deref for Up {
+    type Target = Answer;
+
+    fn deref(&self) -> &Answer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Up {
+    fn deref_mut(&mut self) -> &mut Answer {
+        &mut self.0
+    }
+}
+
 impl Up {
+    /// Allocated first, then filled (`Box::new` built the answer on the stack and copied
+    /// it into the box).
+    #[inline(always)]
+    fn new(head: UpHead, body: UpBody) -> Self {
+        Up(Box::write(
+            Box::new_uninit(),
+            Answer {
+                head,
+                body,
+                extra: Vec::new(),
+            },
+        ))
+    }
+
     /// The next body piece, waiting at most `idle`; `None` at the end.
     pub async fn next(&mut self, idle: Duration) -> Result<Option<Bytes>, GatewayError> {
-        match &mut self.body {
+        match &mut self.0.body {
             UpBody::Net(reader) => reader.next(idle).await,
             UpBody::Mock(body) => body.next(idle).await,
         }
@@ -106,7 +141,7 @@ impl Up {
 
     /// The next piece available without waiting.
     pub fn next_buffered(&mut self) -> Result<Buffered, GatewayError> {
-        match &mut self.body {
+        match &mut self.0.body {
             UpBody::Net(reader) => reader.next_buffered(),
             UpBody::Mock(body) => Ok(match body.next_ready() {
                 playback::Ready::Piece(p) => Buffered::Piece(p),
@@ -118,7 +153,7 @@ impl Up {
 
     /// Hands a cleanly finished connection back to the pool.
     pub fn finish(self, shard: &Req<'_>) {
-        if let UpBody::Net(reader) = self.body
+        if let UpBody::Net(reader) = self.0.body
             && let Some(conn) = reader.into_reusable()
         {
             shard.pool().checkin(conn, shard.now().mono_ns);
@@ -160,11 +195,7 @@ pub async fn open(
             let (head, body) = playback::open(plan, header)
                 .await
                 .map_err(|e| past_deadline(e, TimeoutPhase::ResponseHeader, clamped))?;
-            Ok(Up {
-                head: UpHead::Mock(head),
-                body: UpBody::Mock(body),
-                extra: Vec::new(),
-            })
+            Ok(Up::new(UpHead::Mock(head), UpBody::Mock(body)))
         }
         ProviderFormat::Openai | ProviderFormat::Anthropic => {
             open_net(shard, head, provider, conn, endpoint, body, budgets, until).await
@@ -244,11 +275,7 @@ async fn open_net(
                 ));
             }
             Ok(resp) => {
-                return Ok(Up {
-                    head: UpHead::Net(resp.head),
-                    body: UpBody::Net(resp.body),
-                    extra: Vec::new(),
-                });
+                return Ok(Up::new(UpHead::Net(resp.head), UpBody::Net(resp.body)));
             }
             Err(e)
                 if reused && !e.got_response_bytes && e.error.kind.retry() == Retry::IfReused =>

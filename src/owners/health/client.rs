@@ -135,16 +135,10 @@ pub async fn report(
     mut permits: ProbePermits<'_>,
     ended: Ended,
 ) {
+    if is_quiet(shard, provider, connection, &permits, &ended) {
+        return;
+    }
     let (provider_probe, connection_probe) = permits.take();
-    let success = matches!(ended, Ended::Success);
-    let no_probe = provider_probe.is_none() && connection_probe.is_none();
-    if no_probe && matches!(ended, Ended::ClientAbort) {
-        // Nothing to settle, nothing to count.
-        return;
-    }
-    if success && no_probe && !has_state(shard, provider, connection) {
-        return;
-    }
     // What the provider's owner hears: successes; network failures (counted
     // provider-wide); any failure that ends its breaker's half-open probe (settled as the
     // connection breaker settles its own); a combo target's failure (the tracker).
@@ -220,6 +214,26 @@ pub async fn report(
 /// Whether an owner holds anything a success would change for `(provider, connection)`:
 /// a breaker that has counted failures, a connection with a cooldown, error level or
 /// terminal state, or a model lockout. Read from the local views.
+/// Whether [`report`] of `ended` would tell no one anything: no probe is held, and the
+/// attempt was abandoned by its client (nothing to settle, nothing to count) or succeeded
+/// on a connection with no state anywhere (not news). The caller may then skip `report`
+/// (and the building of its future) and drop the permits as they are.
+pub fn is_quiet(
+    shard: &Shard,
+    provider: ProviderId,
+    connection: ConnectionId,
+    permits: &ProbePermits<'_>,
+    ended: &Ended,
+) -> bool {
+    let no_probe = permits.provider.is_none() && permits.connection.is_none();
+    no_probe
+        && match ended {
+            Ended::ClientAbort => true,
+            Ended::Success => !has_state(shard, provider, connection),
+            Ended::Failed(_) | Ended::StreamBroken { .. } => false,
+        }
+}
+
 fn has_state(shard: &Shard, provider: ProviderId, connection: ConnectionId) -> bool {
     let views = shard.state().views.borrow();
     let c = views.connections.get(connection);
