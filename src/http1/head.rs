@@ -202,8 +202,63 @@ struct FieldSpan {
 }
 
 /// The header fields of one head, in order, as spans into its bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// The span vector is taken from, and given back on drop to, a small per-thread stock
+/// (every request and every upstream answer has one: two allocations per proxied request
+/// otherwise). A shard's heads are made and dropped on its own thread; one dropped on
+/// another thread just stocks that thread.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Fields(Vec<FieldSpan>);
+
+/// Most span vectors kept per thread, and the largest one kept (in fields): a head with
+/// more fields than that gives its vector back to the allocator.
+const STOCK_VECS: usize = 64;
+const STOCK_FIELDS: usize = MAX_HEADERS;
+
+thread_local! {
+    static STOCK: std::cell::RefCell<Vec<Vec<FieldSpan>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Fields {
+    /// An empty vector with room for `n` spans, from the thread's stock when it has one.
+    fn with_capacity(n: usize) -> Fields {
+        let mut v = STOCK
+            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        v.reserve(n);
+        Fields(v)
+    }
+}
+
+impl Clone for Fields {
+    fn clone(&self) -> Self {
+        let mut f = Fields::with_capacity(self.0.len());
+        f.0.extend_from_slice(&self.0);
+        f
+    }
+}
+
+impl Drop for Fields {
+    fn drop(&mut self) {
+        let cap = self.0.capacity();
+        if cap == 0 || cap > STOCK_FIELDS {
+            return;
+        }
+        let mut v = std::mem::take(&mut self.0);
+        v.clear();
+        // During thread teardown the stock may be gone: the vector is then just freed.
+        let _ = STOCK.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < STOCK_VECS
+            {
+                s.push(v);
+            }
+        });
+    }
+}
 
 impl Fields {
     /// First value of `name` (ASCII case-insensitive).
@@ -284,17 +339,53 @@ pub(crate) fn collect(
     base: &[u8],
     headers: &[httparse::Header<'_>],
 ) -> Result<(Fields, Facts), HeadError> {
-    let mut spans = Vec::with_capacity(headers.len());
+    let mut spans = Fields::with_capacity(headers.len());
     let mut facts = Facts::default();
     for h in headers {
         let name = h.name.as_bytes();
-        spans.push(FieldSpan {
+        spans.0.push(FieldSpan {
             name: span(base, name)?,
             value: span(base, h.value)?,
         });
         note(&mut facts, name, h.value);
     }
-    Ok((Fields(spans), facts))
+    Ok((spans, facts))
+}
+
+/// Whether every line of `head`, a whole head as `httparse` parsed it into `headers`, ends
+/// in CRLF: the start line, each field line and the final empty line. `httparse` accepts a
+/// bare LF as a line ending; this is what lets a head parsed before [`locate`] ran skip it.
+/// Only true answers are final: on false the caller takes the slow path, which names the
+/// error. Every LF in a head `httparse` accepts ends one of those lines (no field value,
+/// target or reason phrase holds one, and obsolete line folding is refused), so checking
+/// each line's end checks them all.
+pub(crate) fn lines_end_in_crlf(head: &[u8], headers: &[httparse::Header<'_>]) -> bool {
+    let crlf_at = |at: usize| head.get(at..at + 2) == Some(b"\r\n".as_slice());
+    // The start line: its first LF.
+    let Some(lf) = memchr::memchr(b'\n', head) else {
+        return false;
+    };
+    if lf == 0 || head.get(lf - 1) != Some(&b'\r') {
+        return false;
+    }
+    // Each field line ends where its value ends, after any whitespace `httparse` trimmed
+    // (an empty value points at its line's end).
+    let base = head.as_ptr() as usize;
+    for h in headers {
+        let Some(mut at) = (h.value.as_ptr() as usize)
+            .checked_sub(base)
+            .map(|start| start + h.value.len())
+        else {
+            return false;
+        };
+        while matches!(head.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if !crlf_at(at) {
+            return false;
+        }
+    }
+    head.len() >= 2 && crlf_at(head.len() - 2)
 }
 
 fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
