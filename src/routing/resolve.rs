@@ -172,9 +172,9 @@ fn check_model(model: &str) -> Result<(), GatewayError> {
 /// (a C0 byte, DEL or the `C2` lead byte); only a name with one of those is read again.
 fn has_control_char(s: &str) -> bool {
     let b = s.as_bytes();
-    let suspect = b
-        .iter()
-        .fold(false, |any, &c| any | (c < 0x20) | (c == 0x7f) | (c == 0xc2));
+    let suspect = b.iter().fold(false, |any, &c| {
+        any | (c < 0x20) | (c == 0x7f) | (c == 0xc2)
+    });
     suspect
         && b.iter().enumerate().any(|(i, &c)| {
             c < 0x20
