@@ -1200,6 +1200,34 @@ fn chunks_exact_bytes() {
     assert!(is_hop_by_hop("Keep-Alive") && is_hop_by_hop("TE") && !is_hop_by_hop("content-type"));
 }
 
+/// `is_listed`'s length test only ever skips names no compare would have matched.
+#[test]
+fn listed_names_are_found_by_any_case_and_nothing_else() {
+    let names = ["te", "host", "x-api-key", "authorization", "content-length"];
+    let lengths = name_lengths(&names);
+    let plain = |n: &[u8]| names.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(n));
+    for n in names {
+        assert!(is_listed(n.as_bytes(), &names, lengths), "{n}");
+        assert!(
+            is_listed(n.to_ascii_uppercase().as_bytes(), &names, lengths),
+            "{n}"
+        );
+    }
+    let others: Vec<Vec<u8>> = (0..70)
+        .flat_map(|len| {
+            [
+                vec![b'a'; len],
+                vec![b'-'; len],
+                b"x-api-kez".repeat(len / 9 + 1),
+            ]
+        })
+        .chain(["Host", "hosT", "tE", "x-api-keys", "authorizatio"].map(|n| n.as_bytes().to_vec()))
+        .collect();
+    for n in &others {
+        assert_eq!(is_listed(n, &names, lengths), plain(n), "{n:?}");
+    }
+}
+
 #[test]
 fn encode_decode_round_trip() {
     let headers: [(&str, &[u8]); 3] = [
