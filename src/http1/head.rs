@@ -208,7 +208,28 @@ struct FieldSpan {
 /// otherwise). A shard's heads are made and dropped on its own thread; one dropped on
 /// another thread just stocks that thread.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Fields(Vec<FieldSpan>);
+pub(crate) struct Fields(Vec<FieldSpan>, NameLengths);
+
+/// The lengths of a head's field names as a bit set (bit `min(len, 63)`): most lookups are
+/// for a field the head does not have (`x-request-id`, session and lease fields,
+/// `x-omniroute-connection`, …), and are answered by one bit test instead of a walk over
+/// every field.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct NameLengths(u64);
+
+impl NameLengths {
+    fn bit(len: usize) -> u64 {
+        1 << len.min(63)
+    }
+
+    fn add(&mut self, len: usize) {
+        self.0 |= Self::bit(len);
+    }
+
+    fn may_have(&self, len: usize) -> bool {
+        self.0 & Self::bit(len) != 0
+    }
+}
 
 /// Most span vectors kept per thread, and the largest one kept (in fields): a head with
 /// more fields than that gives its vector back to the allocator.
@@ -229,7 +250,12 @@ impl Fields {
             .flatten()
             .unwrap_or_default();
         v.reserve(n);
-        Fields(v)
+        Fields(v, NameLengths::default())
+    }
+
+    fn push(&mut self, span: FieldSpan) {
+        self.1.add(span.name.len as usize);
+        self.0.push(span);
     }
 }
 
@@ -237,6 +263,7 @@ impl Clone for Fields {
     fn clone(&self) -> Self {
         let mut f = Fields::with_capacity(self.0.len());
         f.0.extend_from_slice(&self.0);
+        f.1 = self.1;
         f
     }
 }
@@ -264,6 +291,9 @@ impl Fields {
     /// First value of `name` (ASCII case-insensitive).
     pub(crate) fn get<'a>(&self, raw: &'a [u8], name: &str) -> Option<&'a [u8]> {
         let name = name.as_bytes();
+        if !self.1.may_have(name.len()) {
+            return None;
+        }
         self.0
             .iter()
             .find(|f| {
@@ -343,7 +373,7 @@ pub(crate) fn collect(
     let mut facts = Facts::default();
     for h in headers {
         let name = h.name.as_bytes();
-        spans.0.push(FieldSpan {
+        spans.push(FieldSpan {
             name: span(base, name)?,
             value: span(base, h.value)?,
         });
@@ -489,6 +519,28 @@ mod tests {
         let got: Vec<&[u8]> = list_elements(b" ,a ,\tb\t,, c").collect();
         assert_eq!(got, [&b"a"[..], b"b", b"c"]);
         assert_eq!(trim_ows(b" \t "), b"");
+    }
+
+    #[test]
+    fn field_lookup_by_name_of_any_length() {
+        let long = "x-".repeat(40);
+        let head = format!("a: 1\r\nBcD: 2\r\n{long}: 3\r\n{long}y: 4\r\n\r\n");
+        let mut storage: [httparse::Header<'_>; 8] = [httparse::EMPTY_HEADER; 8];
+        let httparse::Status::Complete((_, parsed)) =
+            httparse::parse_headers(head.as_bytes(), &mut storage).unwrap()
+        else {
+            panic!("partial")
+        };
+        let (fields, _) = collect(head.as_bytes(), parsed).unwrap();
+        let raw = head.as_bytes();
+        assert_eq!(fields.get(raw, "A"), Some(&b"1"[..]));
+        assert_eq!(fields.get(raw, "bcd"), Some(&b"2"[..]));
+        assert_eq!(fields.get(raw, &long), Some(&b"3"[..]));
+        assert_eq!(fields.get(raw, &format!("{long}Y")), Some(&b"4"[..]));
+        for absent in ["b", "ab", "bce", "x-request-id", &format!("{long}z")] {
+            assert_eq!(fields.get(raw, absent), None, "{absent}");
+        }
+        assert_eq!(fields.clone(), fields);
     }
 
     #[test]
