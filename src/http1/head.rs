@@ -202,12 +202,7 @@ struct FieldSpan {
 }
 
 /// The header fields of one head, in order, as spans into its bytes.
-///
-/// The span vector is taken from, and given back on drop to, a small per-thread stock
-/// (every request and every upstream answer has one: two allocations per proxied request
-/// otherwise). A shard's heads are made and dropped on its own thread; one dropped on
-/// another thread just stocks that thread.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Fields(Vec<FieldSpan>, NameLengths);
 
 /// The lengths of a head's field names as a bit set (bit `min(len, 63)`): most lookups are
@@ -231,26 +226,9 @@ impl NameLengths {
     }
 }
 
-/// Most span vectors kept per thread, and the largest one kept (in fields): a head with
-/// more fields than that gives its vector back to the allocator.
-const STOCK_VECS: usize = 64;
-const STOCK_FIELDS: usize = MAX_HEADERS;
-
-thread_local! {
-    static STOCK: std::cell::RefCell<Vec<Vec<FieldSpan>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
 impl Fields {
-    /// An empty vector with room for `n` spans, from the thread's stock when it has one.
     fn with_capacity(n: usize) -> Fields {
-        let mut v = STOCK
-            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        v.reserve(n);
-        Fields(v, NameLengths::default())
+        Fields(Vec::with_capacity(n), NameLengths::default())
     }
 
     fn push(&mut self, span: FieldSpan) {
@@ -259,32 +237,13 @@ impl Fields {
     }
 }
 
-impl Clone for Fields {
-    fn clone(&self) -> Self {
-        let mut f = Fields::with_capacity(self.0.len());
-        f.0.extend_from_slice(&self.0);
-        f.1 = self.1;
-        f
-    }
-}
-
-impl Drop for Fields {
-    fn drop(&mut self) {
-        let cap = self.0.capacity();
-        if cap == 0 || cap > STOCK_FIELDS {
-            return;
-        }
-        let mut v = std::mem::take(&mut self.0);
-        v.clear();
-        // During thread teardown the stock may be gone: the vector is then just freed.
-        let _ = STOCK.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.len() < STOCK_VECS
-            {
-                s.push(v);
-            }
-        });
-    }
+/// `a.eq_ignore_ascii_case(b)` without an early exit, so the loop vectorises: field names
+/// are short, and compared on every field of every head.
+pub(crate) fn same_name(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).fold(0u8, |diff, (x, y)| {
+            diff | (x.to_ascii_lowercase() ^ y.to_ascii_lowercase())
+        }) == 0
 }
 
 impl Fields {
@@ -296,9 +255,7 @@ impl Fields {
         }
         self.0
             .iter()
-            .find(|f| {
-                f.name.len as usize == name.len() && f.name.get(raw).eq_ignore_ascii_case(name)
-            })
+            .find(|f| f.name.len as usize == name.len() && same_name(f.name.get(raw), name))
             .map(|f| f.value.get(raw))
     }
 
@@ -420,13 +377,13 @@ pub(crate) fn lines_end_in_crlf(head: &[u8], headers: &[httparse::Header<'_>]) -
 
 fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
     match name.len() {
-        4 if name.eq_ignore_ascii_case(b"host") => facts.hosts += 1,
-        6 if name.eq_ignore_ascii_case(b"expect")
+        4 if same_name(name, b"host") => facts.hosts += 1,
+        6 if same_name(name, b"expect")
             && trim_ows(value).eq_ignore_ascii_case(b"100-continue") =>
         {
             facts.expect_continue = true;
         }
-        10 if name.eq_ignore_ascii_case(b"connection") => {
+        10 if same_name(name, b"connection") => {
             for token in list_elements(value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     facts.close = true;
@@ -435,10 +392,10 @@ fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
                 }
             }
         }
-        14 if name.eq_ignore_ascii_case(b"content-length") => {
+        14 if same_name(name, b"content-length") => {
             facts.content_length = merge_content_length(facts.content_length, value);
         }
-        17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+        17 if same_name(name, b"transfer-encoding") => {
             facts.te_fields += 1;
             for coding in list_elements(value) {
                 facts.te_codings += 1;
@@ -519,6 +476,32 @@ mod tests {
         let got: Vec<&[u8]> = list_elements(b" ,a ,\tb\t,, c").collect();
         assert_eq!(got, [&b"a"[..], b"b", b"c"]);
         assert_eq!(trim_ows(b" \t "), b"");
+    }
+
+    #[test]
+    fn same_name_is_eq_ignore_ascii_case() {
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                assert_eq!(
+                    same_name(&[a], &[b]),
+                    [a].eq_ignore_ascii_case(&[b]),
+                    "{a} {b}"
+                );
+            }
+        }
+        for (a, b) in [
+            ("Content-Length", "content-length"),
+            ("Content-Length", "content-lengtH"),
+            ("Content-Length", "content_length"),
+            ("host", "hosts"),
+            ("", ""),
+        ] {
+            assert_eq!(
+                same_name(a.as_bytes(), b.as_bytes()),
+                a.eq_ignore_ascii_case(b),
+                "{a} {b}"
+            );
+        }
     }
 
     #[test]
