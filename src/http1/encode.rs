@@ -136,7 +136,7 @@ pub fn is_listed(name: &[u8], names: &[&str], lengths: u64) -> bool {
         && lengths & (1 << name.len()) != 0
         && names
             .iter()
-            .any(|n| super::head::same_name(n.as_bytes(), name))
+            .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Writes `HTTP/1.1 <status> <reason>`, the fields, the framing field, `Connection: close`
@@ -326,10 +326,10 @@ fn put_fields<'a>(
 /// The framing fields (and `Host` in a request) are only ever written by the encoder itself.
 fn droppable(name: &[u8], drop_host: bool) -> bool {
     match name.len() {
-        4 => drop_host && super::head::same_name(name, b"host"),
-        10 => super::head::same_name(name, b"connection"),
-        14 => super::head::same_name(name, b"content-length"),
-        17 => super::head::same_name(name, b"transfer-encoding"),
+        4 => drop_host && name.eq_ignore_ascii_case(b"host"),
+        10 => name.eq_ignore_ascii_case(b"connection"),
+        14 => name.eq_ignore_ascii_case(b"content-length"),
+        17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
         _ => false,
     }
 }
