@@ -254,18 +254,18 @@ pub struct GateTable {
     outstanding: usize,
 }
 
-/// Drops unlimited gates, merges duplicates (smallest capacity wins) and sorts.
-fn normalize(gates: Vec<GateReq>) -> Vec<(GateKey, u32)> {
-    let mut out: Vec<(GateKey, u32)> = gates
-        .into_iter()
-        .filter_map(|g| match g.capacity {
-            Some(c) if c > 0 => Some((g.key, c)),
-            _ => None,
-        })
-        .collect();
-    out.sort();
-    out.dedup_by(|later, earlier| later.0 == earlier.0);
-    out
+/// Drops unlimited gates, merges duplicates (smallest capacity wins) and sorts; in the
+/// request's own vector (no allocation per acquire). Every gate left has a capacity > 0.
+fn normalize(mut gates: Vec<GateReq>) -> Vec<GateReq> {
+    gates.retain(|g| g.capacity.is_some_and(|c| c > 0));
+    gates.sort_by(|a, b| a.key.cmp(&b.key).then(a.capacity.cmp(&b.capacity)));
+    gates.dedup_by(|later, earlier| later.key == earlier.key);
+    gates
+}
+
+/// The capacity of a gate [`normalize`] kept.
+fn capacity(g: &GateReq) -> u32 {
+    g.capacity.unwrap_or(u32::MAX)
 }
 
 impl GateTable {
@@ -284,22 +284,27 @@ impl GateTable {
             max_queue,
         } = request;
         let needs = normalize(gates);
-        for (key, capacity) in &needs {
-            let gate = self
-                .gates
-                .entry(key.clone())
-                .or_insert_with(|| Gate::new(*capacity));
-            // Lowering is always safe; raising a gate with waiters could let this newcomer
-            // pass them, so it waits for `reconfigure`, which grants them first.
-            if *capacity < gate.capacity || gate.queue.is_empty() {
-                gate.capacity = *capacity;
+        for need in &needs {
+            let capacity = capacity(need);
+            // Looked up before inserting: the key is cloned only for a gate not yet live.
+            match self.gates.get_mut(&need.key) {
+                // Lowering is always safe; raising a gate with waiters could let this
+                // newcomer pass them, so it waits for `reconfigure`, which grants them first.
+                Some(gate) => {
+                    if capacity < gate.capacity || gate.queue.is_empty() {
+                        gate.capacity = capacity;
+                    }
+                }
+                None => {
+                    self.gates.insert(need.key.clone(), Gate::new(capacity));
+                }
             }
         }
         if needs
             .iter()
-            .all(|(k, _)| self.gates.get(k).is_some_and(Gate::has_room))
+            .all(|g| self.gates.get(&g.key).is_some_and(Gate::has_room))
         {
-            let keys: Box<[GateKey]> = needs.into_iter().map(|(k, _)| k).collect();
+            let keys: Box<[GateKey]> = needs.into_iter().map(|g| g.key).collect();
             return Acquire::Granted(self.take(keys));
         }
         if self.waiters.contains_key(&id) {
@@ -309,17 +314,17 @@ impl GateTable {
             QueueLimit::Unbounded => false,
             QueueLimit::AtMost(max) => needs
                 .iter()
-                .any(|(k, _)| self.gates.get(k).is_some_and(|g| g.queue.len() >= max)),
+                .any(|n| self.gates.get(&n.key).is_some_and(|g| g.queue.len() >= max)),
         };
         if full {
-            self.forget_idle(needs.iter().map(|(k, _)| k));
+            self.forget_idle(needs.iter().map(|n| &n.key));
             return Acquire::Rejected(GateError::QueueFull);
         }
         if deadline.is_some_and(|d| d <= now.mono_ns) {
-            self.forget_idle(needs.iter().map(|(k, _)| k));
+            self.forget_idle(needs.iter().map(|n| &n.key));
             return Acquire::Rejected(GateError::Timeout);
         }
-        let keys: Box<[GateKey]> = needs.into_iter().map(|(k, _)| k).collect();
+        let keys: Box<[GateKey]> = needs.into_iter().map(|n| n.key).collect();
         for k in keys.iter() {
             if let Some(g) = self.gates.get_mut(k) {
                 g.queue.push_back(id);

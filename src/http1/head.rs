@@ -203,17 +203,59 @@ struct FieldSpan {
 
 /// The header fields of one head, in order, as spans into its bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Fields(Vec<FieldSpan>);
+pub(crate) struct Fields(Vec<FieldSpan>, NameLengths);
+
+/// The lengths of a head's field names as a bit set (bit `min(len, 63)`): most lookups are
+/// for a field the head does not have (`x-request-id`, session and lease fields,
+/// `x-omniroute-connection`, …), and are answered by one bit test instead of a walk over
+/// every field.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct NameLengths(u64);
+
+impl NameLengths {
+    fn bit(len: usize) -> u64 {
+        1 << len.min(63)
+    }
+
+    fn add(&mut self, len: usize) {
+        self.0 |= Self::bit(len);
+    }
+
+    fn may_have(&self, len: usize) -> bool {
+        self.0 & Self::bit(len) != 0
+    }
+}
+
+impl Fields {
+    fn with_capacity(n: usize) -> Fields {
+        Fields(Vec::with_capacity(n), NameLengths::default())
+    }
+
+    fn push(&mut self, span: FieldSpan) {
+        self.1.add(span.name.len as usize);
+        self.0.push(span);
+    }
+}
+
+/// `a.eq_ignore_ascii_case(b)` without an early exit, so the loop vectorises: field names
+/// are short, and compared on every field of every head.
+pub(crate) fn same_name(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).fold(0u8, |diff, (x, y)| {
+            diff | (x.to_ascii_lowercase() ^ y.to_ascii_lowercase())
+        }) == 0
+}
 
 impl Fields {
     /// First value of `name` (ASCII case-insensitive).
     pub(crate) fn get<'a>(&self, raw: &'a [u8], name: &str) -> Option<&'a [u8]> {
         let name = name.as_bytes();
+        if !self.1.may_have(name.len()) {
+            return None;
+        }
         self.0
             .iter()
-            .find(|f| {
-                f.name.len as usize == name.len() && f.name.get(raw).eq_ignore_ascii_case(name)
-            })
+            .find(|f| f.name.len as usize == name.len() && same_name(f.name.get(raw), name))
             .map(|f| f.value.get(raw))
     }
 
@@ -284,7 +326,7 @@ pub(crate) fn collect(
     base: &[u8],
     headers: &[httparse::Header<'_>],
 ) -> Result<(Fields, Facts), HeadError> {
-    let mut spans = Vec::with_capacity(headers.len());
+    let mut spans = Fields::with_capacity(headers.len());
     let mut facts = Facts::default();
     for h in headers {
         let name = h.name.as_bytes();
@@ -294,18 +336,54 @@ pub(crate) fn collect(
         });
         note(&mut facts, name, h.value);
     }
-    Ok((Fields(spans), facts))
+    Ok((spans, facts))
+}
+
+/// Whether every line of `head`, a whole head as `httparse` parsed it into `headers`, ends
+/// in CRLF: the start line, each field line and the final empty line. `httparse` accepts a
+/// bare LF as a line ending; this is what lets a head parsed before [`locate`] ran skip it.
+/// Only true answers are final: on false the caller takes the slow path, which names the
+/// error. Every LF in a head `httparse` accepts ends one of those lines (no field value,
+/// target or reason phrase holds one, and obsolete line folding is refused), so checking
+/// each line's end checks them all.
+pub(crate) fn lines_end_in_crlf(head: &[u8], headers: &[httparse::Header<'_>]) -> bool {
+    let crlf_at = |at: usize| head.get(at..at + 2) == Some(b"\r\n".as_slice());
+    // The start line: its first LF.
+    let Some(lf) = memchr::memchr(b'\n', head) else {
+        return false;
+    };
+    if lf == 0 || head.get(lf - 1) != Some(&b'\r') {
+        return false;
+    }
+    // Each field line ends where its value ends, after any whitespace `httparse` trimmed
+    // (an empty value points at its line's end).
+    let base = head.as_ptr() as usize;
+    for h in headers {
+        let Some(mut at) = (h.value.as_ptr() as usize)
+            .checked_sub(base)
+            .map(|start| start + h.value.len())
+        else {
+            return false;
+        };
+        while matches!(head.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if !crlf_at(at) {
+            return false;
+        }
+    }
+    head.len() >= 2 && crlf_at(head.len() - 2)
 }
 
 fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
     match name.len() {
-        4 if name.eq_ignore_ascii_case(b"host") => facts.hosts += 1,
-        6 if name.eq_ignore_ascii_case(b"expect")
+        4 if same_name(name, b"host") => facts.hosts += 1,
+        6 if same_name(name, b"expect")
             && trim_ows(value).eq_ignore_ascii_case(b"100-continue") =>
         {
             facts.expect_continue = true;
         }
-        10 if name.eq_ignore_ascii_case(b"connection") => {
+        10 if same_name(name, b"connection") => {
             for token in list_elements(value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     facts.close = true;
@@ -314,10 +392,10 @@ fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
                 }
             }
         }
-        14 if name.eq_ignore_ascii_case(b"content-length") => {
+        14 if same_name(name, b"content-length") => {
             facts.content_length = merge_content_length(facts.content_length, value);
         }
-        17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+        17 if same_name(name, b"transfer-encoding") => {
             facts.te_fields += 1;
             for coding in list_elements(value) {
                 facts.te_codings += 1;
@@ -398,6 +476,54 @@ mod tests {
         let got: Vec<&[u8]> = list_elements(b" ,a ,\tb\t,, c").collect();
         assert_eq!(got, [&b"a"[..], b"b", b"c"]);
         assert_eq!(trim_ows(b" \t "), b"");
+    }
+
+    #[test]
+    fn same_name_is_eq_ignore_ascii_case() {
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                assert_eq!(
+                    same_name(&[a], &[b]),
+                    [a].eq_ignore_ascii_case(&[b]),
+                    "{a} {b}"
+                );
+            }
+        }
+        for (a, b) in [
+            ("Content-Length", "content-length"),
+            ("Content-Length", "content-lengtH"),
+            ("Content-Length", "content_length"),
+            ("host", "hosts"),
+            ("", ""),
+        ] {
+            assert_eq!(
+                same_name(a.as_bytes(), b.as_bytes()),
+                a.eq_ignore_ascii_case(b),
+                "{a} {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn field_lookup_by_name_of_any_length() {
+        let long = "x-".repeat(40);
+        let head = format!("a: 1\r\nBcD: 2\r\n{long}: 3\r\n{long}y: 4\r\n\r\n");
+        let mut storage: [httparse::Header<'_>; 8] = [httparse::EMPTY_HEADER; 8];
+        let httparse::Status::Complete((_, parsed)) =
+            httparse::parse_headers(head.as_bytes(), &mut storage).unwrap()
+        else {
+            panic!("partial")
+        };
+        let (fields, _) = collect(head.as_bytes(), parsed).unwrap();
+        let raw = head.as_bytes();
+        assert_eq!(fields.get(raw, "A"), Some(&b"1"[..]));
+        assert_eq!(fields.get(raw, "bcd"), Some(&b"2"[..]));
+        assert_eq!(fields.get(raw, &long), Some(&b"3"[..]));
+        assert_eq!(fields.get(raw, &format!("{long}Y")), Some(&b"4"[..]));
+        for absent in ["b", "ab", "bce", "x-request-id", &format!("{long}z")] {
+            assert_eq!(fields.get(raw, absent), None, "{absent}");
+        }
+        assert_eq!(fields.clone(), fields);
     }
 
     #[test]

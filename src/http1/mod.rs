@@ -8,9 +8,14 @@
 //!   spans into one zero-copy `Bytes`; there is one allocation per head (the span vector).
 //! - Line endings are strict CRLF, in heads, chunk-size lines and trailers alike. A bare LF is
 //!   `Malformed("bare LF")`. (RFC 9112 §2.2 allows, but does not require, accepting bare LF.)
-//! - The end of a head is found with a `memchr` scan of its line feeds before `httparse` runs,
-//!   so a head that arrives in many reads is not re-parsed on every read; only its first byte
-//!   and its line endings are checked early (a TLS handshake on the plain port fails at once).
+//! - A head already whole in the buffer (one read almost always brings it) is parsed by
+//!   `httparse` straight away, and each of its lines is checked to end in CRLF. Anything else —
+//!   a head not yet whole, one `httparse` refuses, a bare LF — goes the slow way, which
+//!   defines the answer: the end of the head is found with a `memchr` scan of its line feeds
+//!   before `httparse` runs, so a head that arrives in many reads is not re-parsed to its
+//!   end on every read, and its first byte and line endings are checked early (a TLS
+//!   handshake on the plain port fails at once). Both ways give the same head or error for
+//!   the same bytes, however they are split (tested at every split and against each other).
 //! - Up to [`MAX_HEAD_BYTES`] of leading empty lines (CRLF) before a request line are skipped;
 //!   they count against the head limit.
 //! - Requests: both `Transfer-Encoding` and `Content-Length` is [`HeadError::ConflictingFraming`];
@@ -40,8 +45,8 @@ pub use body::{BodyDecoder, BodyEvent};
 #[cfg(test)]
 pub use encode::write_request_head;
 pub use encode::{
-    CONTINUE_100, Framing, is_hop_by_hop_name, write_chunk, write_last_chunk,
-    write_request_head_parts, write_response_head, write_response_head_bytes,
+    CONTINUE_100, Framing, is_hop_by_hop_name, is_listed, name_lengths, write_chunk,
+    write_last_chunk, write_request_head_parts, write_response_head, write_response_head_bytes,
 };
 pub use request::{RequestHead, decode_request_head};
 pub use response::{ResponseHead, decode_response_head};

@@ -132,6 +132,18 @@ impl RequestHead {
 /// without copying, leaving the body and any pipelined bytes in `buf`. On `Partial` `buf` is
 /// untouched. No complete head within [`MAX_HEAD_BYTES`] is `Err(TooLarge)`.
 pub fn decode_request_head(buf: &mut BytesMut) -> Result<Decoded<RequestHead>, HeadError> {
+    if let Some(whole) = parse_whole(buf) {
+        let (skip, len, parsed) = whole?;
+        buf.advance(skip);
+        let raw = buf.split_to(len).freeze();
+        return Ok(Decoded::Complete(parsed.with_raw(raw)));
+    }
+    decode_located(buf)
+}
+
+/// The slow path: find the head's end with [`head::locate`] (which checks every line end
+/// and the first byte as the bytes arrive), then parse exactly the head.
+fn decode_located(buf: &mut BytesMut) -> Result<Decoded<RequestHead>, HeadError> {
     let Some(at) = head::locate(buf, MAX_HEAD_BYTES, StartLine::Request)? else {
         return Ok(Decoded::Partial);
     };
@@ -177,6 +189,36 @@ impl Parsed {
     }
 }
 
+/// The fast path, for a head that is whole in `buf` (as one read almost always brings it):
+/// `httparse` over the buffer first, no [`head::locate`] scan. `Some` when `httparse` found
+/// a whole head in which every line ends in CRLF: its leading empty lines, its length and
+/// what [`parse`] would answer for those bytes (the slow path would find the same end and
+/// parse the same bytes). `None` when the head is not whole, `httparse` refuses it, or a
+/// line ends in a bare LF: the slow path then decides, so errors and their order stay
+/// those of `locate` then `parse` however the bytes arrive.
+fn parse_whole(buf: &[u8]) -> Option<Result<(usize, usize, Parsed), HeadError>> {
+    let window = buf.get(..buf.len().min(MAX_HEAD_BYTES)).unwrap_or(buf);
+    let mut skip = 0;
+    while window.get(skip..skip + 2) == Some(b"\r\n".as_slice()) {
+        skip += 2;
+    }
+    let rest = window.get(skip..)?;
+    if !head::is_tchar(*rest.first()?) {
+        return None;
+    }
+    let mut storage = head::header_storage();
+    let mut req = httparse::Request::new(&mut []);
+    let Ok(httparse::Status::Complete(n)) = req.parse_with_uninit_headers(rest, &mut storage)
+    else {
+        return None;
+    };
+    let bytes = rest.get(..n)?;
+    if !head::lines_end_in_crlf(bytes, req.headers) {
+        return None;
+    }
+    Some(finish(bytes, &req).map(|parsed| (skip, n, parsed)))
+}
+
 /// Parses `bytes`, which is exactly one head ending in CRLF CRLF.
 fn parse(bytes: &[u8]) -> Result<Parsed, HeadError> {
     let mut storage = head::header_storage();
@@ -186,6 +228,11 @@ fn parse(bytes: &[u8]) -> Result<Parsed, HeadError> {
         Ok(_) => return Err(HeadError::Malformed("head does not end at the empty line")),
         Err(e) => return Err(head::map_httparse(e, bytes, StartLine::Request)),
     }
+    finish(bytes, &req)
+}
+
+/// The head `httparse` parsed from exactly `bytes`, checked and recorded.
+fn finish(bytes: &[u8], req: &httparse::Request<'_, '_>) -> Result<Parsed, HeadError> {
     let (Some(method), Some(target), Some(minor_version)) = (req.method, req.path, req.version)
     else {
         return Err(HeadError::Malformed("incomplete request line"));
@@ -230,5 +277,45 @@ fn body_kind(facts: &Facts, minor_version: u8) -> Result<BodyKind, HeadError> {
         head::ContentLength::Absent => Ok(BodyKind::Empty),
         head::ContentLength::Value(n) => Ok(BodyKind::Length(n)),
         head::ContentLength::Bad => Err(HeadError::BadContentLength),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path answers as the slow path does (head, error, and what is left in the
+    /// buffer) for heads with every byte in turn replaced by each byte that matters to line
+    /// ends, tokens and values, and cut at every length.
+    #[test]
+    fn whole_head_fast_path_agrees_with_the_slow_path() {
+        let heads: [&[u8]; 3] = [
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: h:1\r\nX-E:\r\nX-T: a \t\r\nContent-Length: 2\r\n\r\n{}GET",
+            b"\r\nGET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            b"GET * HTTP/1.1\r\n\r\n",
+        ];
+        let swaps = [b'\n', b'\r', b' ', b'\t', b':', 0, b'a', 0x80];
+        let check = |bytes: &[u8]| {
+            let mut fast = BytesMut::from(bytes);
+            let mut slow = BytesMut::from(bytes);
+            let got = decode_request_head(&mut fast);
+            let want = decode_located(&mut slow);
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(bytes));
+            assert_eq!(fast, slow, "{:?}", String::from_utf8_lossy(bytes));
+        };
+        for head in heads {
+            for len in 0..=head.len() {
+                check(&head[..len]);
+            }
+            for at in 0..head.len() {
+                for b in swaps {
+                    let mut v = head.to_vec();
+                    v[at] = b;
+                    check(&v);
+                    v.insert(at, b);
+                    check(&v);
+                }
+            }
+        }
     }
 }

@@ -93,19 +93,34 @@ pub fn decode_response_head(
     request_method: Method,
 ) -> Result<Decoded<ResponseHead>, HeadError> {
     loop {
-        let Some(at) = head::locate(buf, MAX_RESPONSE_HEAD_BYTES, StartLine::Response)? else {
-            return Ok(Decoded::Partial);
+        let found = match parse_whole(buf, request_method) {
+            Some(whole) => whole?,
+            None => match locate_and_parse(buf, request_method)? {
+                Some(found) => found,
+                None => return Ok(Decoded::Partial),
+            },
         };
-        let end = at.skip + at.len;
-        let parsed = match buf.get(at.skip..end) {
-            Some(bytes) => parse(bytes, request_method)?,
-            None => return Err(HeadError::Malformed("head outside buffer")),
-        };
-        buf.advance(at.skip);
-        let raw = buf.split_to(at.len).freeze();
+        let (skip, len, parsed) = found;
+        buf.advance(skip);
+        let raw = buf.split_to(len).freeze();
         if !is_interim(parsed.status) {
             return Ok(Decoded::Complete(parsed.with_raw(raw)));
         }
+    }
+}
+
+/// The slow path: find the head's end with [`head::locate`] (which checks every line end
+/// and the start as the bytes arrive), then parse exactly the head. `None`: not whole yet.
+fn locate_and_parse(
+    buf: &[u8],
+    request_method: Method,
+) -> Result<Option<(usize, usize, Parsed)>, HeadError> {
+    let Some(at) = head::locate(buf, MAX_RESPONSE_HEAD_BYTES, StartLine::Response)? else {
+        return Ok(None);
+    };
+    match buf.get(at.skip..at.skip + at.len) {
+        Some(bytes) => Ok(Some((at.skip, at.len, parse(bytes, request_method)?))),
+        None => Err(HeadError::Malformed("head outside buffer")),
     }
 }
 
@@ -136,6 +151,37 @@ impl Parsed {
     }
 }
 
+/// The fast path for a head whole in `buf`, as `request::parse_whole` (the same contract:
+/// `None` leaves the decision to `locate` then `parse`).
+fn parse_whole(
+    buf: &[u8],
+    request_method: Method,
+) -> Option<Result<(usize, usize, Parsed), HeadError>> {
+    let window = buf
+        .get(..buf.len().min(MAX_RESPONSE_HEAD_BYTES))
+        .unwrap_or(buf);
+    let mut skip = 0;
+    while window.get(skip..skip + 2) == Some(b"\r\n".as_slice()) {
+        skip += 2;
+    }
+    let rest = window.get(skip..)?;
+    if !rest.starts_with(b"HTTP/") {
+        return None;
+    }
+    let mut storage = head::header_storage();
+    let mut res = httparse::Response::new(&mut []);
+    let Ok(httparse::Status::Complete(n)) = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut res, rest, &mut storage)
+    else {
+        return None;
+    };
+    let bytes = rest.get(..n)?;
+    if !head::lines_end_in_crlf(bytes, res.headers) {
+        return None;
+    }
+    Some(finish(bytes, &res, request_method).map(|parsed| (skip, n, parsed)))
+}
+
 fn parse(bytes: &[u8], request_method: Method) -> Result<Parsed, HeadError> {
     let mut storage = head::header_storage();
     let mut res = httparse::Response::new(&mut []);
@@ -148,6 +194,15 @@ fn parse(bytes: &[u8], request_method: Method) -> Result<Parsed, HeadError> {
         Ok(_) => return Err(HeadError::Malformed("head does not end at the empty line")),
         Err(e) => return Err(head::map_httparse(e, bytes, StartLine::Response)),
     }
+    finish(bytes, &res, request_method)
+}
+
+/// The head `httparse` parsed from exactly `bytes`, checked and recorded.
+fn finish(
+    bytes: &[u8],
+    res: &httparse::Response<'_, '_>,
+    request_method: Method,
+) -> Result<Parsed, HeadError> {
     let (Some(status), Some(minor_version)) = (res.code, res.version) else {
         return Err(HeadError::Malformed("incomplete status line"));
     };
@@ -193,5 +248,53 @@ fn body_kind(
         ContentLength::Absent => Ok(BodyKind::CloseDelimited),
         ContentLength::Value(n) => Ok(BodyKind::Length(n)),
         ContentLength::Bad => Err(HeadError::BadContentLength),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path answers as the slow path does for heads with every byte in turn
+    /// replaced by (and preceded by) each byte that matters to line ends and values, and
+    /// cut at every length.
+    #[test]
+    fn whole_head_fast_path_agrees_with_the_slow_path() {
+        let heads: [&[u8]; 2] = [
+            b"HTTP/1.1 200 OK\r\nContent-Type: a/b\r\nX-E:\r\nX-T: a \t\r\nContent-Length: 2\r\n\r\n{}",
+            b"\r\nHTTP/1.0 204\r\nConnection: keep-alive\r\n\r\n",
+        ];
+        let swaps = [b'\n', b'\r', b' ', b'\t', b':', 0, b'a', 0x80];
+        let check = |bytes: &[u8]| {
+            for method in [Method::Get, Method::Head] {
+                let fast = parse_whole(bytes, method);
+                let slow = locate_and_parse(bytes, method);
+                let text = String::from_utf8_lossy(bytes);
+                match (fast, slow) {
+                    (None, _) => {}
+                    (Some(Ok(f)), Ok(Some(s))) => {
+                        assert_eq!((f.0, f.1), (s.0, s.1), "{text:?}");
+                        let raw = Bytes::copy_from_slice(&bytes[f.0..f.0 + f.1]);
+                        assert_eq!(f.2.with_raw(raw.clone()), s.2.with_raw(raw), "{text:?}");
+                    }
+                    (Some(Err(f)), Err(s)) => assert_eq!(f, s, "{text:?}"),
+                    (Some(f), s) => panic!("{text:?}: fast {:?}, slow {:?}", f.err(), s.err()),
+                }
+            }
+        };
+        for head in heads {
+            for len in 0..=head.len() {
+                check(&head[..len]);
+            }
+            for at in 0..head.len() {
+                for b in swaps {
+                    let mut v = head.to_vec();
+                    v[at] = b;
+                    check(&v);
+                    v.insert(at, b);
+                    check(&v);
+                }
+            }
+        }
     }
 }

@@ -600,6 +600,33 @@ fn invalid_requests_fail_the_same_at_every_split() {
             b"GET / HTTP/1.1\n\n".to_vec(),
             head(Malformed("bare LF")),
         ),
+        // Bare LFs at each kind of line end `httparse` accepts them at: the decoder's
+        // whole-head fast path must hand each of these to the slow path.
+        (
+            "bare_lf_after_field",
+            b"GET / HTTP/1.1\r\nHost: h\nX: y\r\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_after_empty_field",
+            b"GET / HTTP/1.1\r\nX:\nHost: h\r\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_after_trailing_whitespace",
+            b"GET / HTTP/1.1\r\nX: a \t\nHost: h\r\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_ends_head",
+            b"GET / HTTP/1.1\r\nHost: h\r\n\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_after_skipped_lines",
+            b"\r\n\r\nGET / HTTP/1.1\r\nHost: h\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
         (
             "leading_bare_lf",
             b"\nGET / HTTP/1.1\r\n\r\n".to_vec(),
@@ -931,6 +958,32 @@ fn invalid_responses_fail_the_same_at_every_split() {
         ),
         ("too_large", huge.into_bytes(), head(TooLarge)),
         (
+            "bare_lf_after_status_line",
+            b"HTTP/1.1 200 OK\nServer: x\r\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_after_field",
+            b"HTTP/1.1 200 OK\r\nServer: x\nContent-Length: 0\r\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_after_empty_field",
+            b"HTTP/1.1 200 OK\r\nX:\nContent-Length: 0\r\n\r\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_ends_head",
+            b"HTTP/1.1 204 No Content\r\nServer: x\r\n\n".to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
+            "bare_lf_after_interim_head",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nX: y \nContent-Length: 0\r\n\r\n"
+                .to_vec(),
+            head(Malformed("bare LF")),
+        ),
+        (
             "truncated_chunked",
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nonly part".to_vec(),
             Some(Failure::Body(BodyError::UnexpectedEof)),
@@ -1195,6 +1248,34 @@ fn chunks_exact_bytes() {
         "",
     ] {
         assert!(!is_hop_by_hop_name(name.as_bytes()), "{name}");
+    }
+}
+
+/// `is_listed`'s length test only ever skips names no compare would have matched.
+#[test]
+fn listed_names_are_found_by_any_case_and_nothing_else() {
+    let names = ["te", "host", "x-api-key", "authorization", "content-length"];
+    let lengths = name_lengths(&names);
+    let plain = |n: &[u8]| names.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(n));
+    for n in names {
+        assert!(is_listed(n.as_bytes(), &names, lengths), "{n}");
+        assert!(
+            is_listed(n.to_ascii_uppercase().as_bytes(), &names, lengths),
+            "{n}"
+        );
+    }
+    let others: Vec<Vec<u8>> = (0..70)
+        .flat_map(|len| {
+            [
+                vec![b'a'; len],
+                vec![b'-'; len],
+                b"x-api-kez".repeat(len / 9 + 1),
+            ]
+        })
+        .chain(["Host", "hosT", "tE", "x-api-keys", "authorizatio"].map(|n| n.as_bytes().to_vec()))
+        .collect();
+    for n in &others {
+        assert_eq!(is_listed(n, &names, lengths), plain(n), "{n:?}");
     }
 }
 

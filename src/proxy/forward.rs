@@ -6,7 +6,9 @@
 use bytes::BytesMut;
 
 use crate::config::{BaseUrl, Connection, Provider, ProviderFormat, Scheme};
-use crate::http1::{Framing, RequestHead, is_hop_by_hop_name, write_request_head_parts};
+use crate::http1::{
+    Framing, RequestHead, is_hop_by_hop_name, is_listed, name_lengths, write_request_head_parts,
+};
 use crate::providers::{Endpoint, auth_headers};
 
 /// Client fields never forwarded upstream besides the hop-by-hop ones
@@ -32,10 +34,9 @@ pub const STRIPPED_HEADERS: &[&str] = &[
 /// Is this client header forwarded? `connection` is the client's `Connection` field (the
 /// names it lists are hop-by-hop for this request).
 fn forwarded(connection: Option<&[u8]>, name: &[u8]) -> bool {
+    const STRIPPED_LENGTHS: u64 = name_lengths(STRIPPED_HEADERS);
     !is_hop_by_hop_name(name)
-        && !STRIPPED_HEADERS
-            .iter()
-            .any(|s| s.as_bytes().eq_ignore_ascii_case(name))
+        && !is_listed(name, STRIPPED_HEADERS, STRIPPED_LENGTHS)
         && !connection.is_some_and(|v| {
             v.split(|b| *b == b',')
                 .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))

@@ -467,13 +467,22 @@ fn plan(
             continue;
         }
         any_format = true;
-        for c in shard.shared().routes.connections(t.provider) {
-            any_enabled = true;
-            let allowed = key
-                .and_then(|i| config.client_keys.get(i))
-                .is_none_or(|k| k.may_use(*c));
-            if allowed {
-                candidates.push((t.clone(), *c));
+        let connections = shard.shared().routes.connections(t.provider);
+        any_enabled |= !connections.is_empty();
+        let client = key.and_then(|i| config.client_keys.get(i));
+        let mut allowed = connections
+            .iter()
+            .copied()
+            .filter(|c| client.is_none_or(|k| k.may_use(*c)))
+            .peekable();
+        // The target goes with its last candidate; only the others take a copy of it
+        // (one connection per target, the common case, copies no model name).
+        while let Some(c) = allowed.next() {
+            if allowed.peek().is_some() {
+                candidates.push((t.clone(), c));
+            } else {
+                candidates.push((t, c));
+                break;
             }
         }
     }

@@ -55,9 +55,65 @@ impl RouteTable {
 /// What a requested model resolved to.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Resolved {
-    pub targets: Vec<Target>,
+    pub targets: Targets,
     /// The combo the model names (its index in `config.combos`), if it is one.
     pub combo: Option<usize>,
+}
+
+/// The targets a model resolved to, best first. A `provider/model` resolves to one target:
+/// kept in place, so resolving it allocates only the target's model name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    One(Target),
+    Many(Vec<Target>),
+}
+
+impl std::ops::Deref for Targets {
+    type Target = [Target];
+
+    fn deref(&self) -> &[Target] {
+        match self {
+            Targets::One(t) => std::slice::from_ref(t),
+            Targets::Many(v) => v,
+        }
+    }
+}
+
+impl IntoIterator for Targets {
+    type Item = Target;
+    type IntoIter = TargetsIter;
+
+    fn into_iter(self) -> TargetsIter {
+        match self {
+            Targets::One(t) => TargetsIter::One(Some(t)),
+            Targets::Many(v) => TargetsIter::Many(v.into_iter()),
+        }
+    }
+}
+
+/// [`Targets`] by value.
+#[derive(Debug)]
+pub enum TargetsIter {
+    One(Option<Target>),
+    Many(std::vec::IntoIter<Target>),
+}
+
+impl Iterator for TargetsIter {
+    type Item = Target;
+
+    fn next(&mut self) -> Option<Target> {
+        match self {
+            TargetsIter::One(t) => t.take(),
+            TargetsIter::Many(v) => v.next(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            TargetsIter::One(t) => (usize::from(t.is_some()), Some(usize::from(t.is_some()))),
+            TargetsIter::Many(v) => v.size_hint(),
+        }
+    }
 }
 
 /// Resolves the `model` field of a request.
@@ -77,7 +133,7 @@ pub fn resolve(
             })
             .collect();
         return Ok(Resolved {
-            targets,
+            targets: Targets::Many(targets),
             combo: Some(i),
         });
     }
@@ -111,13 +167,20 @@ fn check_model(model: &str) -> Result<(), GatewayError> {
 /// Whether `s` holds a control character (`char::is_control`: U+0000–U+001F and
 /// U+007F–U+009F), read from the UTF-8 bytes without decoding: the C1 controls are the
 /// two-byte sequences `C2 80` to `C2 9F`, and in valid UTF-8 `C2` only ever leads.
+///
+/// First one branch-free pass over the bytes for anything that may start a control
+/// (a C0 byte, DEL or the `C2` lead byte); only a name with one of those is read again.
 fn has_control_char(s: &str) -> bool {
     let b = s.as_bytes();
-    b.iter().enumerate().any(|(i, &c)| {
-        c < 0x20
-            || c == 0x7f
-            || (c == 0xc2 && b.get(i + 1).is_some_and(|n| (0x80..=0x9f).contains(n)))
-    })
+    let suspect = b.iter().fold(false, |any, &c| {
+        any | (c < 0x20) | (c == 0x7f) | (c == 0xc2)
+    });
+    suspect
+        && b.iter().enumerate().any(|(i, &c)| {
+            c < 0x20
+                || c == 0x7f
+                || (c == 0xc2 && b.get(i + 1).is_some_and(|n| (0x80..=0x9f).contains(n)))
+        })
 }
 
 /// `provider/model`, or a bare model found in the providers' catalogs.
@@ -125,7 +188,7 @@ fn direct_targets(
     config: &Config,
     routes: &RouteTable,
     model: &str,
-) -> Result<Vec<Target>, GatewayError> {
+) -> Result<Targets, GatewayError> {
     if let Some((prefix, rest)) = model.split_once('/')
         && let Some(p) = config.provider_by_name(prefix)
     {
@@ -135,10 +198,10 @@ fn direct_targets(
                 format!("no model named after provider {prefix}/"),
             ));
         }
-        return Ok(vec![Target {
+        return Ok(Targets::One(Target {
             provider: p.id,
             model: rest.to_owned(),
-        }]);
+        }));
     }
     // A bare model: every provider whose catalog lists it, those with an enabled
     // connection first, in file order. The mock never shadows a real model: when a real
@@ -161,13 +224,14 @@ fn direct_targets(
             ),
         ));
     }
-    Ok(hits
-        .into_iter()
-        .map(|p| Target {
-            provider: p.id,
-            model: model.to_owned(),
-        })
-        .collect())
+    Ok(Targets::Many(
+        hits.into_iter()
+            .map(|p| Target {
+                provider: p.id,
+                model: model.to_owned(),
+            })
+            .collect(),
+    ))
 }
 
 #[cfg(test)]
