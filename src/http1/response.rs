@@ -282,19 +282,6 @@ mod tests {
                 }
             }
         };
-        for head in heads {
-            for len in 0..=head.len() {
-                check(&head[..len]);
-            }
-            for at in 0..head.len() {
-                for b in swaps {
-                    let mut v = head.to_vec();
-                    v[at] = b;
-                    check(&v);
-                    v.insert(at, b);
-                    check(&v);
-                }
-            }
-        }
+        crate::http1::tests::each_variant(&heads, &swaps, check);
     }
 }

@@ -8,6 +8,26 @@ use proptest::prelude::*;
 use super::encode::reason_phrase;
 use super::*;
 
+/// Calls `check` with every head of `heads` cut at every length, and with each of its bytes
+/// in turn replaced by, and preceded by, each byte of `swaps` (the fast-path-against-slow-path
+/// tests of the request and response heads).
+pub(super) fn each_variant(heads: &[&[u8]], swaps: &[u8], mut check: impl FnMut(&[u8])) {
+    for head in heads {
+        for len in 0..=head.len() {
+            check(&head[..len]);
+        }
+        for at in 0..head.len() {
+            for &b in swaps {
+                let mut v = head.to_vec();
+                v[at] = b;
+                check(&v);
+                v.insert(at, b);
+                check(&v);
+            }
+        }
+    }
+}
+
 /// Which side of the gateway a driver plays: decoding requests, or responses to `Method`.
 #[derive(Clone, Copy, Debug)]
 enum Side {
