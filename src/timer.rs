@@ -294,10 +294,12 @@ impl Drop for Grace {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn run<F: Future>(f: F) -> F::Output {
+    /// Runs `f` on a one-thread legacy (epoll) runtime with timers: the unit tests of the
+    /// timer-driven parts (`timer`, `net::watch`).
+    pub(crate) fn run<F: Future>(f: F) -> F::Output {
         let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()

@@ -338,14 +338,7 @@ async fn ticker() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn run<F: Future>(f: F) -> F::Output {
-        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("runtime");
-        rt.block_on(f)
-    }
+    use crate::timer::tests::run;
 
     fn now() -> u64 {
         MonoClock.mono_ns()
