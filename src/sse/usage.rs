@@ -52,12 +52,6 @@ struct Probe {
 static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
 
-/// Whether `bytes` mention `"usage"`: an event's data can report usage only when it does.
-#[cfg_attr(tidegate_reach, allow(dead_code))]
-fn mentioned(bytes: &[u8]) -> bool {
-    USAGE_KEY.find(bytes).is_some()
-}
-
 /// Every `"usage"` in `data` is a member set to `null` (as in each chunk of an OpenAI stream
 /// asked to include usage, before the last): nothing to read, no parse. Not said for data
 /// with a backslash, where an escaped key or a string could hide another `usage`.
@@ -78,9 +72,12 @@ fn only_null_usage(data: &[u8]) -> bool {
 impl Usage {
     /// Takes in what `ev` reports, if anything (a later report replaces an earlier one
     /// field by field: Anthropic's output count is cumulative).
-    #[cfg_attr(tidegate_reach, allow(dead_code))] // the benches read events one by one
+    /// The relay takes the event's [`super::Marks`] once for the watchdog and the usage
+    /// together ([`Usage::observe_mentioned`]); this is the same pair of steps for one
+    /// event alone (the benches and unit tests time and check what the relay runs).
+    #[cfg_attr(tidegate_reach, allow(dead_code))]
     pub fn observe(&mut self, ev: &Event<'_>) {
-        self.observe_mentioned(ev, ev.data.is_some_and(mentioned));
+        self.observe_mentioned(ev, super::Marks::of(ev).usage);
     }
 
     /// [`Usage::observe`] when whether the data mentions `"usage"` is known already
