@@ -211,9 +211,6 @@ pub async fn report(
     }
 }
 
-/// Whether an owner holds anything a success would change for `(provider, connection)`:
-/// a breaker that has counted failures, a connection with a cooldown, error level or
-/// terminal state, or a model lockout. Read from the local views.
 /// Whether [`report`] of `ended` would tell no one anything: no probe is held, and the
 /// attempt was abandoned by its client (nothing to settle, nothing to count) or succeeded
 /// on a connection with no state anywhere (not news). The caller may then skip `report`
@@ -234,6 +231,9 @@ pub fn is_quiet(
         }
 }
 
+/// Whether an owner holds anything a success would change for `(provider, connection)`:
+/// a breaker that has counted failures, a connection with a cooldown, error level or
+/// terminal state, or a model lockout. Read from the local views.
 fn has_state(shard: &Shard, provider: ProviderId, connection: ConnectionId) -> bool {
     let views = shard.state().views.borrow();
     let c = views.connections.get(connection);
