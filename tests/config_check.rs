@@ -136,6 +136,16 @@ fn an_unknown_key_exits_2_naming_it() {
     let (code, _, stderr) = run_check(&cfg);
     assert_eq!(code, 2, "{stderr}");
     line_naming(&problem_lines(&stderr), &["colour"]);
+
+    // In a combo target's table (a target is a string or a table).
+    let cfg = BASE.to_string()
+        + "\n[[combos]]\nname = \"w\"\nstrategy = \"weighted\"\n\
+           targets = [{ model = \"up/m1\", weight = 2, wieght = 3 }]\n";
+    let (code, _, stderr) = run_check(&cfg);
+    assert_eq!(code, 2, "{stderr}");
+    let lines = problem_lines(&stderr);
+    line_naming(&lines, &["combos[0].targets[0].wieght", "weight"]);
+    assert_eq!(lines.len(), 1, "{stderr}");
 }
 
 #[test]

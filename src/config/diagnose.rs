@@ -93,7 +93,8 @@ fn known_in(section: &str) -> Vec<&'static str> {
         "connections" => Some(fields_of::<RawConnection>()),
         "connections.rate_limit_overrides" => Some(fields_of::<RawRateLimitOverrides>()),
         "combos" => Some(fields_of::<RawCombo>()),
-        "combos.targets" => Some(fields_of::<RawWeightedTarget>()),
+        // Its flattened catch-all hides the field list from `fields_of`.
+        "combos.targets" => Some(RawWeightedTarget::FIELDS),
         "combos.config" | "combo_defaults" => Some(fields_of::<RawComboConfig>()),
         "resilience" => Some(fields_of::<RawResilience>()),
         s if s.starts_with("combo_provider_overrides.") => Some(fields_of::<RawComboConfig>()),
@@ -311,6 +312,14 @@ mod tests {
         assert!(fields_of::<RawServer>().contains(&"idle_timeout_ms"));
         assert!(known_in("resilience.request_queue").contains(&"max_wait_ms"));
         assert!(known_in("resilience.provider_breaker").contains(&"apikey"));
+        // The target table's list is written out: every key in it is a field, not "other".
+        let all: String = RawWeightedTarget::FIELDS
+            .iter()
+            .map(|k| format!("{k} = {}\n", if *k == "weight" { "1" } else { "\"x\"" }))
+            .collect();
+        let t: RawWeightedTarget = toml::from_str(&all).unwrap();
+        assert!(t.other.is_empty(), "{:?}", t.other);
+        assert!(t.model.is_some() && t.combo.is_some() && t.weight.is_some());
     }
 
     #[test]

@@ -173,6 +173,16 @@ pub struct RawWeightedTarget {
     pub model: Option<String>,
     pub combo: Option<String>,
     pub weight: Option<u32>,
+    /// Every other key of the table. `RawComboTarget` is untagged, so serde reads the table
+    /// into a buffer first, where `serde_ignored` no longer sees its keys: they are kept
+    /// here and reported by `validate` as unknown keys.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, toml::Value>,
+}
+
+impl RawWeightedTarget {
+    /// The keys a target table takes (for the "did you mean" of an unknown one).
+    pub const FIELDS: &'static [&'static str] = &["model", "combo", "weight"];
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1300,6 +1300,11 @@ impl Loader<'_> {
                         let (model, combo, weight) = match t {
                             RawComboTarget::Plain(m) => (Some(m), None, None),
                             RawComboTarget::Weighted(w) => {
+                                for k in w.other.keys() {
+                                    let path = format!("{tkey}.{k}");
+                                    let message = super::diagnose::unknown_key(&path);
+                                    self.problem(path, message);
+                                }
                                 (w.model.as_ref(), w.combo.as_ref(), w.weight)
                             }
                         };
@@ -2117,6 +2122,30 @@ mod tests {
             "{keys:?}"
         );
         assert!(keys.iter().any(|k| k.ends_with("].provider")), "{keys:?}");
+    }
+
+    #[test]
+    fn unknown_keys_in_a_combo_target_table_are_rejected_by_path() {
+        // A target is a string or a table; the table's keys are checked like any other's.
+        let text = format!(
+            "{BASE}\n[[combos]]\nname = \"w\"\ntargets = [\"mock/m\", \
+             {{ model = \"mock/m\", weight = 2, wieght = 3 }}, {{ combo = \"v\", bogus = 1 }}]\n\
+             [[combos]]\nname = \"v\"\ntargets = [\"mock/m\"]\n"
+        );
+        let e = load(&text).unwrap_err();
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["combos[1].targets[1].wieght", "combos[1].targets[2].bogus"],
+            "{e}"
+        );
+        assert_eq!(e.problems[0].message, "unknown key; did you mean `weight`?");
+        // Neither a string nor a table: a wrong value, named by its place.
+        let e = load(&format!(
+            "{BASE}\n[[combos]]\nname = \"w\"\ntargets = [3]\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("provider/model"), "{e}");
     }
 
     #[test]
