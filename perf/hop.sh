@@ -113,7 +113,7 @@ tracepoint:tcp:tcp_probe /args->data_len > 0/ {
   } else if (args->dport == $MOCK_PORT && @up[\$sk] != 0) {
     if (@uarr[\$sk] == 0) { \$o = @owner[\$sk];
       @uarr[\$sk] = nsecs; @uarr_w[\$sk] = @wakes[\$o]; @uarr_e[\$sk] = @enters[\$o];
-      \$s = @usent[\$sk]; if (\$s > 0) { @upstream = lhist((nsecs - \$s) / 1000, 0, 2000, 2); delete(@usent[\$sk]); } }
+      \$s = @usent[\$sk]; if (\$s > 0) { @upstream = lhist((nsecs - \$s) / 1000, 0, 10000, 10); delete(@usent[\$sk]); } }
   }
 }
 tracepoint:sock:sock_recv_length /($pid_f) && args->ret <= 0/ {
@@ -171,7 +171,7 @@ tracepoint:sock:sock_send_length /($pid_f) && args->ret > 0/ {
     }
     \$a = @cin[\$sk];
     if (\$a > 0) {
-      @in_proxy = lhist((nsecs - \$a) / 1000, 0, 2000, 2); @in_proxy_by[tid] = lhist((nsecs - \$a) / 1000, 0, 2000, 2);
+      @in_proxy = lhist((nsecs - \$a) / 1000, 0, 10000, 10); @in_proxy_by[tid] = lhist((nsecs - \$a) / 1000, 0, 10000, 10);
       delete(@cin[\$sk]);
     }
     @sends[tid] = count();
@@ -291,7 +291,8 @@ def med(side, k, i):
 
 mode = 'stream' if stream == '1' else 'non-stream'
 print(f"Per-request hops inside the proxy ({mode}, oha -c 64 -q {rate} --latency-correction, {dur}s × {rounds} interleaved rounds; "
-      f"{workers} Tidegate shards pinned / nginx worker_processes {workers}). µs (2 µs buckets; 2000 = 2 ms or more), median over rounds of each round's percentile.")
+      f"{workers} Tidegate shards pinned / nginx worker_processes {workers}). µs, median over rounds of each round's percentile; hops in 2 µs buckets (2000 = 2 ms or more), "
+      f"\"in proxy\" and \"upstream\" in 10 µs buckets (10000 = 10 ms or more).")
 print()
 print("| interval | " + " | ".join(f"{s} p50 / p90 / p99 / p99.9" for s in sides) + " |")
 print("|---|" + "---|" * len(sides))
