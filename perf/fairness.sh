@@ -25,6 +25,8 @@ CONNS=${2:-256}
 WORKERS=${TIDEGATE_WORKERS:-$(nproc)}
 OUT=perf/out; mkdir -p "$OUT"
 command -v bpftrace >/dev/null || { apt-get update -qq && apt-get install -y -qq bpftrace; }
+# Tracepoints need tracefs, which is not mounted on every boot.
+[ -e /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 . perf/binaries.sh   # $BIN, pids, cleanup
 
@@ -43,13 +45,16 @@ for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$NGINX_PORT) 2>/dev/null && 
 
 # measure SIDE URL LISTEN_PORT PID... -> one table row
 rows=()
+# struct sock_common holds skc_dport (network order) at offset 12 and skc_num (the local
+# port) at 14: read by offset, as bpftrace 0.17 does not resolve these anonymous-union
+# members by name.
 measure() {
   local side=$1 url=$2 lport=$3; shift 3
   local filter; filter=$(printf 'pid == %s || ' "$@"); filter=${filter% || }
   cat > "$OUT/fair-$side.bt" <<BT
 tracepoint:sock:sock_send_length /$filter/ {
-  \$sk = (struct sock *)args->sk;
-  if (\$sk->__sk_common.skc_num == $lport) { @w[tid, \$sk->__sk_common.skc_dport] = count(); }
+  \$sk = (uint64)args->sk;
+  if (*(uint16 *)(\$sk + 14) == $lport) { @w[tid, *(uint16 *)(\$sk + 12)] = count(); }
 }
 BT
   STREAM=0 wrk -t2 -c"$CONNS" -d2s -s perf/post.lua "$url" > /dev/null   # warm-up

@@ -29,6 +29,8 @@ WORKERS=${WORKERS:-2}
 SIDES=${SIDES:-direct nginx pinned unpinned}
 OUT=perf/out; mkdir -p "$OUT"
 command -v bpftrace >/dev/null || { apt-get update -qq && apt-get install -y -qq bpftrace; }
+# Tracepoints need tracefs, which is not mounted on every boot.
+[ -e /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
 command -v nginx >/dev/null || { printf 'nginx is not installed (perf/run.sh installs it)\n' >&2; exit 1; }
 . perf/common.sh
 

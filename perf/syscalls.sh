@@ -21,6 +21,8 @@ STREAM=${STREAM:-0}
 WORKERS=${TIDEGATE_WORKERS:-1}
 OUT=perf/out; mkdir -p "$OUT"
 command -v bpftrace >/dev/null || { apt-get update -qq && apt-get install -y -qq bpftrace; }
+# Tracepoints need tracefs, which is not mounted on every boot.
+[ -e /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 . perf/binaries.sh   # $BIN, pids, cleanup
 

@@ -21,6 +21,8 @@ DUR=${2:-5}
 STREAM=${STREAM:-0}
 OUT=perf/out; mkdir -p "$OUT"
 command -v bpftrace >/dev/null || { apt-get update -qq && apt-get install -y -qq bpftrace; }
+# Tracepoints need tracefs, which is not mounted on every boot.
+[ -e /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
 . perf/common.sh
 
 write_config "$OUT/timers.toml" 1 false
