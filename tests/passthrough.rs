@@ -237,6 +237,55 @@ fn a_stream_is_relayed_as_it_arrives_and_byte_exact() {
     assert_eq!(resp.json()["choices"][0]["message"]["content"], "after");
 }
 
+/// A recorded stream reaches the client byte for byte however the upstream's chunks cut
+/// it (each gateway write goes out as one chunk, framed behind room left for its size
+/// line): in two pieces cut at points across it, in seven-byte pieces, and in pieces with
+/// pauses between them (more, smaller writes); long enough that a write's size line has
+/// four hex digits.
+#[test]
+fn a_recorded_stream_reaches_the_client_byte_exact_however_it_is_cut() {
+    let mut recorded = String::new();
+    for i in 0..60 {
+        let event = serde_json::json!({"id": "c", "object": "chat.completion.chunk",
+            "created": 1, "model": "m1", "choices": [{"index": 0,
+            "delta": {"content": format!("word{i} ")}, "finish_reason": null}]});
+        recorded.push_str(&format!("data: {event}\n\n"));
+    }
+    recorded.push_str("data: [DONE]\n\n");
+    let recorded = recorded.as_bytes();
+    assert!(recorded.len() > 0x1000, "{}", recorded.len());
+    let mut cuts: Vec<Vec<Chunk>> = (1..recorded.len())
+        .step_by(recorded.len() / 16)
+        .map(|at| vec![Chunk::raw(&recorded[..at]), Chunk::raw(&recorded[at..])])
+        .collect();
+    cuts.push(recorded.chunks(7).map(Chunk::raw).collect());
+    cuts.push(
+        recorded
+            .chunks(300)
+            .flat_map(|p| [Chunk::raw(p), Chunk::delay_ms(2)])
+            .collect(),
+    );
+    let mock = MockUpstream::start();
+    let gw = Gateway::start_with_env(&config(&mock, "openai", ""), ENV);
+    for (i, chunks) in cuts.into_iter().enumerate() {
+        mock.on("/v1/chat/completions", Reply::sse(chunks));
+        let mut c = Client::connect(gw.addr());
+        let resp = c.request(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer test-key")],
+            br#"{"model":"up/m1","stream":true,"messages":[]}"#,
+        );
+        assert_eq!(resp.status, 200, "cut {i}");
+        assert!(resp.chunked, "cut {i}");
+        assert!(
+            resp.body == recorded,
+            "cut {i}: {}",
+            String::from_utf8_lossy(&resp.body)
+        );
+    }
+}
+
 #[test]
 fn a_stream_broken_after_the_first_byte_ends_with_an_error_event_and_no_done() {
     let mock = MockUpstream::start();

@@ -77,6 +77,11 @@ impl ResponseHead {
         self.keep_alive
     }
 
+    /// Bytes of the head as sent (status line, fields, blank line).
+    pub fn wire_len(&self) -> usize {
+        self.raw.len()
+    }
+
     #[cfg(any(test, fuzzing))]
     pub fn raw(&self) -> &Bytes {
         &self.raw

@@ -557,6 +557,15 @@ impl BodyReader {
         }
     }
 
+    /// Bytes read but not yet handed out (body framing included): at least as many as
+    /// [`BodyReader::next_buffered`] can still hand out without a read.
+    pub fn buffered_len(&self) -> usize {
+        match &self.conn {
+            Some(conn) if !self.done => conn.buf.len(),
+            _ => 0,
+        }
+    }
+
     /// The connection, if the response ended cleanly and it may carry another request.
     pub fn into_reusable(self) -> Option<UpConn> {
         if self.done && self.keep_alive {

@@ -10,7 +10,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use crate::net::io::ClientStream;
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::access::{AccessLog, REQUEST_ID_HEADER};
 use super::continuation::Splice;
@@ -36,6 +36,12 @@ use crate::sse::usage::{AnswerTail, Usage};
 
 /// Pieces of a length-delimited body at least this large are written without copying.
 const DIRECT_WRITE_BYTES: usize = 16 * 1024;
+
+/// Room in a write's buffer for the fields the gateway adds to the head beyond the
+/// upstream's own (its three, the access fields, the framing and `Connection` lines) and
+/// for a chunk's framing (a size line, its CRLF, the last chunk) or a splice's few bytes.
+const OUR_HEAD_BYTES: usize = 512;
+const FRAMING_BYTES: usize = 64;
 
 /// Upstream response fields never relayed: hop-by-hop fields (`http1::is_hop_by_hop_name`),
 /// `content-length`, which the gateway writes from its own framing, and `x-request-id`,
@@ -210,8 +216,8 @@ pub async fn commit(
         };
         let chunked = framing == Framing::Chunked;
         // Without a splice, what one write carries goes out as one chunk, however many
-        // pieces it gathered (the pieces are written bare, then framed: `frame_chunk`); a
-        // splice frames what it passes itself.
+        // pieces it gathered (the pieces are written bare behind room for the size line,
+        // then framed: `ChunkRoom`); a splice frames what it passes itself.
         let one_chunk = chunked && splice.is_none();
         let per_piece = chunked && !one_chunk;
         let event_stream = up.head.is_event_stream();
@@ -223,34 +229,43 @@ pub async fn commit(
                 s.turn_off();
             }
         }
-        let attempts_s = attempts.to_string();
-        let mut out = BytesMut::with_capacity(1024 + first.as_ref().map_or(0, Bytes::len));
+        let mut attempts_digits = [0u8; 20];
+        let attempts_s = decimal(attempts, &mut attempts_digits);
         let extra = std::mem::take(&mut up.extra);
+        // One buffer for the head and every body byte already read (`gather` writes no
+        // more than that): it does not regrow on the way.
+        let body_bound = first.as_ref().map_or(0, Bytes::len) + up.buffered_len();
+        let extra_len: usize = extra.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+        let mut out = BytesMut::with_capacity(
+            up.head_len() + OUR_HEAD_BYTES + extra_len + body_bound + FRAMING_BYTES,
+        );
         if !continuing {
-            let mut ours: Vec<(&str, &[u8])> = vec![
-                ("x-omniroute-selected-connection-id", conn.name.as_bytes()),
-                ("x-tidegate-provider", provider.name.as_bytes()),
-                ("x-tidegate-attempts", attempts_s.as_bytes()),
-            ];
-            ours.extend(log.response_headers());
-            ours.extend(extra.iter().map(|(n, v)| (*n, v.as_bytes())));
+            // Names as bytes: no UTF-8 check of each; no list built (an iterator chain).
+            let ours = [
+                (
+                    &b"x-omniroute-selected-connection-id"[..],
+                    conn.name.as_bytes(),
+                ),
+                (b"x-tidegate-provider", provider.name.as_bytes()),
+                (b"x-tidegate-attempts", attempts_s),
+            ]
+            .into_iter()
+            .chain(
+                log.response_headers()
+                    .into_iter()
+                    .map(|(n, v)| (n.as_bytes(), v)),
+            )
+            .chain(extra.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
             match &up.head {
                 UpHead::Net(h) => {
-                    // Names as bytes: no UTF-8 check of each.
                     let relayed = h.fields().filter(|(n, _)| !relayed_never_name(n));
-                    let ours = ours.iter().map(|(n, v)| (n.as_bytes(), *v));
                     let fields = relayed.chain(ours);
                     write_response_head_bytes(&mut out, status, fields, framing, keep_alive);
                 }
                 UpHead::Mock(_) => {
                     let hs = up.head.fields();
-                    write_response_head(
-                        &mut out,
-                        status,
-                        hs.into_iter().chain(ours),
-                        framing,
-                        keep_alive,
-                    );
+                    let fields = hs.into_iter().map(|(n, v)| (n.as_bytes(), v)).chain(ours);
+                    write_response_head_bytes(&mut out, status, fields, framing, keep_alive);
                 }
             }
         }
@@ -259,7 +274,7 @@ pub async fn commit(
             log.responding(shard, status);
         }
         // Everything that is already here goes out with the head, in one write.
-        let body_at = out.len();
+        let room = one_chunk.then(|| ChunkRoom::open(&mut out, body_bound));
         let mut done = match first {
             None => true,
             Some(piece) => {
@@ -279,8 +294,8 @@ pub async fn commit(
             }
         };
         done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
-        if one_chunk {
-            frame_chunk(&mut out, body_at);
+        if let Some(room) = room {
+            room.close(&mut out);
         }
         if done && chunked {
             write_last_chunk(&mut out);
@@ -364,7 +379,9 @@ pub async fn commit(
                 log.sent(piece.len());
                 write_all(client, piece).await.map(|_| ())
             } else {
-                let mut out = BytesMut::with_capacity(piece.len() + 64);
+                let bound = piece.len() + up.buffered_len();
+                let mut out = BytesMut::with_capacity(bound + FRAMING_BYTES);
+                let room = one_chunk.then(|| ChunkRoom::open(&mut out, bound));
                 emit(&mut out, &piece, per_piece, splice.as_deref_mut());
                 done = gather(
                     shard,
@@ -376,8 +393,8 @@ pub async fn commit(
                     tail.as_mut(),
                 );
                 done = done && ended_well(&mut out, chunked, splice.as_deref_mut());
-                if one_chunk {
-                    frame_chunk(&mut out, 0);
+                if let Some(room) = room {
+                    room.close(&mut out);
                 }
                 if done && chunked {
                     write_last_chunk(&mut out);
@@ -548,24 +565,73 @@ pub(super) fn ended_well(out: &mut BytesMut, chunked: bool, splice: Option<&mut 
     }
 }
 
-/// Frames the bytes of `out` from `at` on as one chunk: its size line goes in before them
-/// (they move up by its length, one `memmove`) and its CRLF after. Nothing when there are
-/// none (an empty chunk would end the body).
-fn frame_chunk(out: &mut BytesMut, at: usize) {
-    let len = out.len().saturating_sub(at);
-    if len == 0 {
-        return;
+/// Room left in a write's buffer for the size line of the one chunk its bytes become
+/// (without a splice, what one write carries goes out as one chunk, however many pieces it
+/// gathered): the pieces are written bare behind it and framed once their length is known
+/// ([`ChunkRoom::close`]). The room is as wide as the size line of a bound on that length
+/// (the upstream bytes already read), which is the line's width unless the bound is far
+/// off: the bytes behind it do not move.
+struct ChunkRoom {
+    /// Where the size line goes.
+    at: usize,
+    /// Hex digits the room holds (CRLF follows them).
+    digits: usize,
+}
+
+impl ChunkRoom {
+    /// Leaves room at the end of `out` for the size line of a chunk of `bound` bytes.
+    fn open(out: &mut BytesMut, bound: usize) -> Self {
+        let at = out.len();
+        let digits = hex_digits(bound);
+        out.put_bytes(b'0', digits + 2);
+        Self { at, digits }
     }
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4) as usize;
-    let line = digits + 2;
-    out.resize(out.len() + line, 0);
-    out.copy_within(at..at + len, at + line);
-    for (i, d) in out[at..at + digits].iter_mut().enumerate() {
-        let nibble = (len >> (4 * (digits - 1 - i))) & 0xf;
-        *d = b"0123456789ABCDEF"[nibble];
+
+    /// Frames the bytes written behind the room as one chunk: its size line goes into the
+    /// room and its CRLF after them. When the line is not as wide as the room (the bound
+    /// was off by a hex digit or more) they move by the difference, one `memmove`. No
+    /// bytes, no chunk (an empty chunk would end the body): the room is taken back.
+    fn close(self, out: &mut BytesMut) {
+        let from = self.at + self.digits + 2;
+        let len = out.len().saturating_sub(from);
+        if len == 0 {
+            out.truncate(self.at);
+            return;
+        }
+        let digits = hex_digits(len);
+        let to = self.at + digits + 2;
+        if to > from {
+            out.resize(to + len, 0);
+        }
+        if to != from {
+            out.copy_within(from..from + len, to);
+            out.truncate(to + len);
+        }
+        for (i, d) in out[self.at..self.at + digits].iter_mut().enumerate() {
+            let nibble = (len >> (4 * (digits - 1 - i))) & 0xf;
+            *d = b"0123456789ABCDEF"[nibble];
+        }
+        out[self.at + digits..to].copy_from_slice(b"\r\n");
+        out.extend_from_slice(b"\r\n");
     }
-    out[at + digits..at + line].copy_from_slice(b"\r\n");
-    out.extend_from_slice(b"\r\n");
+}
+
+/// Hex digits of `n` as a chunk size (at least one).
+fn hex_digits(n: usize) -> usize {
+    ((usize::BITS - n.leading_zeros()).div_ceil(4) as usize).max(1)
+}
+
+/// `n` in decimal, in the end of `buf` (`to_string` allocated, once per answer).
+fn decimal(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
 }
 
 pub(super) fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
@@ -579,22 +645,102 @@ pub(super) fn put_piece(out: &mut BytesMut, piece: &[u8], chunked: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
-    /// Bytes framed in place are the chunk `write_chunk` makes of them, after what was
-    /// already in the buffer; no bytes, no chunk.
+    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
+
+    /// `pieces` written behind a room for a chunk of `bound` bytes after `prefix`, then
+    /// framed.
+    fn framed(prefix: &[u8], pieces: &[&[u8]], bound: usize) -> BytesMut {
+        let mut out = BytesMut::from(prefix);
+        let room = ChunkRoom::open(&mut out, bound);
+        for p in pieces {
+            out.extend_from_slice(p);
+        }
+        room.close(&mut out);
+        out
+    }
+
+    /// What the client got before the room: `prefix`, then the pieces as one chunk
+    /// (`write_chunk`), nothing when there are none.
+    fn expected(prefix: &[u8], pieces: &[&[u8]]) -> BytesMut {
+        let mut out = BytesMut::from(prefix);
+        write_chunk(&mut out, &pieces.concat());
+        out
+    }
+
+    /// Every length at a hex-width edge, framed behind a room sized for every bound at
+    /// such an edge (too narrow, right, too wide), in one piece and in three, with and
+    /// without a head before it: the chunk `write_chunk` makes, and no chunk for none.
     #[test]
-    fn a_write_s_bytes_framed_in_place_are_one_chunk() {
-        for len in [
-            0usize, 1, 9, 15, 16, 17, 255, 256, 4095, 4096, 65_536, 1_048_577,
-        ] {
-            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-            let mut framed = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
-            let at = framed.len();
-            framed.extend_from_slice(&data);
-            frame_chunk(&mut framed, at);
-            let mut expected = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
-            write_chunk(&mut expected, &data);
-            assert_eq!(framed, expected, "{len} bytes");
+    fn a_write_s_bytes_framed_in_their_room_are_one_chunk_whatever_the_bound() {
+        let mut edges = vec![0usize, 1, 2];
+        for w in 1..=4 {
+            let p = 16usize.pow(w);
+            edges.extend([p - 1, p, p + 1]);
+        }
+        let data: Vec<u8> = (0..70_000).map(|i| (i % 251) as u8).collect();
+        for &len in &edges {
+            let d = &data[..len];
+            let (a, rest) = d.split_at(len / 3);
+            let (b, c) = rest.split_at(rest.len() / 2);
+            for &bound in &edges {
+                for prefix in [&b""[..], HEAD] {
+                    assert_eq!(
+                        framed(prefix, &[d], bound),
+                        expected(prefix, &[d]),
+                        "{len} in {bound}"
+                    );
+                    assert_eq!(
+                        framed(prefix, &[a, b, c], bound),
+                        expected(prefix, &[d]),
+                        "{len} in {bound}"
+                    );
+                }
+            }
+        }
+        let big: Vec<u8> = (0..1_048_577).map(|i| (i % 251) as u8).collect();
+        for bound in [0, 1_048_576, 1_048_577, 1 << 24] {
+            assert_eq!(framed(HEAD, &[&big], bound), expected(HEAD, &[&big]));
+        }
+    }
+
+    proptest! {
+        /// Any pieces behind a room of any bound are the one chunk of their bytes.
+        #[test]
+        fn any_pieces_in_any_room_are_one_chunk(
+            prefix in proptest::collection::vec(any::<u8>(), 0..300),
+            pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..400), 0..12),
+            bound in prop_oneof![0usize..5_000, 0usize..70_000, Just(usize::MAX)],
+        ) {
+            let pieces: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+            prop_assert_eq!(framed(&prefix, &pieces, bound), expected(&prefix, &pieces));
+        }
+    }
+
+    /// When the bound is the length's width, the framed bytes stay where they were
+    /// written (only the size line and the CRLF after them are written).
+    #[test]
+    fn a_bound_of_the_same_width_moves_no_byte() {
+        let data = vec![7u8; 2451];
+        let mut out = BytesMut::with_capacity(4096);
+        out.extend_from_slice(HEAD);
+        let room = ChunkRoom::open(&mut out, 2540);
+        let body_at = out.len();
+        out.extend_from_slice(&data);
+        let before = out.as_ptr();
+        room.close(&mut out);
+        assert_eq!(out.as_ptr(), before);
+        assert_eq!(&out[body_at..body_at + data.len()], &data[..]);
+        assert_eq!(&out[HEAD.len()..body_at], b"993\r\n");
+    }
+
+    /// The attempts count reads as `to_string` writes it.
+    #[test]
+    fn decimal_is_to_string() {
+        let mut buf = [0u8; 20];
+        for n in (0..=10_000).chain([99_999, 100_000, usize::MAX - 1, usize::MAX]) {
+            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
         }
     }
 }

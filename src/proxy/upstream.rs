@@ -151,6 +151,24 @@ impl Up {
         }
     }
 
+    /// Body bytes already read from the network and not yet handed out, framing included
+    /// (0 for the mock): a bound on what [`Up::next_buffered`] gives before it waits.
+    pub fn buffered_len(&self) -> usize {
+        match &self.0.body {
+            UpBody::Net(reader) => reader.buffered_len(),
+            UpBody::Mock(_) => 0,
+        }
+    }
+
+    /// The length of the head as the upstream sent it (0 for the mock): a bound on the
+    /// relayed part of the head the client gets.
+    pub fn head_len(&self) -> usize {
+        match &self.0.head {
+            UpHead::Net(h) => h.wire_len(),
+            UpHead::Mock(_) => 0,
+        }
+    }
+
     /// Hands a cleanly finished connection back to the pool.
     pub fn finish(self, shard: &Req<'_>) {
         if let UpBody::Net(reader) = self.0.body

@@ -390,6 +390,9 @@ pub async fn first_bytes(
             None => held = Some(piece),
             Some(h) => {
                 if more.is_empty() {
+                    // One allocation for both (extending an empty buffer by the first
+                    // sized it for that one alone, and the second regrew it).
+                    more.reserve(h.len() + piece.len());
                     more.extend_from_slice(h);
                 }
                 more.extend_from_slice(&piece);
