@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod flow;
+pub mod heap;
 pub mod http1;
 pub mod mesh;
 pub mod net;
