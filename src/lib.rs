@@ -1,7 +1,7 @@
 //! Tidegate: a thread-per-core LLM API edge gateway.
 //!
 //! The module tree mirrors the layers of `docs/architecture.md`, imports running downward
-//! only: ground floor (`clock`, `error`, `config`, `http1`); the pure mechanisms
+//! only: ground floor (`clock`, `error`, `config`, `http1`, `heap`); the pure mechanisms
 //! (`resilience`, `flow`, `routing`), wire formats (`providers`) and the client-key index
 //! (`auth`); transport (`mesh`); sockets (`net`, serving a handler it is given); the generic
 //! shard runtime (`shard`); the owner-held mechanisms (`owners`); the request phases
@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod flow;
+pub mod heap;
 pub mod http1;
 pub mod mesh;
 pub mod net;

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use mimalloc::MiMalloc;
 
 // The unreachable-code check (scripts/check-dead-code) builds this binary with
 // `--cfg tidegate_reach`: the library's modules are then compiled into the binary itself,
@@ -28,6 +27,8 @@ mod config;
 mod error;
 #[cfg(tidegate_reach)]
 mod flow;
+#[cfg(tidegate_reach)]
+mod heap;
 #[cfg(tidegate_reach)]
 mod http1;
 #[cfg(tidegate_reach)]
@@ -63,7 +64,7 @@ use tidegate::config::Config;
 use tidegate::server::{self as fleet, DriverChoice, UringSetup};
 
 #[global_allocator]
-static GLOBAL: MiMalloc = MiMalloc;
+static GLOBAL: tidegate::heap::Heap = tidegate::heap::Heap;
 
 /// Exit code for an invalid configuration or command line.
 const EXIT_CONFIG: u8 = 2;

@@ -41,6 +41,9 @@ mod error;
 #[path = "../flow/mod.rs"]
 mod flow;
 #[cfg(tidegate_reach)]
+#[path = "../heap.rs"]
+mod heap;
+#[cfg(tidegate_reach)]
 #[path = "../http1/mod.rs"]
 mod http1;
 #[cfg(tidegate_reach)]
