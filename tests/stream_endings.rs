@@ -97,7 +97,7 @@ fn a_stream_without_done_on_an_open_connection_ends_within_the_idle_budget() {
         "code": "upstream_timeout",
     }});
     assert_eq!(body, format!("{}data: {error}\n\n", sent.concat()));
-    assert!(took < Duration::from_millis(800 + 1_500), "{took:?}");
+    assert!(took < Duration::from_millis(800 + 5_000), "{took:?}");
     eventually(Duration::from_secs(5), "upstream connection closed", || {
         (mock.open_connections() == 0).then_some(())
     });
@@ -173,5 +173,5 @@ fn a_broken_responses_stream_ends_with_a_responses_error_event() {
         body,
         format!("{created}{text}event: error\ndata: {error}\n\n")
     );
-    assert!(took < Duration::from_millis(400 + 1_500), "{took:?}");
+    assert!(took < Duration::from_millis(400 + 5_000), "{took:?}");
 }

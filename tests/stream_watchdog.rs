@@ -227,7 +227,7 @@ fn a_stall_after_some_tokens_ends_with_an_in_band_error_and_an_incomplete_body()
     assert_eq!(String::from_utf8(body).unwrap(), want);
     assert!(!want.contains("[DONE]"));
     // Within the budget (counted from the last token) plus slack, not the 300 s idle budget.
-    assert!(took < Duration::from_millis(STALL_MS + 1_500), "{took:?}");
+    assert!(took < Duration::from_millis(STALL_MS + 5_000), "{took:?}");
     // The upstream saw one request and the gateway hung up on it.
     assert_eq!(a.hits(CHAT), 1);
     eventually(Duration::from_secs(5), "a's connection closed", || {
@@ -321,7 +321,7 @@ fn pings_after_the_first_tokens_do_not_keep_an_anthropic_stream_alive() {
     let relayed_pings = middle.matches("event: ping").count();
     assert_eq!(middle, pings[..relayed_pings].concat());
     assert!((1..10).contains(&relayed_pings), "{relayed_pings} pings");
-    assert!(took < Duration::from_millis(STALL_MS + 1_500), "{took:?}");
+    assert!(took < Duration::from_millis(STALL_MS + 5_000), "{took:?}");
 }
 
 #[test]
