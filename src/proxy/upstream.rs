@@ -100,6 +100,9 @@ pub struct Answer {
     /// Headers the gateway adds to the client's response (warnings, the emergency
     /// fallback's note).
     pub extra: Vec<(&'static str, String)>,
+    /// The head's content type is an event stream ([`UpHead::is_event_stream`], looked up
+    /// once: the relay asks before its first read and again when it relays).
+    event_stream: bool,
 }
 
 impl std::ops::Deref for Up {
@@ -121,14 +124,21 @@ impl Up {
     /// it into the box).
     #[inline(always)]
     fn new(head: UpHead, body: UpBody) -> Self {
+        let event_stream = head.is_event_stream();
         Up(Box::write(
             Box::new_uninit(),
             Answer {
                 head,
                 body,
                 extra: Vec::new(),
+                event_stream,
             },
         ))
+    }
+
+    /// The answer is an event stream (its head's content type, looked up once).
+    pub fn is_event_stream(&self) -> bool {
+        self.0.event_stream
     }
 
     /// The next body piece, waiting at most `idle`; `None` at the end.
