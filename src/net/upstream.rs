@@ -61,7 +61,10 @@ pub struct Conn {
     /// Served at least one earlier request (so a failure may just be a stale socket).
     reused: bool,
     /// The deadlines of its reads (response head, body idle): one slot of its shard's
-    /// read sweep for the connection's life, whichever request it serves.
+    /// read sweep for the connection's life, whichever request it serves. The slot keeps
+    /// the waker of the last task that read (so, while the connection idles in the pool,
+    /// that task's allocation, even if its client connection has closed): bounded by the
+    /// pool's size and let go at the connection's next read or close.
     watch: Watch,
 }
 
