@@ -81,7 +81,7 @@ pub trait Handler {
 pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     handler.connection_opened();
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
-    // The deadlines of this connection's head reads, kept by its thread's sweep.
+    // The deadlines of this connection's head and body reads, kept by its thread's sweep.
     let mut watch = Watch::default();
     loop {
         let mut head = match read_head(&*handler, &mut stream, &mut buf, &mut watch).await {
@@ -94,7 +94,7 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
         };
         let request = handler.request_started();
         let limits = handler.body_limits(&request);
-        let mut body = match read_body(limits, &mut stream, &mut buf, &head).await {
+        let mut body = match read_body(limits, &mut stream, &mut buf, &head, &mut watch).await {
             Ok(b) => b,
             Err(Some(err)) => {
                 handler.reject(Some(&head), &mut stream, &err).await;
@@ -288,11 +288,14 @@ async fn read_head<H: Handler>(
 }
 
 /// Reads the whole request body. `Err(None)`: the connection failed (no response possible).
+/// Each wait for more of it is bounded by the idle budget, kept by `watch` (no timer per
+/// read: it ends within [`crate::net::watch::SWEEP_TICK_MS`] after the budget).
 async fn read_body(
     cfg: Limits,
     stream: &mut ClientStream,
     buf: &mut BytesMut,
     head: &RequestHead,
+    watch: &mut Watch,
 ) -> Result<Bytes, Option<GatewayError>> {
     let max = cfg.max_request_body_bytes;
     let too_large = || {
@@ -349,7 +352,7 @@ async fn read_body(
             _ => READ_BUF_BYTES,
         };
         let read = pin!(read_more(stream, std::mem::take(buf), want));
-        match timeout(idle, read).await {
+        match watch.within_for(idle, read).await {
             Ok((Ok(n), b)) if n > 0 => *buf = b,
             Ok(_) => return Err(None),
             Err(_) => {

@@ -1,7 +1,11 @@
 //! The upstream HTTP/1.1 client of one shard: a keep-alive pool keyed by
 //! (scheme, host, port, TLS identity), connect with a budget, one request/response
 //! exchange with a response-head budget, and a body reader with an idle budget that
-//! hands the connection back to the pool only when the response ended cleanly.
+//! hands the connection back to the pool only when the response ended cleanly. The
+//! response-head and body-idle budgets are kept by the connection's slot in its shard's
+//! read sweep ([`Watch`]: no timer per read; a read ends within
+//! [`crate::net::watch::SWEEP_TICK_MS`] after its budget); a connect, once per connection,
+//! has a timer.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -21,6 +25,7 @@ use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::http1::{self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead};
 use crate::net::dns::DnsCache;
 use crate::net::io::{READ_BUF_BYTES, UpStream, read_more, write_all};
+use crate::net::watch::Watch;
 use crate::timer::timeout;
 
 /// The smallest read a response body read asks for. A stream that trickles small
@@ -55,6 +60,12 @@ pub struct Conn {
     key: PoolKey,
     /// Served at least one earlier request (so a failure may just be a stale socket).
     reused: bool,
+    /// The deadlines of its reads (response head, body idle): one slot of its shard's
+    /// read sweep for the connection's life, whichever request it serves. The slot keeps
+    /// the waker of the last task that read (so, while the connection idles in the pool,
+    /// that task's allocation, even if its client connection has closed): bounded by the
+    /// pool's size and let go at the connection's next read or close.
+    watch: Watch,
 }
 
 impl std::ops::Deref for UpConn {
@@ -260,6 +271,7 @@ pub async fn connect(
             buf: BytesMut::with_capacity(READ_BUF_BYTES),
             key: key.clone(),
             reused: false,
+            watch: Watch::default(),
         })))
     });
     match timeout(budget, fut).await {
@@ -329,11 +341,14 @@ impl Outgoing {
     }
 }
 
-/// Sends one request and waits for the response head within `header_budget`.
+/// Sends one request and waits for the response head until `header_at` (monotonic ns: the
+/// request's send plus `header_budget`, or sooner; kept by the connection's [`Watch`]).
+/// `header_budget` is what a timeout's message names.
 pub async fn exchange(
     mut conn: UpConn,
     request: Outgoing,
     header_budget: Duration,
+    header_at: u64,
 ) -> Result<Response, ExchangeError> {
     let reused = conn.reused;
     let io_err = |e: std::io::Error, got: bool| ExchangeError {
@@ -349,9 +364,10 @@ pub async fn exchange(
             .await
             .map_err(|e| io_err(e, false))?;
     }
+    let Conn { io, buf, watch, .. } = &mut *conn;
     let read_head = async {
         loop {
-            match http1::decode_response_head(&mut conn.buf, Method::Post) {
+            match http1::decode_response_head(buf, Method::Post) {
                 Ok(Decoded::Complete(h)) => return Ok(h),
                 Ok(Decoded::Partial) => {}
                 Err(e) => {
@@ -365,10 +381,9 @@ pub async fn exchange(
                     });
                 }
             }
-            let got = !conn.buf.is_empty();
-            let buf = std::mem::take(&mut conn.buf);
-            let (res, buf) = read_more(&mut conn.io, buf, READ_BUF_BYTES).await;
-            conn.buf = buf;
+            let got = !buf.is_empty();
+            let (res, b) = read_more(io, std::mem::take(buf), READ_BUF_BYTES).await;
+            *buf = b;
             match res {
                 Ok(0) => {
                     return Err(ExchangeError {
@@ -386,7 +401,7 @@ pub async fn exchange(
             }
         }
     };
-    let mut head = match timeout(header_budget, pin!(read_head)).await {
+    let mut head = match watch.within(header_at, pin!(read_head)).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(ExchangeError {
@@ -477,8 +492,9 @@ impl BodyReader {
                 buf = BytesMut::new();
             }
             let got = {
-                let read = pin!(read_more(&mut conn.io, buf, want));
-                timeout(idle, read).await
+                let c = &mut **conn;
+                let read = pin!(read_more(&mut c.io, buf, want));
+                c.watch.within_for(idle, read).await
             };
             let (res, buf) = match got {
                 Ok(r) => r,

@@ -1,10 +1,13 @@
-//! The deadlines of client reads (the keep-alive idle wait, a request head's budget) without
-//! a timer per read. A read bounded by a `monoio` timer paid, on every request of a
-//! keep-alive connection, a clock read, a boxed 640-byte timer entry, a timer-wheel insert
-//! and remove, though almost every such read ends long before its deadline. Here a
-//! connection holds one slot of its thread's sweep for its whole life (a [`Watch`]); a read
-//! stores its deadline in the slot — a few stores — and one ticking task per thread ends
-//! the reads whose deadline passed.
+//! The deadlines of reads without a timer per read: a client's (the keep-alive idle wait, a
+//! request head's budget, a body read's idle budget) and an upstream connection's (the
+//! response head's budget, a body read's idle budget). A read bounded by a `monoio` timer
+//! paid, on every request of a keep-alive connection, a clock read, a boxed 640-byte timer
+//! entry, a timer-wheel insert and remove, though almost every such read ends long before
+//! its deadline. Here a connection holds one slot of its thread's sweep for its whole life
+//! (a [`Watch`]); a read stores its deadline in the slot — a few stores — and one ticking
+//! task per thread ends the reads whose deadline passed. An upstream connection keeps its
+//! slot across the requests it serves from the pool (the slot holds the waker of the task
+//! reading at the time).
 //!
 //! The sweep keeps a heap of (deadline, slot), at most one live entry per slot plus a few
 //! superseded ones; a slot's entry is not moved when its connection reads again: when it
@@ -172,6 +175,27 @@ impl Watch {
             read,
             watch: self,
             deadline: deadline_ns,
+            relative: false,
+            armed: false,
+        }
+    }
+
+    /// Runs `read` for at most `budget`, counted from the poll that first finds it pending
+    /// (a `timer::timeout`'s budget, without its timer): `Err(Elapsed)` when the budget
+    /// ran out first (seen within [`SWEEP_TICK_MS`]). A read ready at its first poll is not
+    /// watched and reads no clock; one found pending reads the clock once
+    /// ([`MonoClock::mono_ns`]: the reading of the poll under way inside a
+    /// [`crate::clock::OneReading`]).
+    pub fn within_for<'a, F: Future>(
+        &'a mut self,
+        budget: Duration,
+        read: Pin<&'a mut F>,
+    ) -> Within<'a, F> {
+        Within {
+            read,
+            watch: self,
+            deadline: u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX),
+            relative: true,
             armed: false,
         }
     }
@@ -203,7 +227,9 @@ impl Drop for Watch {
 pub struct Within<'a, F> {
     read: Pin<&'a mut F>,
     watch: &'a mut Watch,
+    /// Monotonic ns; with `relative`, the budget to add to the clock when first armed.
     deadline: u64,
+    relative: bool,
     /// The slot holds this read's deadline.
     armed: bool,
 }
@@ -243,6 +269,9 @@ impl<F: Future> Future for Within<'_, F> {
                 (false, None, false)
             } else {
                 this.armed = true;
+                if std::mem::take(&mut this.relative) {
+                    this.deadline = MonoClock.mono_ns().saturating_add(this.deadline);
+                }
                 let (nudge, start) = s.arm(slot, this.deadline, cx.waker());
                 (false, nudge, start)
             }
@@ -423,6 +452,52 @@ mod tests {
                 assert_eq!(watch.within(now() + 1_000_000, never).await, Err(Elapsed));
             }
             assert_eq!(SWEEP.with(|s| s.borrow().slots.len()), slots);
+        });
+    }
+
+    #[test]
+    fn a_budget_ends_like_a_timeout_counted_from_the_first_pending_poll() {
+        let ms = Duration::from_millis;
+        run(async {
+            let mut watch = Watch::default();
+            let ready = std::pin::pin!(async { 3 });
+            assert_eq!(watch.within_for(Duration::ZERO, ready).await, Ok(3));
+            assert!(watch.slot.is_none(), "a ready read takes no slot");
+            // The outcome of `timer::timeout` wherever the read ends clear of the budget
+            // (by more than a tick and a loaded machine's allowance).
+            for (read_ms, budget_ms) in [(1, 300), (300, 1), (0, 40), (40, 600), (600, 40)] {
+                let watched = {
+                    let read = std::pin::pin!(monoio::time::sleep(ms(read_ms)));
+                    watch.within_for(ms(budget_ms), read).await
+                };
+                let timed = {
+                    let read = std::pin::pin!(monoio::time::sleep(ms(read_ms)));
+                    crate::timer::timeout(ms(budget_ms), read).await
+                };
+                assert_eq!(watched, timed, "read {read_ms} ms, budget {budget_ms} ms");
+            }
+            // Reads that end in time queue nothing each: the first queues the connection's
+            // entry, the others find it there (entries left by the reads above only leave).
+            let read = std::pin::pin!(monoio::time::sleep(Duration::from_micros(100)));
+            assert_eq!(watch.within_for(ms(60_000), read).await, Ok(()));
+            let before = queued();
+            for _ in 0..50 {
+                let read = std::pin::pin!(monoio::time::sleep(Duration::from_micros(100)));
+                assert_eq!(watch.within_for(ms(60_000), read).await, Ok(()));
+            }
+            assert!(queued() <= before, "{} entries, {before} before", queued());
+            // Made well before its first poll: the budget counts from that poll.
+            let never = std::pin::pin!(std::future::pending::<()>());
+            let wait = watch.within_for(ms(30), never);
+            monoio::time::sleep(ms(60)).await;
+            let polled = now();
+            assert_eq!(wait.await, Err(Elapsed));
+            let took_ms = (now() - polled) / 1_000_000;
+            assert!(took_ms >= 30, "ended after {took_ms} ms");
+            assert!(
+                took_ms < 30 + SWEEP_TICK_MS + 500,
+                "ended after {took_ms} ms"
+            );
         });
     }
 

@@ -53,7 +53,10 @@ impl Handler for Shard {
     }
 
     fn now_ns(&self) -> u64 {
-        self.now().mono_ns
+        // The monotonic clock only: a read between requests (the keep-alive wait's
+        // deadline) is outside any request's poll, and `now()` would read the wall clock
+        // too (`clock::read_now`).
+        self.mono_ns()
     }
 
     fn is_draining(&self) -> bool {

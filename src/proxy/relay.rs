@@ -1313,7 +1313,7 @@ pub(super) async fn open<'s>(
     // The first bytes are read before anything reaches the client, so a failure here can
     // still move on. An event stream under the content-stall watchdog holds its lifecycle
     // frames back until the first model output; a stall meanwhile fails over (B §7.1).
-    let mut wd = super::watchdog::Watchdog::arm(shard, up.head.is_event_stream());
+    let mut wd = super::watchdog::Watchdog::arm(shard, up.is_event_stream());
     let hold = super::watchdog::HoldBack::of(shard);
     let first = {
         let first = pin!(super::watchdog::first_bytes(

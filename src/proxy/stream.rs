@@ -220,7 +220,7 @@ pub async fn commit(
         // then framed: `ChunkRoom`); a splice frames what it passes itself.
         let one_chunk = chunked && splice.is_none();
         let per_piece = chunked && !one_chunk;
-        let event_stream = up.head.is_event_stream();
+        let event_stream = up.is_event_stream();
         if let Some(s) = splice.as_deref_mut()
             && !continuing
         {

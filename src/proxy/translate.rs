@@ -149,7 +149,7 @@ pub async fn commit(
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
     let created = shard.now().wall_ms / 1000;
     let continuing = splice.as_deref().is_some_and(Splice::continuing);
-    if !up.head.is_event_stream() {
+    if !up.is_event_stream() {
         if let Some(s) = splice.as_deref_mut() {
             if continuing {
                 // The client's stream is open: a whole answer cannot go into it.

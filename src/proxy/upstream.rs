@@ -100,6 +100,9 @@ pub struct Answer {
     /// Headers the gateway adds to the client's response (warnings, the emergency
     /// fallback's note).
     pub extra: Vec<(&'static str, String)>,
+    /// The head's content type is an event stream ([`UpHead::is_event_stream`], looked up
+    /// once: the relay asks before its first read and again when it relays).
+    event_stream: bool,
 }
 
 impl std::ops::Deref for Up {
@@ -121,14 +124,21 @@ impl Up {
     /// it into the box).
     #[inline(always)]
     fn new(head: UpHead, body: UpBody) -> Self {
+        let event_stream = head.is_event_stream();
         Up(Box::write(
             Box::new_uninit(),
             Answer {
                 head,
                 body,
                 extra: Vec::new(),
+                event_stream,
             },
         ))
+    }
+
+    /// The answer is an event stream (its head's content type, looked up once).
+    pub fn is_event_stream(&self) -> bool {
+        self.0.event_stream
     }
 
     /// The next body piece, waiting at most `idle`; `None` at the end.
@@ -279,8 +289,8 @@ async fn open_net(
             }
         };
         let reused = c.reused();
-        let (header, clamped) = phase_budget(shard, budgets.header, until);
-        match upstream::exchange(c, req.clone(), header).await {
+        let (header_at, clamped) = phase_deadline(shard.now().mono_ns, budgets.header, until);
+        match upstream::exchange(c, req.clone(), budgets.header, header_at).await {
             // The deadline passed: no retry on a fresh connection.
             Err(e)
                 if clamped.is_some()
@@ -311,11 +321,11 @@ async fn open_net(
     }
 }
 
-/// The budget of one phase of opening an answer (connect, response head) under the
-/// attempt's deadline `until`: the phase's own, or what is left of the deadline when that
-/// is shorter — then the deadline is returned too, and the phase's timeout stands for it
-/// (`past_deadline`). One timer bounds the phase, for whichever budget runs out first
-/// (a timer for the deadline around the phase's own cost a second timer per request).
+/// The budget of one phase of opening an answer (the connect; the mock's response head)
+/// under the attempt's deadline `until`: the phase's own, or what is left of the deadline
+/// when that is shorter — then the deadline is returned too, and the phase's timeout
+/// stands for it (`past_deadline`). One timer bounds the phase, for whichever budget runs
+/// out first (a timer for the deadline around the phase's own cost a second per request).
 fn phase_budget(
     shard: &Req<'_>,
     own: Duration,
@@ -334,11 +344,59 @@ fn phase_budget(
     }
 }
 
+/// The deadline of the response-head phase (monotonic ns), as [`phase_budget`] for the
+/// other phases: the phase's own budget from `now_ns` (the shard's reading as the request
+/// is sent), or the attempt's deadline `until` when that passes first — returned too. The
+/// connection's read sweep keeps it (`net::watch`, no timer, no clock reading of its own).
+fn phase_deadline(now_ns: u64, own: Duration, until: Option<Deadline>) -> (u64, Option<Deadline>) {
+    let at = now_ns.saturating_add(u64::try_from(own.as_nanos()).unwrap_or(u64::MAX));
+    match until {
+        Some(d) if d.at_ns < at => (d.at_ns, Some(d)),
+        _ => (at, None),
+    }
+}
+
 /// A phase's timeout when its budget was the deadline's (`phase_budget`): the deadline's
 /// own error; any other error as it is.
 fn past_deadline(e: GatewayError, phase: TimeoutPhase, clamped: Option<Deadline>) -> GatewayError {
     match clamped {
         Some(d) if e.kind == ErrorKind::UpstreamTimeout(phase) => d.error(),
         _ => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::deadline::Budget;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The response head's deadline is `now` plus the budget `phase_budget` gives the
+        /// phase, and stands for the attempt's deadline exactly when `phase_budget`'s does.
+        #[test]
+        fn the_head_deadline_is_now_plus_the_phase_budget(
+            now in 0u64..1 << 50,
+            own_ms in 1u64..86_400_000,
+            until in proptest::option::of((0u64..1 << 51, any::<bool>())),
+        ) {
+            let until = until.map(|(at_ns, request)| Deadline {
+                at_ns,
+                budget: if request { Budget::Request { ms: 1 } } else { Budget::Active { ms: 1 } },
+            });
+            let own = Duration::from_millis(own_ms);
+            // `phase_budget`'s rule, at the same reading (open() has already answered a
+            // deadline that passed).
+            prop_assume!(until.is_none_or(|d| d.at_ns > now));
+            let (budget, clamped) = match until {
+                Some(d) if Duration::from_nanos(d.at_ns - now) < own => {
+                    (Duration::from_nanos(d.at_ns - now), Some(d))
+                }
+                _ => (own, None),
+            };
+            let (at, head_clamped) = phase_deadline(now, own, until);
+            prop_assert_eq!(head_clamped, clamped);
+            prop_assert_eq!(u128::from(at), u128::from(now) + budget.as_nanos());
+        }
     }
 }
