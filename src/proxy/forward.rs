@@ -34,8 +34,8 @@ pub const STRIPPED_HEADERS: &[&str] = &[
 /// The client's `Connection` field (the names it lists are hop-by-hop for this request)
 /// and the lengths of its tokens as a bit set (bit `min(len, 63)`), taken once per
 /// request: a field whose name has none of those lengths is named by no token, which one
-/// bit test says (the SDKs send `Connection: keep-alive`, and a split of it for each of
-/// their 16 fields cost ~25 instructions a field).
+/// bit test says (the SDKs send `Connection: keep-alive`, and splitting it for each of
+/// their 16 fields cost ~60 instructions a field: −1 006 per SDK head, perf/RESULTS.md).
 #[derive(Clone, Copy)]
 struct ConnectionTokens<'a> {
     value: Option<&'a [u8]>,
