@@ -1,5 +1,5 @@
 //! What request and response heads share: finding where a head ends within its byte limit,
-//! mapping `httparse` errors, storing fields as `u32` spans into the head bytes, and reading
+//! mapping `httparse` errors, storing fields as 16-bit spans into the head bytes, and reading
 //! the framing fields (`Content-Length`, `Transfer-Encoding`, `Connection`, `Expect`, `Host`)
 //! in one pass.
 
@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 
 use memchr::memchr_iter;
 
-use super::{HeadError, MAX_HEADERS};
+use super::{HeadError, MAX_HEAD_BYTES, MAX_HEADERS, MAX_RESPONSE_HEAD_BYTES};
 
 /// Uninitialised stack storage for `httparse` (nothing is zeroed on the hot path).
 pub(crate) type HeaderStorage<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
@@ -195,15 +195,67 @@ pub(crate) fn span(base: &[u8], part: &[u8]) -> Result<Span, HeadError> {
     Span::of(base, part).ok_or(HeadError::Malformed("field outside head"))
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A field's name and value as 16-bit spans into its head: every head is at most
+/// [`MAX_RESPONSE_HEAD_BYTES`] (64 KiB) long, so every offset and length inside one fits,
+/// and a field takes 8 bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct FieldSpan {
-    name: Span,
-    value: Span,
+    name_at: u16,
+    name_len: u16,
+    value_at: u16,
+    value_len: u16,
+}
+
+const _: () = assert!(MAX_HEAD_BYTES <= 1 << 16 && MAX_RESPONSE_HEAD_BYTES <= 1 << 16);
+
+impl FieldSpan {
+    /// Where `name` and `value` lie inside `base` (as [`Span::of`]: an empty part is the
+    /// empty span at 0); `None` if either does not lie there.
+    fn of(base: &[u8], name: &[u8], value: &[u8]) -> Option<FieldSpan> {
+        let (name_at, name_len) = short_span(base, name)?;
+        let (value_at, value_len) = short_span(base, value)?;
+        Some(FieldSpan {
+            name_at,
+            name_len,
+            value_at,
+            value_len,
+        })
+    }
+
+    fn name<'a>(&self, raw: &'a [u8]) -> &'a [u8] {
+        short_get(raw, self.name_at, self.name_len)
+    }
+
+    fn value<'a>(&self, raw: &'a [u8]) -> &'a [u8] {
+        short_get(raw, self.value_at, self.value_len)
+    }
+}
+
+/// [`Span::of`] with 16-bit offsets: one range check (the part starts within `base` and
+/// ends within it), then the two conversions.
+fn short_span(base: &[u8], part: &[u8]) -> Option<(u16, u16)> {
+    if part.is_empty() {
+        return Some((0, 0));
+    }
+    // Below `base` wraps to an offset past its end, refused like one.
+    let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+    if start > base.len() || part.len() > base.len() - start {
+        return None;
+    }
+    Some((u16::try_from(start).ok()?, u16::try_from(part.len()).ok()?))
+}
+
+fn short_get(raw: &[u8], at: u16, len: u16) -> &[u8] {
+    let start = usize::from(at);
+    raw.get(start..start + usize::from(len)).unwrap_or_default()
 }
 
 /// The header fields of one head, in order, as spans into its bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Fields(Vec<FieldSpan>, NameLengths);
+pub(crate) struct Fields {
+    spans: Vec<FieldSpan>,
+    lengths: NameLengths,
+}
 
 /// The lengths of a head's field names as a bit set (bit `min(len, 63)`): most lookups are
 /// for a field the head does not have (`x-request-id`, session and lease fields,
@@ -228,12 +280,19 @@ impl NameLengths {
 
 impl Fields {
     fn with_capacity(n: usize) -> Fields {
-        Fields(Vec::with_capacity(n), NameLengths::default())
+        Fields {
+            spans: Vec::with_capacity(n),
+            lengths: NameLengths::default(),
+        }
     }
 
     fn push(&mut self, span: FieldSpan) {
-        self.1.add(span.name.len as usize);
-        self.0.push(span);
+        self.lengths.add(usize::from(span.name_len));
+        self.spans.push(span);
+    }
+
+    fn spans(&self) -> &[FieldSpan] {
+        &self.spans
     }
 }
 
@@ -250,22 +309,25 @@ impl Fields {
     /// First value of `name` (ASCII case-insensitive).
     pub(crate) fn get<'a>(&self, raw: &'a [u8], name: &str) -> Option<&'a [u8]> {
         let name = name.as_bytes();
-        if !self.1.may_have(name.len()) {
+        if !self.lengths.may_have(name.len()) {
             return None;
         }
-        self.0
+        self.spans()
             .iter()
-            .find(|f| f.name.len as usize == name.len() && same_name(f.name.get(raw), name))
-            .map(|f| f.value.get(raw))
+            .find(|f| usize::from(f.name_len) == name.len() && same_name(f.name(raw), name))
+            .map(|f| f.value(raw))
     }
 
     pub(crate) fn iter<'a>(
         &'a self,
         raw: &'a [u8],
     ) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
-        self.0
-            .iter()
-            .map(move |f| (f.name.get_str(raw), f.value.get(raw)))
+        self.spans().iter().map(move |f| {
+            (
+                std::str::from_utf8(f.name(raw)).unwrap_or_default(),
+                f.value(raw),
+            )
+        })
     }
 
     /// As [`iter`](Self::iter), names as bytes (they are tokens: no UTF-8 check needed).
@@ -273,14 +335,14 @@ impl Fields {
         &'a self,
         raw: &'a [u8],
     ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
-        self.0
+        self.spans()
             .iter()
-            .map(move |f| (f.name.get(raw), f.value.get(raw)))
+            .map(move |f| (f.name(raw), f.value(raw)))
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.spans().len()
     }
 }
 
@@ -326,17 +388,16 @@ pub(crate) fn collect(
     base: &[u8],
     headers: &[httparse::Header<'_>],
 ) -> Result<(Fields, Facts), HeadError> {
-    let mut spans = Fields::with_capacity(headers.len());
+    let mut fields = Fields::with_capacity(headers.len());
     let mut facts = Facts::default();
     for h in headers {
         let name = h.name.as_bytes();
-        spans.push(FieldSpan {
-            name: span(base, name)?,
-            value: span(base, h.value)?,
-        });
+        fields.push(
+            FieldSpan::of(base, name, h.value).ok_or(HeadError::Malformed("field outside head"))?,
+        );
         note(&mut facts, name, h.value);
     }
-    Ok((spans, facts))
+    Ok((fields, facts))
 }
 
 /// Whether every line of `head`, a whole head as `httparse` parsed it into `headers`, ends
@@ -393,7 +454,12 @@ fn note(facts: &mut Facts, name: &[u8], value: &[u8]) {
             }
         }
         14 if same_name(name, b"content-length") => {
-            facts.content_length = merge_content_length(facts.content_length, value);
+            // A value of digits alone (as every client sends it) is its own one-element
+            // list: merged without the list split.
+            facts.content_length = match parse_decimal(value) {
+                Some(n) => merge_length(facts.content_length, Some(n)),
+                None => merge_content_length(facts.content_length, value),
+            };
         }
         17 if same_name(name, b"transfer-encoding") => {
             facts.te_fields += 1;
@@ -413,14 +479,19 @@ fn merge_content_length(seen: ContentLength, value: &[u8]) -> ContentLength {
     let mut any = false;
     for element in list_elements(value) {
         any = true;
-        merged = match (merged, parse_decimal(element)) {
-            (ContentLength::Bad, _) | (_, None) => ContentLength::Bad,
-            (ContentLength::Absent, Some(n)) => ContentLength::Value(n),
-            (ContentLength::Value(m), Some(n)) if m == n => ContentLength::Value(m),
-            (ContentLength::Value(_), Some(_)) => ContentLength::Bad,
-        };
+        merged = merge_length(merged, parse_decimal(element));
     }
     if any { merged } else { ContentLength::Bad }
+}
+
+/// One `Content-Length` element (`None`: not a decimal) merged into what was seen.
+fn merge_length(seen: ContentLength, element: Option<u64>) -> ContentLength {
+    match (seen, element) {
+        (ContentLength::Bad, _) | (_, None) => ContentLength::Bad,
+        (ContentLength::Absent, Some(n)) => ContentLength::Value(n),
+        (ContentLength::Value(m), Some(n)) if m == n => ContentLength::Value(m),
+        (ContentLength::Value(_), Some(_)) => ContentLength::Bad,
+    }
 }
 
 /// 1*DIGIT into a `u64`, `None` on anything else or overflow.
@@ -526,6 +597,76 @@ mod tests {
         assert_eq!(fields.clone(), fields);
     }
 
+    /// However many fields a head has, they are kept in order and each is found by name.
+    #[test]
+    fn fields_keep_order_and_lookup() {
+        for n in [0, 1, 15, 16, 17, 40, 96] {
+            let head: String = (0..n)
+                .map(|i| format!("X-F{i}: v {i}\r\n"))
+                .collect::<String>()
+                + "\r\n";
+            let mut storage = [httparse::EMPTY_HEADER; 96];
+            let httparse::Status::Complete((_, parsed)) =
+                httparse::parse_headers(head.as_bytes(), &mut storage).unwrap()
+            else {
+                panic!("partial")
+            };
+            let (fields, _) = collect(head.as_bytes(), parsed).unwrap();
+            let raw = head.as_bytes();
+            assert_eq!(fields.len(), n);
+            let got: Vec<(&[u8], &[u8])> = fields.iter_bytes(raw).collect();
+            let want: Vec<(&[u8], &[u8])> = parsed
+                .iter()
+                .map(|h| (h.name.as_bytes(), h.value))
+                .collect();
+            assert_eq!(got, want);
+            for i in 0..n {
+                let value = format!("v {i}");
+                assert_eq!(fields.get(raw, &format!("x-f{i}")), Some(value.as_bytes()));
+            }
+            assert_eq!(fields.get(raw, &format!("x-f{n}")), None);
+            assert_eq!(fields.clone(), fields);
+        }
+    }
+
+    /// A `Content-Length` of digits alone takes a shortcut past the list split: the same
+    /// facts as the list reading, alone and after another `Content-Length`.
+    #[test]
+    fn content_length_shortcut_agrees_with_the_list_reading() {
+        let values: [&[u8]; 12] = [
+            b"0",
+            b"42",
+            b"0042",
+            b"18446744073709551615",
+            b"18446744073709551616",
+            b"",
+            b"4 2",
+            b"42,42",
+            b"42, 43",
+            b"+1",
+            b"1a",
+            b" 42",
+        ];
+        for seen in [
+            ContentLength::Absent,
+            ContentLength::Value(42),
+            ContentLength::Bad,
+        ] {
+            for v in values {
+                let mut facts = Facts {
+                    content_length: seen,
+                    ..Facts::default()
+                };
+                note(&mut facts, b"Content-Length", v);
+                assert_eq!(
+                    facts.content_length,
+                    merge_content_length(seen, v),
+                    "{seen:?} {v:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn spans_stay_inside_their_base() {
         let base = b"hello world";
@@ -535,6 +676,16 @@ mod tests {
         assert_eq!(Span::of(&base[..5], &base[3..8]), None);
         // A span read against a shorter buffer is empty, never a panic.
         assert_eq!(span.get(b"hi"), b"");
+        // The 16-bit field spans answer as `Span::of` does.
+        for (start, end) in [(0, 0), (0, 11), (3, 8), (6, 11), (11, 11), (2, 2)] {
+            let part = &base[start..end];
+            let short = short_span(base, part).map(|(at, len)| short_get(base, at, len));
+            assert_eq!(short, Span::of(base, part).map(|s| s.get(base)));
+        }
+        assert_eq!(short_span(&base[..5], &base[3..8]), None);
+        assert_eq!(short_span(&base[5..], &base[3..8]), None);
+        assert_eq!(short_span(base, b"elsewhere"), None);
+        assert_eq!(short_get(b"hi", 6, 5), b"");
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //! (bodies), so every byte boundary can be tested and fuzzed without I/O.
 //!
 //! Choices (all of them anti-smuggling or anti-abuse; see RFC 9112):
-//! - Heads are parsed by `httparse` into a stack array of [`MAX_HEADERS`] and stored as `u32`
-//!   spans into one zero-copy `Bytes`; there is one allocation per head (the span vector).
+//! - Heads are parsed by `httparse` into a stack array of [`MAX_HEADERS`] and stored as 16-bit
+//!   spans into one zero-copy `Bytes` (every head is at most 64 KiB); there is one allocation
+//!   per head (the span vector). Keeping up to 16 spans in place instead was counted
+//!   dearer: the bigger heads cost more in moves than the allocation saved (perf/RESULTS.md,
+//!   session 11).
 //! - Line endings are strict CRLF, in heads, chunk-size lines and trailers alike. A bare LF is
 //!   `Malformed("bare LF")`. (RFC 9112 §2.2 allows, but does not require, accepting bare LF.)
 //! - A head already whole in the buffer (one read almost always brings it) is parsed by
