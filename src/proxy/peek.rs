@@ -50,7 +50,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use simd_json::prelude::{ValueAsScalar as _, ValueIntoString as _};
 use simd_json::{Buffers, ErrorType, Tape};
 
@@ -145,20 +145,57 @@ pub fn degrade_background(body: &[u8], span: Range<usize>) -> Bytes {
 }
 
 /// Returns the body with bytes `span` replaced by the JSON string encoding of `new_model`
-/// (escape as JSON requires). Every other byte is copied unchanged.
+/// (escape as JSON requires). Every other byte is copied unchanged: [`Rewrite`], built.
 ///
 /// `span` is meant to be [`Peek::model_span`] from the same body. A span that does not fit
 /// is clamped, never a panic: `end` to the body length, then `start` to `end`.
 pub fn rewrite_model(body: &[u8], span: Range<usize>, new_model: &str) -> Bytes {
-    let end = span.end.min(body.len());
-    let start = span.start.min(end);
-    let (head, rest) = body.split_at(start);
-    let tail = rest.get(end - start..).unwrap_or_default();
-    let mut out = Vec::with_capacity(head.len() + new_model.len() + 2 + tail.len());
-    out.extend_from_slice(head);
-    write_json_string(&mut out, new_model);
-    out.extend_from_slice(tail);
-    Bytes::from(out)
+    Rewrite::new(body, span, new_model).to_bytes()
+}
+
+/// A body with its `model` value replaced, described rather than built: its length is
+/// known up front (the upstream head's `Content-Length`), and it is written once, straight
+/// behind the upstream request's head in the buffer that is sent (`write_to`), instead of
+/// into a body of its own that is then copied behind the head.
+#[derive(Clone, Copy, Debug)]
+pub struct Rewrite<'a> {
+    /// The body before the model value.
+    head: &'a [u8],
+    /// The new model, written as a JSON string.
+    model: &'a str,
+    /// The body after the model value.
+    tail: &'a [u8],
+}
+
+impl<'a> Rewrite<'a> {
+    /// `body` with bytes `span` replaced by the JSON string of `model`; a span that does not
+    /// fit is clamped as [`rewrite_model`] says.
+    pub fn new(body: &'a [u8], span: Range<usize>, model: &'a str) -> Self {
+        let end = span.end.min(body.len());
+        let start = span.start.min(end);
+        let (head, rest) = body.split_at(start);
+        let tail = rest.get(end - start..).unwrap_or_default();
+        Self { head, model, tail }
+    }
+
+    /// Length of the rewritten body.
+    pub fn len(&self) -> usize {
+        self.head.len() + json_string_len(self.model) + self.tail.len()
+    }
+
+    /// Appends the rewritten body to `out`.
+    pub fn write_to(&self, out: &mut impl BufMut) {
+        out.put_slice(self.head);
+        write_json_string(out, self.model);
+        out.put_slice(self.tail);
+    }
+
+    /// The rewritten body, built (exactly sized).
+    pub fn to_bytes(&self) -> Bytes {
+        let mut out = Vec::with_capacity(self.len());
+        self.write_to(&mut out);
+        Bytes::from(out)
+    }
 }
 
 /// The simd-json buffers and tape kept between calls on one thread (= one shard).
@@ -459,39 +496,59 @@ fn skip_container(body: &[u8], pos: usize) -> Option<usize> {
     }
 }
 
+/// The escape [`write_json_string`] writes for `byte`: `Some(0)` for `\u00XX`, `Some(c)`
+/// for the short `\c`, `None` when the byte is written as it is.
+fn escape_of(byte: u8) -> Option<u8> {
+    match byte {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        b'\n' => Some(b'n'),
+        b'\r' => Some(b'r'),
+        b'\t' => Some(b't'),
+        0x08 => Some(b'b'),
+        0x0c => Some(b'f'),
+        0x00..=0x1f => Some(0),
+        _ => None,
+    }
+}
+
+/// Length of `value` as [`write_json_string`] writes it.
+fn json_string_len(value: &str) -> usize {
+    2 + value
+        .bytes()
+        .map(|b| match escape_of(b) {
+            None => 1,
+            Some(0) => 6,
+            Some(_) => 2,
+        })
+        .sum::<usize>()
+}
+
 /// Appends `value` as a JSON string literal: quotes, `\"`, `\\`, the short escapes for
 /// control characters that have one, `\u00XX` for the others; everything else verbatim
 /// (UTF-8 needs no escaping in JSON).
-fn write_json_string(out: &mut Vec<u8>, value: &str) {
+fn write_json_string(out: &mut impl BufMut, value: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
+    out.put_u8(b'"');
     let bytes = value.as_bytes();
     let mut copied = 0;
     for (i, &byte) in bytes.iter().enumerate() {
-        let short = match byte {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            b'\n' => b'n',
-            b'\r' => b'r',
-            b'\t' => b't',
-            0x08 => b'b',
-            0x0c => b'f',
-            0x00..=0x1f => 0,
-            _ => continue,
+        let Some(short) = escape_of(byte) else {
+            continue;
         };
-        out.extend_from_slice(&bytes[copied..i]);
+        out.put_slice(&bytes[copied..i]);
         if short == 0 {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(byte >> 4)]);
-            out.push(HEX[usize::from(byte & 0x0f)]);
+            out.put_slice(b"\\u00");
+            out.put_u8(HEX[usize::from(byte >> 4)]);
+            out.put_u8(HEX[usize::from(byte & 0x0f)]);
         } else {
-            out.push(b'\\');
-            out.push(short);
+            out.put_u8(b'\\');
+            out.put_u8(short);
         }
         copied = i + 1;
     }
-    out.extend_from_slice(&bytes[copied..]);
-    out.push(b'"');
+    out.put_slice(&bytes[copied..]);
+    out.put_u8(b'"');
 }
 
 #[cfg(test)]
@@ -898,6 +955,63 @@ mod tests {
         assert_eq!(&rewrite_model(b"", 0..5, "")[..], b"\"\"");
     }
 
+    /// The splice as it was built before [`Rewrite`]: the reference it is checked against.
+    fn rewrite_model_reference(body: &[u8], span: Range<usize>, new_model: &str) -> Vec<u8> {
+        let end = span.end.min(body.len());
+        let start = span.start.min(end);
+        let (head, rest) = body.split_at(start);
+        let tail = rest.get(end - start..).unwrap_or_default();
+        let mut out = head.to_vec();
+        out.extend_from_slice(serde_json::to_string(new_model).unwrap().as_bytes());
+        out.extend_from_slice(tail);
+        out
+    }
+
+    /// Written behind whatever the buffer already holds (the upstream head), the rewrite is
+    /// the reference splice, exactly `len()` bytes, for any span (clamped ones included).
+    fn check_rewrite(body: &[u8], span: Range<usize>, new_model: &str) {
+        let expected = rewrite_model_reference(body, span.clone(), new_model);
+        let rewrite = Rewrite::new(body, span.clone(), new_model);
+        assert_eq!(rewrite.len(), expected.len(), "{span:?} {new_model:?}");
+        let mut wire = bytes::BytesMut::from(&b"POST / HTTP/1.1\r\n\r\n"[..]);
+        rewrite.write_to(&mut wire);
+        assert_eq!(&wire[..19], b"POST / HTTP/1.1\r\n\r\n");
+        assert_eq!(&wire[19..], &expected[..]);
+        assert_eq!(&rewrite.to_bytes()[..], &expected[..]);
+        assert_eq!(&rewrite_model(body, span, new_model)[..], &expected[..]);
+    }
+
+    #[test]
+    fn a_rewrite_written_behind_a_head_is_the_reference_splice() {
+        let body = OPENAI_BODY.as_bytes();
+        let found = ok(OPENAI_BODY);
+        let odd = [
+            "",
+            "gpt-4o",
+            "\"",
+            "\\",
+            "\u{0}\u{1f}\u{7f}\n\r\t\u{8}\u{c}",
+            "é日😀",
+        ];
+        for model in odd {
+            for span in [
+                found.model_span.clone(),
+                0..0,
+                3..1,
+                5..10_000,
+                10_000..20_000,
+            ] {
+                check_rewrite(body, span, model);
+            }
+        }
+        // Every byte value alone, and a byte with every escape next to it.
+        for b in 0u8..0x80 {
+            let c = char::from(b).to_string();
+            check_rewrite(body, found.model_span.clone(), &c);
+            check_rewrite(body, found.model_span.clone(), &format!("a{c}\"{c}b"));
+        }
+    }
+
     /// A chat body of roughly `target` bytes with the model last (worst case for the scanner).
     fn big_body(target: usize, model: &str) -> String {
         let mut body = String::from(r#"{"messages":["#);
@@ -1190,6 +1304,16 @@ mod tests {
             let body = serde_json::to_vec(&doc).unwrap();
             let found = peek(&body, &mut Vec::new());
             check_agrees_with_serde(&body, &found, &doc);
+        }
+
+        #[test]
+        fn a_rewrite_is_the_reference_splice(
+            body in proptest::collection::vec(any::<u8>(), 0..200),
+            start in 0usize..220,
+            end in 0usize..220,
+            new_model in any::<String>(),
+        ) {
+            check_rewrite(&body, start..end, &new_model);
         }
 
         #[test]

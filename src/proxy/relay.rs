@@ -1106,10 +1106,16 @@ pub(super) async fn open<'s>(
     // Forward, within the execution budget when the connection has a request queue (spec
     // B §1.3: separate from the time spent queued).
     let (body, carry) = match translated {
-        Some(tr) => tr,
-        None if target.model == req.plan.peek.model => (req.body.clone(), Default::default()),
+        Some((body, carry)) => (upstream::Body::Bytes(body), carry),
+        None if target.model == req.plan.peek.model => {
+            (upstream::Body::Bytes(req.body.clone()), Default::default())
+        }
         None => (
-            peek::rewrite_model(req.body, req.plan.peek.model_span.clone(), &target.model),
+            upstream::Body::Rewritten(peek::Rewrite::new(
+                req.body,
+                req.plan.peek.model_span.clone(),
+                &target.model,
+            )),
             Default::default(),
         ),
     };
