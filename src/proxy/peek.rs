@@ -7,7 +7,8 @@
 //!    strings in place) followed by [`simd_json::INPUT_PADDING`] bytes of padding, and
 //!    [`simd_json::fill_tape_padded`] validates it and builds a tape. The parser's own
 //!    buffers and the tape live in a thread-local `ParserState`: with one shard per thread
-//!    that is per-shard state, so a warm call allocates nothing but the returned `model`.
+//!    that is per-shard state, so a warm call allocates nothing (but a `model` longer than
+//!    `model_name::INLINE_BYTES`).
 //! 2. The top-level members are walked on the tape (O(number of top-level members), nested
 //!    values are skipped by their node count) to read `model`, `stream` and `tools`, and to
 //!    learn the *ordinal* of the `model` member. Keys are compared after JSON unescaping,
@@ -54,6 +55,8 @@ use bytes::{BufMut, Bytes};
 use simd_json::prelude::{ValueAsScalar as _, ValueIntoString as _};
 use simd_json::{Buffers, ErrorType, Tape};
 
+use crate::routing::model_name::ModelName;
+
 /// Bodies up to this size leave the thread-local parser buffers allocated for the next
 /// call; after a larger body they are freed (the next call allocates afresh).
 pub const PARSER_RETAIN_MAX_BYTES: usize = 1024 * 1024;
@@ -92,7 +95,7 @@ impl std::error::Error for PeekError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peek {
     /// The decoded top-level `model` string.
-    pub model: String,
+    pub model: ModelName,
     /// The top-level `stream` flag; `false` when absent or `null`.
     pub stream: bool,
     /// Whether the top-level `tools` is present and non-empty.
@@ -220,7 +223,7 @@ thread_local! {
 
 /// The routing facts read from the tape, owned so the tape can be released.
 struct Fields {
-    model: String,
+    model: ModelName,
     /// Ordinal of the `model` member among the top-level members.
     model_member: usize,
     stream: bool,
@@ -327,7 +330,7 @@ fn read_fields(tape: &Tape<'_>) -> Result<Fields, PeekError> {
         Some(None) => return Err(PeekError::StreamNotBool),
     };
     Ok(Fields {
-        model: model.to_owned(),
+        model: ModelName::new(model),
         model_member,
         stream,
         has_tools: tools.unwrap_or(false),
