@@ -254,7 +254,7 @@ async fn open_net(
         };
     let mut req = BytesMut::with_capacity(room);
     super::forward::encode_head(&mut req, head, provider, base, conn, endpoint, len);
-    let req = match body {
+    let mut req = match body {
         Body::Bytes(b) => upstream::Outgoing::new(req, b),
         Body::Rewritten(r) => {
             r.write_to(&mut req);
@@ -296,7 +296,7 @@ async fn open_net(
         };
         let reused = c.reused();
         let (header, clamped) = phase_budget(shard, budgets.header, until);
-        match upstream::exchange(c, req.clone(), header).await {
+        match upstream::exchange(c, &mut req, header).await {
             // The deadline passed: no retry on a fresh connection.
             Err(e)
                 if clamped.is_some()
