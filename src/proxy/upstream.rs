@@ -175,7 +175,7 @@ impl Body<'_> {
     fn len(&self) -> usize {
         match self {
             Body::Bytes(b) => b.len(),
-            Body::Rewritten(r) => r.len(),
+            Body::Rewritten(r) => r.body_len(),
         }
     }
 }

@@ -130,7 +130,8 @@ mod tests {
             prop_assert_eq!(format!("{ma:?}"), format!("{a:?}"));
             prop_assert_eq!(ma == mb, a == b);
             prop_assert!(ma == a.as_str());
-            prop_assert!(ma == a && a == ma);
+            prop_assert!(ma == a);
+            prop_assert!(a == ma);
             prop_assert_eq!(serde_json::to_string(&ma).unwrap(), serde_json::to_string(&a).unwrap());
             prop_assert_eq!(ma.clone(), ma);
         }
