@@ -157,6 +157,8 @@ pub struct Rewrite<'a> {
     head: &'a [u8],
     /// The new model, written as a JSON string.
     model: &'a str,
+    /// Its length as a JSON string (quotes and escapes included).
+    model_len: usize,
     /// The body after the model value.
     tail: &'a [u8],
 }
@@ -171,18 +173,30 @@ impl<'a> Rewrite<'a> {
         let start = span.start.min(end);
         let (head, rest) = body.split_at(start);
         let tail = rest.get(end - start..).unwrap_or_default();
-        Self { head, model, tail }
+        Self {
+            head,
+            model,
+            model_len: json_string_len(model),
+            tail,
+        }
     }
 
     /// Length of the rewritten body.
     pub fn body_len(&self) -> usize {
-        self.head.len() + json_string_len(self.model) + self.tail.len()
+        self.head.len() + self.model_len + self.tail.len()
     }
 
     /// Appends the rewritten body to `out`.
     pub fn write_to(&self, out: &mut impl BufMut) {
         out.put_slice(self.head);
-        write_json_string(out, self.model);
+        if self.model_len == self.model.len() + 2 {
+            // Nothing to escape (the usual model name): one copy, no second byte loop.
+            out.put_u8(b'"');
+            out.put_slice(self.model.as_bytes());
+            out.put_u8(b'"');
+        } else {
+            write_json_string(out, self.model);
+        }
         out.put_slice(self.tail);
     }
 
