@@ -1,6 +1,7 @@
 //! `proxy::peek` against the naive baseline (serde_json into a `Value`, then lookups), on a
 //! ~1 KiB and a ~64 KiB chat body with `model` after `messages` (the order the OpenAI and
-//! Anthropic SDKs send, and the worst case for the span scanner); plus `rewrite_model`
+//! Anthropic SDKs send, and the worst case for the span scanner); plus the model splice
+//! (`Rewrite`, built: the bench group keeps its name `rewrite_model`)
 //! against a serde_json parse-modify-serialize round trip.
 //!
 //! `simd_json_serde_struct` is the design alternative that was measured and not taken:
@@ -11,7 +12,7 @@ use std::borrow::Cow;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tidegate::proxy::peek::{peek, rewrite_model};
+use tidegate::proxy::peek::{Rewrite, peek};
 
 const TAIL: &str = r#"],"tools":[{"type":"function","function":{"name":"search_docs","description":"Search the docs","parameters":{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer"}},"required":["query"]}}}],"temperature":0.7,"max_tokens":1024,"stream":true,"model":"openai/gpt-4o-2024-08-06"}"#;
 
@@ -113,11 +114,12 @@ fn bench_rewrite(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_with_input(BenchmarkId::new("splice", label), &body, |b, body| {
             b.iter(|| {
-                rewrite_model(
+                Rewrite::new(
                     black_box(body),
                     found.model_span.clone(),
                     "gpt-4o-2024-08-06",
                 )
+                .to_bytes()
             })
         });
         group.bench_with_input(

@@ -79,6 +79,15 @@ fn a_connection_the_upstream_closed_while_idle_is_replaced_without_an_error() {
         Some("1"),
         "a stale pooled socket is not an attempt"
     );
+    // The retry on a fresh connection sends the very request the stale socket was sent:
+    // the same head and the same body, its model rewritten (`up/m1` → `m1`).
+    let seen = mock.requests_to("/v1/chat/completions");
+    assert_eq!(seen.len(), 3);
+    let (stale, fresh) = (&seen[1], &seen[2]);
+    assert_ne!(stale.connection, fresh.connection);
+    assert_eq!(fresh.body, br#"{"model":"m1","messages":[]}"#);
+    assert_eq!(stale.body, fresh.body);
+    assert_eq!(stale.headers, fresh.headers);
 }
 
 #[test]

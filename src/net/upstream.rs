@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use monoio::buf::IoBuf;
+use monoio::io::AsyncWriteRentExt as _;
 use monoio::net::TcpStream;
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
@@ -24,7 +26,7 @@ use crate::config::Scheme;
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::http1::{self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead};
 use crate::net::dns::DnsCache;
-use crate::net::io::{READ_BUF_BYTES, UpStream, read_more, write_all};
+use crate::net::io::{READ_BUF_BYTES, UpStream, read_more};
 use crate::net::watch::Watch;
 use crate::timer::timeout;
 
@@ -305,11 +307,13 @@ pub struct Response {
 }
 
 /// A request ready for the wire: the encoded head with a small body already behind it (one
-/// write), and the rest of the body, if any, written apart. Cloning it (for a retry on a
-/// fresh connection) copies no bytes.
-#[derive(Clone, Debug)]
+/// write), and the rest of the body, if any, written apart. [`exchange`] lends its buffers
+/// to the writes and puts them back, so a retry on a fresh connection sends the same bytes
+/// again: no copy, and no shared handle to allocate for a clone (`BytesMut::freeze` of a
+/// buffer with room to spare boxed one for every request).
+#[derive(Debug)]
 pub struct Outgoing {
-    wire: Bytes,
+    wire: BytesMut,
     rest: Bytes,
 }
 
@@ -325,28 +329,37 @@ impl Outgoing {
     }
 
     /// `head` already encoded; `body` framed by its Content-Length.
-    pub fn new(mut head: BytesMut, body: Bytes) -> Self {
+    pub fn new(mut wire: BytesMut, body: Bytes) -> Self {
         if body.len() <= COALESCE_BODY_BYTES {
-            head.extend_from_slice(&body);
+            wire.extend_from_slice(&body);
             Self {
-                wire: head.freeze(),
+                wire,
                 rest: Bytes::new(),
             }
         } else {
-            Self {
-                wire: head.freeze(),
-                rest: body,
-            }
+            Self { wire, rest: body }
         }
     }
 }
 
+/// Writes all of `*buf`, lent to the write and put back whatever its outcome (see
+/// [`Outgoing`]).
+async fn write_lent<T: IoBuf + Default + 'static>(
+    io: &mut UpStream,
+    buf: &mut T,
+) -> std::io::Result<()> {
+    let (res, lent) = pin!(io.write_all(std::mem::take(buf))).await;
+    *buf = lent;
+    res.map(|_| ())
+}
+
 /// Sends one request and waits for the response head until `header_at` (monotonic ns: the
 /// request's send plus `header_budget`, or sooner; kept by the connection's [`Watch`]).
-/// `header_budget` is what a timeout's message names.
+/// `header_budget` is what a timeout's message names. `request` is as it was afterwards,
+/// whatever the outcome (unless the exchange is dropped midway).
 pub async fn exchange(
     mut conn: UpConn,
-    request: Outgoing,
+    request: &mut Outgoing,
     header_budget: Duration,
     header_at: u64,
 ) -> Result<Response, ExchangeError> {
@@ -356,11 +369,11 @@ pub async fn exchange(
         reused,
         got_response_bytes: got,
     };
-    write_all(&mut conn.io, request.wire)
+    write_lent(&mut conn.io, &mut request.wire)
         .await
         .map_err(|e| io_err(e, false))?;
     if !request.rest.is_empty() {
-        write_all(&mut conn.io, request.rest)
+        write_lent(&mut conn.io, &mut request.rest)
             .await
             .map_err(|e| io_err(e, false))?;
     }

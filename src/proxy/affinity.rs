@@ -97,7 +97,7 @@ mod tests {
     fn t(p: u16, m: &str) -> Target {
         Target {
             provider: ProviderId(p),
-            model: m.to_owned(),
+            model: crate::routing::model_name::ModelName::new(m),
         }
     }
 

@@ -7,7 +7,8 @@
 //!    strings in place) followed by [`simd_json::INPUT_PADDING`] bytes of padding, and
 //!    [`simd_json::fill_tape_padded`] validates it and builds a tape. The parser's own
 //!    buffers and the tape live in a thread-local `ParserState`: with one shard per thread
-//!    that is per-shard state, so a warm call allocates nothing but the returned `model`.
+//!    that is per-shard state, so a warm call allocates nothing (but a `model` longer than
+//!    `model_name::INLINE_BYTES`).
 //! 2. The top-level members are walked on the tape (O(number of top-level members), nested
 //!    values are skipped by their node count) to read `model`, `stream` and `tools`, and to
 //!    learn the *ordinal* of the `model` member. Keys are compared after JSON unescaping,
@@ -50,9 +51,11 @@ use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use simd_json::prelude::{ValueAsScalar as _, ValueIntoString as _};
 use simd_json::{Buffers, ErrorType, Tape};
+
+use crate::routing::model_name::ModelName;
 
 /// Bodies up to this size leave the thread-local parser buffers allocated for the next
 /// call; after a larger body they are freed (the next call allocates afresh).
@@ -92,7 +95,7 @@ impl std::error::Error for PeekError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peek {
     /// The decoded top-level `model` string.
-    pub model: String,
+    pub model: ModelName,
     /// The top-level `stream` flag; `false` when absent or `null`.
     pub stream: bool,
     /// Whether the top-level `tools` is present and non-empty.
@@ -144,21 +147,65 @@ pub fn degrade_background(body: &[u8], span: Range<usize>) -> Bytes {
     Bytes::from(out)
 }
 
-/// Returns the body with bytes `span` replaced by the JSON string encoding of `new_model`
-/// (escape as JSON requires). Every other byte is copied unchanged.
-///
-/// `span` is meant to be [`Peek::model_span`] from the same body. A span that does not fit
-/// is clamped, never a panic: `end` to the body length, then `start` to `end`.
-pub fn rewrite_model(body: &[u8], span: Range<usize>, new_model: &str) -> Bytes {
-    let end = span.end.min(body.len());
-    let start = span.start.min(end);
-    let (head, rest) = body.split_at(start);
-    let tail = rest.get(end - start..).unwrap_or_default();
-    let mut out = Vec::with_capacity(head.len() + new_model.len() + 2 + tail.len());
-    out.extend_from_slice(head);
-    write_json_string(&mut out, new_model);
-    out.extend_from_slice(tail);
-    Bytes::from(out)
+/// A body with its `model` value replaced, described rather than built: its length is
+/// known up front (the upstream head's `Content-Length`), and it is written once, straight
+/// behind the upstream request's head in the buffer that is sent (`write_to`), instead of
+/// into a body of its own that is then copied behind the head.
+#[derive(Clone, Copy, Debug)]
+pub struct Rewrite<'a> {
+    /// The body before the model value.
+    head: &'a [u8],
+    /// The new model, written as a JSON string.
+    model: &'a str,
+    /// Its length as a JSON string (quotes and escapes included).
+    model_len: usize,
+    /// The body after the model value.
+    tail: &'a [u8],
+}
+
+impl<'a> Rewrite<'a> {
+    /// `body` with bytes `span` replaced by the JSON string encoding of `model` (escaped as
+    /// JSON requires); every other byte unchanged. `span` is meant to be
+    /// [`Peek::model_span`] from the same body. A span that does not fit is clamped, never a
+    /// panic: `end` to the body length, then `start` to `end`.
+    pub fn new(body: &'a [u8], span: Range<usize>, model: &'a str) -> Self {
+        let end = span.end.min(body.len());
+        let start = span.start.min(end);
+        let (head, rest) = body.split_at(start);
+        let tail = rest.get(end - start..).unwrap_or_default();
+        Self {
+            head,
+            model,
+            model_len: json_string_len(model),
+            tail,
+        }
+    }
+
+    /// Length of the rewritten body.
+    pub fn body_len(&self) -> usize {
+        self.head.len() + self.model_len + self.tail.len()
+    }
+
+    /// Appends the rewritten body to `out`.
+    pub fn write_to(&self, out: &mut impl BufMut) {
+        out.put_slice(self.head);
+        if self.model_len == self.model.len() + 2 {
+            // Nothing to escape (the usual model name): one copy, no second byte loop.
+            out.put_u8(b'"');
+            out.put_slice(self.model.as_bytes());
+            out.put_u8(b'"');
+        } else {
+            write_json_string(out, self.model);
+        }
+        out.put_slice(self.tail);
+    }
+
+    /// The rewritten body, built (exactly sized).
+    pub fn to_bytes(&self) -> Bytes {
+        let mut out = Vec::with_capacity(self.body_len());
+        self.write_to(&mut out);
+        Bytes::from(out)
+    }
 }
 
 /// The simd-json buffers and tape kept between calls on one thread (= one shard).
@@ -183,7 +230,7 @@ thread_local! {
 
 /// The routing facts read from the tape, owned so the tape can be released.
 struct Fields {
-    model: String,
+    model: ModelName,
     /// Ordinal of the `model` member among the top-level members.
     model_member: usize,
     stream: bool,
@@ -290,7 +337,7 @@ fn read_fields(tape: &Tape<'_>) -> Result<Fields, PeekError> {
         Some(None) => return Err(PeekError::StreamNotBool),
     };
     Ok(Fields {
-        model: model.to_owned(),
+        model: ModelName::new(model),
         model_member,
         stream,
         has_tools: tools.unwrap_or(false),
@@ -459,39 +506,59 @@ fn skip_container(body: &[u8], pos: usize) -> Option<usize> {
     }
 }
 
+/// The escape [`write_json_string`] writes for `byte`: `Some(0)` for `\u00XX`, `Some(c)`
+/// for the short `\c`, `None` when the byte is written as it is.
+fn escape_of(byte: u8) -> Option<u8> {
+    match byte {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        b'\n' => Some(b'n'),
+        b'\r' => Some(b'r'),
+        b'\t' => Some(b't'),
+        0x08 => Some(b'b'),
+        0x0c => Some(b'f'),
+        0x00..=0x1f => Some(0),
+        _ => None,
+    }
+}
+
+/// Length of `value` as [`write_json_string`] writes it.
+fn json_string_len(value: &str) -> usize {
+    2 + value
+        .bytes()
+        .map(|b| match escape_of(b) {
+            None => 1,
+            Some(0) => 6,
+            Some(_) => 2,
+        })
+        .sum::<usize>()
+}
+
 /// Appends `value` as a JSON string literal: quotes, `\"`, `\\`, the short escapes for
 /// control characters that have one, `\u00XX` for the others; everything else verbatim
 /// (UTF-8 needs no escaping in JSON).
-fn write_json_string(out: &mut Vec<u8>, value: &str) {
+fn write_json_string(out: &mut impl BufMut, value: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
+    out.put_u8(b'"');
     let bytes = value.as_bytes();
     let mut copied = 0;
     for (i, &byte) in bytes.iter().enumerate() {
-        let short = match byte {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            b'\n' => b'n',
-            b'\r' => b'r',
-            b'\t' => b't',
-            0x08 => b'b',
-            0x0c => b'f',
-            0x00..=0x1f => 0,
-            _ => continue,
+        let Some(short) = escape_of(byte) else {
+            continue;
         };
-        out.extend_from_slice(&bytes[copied..i]);
+        out.put_slice(&bytes[copied..i]);
         if short == 0 {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(byte >> 4)]);
-            out.push(HEX[usize::from(byte & 0x0f)]);
+            out.put_slice(b"\\u00");
+            out.put_u8(HEX[usize::from(byte >> 4)]);
+            out.put_u8(HEX[usize::from(byte & 0x0f)]);
         } else {
-            out.push(b'\\');
-            out.push(short);
+            out.put_u8(b'\\');
+            out.put_u8(short);
         }
         copied = i + 1;
     }
-    out.extend_from_slice(&bytes[copied..]);
-    out.push(b'"');
+    out.put_slice(&bytes[copied..]);
+    out.put_u8(b'"');
 }
 
 #[cfg(test)]
@@ -898,6 +965,67 @@ mod tests {
         assert_eq!(&rewrite_model(b"", 0..5, "")[..], b"\"\"");
     }
 
+    /// The rewritten body, built.
+    fn rewrite_model(body: &[u8], span: Range<usize>, new_model: &str) -> Bytes {
+        Rewrite::new(body, span, new_model).to_bytes()
+    }
+
+    /// The splice as it was built before [`Rewrite`]: the reference it is checked against.
+    fn rewrite_model_reference(body: &[u8], span: Range<usize>, new_model: &str) -> Vec<u8> {
+        let end = span.end.min(body.len());
+        let start = span.start.min(end);
+        let (head, rest) = body.split_at(start);
+        let tail = rest.get(end - start..).unwrap_or_default();
+        let mut out = head.to_vec();
+        out.extend_from_slice(serde_json::to_string(new_model).unwrap().as_bytes());
+        out.extend_from_slice(tail);
+        out
+    }
+
+    /// Written behind whatever the buffer already holds (the upstream head), the rewrite is
+    /// the reference splice, exactly `body_len()` bytes, for any span (clamped ones included).
+    fn check_rewrite(body: &[u8], span: Range<usize>, new_model: &str) {
+        let expected = rewrite_model_reference(body, span.clone(), new_model);
+        let rewrite = Rewrite::new(body, span.clone(), new_model);
+        assert_eq!(rewrite.body_len(), expected.len(), "{span:?} {new_model:?}");
+        let mut wire = bytes::BytesMut::from(&b"POST / HTTP/1.1\r\n\r\n"[..]);
+        rewrite.write_to(&mut wire);
+        assert_eq!(&wire[..19], b"POST / HTTP/1.1\r\n\r\n");
+        assert_eq!(&wire[19..], &expected[..]);
+        assert_eq!(&rewrite.to_bytes()[..], &expected[..]);
+    }
+
+    #[test]
+    fn a_rewrite_written_behind_a_head_is_the_reference_splice() {
+        let body = OPENAI_BODY.as_bytes();
+        let found = ok(OPENAI_BODY);
+        let odd = [
+            "",
+            "gpt-4o",
+            "\"",
+            "\\",
+            "\u{0}\u{1f}\u{7f}\n\r\t\u{8}\u{c}",
+            "é日😀",
+        ];
+        for model in odd {
+            for span in [
+                found.model_span.clone(),
+                0..0,
+                Range { start: 3, end: 1 },
+                5..10_000,
+                10_000..20_000,
+            ] {
+                check_rewrite(body, span, model);
+            }
+        }
+        // Every byte value alone, and a byte with every escape next to it.
+        for b in 0u8..0x80 {
+            let c = char::from(b).to_string();
+            check_rewrite(body, found.model_span.clone(), &c);
+            check_rewrite(body, found.model_span.clone(), &format!("a{c}\"{c}b"));
+        }
+    }
+
     /// A chat body of roughly `target` bytes with the model last (worst case for the scanner).
     fn big_body(target: usize, model: &str) -> String {
         let mut body = String::from(r#"{"messages":["#);
@@ -1190,6 +1318,16 @@ mod tests {
             let body = serde_json::to_vec(&doc).unwrap();
             let found = peek(&body, &mut Vec::new());
             check_agrees_with_serde(&body, &found, &doc);
+        }
+
+        #[test]
+        fn a_rewrite_is_the_reference_splice(
+            body in proptest::collection::vec(any::<u8>(), 0..200),
+            start in 0usize..220,
+            end in 0usize..220,
+            new_model in any::<String>(),
+        ) {
+            check_rewrite(&body, start..end, &new_model);
         }
 
         #[test]

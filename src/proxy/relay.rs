@@ -46,6 +46,7 @@ use crate::resilience::emergency::{emergency_body, is_budget_failure};
 use crate::resilience::restate::apply_status_restatement;
 use crate::resilience::tool_limit::learned_threshold;
 use crate::resilience::{OwnedHeaders, RuleScope};
+use crate::routing::model_name::ModelName;
 use crate::routing::resolve::Target;
 use crate::shard::metrics::{Abandoned, bump};
 
@@ -562,7 +563,7 @@ pub(super) async fn emergency(
     }
     let target = Target {
         provider: fb.provider,
-        model: fb.model.clone(),
+        model: ModelName::new(&fb.model),
     };
     let key = req.plan.key.and_then(|i| config.client_keys.get(i));
     let candidates: Vec<(Target, ConnectionId)> = shard
@@ -576,7 +577,7 @@ pub(super) async fn emergency(
     let limit = output_limit_field(req.endpoint)?;
     let body = Bytes::from(emergency_body(req.body, &fb.model, limit)?);
     let mut peek = req.plan.peek.clone();
-    peek.model = fb.model.clone();
+    peek.model = ModelName::new(&fb.model);
     let plan = Plan {
         peek,
         candidates,
@@ -1106,10 +1107,16 @@ pub(super) async fn open<'s>(
     // Forward, within the execution budget when the connection has a request queue (spec
     // B §1.3: separate from the time spent queued).
     let (body, carry) = match translated {
-        Some(tr) => tr,
-        None if target.model == req.plan.peek.model => (req.body.clone(), Default::default()),
+        Some((body, carry)) => (upstream::Body::Bytes(body), carry),
+        None if target.model == req.plan.peek.model => {
+            (upstream::Body::Bytes(req.body.clone()), Default::default())
+        }
         None => (
-            peek::rewrite_model(req.body, req.plan.peek.model_span.clone(), &target.model),
+            upstream::Body::Rewritten(peek::Rewrite::new(
+                req.body,
+                req.plan.peek.model_span.clone(),
+                &target.model,
+            )),
             Default::default(),
         ),
     };
@@ -1519,7 +1526,7 @@ fn classify_answer(shard: &Req<'_>, attempted: &Attempted<'_>, buffered: &mut Bu
         let facts = ResponseFacts::read(status, &OwnedHeaders(&headers), &text, now);
         let fact = queue::protocol::Fact::Learn {
             connection,
-            model: target.model.clone(),
+            model: target.model.to_string(),
             facts,
         };
         shard.send_fact(shard.owner(&connection), fact.into());
@@ -1710,7 +1717,7 @@ mod tests {
     fn t(provider: u16, model: &str) -> Target {
         Target {
             provider: ProviderId(provider),
-            model: model.to_owned(),
+            model: ModelName::new(model),
         }
     }
 

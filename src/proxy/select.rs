@@ -17,6 +17,7 @@ use crate::resilience::Reason;
 use crate::resilience::breaker::{BreakerKey, ViewGate};
 use crate::resilience::connection::{Routability, Terminal};
 use crate::resilience::lockout::LockReason;
+use crate::routing::model_name::ModelName;
 use crate::routing::resolve::Target;
 
 /// Why a candidate was skipped.
@@ -54,7 +55,7 @@ impl Exclusion {
 pub struct Excluded {
     pub provider: ProviderId,
     pub connection: ConnectionId,
-    pub model: String,
+    pub model: ModelName,
     pub reason: Exclusion,
     /// When it may be routable again, if known.
     pub retry_after_ms: Option<u64>,

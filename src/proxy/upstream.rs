@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use super::deadline::Deadline;
+use super::peek::Rewrite;
 use crate::config::{Connection, Provider, ProviderFormat};
 use crate::error::{ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::http1::{BodyKind, RequestHead, ResponseHead};
@@ -189,6 +190,24 @@ impl Up {
     }
 }
 
+/// The body of an upstream request.
+pub enum Body<'a> {
+    /// Sent as it is: the client's own, or a translated one.
+    Bytes(Bytes),
+    /// The client's body with another model: written once, straight behind the head in
+    /// the buffer that is sent (never built on its own and copied there).
+    Rewritten(Rewrite<'a>),
+}
+
+impl Body<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Body::Bytes(b) => b.len(),
+            Body::Rewritten(r) => r.body_len(),
+        }
+    }
+}
+
 /// Sends the request to `provider` on `conn` and waits for the answer's head.
 #[allow(clippy::too_many_arguments)]
 pub async fn open(
@@ -199,7 +218,7 @@ pub async fn open(
     endpoint: Endpoint,
     model: &str,
     stream: bool,
-    body: Bytes,
+    body: Body<'_>,
     budgets: &Budgets,
     until: Option<Deadline>,
 ) -> Result<Up, GatewayError> {
@@ -211,6 +230,10 @@ pub async fn open(
     match provider.format {
         ProviderFormat::Mock => {
             let now = shard.now();
+            let body = match body {
+                Body::Bytes(b) => b,
+                Body::Rewritten(r) => r.to_bytes(),
+            };
             let plan = mock::plan(
                 endpoint,
                 model,
@@ -238,7 +261,7 @@ async fn open_net(
     provider: &Provider,
     conn: &Connection,
     endpoint: Endpoint,
-    body: Bytes,
+    body: Body<'_>,
     budgets: &Budgets,
     until: Option<Deadline>,
 ) -> Result<Up, GatewayError> {
@@ -249,12 +272,23 @@ async fn open_net(
         ));
     };
     // Head and (small) body in one buffer, sized up front: encoded once, written once,
-    // and a retry on a fresh connection re-sends the same bytes without copying them.
+    // and a retry on a fresh connection re-sends the same bytes without copying them. A
+    // rewritten body, of any size, is written there and nowhere else (one copy).
+    let len = body.len();
     let room = super::forward::head_capacity(head, provider, base)
-        + upstream::Outgoing::body_room(body.len());
+        + match body {
+            Body::Bytes(_) => upstream::Outgoing::body_room(len),
+            Body::Rewritten(_) => len,
+        };
     let mut req = BytesMut::with_capacity(room);
-    super::forward::encode_head(&mut req, head, provider, base, conn, endpoint, body.len());
-    let req = upstream::Outgoing::new(req, body);
+    super::forward::encode_head(&mut req, head, provider, base, conn, endpoint, len);
+    let mut req = match body {
+        Body::Bytes(b) => upstream::Outgoing::new(req, b),
+        Body::Rewritten(r) => {
+            r.write_to(&mut req);
+            upstream::Outgoing::new(req, Bytes::new())
+        }
+    };
     // A pooled connection may have been closed by the upstream while idle: if it fails
     // before any response byte, try once more on a fresh connection.
     let mut fresh = false;
@@ -290,7 +324,7 @@ async fn open_net(
         };
         let reused = c.reused();
         let (header_at, clamped) = phase_deadline(shard.now().mono_ns, budgets.header, until);
-        match upstream::exchange(c, req.clone(), budgets.header, header_at).await {
+        match upstream::exchange(c, &mut req, budgets.header, header_at).await {
             // The deadline passed: no retry on a fresh connection.
             Err(e)
                 if clamped.is_some()

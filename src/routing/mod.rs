@@ -2,5 +2,6 @@
 //! candidate connections; session keys and the session pins of session affinity.
 
 pub mod affinity;
+pub mod model_name;
 pub mod resolve;
 pub mod session;

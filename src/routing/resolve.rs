@@ -2,6 +2,7 @@
 //! provider's catalog, becomes an ordered list of [`Target`]s; each target's candidate
 //! connections are the provider's enabled connections in priority order.
 
+use super::model_name::ModelName;
 use crate::config::{Config, ConnectionId, ProviderFormat, ProviderId};
 use crate::error::{ErrorKind, GatewayError};
 
@@ -13,7 +14,7 @@ pub const MAX_MODEL_BYTES: usize = 256;
 pub struct Target {
     pub provider: ProviderId,
     /// The model id sent upstream.
-    pub model: String,
+    pub model: ModelName,
 }
 
 /// Precomputed routing facts derived from the config once at start-up.
@@ -61,7 +62,7 @@ pub struct Resolved {
 }
 
 /// The targets a model resolved to, best first. A `provider/model` resolves to one target:
-/// kept in place, so resolving it allocates only the target's model name.
+/// kept in place, so resolving it allocates nothing (a short model name is inline).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Targets {
     One(Target),
@@ -129,7 +130,7 @@ pub fn resolve(
             .iter()
             .map(|t| Target {
                 provider: t.provider,
-                model: t.model.clone(),
+                model: ModelName::new(&t.model),
             })
             .collect();
         return Ok(Resolved {
@@ -200,7 +201,7 @@ fn direct_targets(
         }
         return Ok(Targets::One(Target {
             provider: p.id,
-            model: rest.to_owned(),
+            model: ModelName::new(rest),
         }));
     }
     // A bare model: every provider whose catalog lists it, those with an enabled
@@ -228,7 +229,7 @@ fn direct_targets(
         hits.into_iter()
             .map(|p| Target {
                 provider: p.id,
-                model: model.to_owned(),
+                model: ModelName::new(model),
             })
             .collect(),
     ))
