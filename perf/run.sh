@@ -8,7 +8,8 @@
 # is ended by PID.
 #
 #   perf/run.sh [DURATION_S]        (default 10 s per measurement)
-#   ROUNDS=3 perf/run.sh 10         (median of 3 interleaved rounds per cell; default 1)
+#   ROUNDS=3 perf/run.sh 10         (median of 3 interleaved rounds per cell, the fixed-rate
+#                                   table included; default 1)
 #   RATE=4000 PROBE_ROUNDS=5 TIDEGATE_WORKERS TIDEGATE_PIN=true are the other knobs.
 #   ONLY=fixed runs the fixed-rate added-latency table alone (FIXED_ROUNDS=1 times, each
 #   round direct, nginx, Tidegate back to back; medians of the rounds), writing
@@ -181,7 +182,10 @@ for stream in 0 1; do
   done
 done
 
-fixed_rows 1
+# The fixed-rate table in as many interleaved rounds as the load table (FIXED_ROUNDS to
+# choose otherwise): its p99 is the noisiest figure of the run.
+FIXED_ROUNDS=${FIXED_ROUNDS:-$ROUNDS}
+fixed_rows "$FIXED_ROUNDS"
 
 # Sequential overhead: one connection, one request at a time, the three sides back to back
 # per round; per round the p50 difference to direct; the median over rounds.
@@ -213,7 +217,7 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
     printf '%s\n' "${base_rows[@]}"
     echo
   fi
-  echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms; added = side − direct):"
+  echo "Added latency at a fixed offered rate (oha -c 64 -q $RATE --latency-correction, ${DUR}s; ms; added = side − direct; median of $FIXED_ROUNDS interleaved round(s)):"
   echo
   lat_header
   printf '%s\n' "${lat_rows[@]}"
