@@ -22,6 +22,7 @@ use monoio::net::TcpStream;
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 
+use crate::clock::{Clock as _, MonoClock};
 use crate::config::Scheme;
 use crate::error::{ErrorKind, GatewayError, TimeoutPhase};
 use crate::http1::{self, BodyDecoder, BodyEvent, Decoded, Method, ResponseHead};
@@ -64,9 +65,10 @@ pub struct Conn {
     reused: bool,
     /// The deadlines of its reads (response head, body idle): one slot of its shard's
     /// read sweep for the connection's life, whichever request it serves. The slot keeps
-    /// the waker of the last task that read (so, while the connection idles in the pool,
-    /// that task's allocation, even if its client connection has closed): bounded by the
-    /// pool's size and let go at the connection's next read or close.
+    /// the waker of the last task whose read had to wait (so, while the connection idles in
+    /// the pool, that task's allocation, even if its client connection has closed): bounded
+    /// by the pool's size, and let go when a later read on the connection has to wait or
+    /// the connection closes.
     watch: Watch,
 }
 
@@ -353,15 +355,16 @@ async fn write_lent<T: IoBuf + Default + 'static>(
     res.map(|_| ())
 }
 
-/// Sends one request and waits for the response head until `header_at` (monotonic ns: the
-/// request's send plus `header_budget`, or sooner; kept by the connection's [`Watch`]).
-/// `header_budget` is what a timeout's message names. `request` is as it was afterwards,
-/// whatever the outcome (unless the exchange is dropped midway).
+/// Sends one request and waits for the response head until `header_at(sent)` (monotonic ns;
+/// `sent` is the reading as the request's write ended, so a slow upload does not spend the
+/// head's budget; kept by the connection's [`Watch`]). `header_budget` is what a timeout's
+/// message names. `request` is as it was afterwards, whatever the outcome (unless the
+/// exchange is dropped midway).
 pub async fn exchange(
     mut conn: UpConn,
     request: &mut Outgoing,
     header_budget: Duration,
-    header_at: u64,
+    header_at: impl FnOnce(u64) -> u64,
 ) -> Result<Response, ExchangeError> {
     let reused = conn.reused;
     let io_err = |e: std::io::Error, got: bool| ExchangeError {
@@ -377,6 +380,7 @@ pub async fn exchange(
             .await
             .map_err(|e| io_err(e, false))?;
     }
+    let header_at = header_at(MonoClock.mono_ns());
     let Conn { io, buf, watch, .. } = &mut *conn;
     let read_head = async {
         loop {
