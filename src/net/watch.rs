@@ -113,18 +113,22 @@ impl Sweep {
     }
 
     /// Watches a read of `slot` until `deadline`. Returns the ticker's waker when it must
-    /// plan again (the deadline is due well before its next round) and whether the ticker
-    /// must be started.
-    fn arm(&mut self, slot: u32, deadline: u64, waker: &Waker) -> (Option<Waker>, bool) {
+    /// plan again (the deadline is due well before its next round), whether the ticker
+    /// must be started, and the waker this one replaced: the caller drops it once the
+    /// sweep is no longer borrowed (dropping a task's last waker can drop its future, and
+    /// with it a `Watch` that gives its slot back here).
+    fn arm(
+        &mut self,
+        slot: u32,
+        deadline: u64,
+        waker: &Waker,
+    ) -> (Option<Waker>, bool, Option<Waker>) {
         let Some(s) = self.slots.get_mut(slot as usize) else {
-            return (None, false);
+            return (None, false, None);
         };
         s.deadline = deadline;
         s.fired = false;
-        match &mut s.waker {
-            Some(w) if w.will_wake(waker) => {}
-            w => *w = Some(waker.clone()),
-        }
+        let replaced = set_waker(&mut s.waker, waker);
         let mut nudge = None;
         if deadline < s.queued {
             s.queued = deadline;
@@ -136,7 +140,7 @@ impl Sweep {
             }
         }
         let start = !std::mem::replace(&mut self.ticker_started, true);
-        (nudge, start)
+        (nudge, start, replaced)
     }
 
     fn take_slot(&mut self) -> Option<u32> {
@@ -206,19 +210,29 @@ impl Drop for Watch {
         let Some(slot) = self.slot.take() else {
             return;
         };
-        // A thread-local already torn down (thread exit) has nothing to give back to.
-        let _ = SWEEP.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut() {
-                if let Some(x) = s.slots.get_mut(slot as usize) {
-                    // Its heap entry (if any) stays: whoever takes the slot next finds it,
-                    // so a closed connection's entry does not outlive the slot.
-                    x.deadline = NONE;
-                    x.fired = false;
-                    x.waker = None;
-                }
-                s.free.push(slot);
-            }
+        // A thread-local already torn down (thread exit) has nothing to give back to. The
+        // slot's waker is dropped after the borrow ends (see `Sweep::arm`).
+        let _waker = SWEEP.try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            let waker = s.slots.get_mut(slot as usize).and_then(|x| {
+                // Its heap entry (if any) stays: whoever takes the slot next finds it,
+                // so a closed connection's entry does not outlive the slot.
+                x.deadline = NONE;
+                x.fired = false;
+                x.waker.take()
+            });
+            s.free.push(slot);
+            waker
         });
+    }
+}
+
+/// Makes `slot` hold `waker` (kept as it is when it already wakes the same task); returns the
+/// waker it held before, for the caller to drop outside the sweep's borrow.
+fn set_waker(slot: &mut Option<Waker>, waker: &Waker) -> Option<Waker> {
+    match slot {
+        Some(w) if w.will_wake(waker) => None,
+        _ => slot.replace(waker.clone()),
     }
 }
 
@@ -242,14 +256,16 @@ impl<F: Future> Future for Within<'_, F> {
             return Poll::Ready(Ok(v));
         }
         let this = &mut *self;
-        let (fired, nudge, start) = SWEEP.with(|s| {
+        // The waker a slot held before this read's is dropped after the sweep's borrow
+        // ends (see `Sweep::arm`).
+        let (fired, nudge, start, _replaced) = SWEEP.with(|s| {
             let mut s = s.borrow_mut();
             let slot = match this.watch.slot {
                 Some(i) => i,
                 None => {
                     let Some(i) = s.take_slot() else {
                         // Over 4 billion connections on one thread: unwatched.
-                        return (false, None, false);
+                        return (false, None, false, None);
                     };
                     this.watch.slot = Some(i);
                     i
@@ -257,23 +273,19 @@ impl<F: Future> Future for Within<'_, F> {
             };
             if this.armed {
                 let Some(x) = s.slots.get_mut(slot as usize) else {
-                    return (false, None, false);
+                    return (false, None, false, None);
                 };
                 if x.fired {
-                    return (true, None, false);
+                    return (true, None, false, None);
                 }
-                match &mut x.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    w => *w = Some(cx.waker().clone()),
-                }
-                (false, None, false)
+                (false, None, false, set_waker(&mut x.waker, cx.waker()))
             } else {
                 this.armed = true;
                 if std::mem::take(&mut this.relative) {
                     this.deadline = MonoClock.mono_ns().saturating_add(this.deadline);
                 }
-                let (nudge, start) = s.arm(slot, this.deadline, cx.waker());
-                (false, nudge, start)
+                let (nudge, start, replaced) = s.arm(slot, this.deadline, cx.waker());
+                (false, nudge, start, replaced)
             }
         });
         if let Some(w) = nudge {
