@@ -125,9 +125,22 @@ fn deserialize_problems(text: &str, first: &toml::de::Error) -> Vec<Problem> {
 /// Reads the file into the raw structs, with the path of every key they do not take.
 fn deserialize(text: &str) -> Result<(RawConfig, Vec<String>), toml::de::Error> {
     let mut unknown = Vec::new();
-    let raw = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
+    let raw: RawConfig = serde_ignored::deserialize(toml::Deserializer::new(text), |path| {
         unknown.push(key_path(&path.to_string()));
     })?;
+    // A combo target's table is read through an untagged enum, out of serde_ignored's
+    // sight: its other keys are kept on it (`RawWeightedTarget::other`).
+    for (i, c) in raw.combos.iter().enumerate() {
+        for (j, t) in c.targets.iter().flatten().enumerate() {
+            if let RawComboTarget::Weighted(w) = t {
+                unknown.extend(
+                    w.other
+                        .keys()
+                        .map(|k| format!("combos[{i}].targets[{j}].{k}")),
+                );
+            }
+        }
+    }
     Ok((raw, unknown))
 }
 
@@ -1300,11 +1313,6 @@ impl Loader<'_> {
                         let (model, combo, weight) = match t {
                             RawComboTarget::Plain(m) => (Some(m), None, None),
                             RawComboTarget::Weighted(w) => {
-                                for k in w.other.keys() {
-                                    let path = format!("{tkey}.{k}");
-                                    let message = super::diagnose::unknown_key(&path);
-                                    self.problem(path, message);
-                                }
                                 (w.model.as_ref(), w.combo.as_ref(), w.weight)
                             }
                         };
@@ -2140,6 +2148,14 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.problems[0].message, "unknown key; did you mean `weight`?");
+        // Beside a value of the wrong type (the file is read again without it), too.
+        let e = load(&format!(
+            "[server]\nworkers = \"two\"\n{BASE}\n[[combos]]\nname = \"w\"\n\
+             targets = [{{ model = \"mock/m\", wieght = 3 }}]\n"
+        ))
+        .unwrap_err();
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert!(keys.contains(&"combos[1].targets[0].wieght"), "{e}");
         // Neither a string nor a table: a wrong value, named by its place.
         let e = load(&format!(
             "{BASE}\n[[combos]]\nname = \"w\"\ntargets = [3]\n"
