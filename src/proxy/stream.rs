@@ -316,7 +316,8 @@ pub async fn commit(
                 break 'relay (after, broken(&e));
             }
             // Pinned in place, the wrapper holding it by reference (`deadline::within` says
-            // why); one timer bounds the wait, for whichever budget runs out first.
+            // why); one bound (the body read's read-sweep deadline) ends the wait, for
+            // whichever budget runs out first.
             let got = {
                 let wait = pin!(watchdog::next(shard, &mut up, idle, wd.as_mut(), active));
                 let wait = unless_client_gone(client, pending, wait);

@@ -257,7 +257,8 @@ impl Watchdog {
 /// error is. The clock is read once per piece: the wait's stall budget counts from the last
 /// piece's reading.
 ///
-/// One timer bounds the wait, whichever budget it is for: the body read's own, set to the
+/// One bound ends the wait, whichever budget it is for: the body read's own (a deadline in
+/// the connection's read-sweep slot, `net::watch`: no timer, ended within 10 ms), set to the
 /// nearest of them, whose timeout is then reported as the budget that ran out. (A timer
 /// per budget, each wrapping the one inside, made every stream's future larger by a monoio
 /// timer entry apiece.)
