@@ -328,17 +328,18 @@ async fn open_net(
         // deadline's.
         let header_at = |sent_ns| phase_deadline(sent_ns, budgets.header, until);
         let result = upstream::exchange(c, &mut req, budgets.header, header_at).await;
-        let clamped = until.filter(|d| shard.now().mono_ns >= d.at_ns);
+        // Read (the clock) only for a failure: an answer costs no reading here.
+        let clamped = || until.filter(|d| shard.now().mono_ns >= d.at_ns);
         match result {
             // The deadline passed: no retry on a fresh connection.
             Err(e)
-                if clamped.is_some()
-                    && e.error.kind == ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader) =>
+                if e.error.kind == ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader)
+                    && clamped().is_some() =>
             {
                 return Err(past_deadline(
                     e.error,
                     TimeoutPhase::ResponseHeader,
-                    clamped,
+                    clamped(),
                 ));
             }
             Ok(resp) => {
@@ -353,7 +354,7 @@ async fn open_net(
                 return Err(past_deadline(
                     e.error,
                     TimeoutPhase::ResponseHeader,
-                    clamped,
+                    clamped(),
                 ));
             }
         }
