@@ -99,6 +99,43 @@ fn the_response_head_budget_is_per_attempt_and_its_message_says_so() {
     assert!(took >= Duration::from_millis(1_000), "{took:?}");
 }
 
+/// The response-head budget starts when the request has been written upstream: an upstream
+/// that takes its time reading a large body spends none of it (it would have spent all of it,
+/// and failed over twice, had the budget counted from the start of the write).
+#[test]
+fn the_response_head_budget_starts_after_the_request_is_written() {
+    let mock = MockUpstream::start();
+    mock.read_bodies_late(Duration::from_millis(2_500))
+        .on_always(CHAT, Reply::openai_chat("read it all"));
+    let gw = Gateway::start(&config(
+        &mock,
+        "response_header_timeout_ms = 1000\nrequest_timeout_ms = 0\n\
+         max_request_body_bytes = 16777216",
+        "",
+    ));
+    // 12 MiB: more than the gateway's send buffer and the mock's small receive buffer hold.
+    let filler = "x".repeat(12 << 20);
+    let body =
+        format!(r#"{{"model":"up/m1","messages":[{{"role":"user","content":"{filler}"}}]}}"#);
+    let mut c = Client::connect(gw.addr());
+    c.set_timeout(Duration::from_secs(30));
+    let t0 = Instant::now();
+    let r = c.request("POST", CHAT, &[], body.as_bytes());
+    let took = t0.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "read it all");
+    assert_eq!(r.header("x-tidegate-attempts"), Some("1"));
+    assert_eq!(mock.hits(CHAT), 1);
+    let forwarded = mock.requests()[0].json();
+    assert_eq!(forwarded["model"], "m1");
+    assert_eq!(
+        forwarded["messages"][0]["content"].as_str().map(str::len),
+        Some(12 << 20)
+    );
+    // The write did wait for the mock's reads: longer than the head budget.
+    assert!(took >= Duration::from_millis(2_500), "{took:?}");
+}
+
 #[test]
 fn the_hard_attempt_deadline_fails_over_while_nothing_reached_the_client() {
     let mock = MockUpstream::start();

@@ -525,6 +525,9 @@ struct State {
     answered: Vec<(std::time::Instant, std::time::Instant)>,
     /// A second handle on every open socket, to shut it down when the mock is dropped.
     sockets: HashMap<u64, TcpStream>,
+    /// Set by [`MockUpstream::read_bodies_late`]: how long a connection waits between a
+    /// request's head and the rest of its body.
+    body_read_pause: Option<Duration>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -658,6 +661,14 @@ impl MockUpstream {
     pub fn on_always(&self, path: &str, reply: Reply) -> &MockUpstream {
         let mut state = self.lock();
         state.routes.entry(path.to_string()).or_default().always = Some(reply);
+        self
+    }
+
+    /// From now on, every connection waits `pause` after a request's head arrived before it
+    /// reads any more of that request, with a small receive buffer: an upstream that reads its
+    /// request slowly, so a gateway's write of a large body takes about `pause` to finish.
+    pub fn read_bodies_late(&self, pause: Duration) -> &MockUpstream {
+        self.lock().body_read_pause = Some(pause);
         self
     }
 
@@ -956,6 +967,10 @@ struct Incoming {
 
 fn serve_connection(shared: &Shared, id: u64, tcp: TcpStream) {
     let _ = tcp.set_nodelay(true);
+    if lock(shared).body_read_pause.is_some() {
+        // No receive-window autotuning: the peer's write waits for this side's reads.
+        let _ = socket2::SockRef::from(&tcp).set_recv_buffer_size(READ_CHUNK);
+    }
     let _ = tcp.set_read_timeout(Some(IDLE_POLL));
     let stream = match &shared.tls {
         Some(config) => match rustls::ServerConnection::new(Arc::clone(config)) {
@@ -1117,12 +1132,19 @@ impl Conn<'_> {
     /// is shutting down. `Err`: the request is malformed.
     fn read_request(&mut self) -> Result<Option<Incoming>, String> {
         let mut sent_continue = false;
+        let mut paused = false;
         loop {
             if let Some((incoming, used, expects_continue)) = parse_request(&self.buf)? {
                 match incoming {
                     Some(incoming) => {
                         self.buf.drain(..used);
                         return Ok(Some(incoming));
+                    }
+                    None if !paused && !expects_continue => {
+                        paused = true;
+                        if !self.pause_body_read() {
+                            return Ok(None);
+                        }
                     }
                     None if expects_continue && !sent_continue => {
                         sent_continue = true;
@@ -1143,6 +1165,22 @@ impl Conn<'_> {
                 Fill::Closed => return Ok(None),
             }
         }
+    }
+
+    /// Sleeps [`State::body_read_pause`], if set, without reading. `false`: the mock is
+    /// shutting down.
+    fn pause_body_read(&self) -> bool {
+        let Some(pause) = lock(self.shared).body_read_pause else {
+            return true;
+        };
+        let deadline = Deadline::after(pause);
+        while !deadline.passed() {
+            if self.shutting_down() {
+                return false;
+            }
+            std::thread::sleep(deadline.remaining().min(POLL));
+        }
+        true
     }
 
     /// Reads whatever arrives within one poll interval into the buffer.
