@@ -39,7 +39,28 @@ fn scrape(gw: &Gateway) -> Value {
         String::from_utf8_lossy(&out.stderr),
         r.text()
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_unique_series(&parsed);
+    parsed
+}
+
+/// No two samples of the exposition share a name and label set (the text format forbids it,
+/// and prometheus_client's parser lets it through).
+fn assert_unique_series(m: &Value) {
+    let mut seen = std::collections::HashSet::new();
+    for family in m.as_object().unwrap().values() {
+        for s in family["samples"].as_array().unwrap() {
+            let mut labels: Vec<(String, String)> = s[1]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect();
+            labels.sort();
+            let key = (s[0].as_str().unwrap().to_string(), labels);
+            assert!(seen.insert(key.clone()), "a series appears twice: {key:?}");
+        }
+    }
 }
 
 /// The value of the sample `name` whose labels include `labels`. (The parser names a

@@ -8,7 +8,9 @@ use crate::error::ErrorKind;
 use crate::owners::health::owner::BREAKER_STATES;
 use crate::providers::Endpoint;
 use crate::resilience::Reason;
-use crate::shard::metrics::{Counters, ERROR_KINDS, Families, Histograms, kind_position};
+use crate::shard::metrics::{
+    Counters, ERROR_KINDS, Families, Histograms, kind_phase, kind_position,
+};
 
 /// Route labels, in index order.
 const ROUTES: [&str; 8] = [
@@ -94,11 +96,13 @@ pub fn families(config: &Config, old: Option<&Families>) -> Families {
         .iter()
         .map(|r| format!("{{cause=\"upstream\",reason=\"{}\"}}", r.as_str()))
         .collect();
-    fallbacks.extend(
-        ERROR_KINDS
-            .iter()
-            .map(|k| format!("{{cause=\"gateway\",reason=\"{}\"}}", k.code())),
-    );
+    fallbacks.extend(ERROR_KINDS.iter().map(|k| match kind_phase(*k) {
+        "" => format!("{{cause=\"gateway\",reason=\"{}\"}}", k.code()),
+        phase => format!(
+            "{{cause=\"gateway\",reason=\"{}\",phase=\"{phase}\"}}",
+            k.code()
+        ),
+    }));
     let transitions = BREAKER_STATES
         .iter()
         .map(|s| format!("{{to=\"{}\"}}", s.as_str()))
@@ -202,8 +206,8 @@ pub fn admitted(f: &Families, config: &Config, provider: ProviderId, ns: u64) {
     }
 }
 
-/// A move to the next candidate after an upstream answer (`Some(reason)`) or a
-/// gateway-made error.
+/// An attempt ended in a failure the gateway moves on from: an upstream answer
+/// (`Some(reason)`) or a gateway-made error (counted whether or not a candidate is left).
 pub fn fallback(f: &Families, upstream: Option<Reason>, gateway: ErrorKind) {
     let i = match upstream {
         Some(r) => reason_index(r),

@@ -96,6 +96,21 @@ fn kind_index(kind: ErrorKind) -> usize {
         .unwrap_or(ERROR_KINDS.len() - 1)
 }
 
+/// The `phase` label that tells apart the [`ERROR_KINDS`] entries sharing one code (`""`: the
+/// code alone is unique), so no two series of a family carry the same labels.
+pub fn kind_phase(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::UpstreamTimeout(p) => p.as_str(),
+        // The 429 variants share their code with the 503 ones.
+        ErrorKind::AllTargetsSkippedRateLimited | ErrorKind::AllAccountsInactiveRateLimited => {
+            "rate_limited"
+        }
+        // Shares its code with the 408 of a slow request head; the label tells them apart.
+        ErrorKind::RequestTimeout => "request",
+        _ => "",
+    }
+}
+
 /// Where a request stood when its client hung up (`tidegate_requests_abandoned_total{phase}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Abandoned {
@@ -261,7 +276,8 @@ pub struct Families {
     pub upstream_head: Histograms,
     /// `tidegate_upstream_ttfb_seconds{provider}`: request sent → first body byte.
     pub upstream_ttfb: Histograms,
-    /// `tidegate_fallbacks_total{cause,reason}`: moves to the next candidate.
+    /// `tidegate_fallbacks_total{cause,reason[,phase]}`: attempts that ended in a failure the
+    /// gateway moves on from (the last candidate's included).
     pub fallbacks: Counters,
     /// `tidegate_breaker_transitions_total{to}`: counted on the breaker's owner.
     pub breaker_transitions: Counters,
@@ -298,7 +314,7 @@ const FAMILIES: [(&str, &str); 9] = [
     ),
     (
         "tidegate_fallbacks_total",
-        "Moves to the next candidate, by cause (an upstream answer or a gateway-made error) and reason.",
+        "Attempts that ended in a failure the gateway moves on from (to the next candidate when there is one; the last candidate's counted too), by cause (an upstream answer or a gateway-made error) and reason.",
     ),
     (
         "tidegate_breaker_transitions_total",
@@ -838,16 +854,7 @@ pub fn render(
             .iter()
             .map(|s| s.gateway_errors[i].load(Ordering::Relaxed))
             .sum();
-        let phase = match kind {
-            ErrorKind::UpstreamTimeout(p) => p.as_str(),
-            // The 429 variants share their code with the 503 ones.
-            ErrorKind::AllTargetsSkippedRateLimited | ErrorKind::AllAccountsInactiveRateLimited => {
-                "rate_limited"
-            }
-            // Shares its code with the 408 of a slow request head; the label tells them apart.
-            ErrorKind::RequestTimeout => "request",
-            _ => "",
-        };
+        let phase = kind_phase(*kind);
         // No empty label: `phase` only where there is one.
         let _ = if phase.is_empty() {
             writeln!(
