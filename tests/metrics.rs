@@ -317,3 +317,28 @@ fn fallbacks_inside_a_combo_are_counted() {
         "the combo's move past the unreachable target is a fallback"
     );
 }
+
+#[test]
+fn a_disabled_connection_is_counted_as_disabled_not_routable() {
+    let mock = MockUpstream::start();
+    // `keyless`'s only connection names a key variable that is not set: switched off at load.
+    let tail = format!(
+        "{}[[connections]]\nid = \"k1\"\nprovider = \"keyless\"\n\
+         api_key_env = \"TIDEGATE_TEST_KEY_THAT_IS_NEVER_SET\"\n\n",
+        support::config::provider("keyless", &mock.base_url(), &["m1"]),
+    );
+    let gw = Gateway::start(&one_upstream(&mock.base_url(), 1, "", &tail));
+    let m = scrape(&gw);
+    let status = |provider: &str, status: &str| {
+        sample(
+            &m,
+            "tidegate_connection_status",
+            "tidegate_connection_status",
+            &[("provider", provider), ("status", status)],
+        )
+    };
+    assert_eq!(status("keyless", "disabled"), 1.0);
+    assert_eq!(status("keyless", "routable"), 0.0);
+    assert_eq!(status("up", "routable"), 1.0);
+    assert_eq!(status("up", "disabled"), 0.0);
+}

@@ -70,11 +70,15 @@ pub fn render(shard: &Shard) -> String {
 
     let _ = writeln!(
         out,
-        "# HELP tidegate_connection_status Connections by provider and routability (cooling = in a cooldown, terminal = banned/expired/credits exhausted).\n# TYPE tidegate_connection_status gauge"
+        "# HELP tidegate_connection_status Connections by provider and routability (cooling = in a cooldown, terminal = banned/expired/credits exhausted, disabled = switched off in the configuration, e.g. its key variable unset).\n# TYPE tidegate_connection_status gauge"
     );
     for p in &config.providers {
-        let (mut routable, mut cooling, mut terminal) = (0u64, 0u64, 0u64);
+        let (mut routable, mut cooling, mut terminal, mut disabled) = (0u64, 0u64, 0u64, 0u64);
         for c in config.connections.iter().filter(|c| c.provider == p.id) {
+            if !c.enabled {
+                disabled += 1;
+                continue;
+            }
             match views.connections.routability(c.id, now) {
                 Routability::Routable => routable += 1,
                 Routability::NotUntil { .. } => cooling += 1,
@@ -85,6 +89,7 @@ pub fn render(shard: &Shard) -> String {
             ("routable", routable),
             ("cooling", cooling),
             ("terminal", terminal),
+            ("disabled", disabled),
         ] {
             let _ = writeln!(
                 out,
