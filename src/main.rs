@@ -62,6 +62,7 @@ mod timer;
 use tidegate::config;
 use tidegate::config::Config;
 use tidegate::server::{self as fleet, DriverChoice, UringSetup};
+use tidegate::snapshot::store::Unusable;
 
 #[global_allocator]
 static GLOBAL: tidegate::heap::Heap = tidegate::heap::Heap;
@@ -303,14 +304,16 @@ fn environment_help() -> String {
     let mut out = String::from(
         "Environment:\n  \
          TIDEGATE_CONFIG   configuration file when --config is not given\n  \
-         TIDEGATE_LOG      log filter (error, warn, info, debug; default info)\n  \
+         TIDEGATE_LOG      log filter: a level (error, warn, info, debug, trace, off) or \
+         comma-separated target=level directives, e.g. tidegate=debug; default info\n  \
          TIDEGATE_DRIVER   auto (default), io_uring or epoll\n  \
          TIDEGATE_URING_SETUP  io_uring ring setup: coop (default), defer or plain\n\n\
          Set by systemd (either one set: the default configuration file is \
          /etc/tidegate/tidegate.toml instead of config/tidegate.toml):\n  \
          NOTIFY_SOCKET     where READY=1 / RELOADING=1 / STOPPING=1 go (Type=notify)\n  \
          INVOCATION_ID     the unit's invocation\n\n\
-         Resilience overrides (under the file's values; docs/configuration.md):\n",
+         Resilience overrides (under the file's values, except RATE_LIMIT_AUTO_ENABLE, \
+         which wins over the file; docs/configuration.md):\n",
     );
     for var in config::resilience::env_variables() {
         out.push_str("  ");
@@ -358,6 +361,24 @@ fn main() -> ExitCode {
                 Ok((cfg, warnings)) => {
                     for w in &warnings {
                         eprintln!("warning: {w}");
+                    }
+                    // What `serve` refuses after loading fails the check too: a check run
+                    // before a restart must not pass a file the restart would not serve.
+                    if let Some(why) = config::exposure::open_gateway_refusal(&cfg) {
+                        eprintln!("{}: server.listen: {why}", path.display());
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                    match tidegate::snapshot::store::probe(&cfg.server.state_dir) {
+                        Ok(()) => {}
+                        Err(Unusable::Fatal(why)) => {
+                            eprintln!("{}: server.state_dir: {why}", path.display());
+                            return ExitCode::from(EXIT_CONFIG);
+                        }
+                        // `serve` may run as another user (the packaged unit's `tidegate`).
+                        Err(Unusable::NotWritable(why)) => eprintln!(
+                            "warning: server.state_dir: {why} for this user; `serve` must run \
+                             as a user that can create and write it"
+                        ),
                     }
                     println!(
                         "{}: ok ({} providers, {} connections, {} combos, {} client keys)",

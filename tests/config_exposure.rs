@@ -1,7 +1,8 @@
 //! Valid but dangerous configurations: `tidegate check` warns (and still exits 0) for an
-//! open gateway or an inline key on an address other hosts can reach, for a file where every
-//! connection is disabled, and for an empty file; `tidegate serve` refuses the open gateway
-//! on a non-loopback address unless `server.allow_open_gateway = true`.
+//! inline key on an address other hosts can reach, for a file where every connection is
+//! disabled, and for an empty file; an open gateway on a non-loopback address is refused by
+//! `tidegate serve` and fails `tidegate check` (exit 2) unless
+//! `server.allow_open_gateway = true`, when both warn.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -39,11 +40,15 @@ fn check_warns(cfg: &str, needle: &str) {
 }
 
 #[test]
-fn an_open_gateway_on_a_reachable_address_warns_and_serve_refuses_it() {
+fn an_open_gateway_on_a_reachable_address_fails_check_and_serve_refuses_it() {
     let open = format!("[server]\nlisten = \"0.0.0.0:0\"\nworkers = 1\n{MOCK}");
-    check_warns(
-        &open,
-        "server.listen: 0.0.0.0:0 is reachable from other hosts",
+    // `check` fails the file `serve` would refuse, with the same line.
+    let (code, stdout, stderr) = run_check(&open);
+    assert_eq!(code, 2, "stdout {stdout}\nstderr {stderr}");
+    assert!(!stdout.contains(": ok ("), "{stdout}");
+    assert!(
+        stderr.contains("server.listen: refusing to serve 0.0.0.0:0 with no [[client_keys]]"),
+        "{stderr}"
     );
     let failure = match Gateway::try_start(&open, &[]) {
         Ok(gw) => panic!("an open gateway started:\n{}", gw.logs()),
@@ -65,6 +70,10 @@ fn an_open_gateway_on_a_reachable_address_warns_and_serve_refuses_it() {
     // The operator's explicit choice starts it (with the warning, logged before the ready
     // line but on stderr, which another thread drains: waited for).
     let allowed = open.replace("workers = 1\n", "workers = 1\nallow_open_gateway = true\n");
+    check_warns(
+        &allowed,
+        "server.listen: 0.0.0.0:0 is reachable from other hosts",
+    );
     let gw = Gateway::start(&allowed);
     gw.wait_for_log("allow_open_gateway = true", secs(5));
     // On loopback, no keys is the local-development setup: no warning, it serves.

@@ -164,3 +164,37 @@ fn client_errors_and_rate_limits_never_trip_the_breaker() {
     }
     assert_eq!(mock.hits("/v1/chat/completions"), THRESHOLD * 2);
 }
+
+/// A connection held back by two things at once — its cooldown and the provider's open
+/// breaker — is only usable when both have ended: the answer names the longer one and its
+/// Retry-After is that one's, not the cooldown's shorter wait.
+#[test]
+fn a_connection_held_by_a_cooldown_and_an_open_breaker_waits_for_the_longer() {
+    let mock = MockUpstream::start();
+    mock.on_always("/v1/chat/completions", Reply::error(503, "overloaded"));
+    let gw = Gateway::start(&one_upstream(
+        &mock.base_url(),
+        1,
+        "",
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = 1\n\
+         degradation_threshold = 1\nreset_timeout_ms = 40000\n",
+    ));
+    let r = ask(&gw);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.header("x-tidegate-error").is_none(),
+        "the upstream's own 503"
+    );
+    let r = eventually(Duration::from_secs(2), "the breaker to open", || {
+        let r = ask(&gw);
+        (r.header("x-tidegate-error").is_some()).then_some(r)
+    });
+    assert_eq!(mock.hits("/v1/chat/completions"), 1, "{}", r.text());
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (30..=40).contains(&retry),
+        "Retry-After {retry}: the breaker's 40 s, not the cooldown's shorter wait: {} {}",
+        r.status,
+        r.text()
+    );
+}

@@ -1680,15 +1680,21 @@ fn exclusion_error(shard: &Req<'_>, plan: &Plan, excluded: &[Excluded]) -> Gatew
         .iter()
         .map(|e| {
             let p = &config.provider(e.provider).name;
+            let c = &config.connection(e.connection).name;
             match e.retry_after_ms {
-                Some(ms) => format!("{p}/{}: {} ({}s)", e.model, e.reason.as_str(), secs(ms)),
-                None => format!("{p}/{}: {}", e.model, e.reason.as_str()),
+                Some(ms) => format!(
+                    "{p}/{} on {c}: {} ({}s)",
+                    e.model,
+                    e.reason.as_str(),
+                    secs(ms)
+                ),
+                None => format!("{p}/{} on {c}: {}", e.model, e.reason.as_str()),
             }
         })
         .collect();
     let list: Vec<serde_json::Value> = excluded
         .iter()
-        .map(|e| json!({"provider": config.provider(e.provider).name, "model": e.model, "reason": e.reason.as_str()}))
+        .map(|e| json!({"provider": config.provider(e.provider).name, "connection": config.connection(e.connection).name, "model": e.model, "reason": e.reason.as_str()}))
         .collect();
     let mut err = GatewayError::new(
         ErrorKind::AllTargetsCoolingDown,

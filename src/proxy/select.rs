@@ -110,6 +110,9 @@ pub fn waitable_ms(views: &Views, config: &Config, e: &Excluded, now: Now) -> Op
 }
 
 /// The pure part of selection: reads the views only, allocates nothing on the pass path.
+/// A connection held back by several things at once (a cooldown, a model lockout, an open
+/// breaker) is skipped for the one that lasts longest, with its wait: the earliest it can be
+/// tried is when all of them have ended, so a shorter one's wait would promise too much.
 pub fn gate(
     views: &Views,
     config: &Config,
@@ -117,6 +120,13 @@ pub fn gate(
     connection: ConnectionId,
     now: Now,
 ) -> Gate {
+    // The longest blocker so far (on a tie the first found keeps its name).
+    let mut skip: Option<(Exclusion, u64)> = None;
+    let mut held = |why: Exclusion, ms: u64| {
+        if skip.is_none_or(|(_, longest)| ms > longest) {
+            skip = Some((why, ms));
+        }
+    };
     match views.connections.routability(connection, now) {
         Routability::Routable => {}
         Routability::NotUntil { until_ms, reason } => {
@@ -125,7 +135,7 @@ pub fn gate(
             } else {
                 Exclusion::ConnectionCooldown
             };
-            return Gate::Skip(why, Some(until_ms.saturating_sub(now.wall_ms)));
+            held(why, until_ms.saturating_sub(now.wall_ms));
         }
         Routability::Terminal(t) => return Gate::Skip(Exclusion::Terminal(t), None),
     }
@@ -137,9 +147,9 @@ pub fn gate(
         &target.model,
         now,
     ) {
-        return Gate::Skip(
+        held(
             Exclusion::ModelLockout,
-            Some(lock.until_ms.saturating_sub(now.mono_ms())),
+            lock.until_ms.saturating_sub(now.mono_ms()),
         );
     }
     let mut need: Option<Vec<BreakerKey>> = None;
@@ -147,10 +157,13 @@ pub fn gate(
         match views.breaker(&key).map(|v| v.gate(now)) {
             None | Some(ViewGate::Pass) => {}
             Some(ViewGate::Blocked { retry_after_ms }) => {
-                return Gate::Skip(Exclusion::CircuitOpen(key), Some(retry_after_ms));
+                held(Exclusion::CircuitOpen(key), retry_after_ms);
             }
             Some(ViewGate::Probe) => need.get_or_insert_with(Vec::new).push(key),
         }
+    }
+    if let Some((why, ms)) = skip {
+        return Gate::Skip(why, Some(ms));
     }
     match need {
         Some(keys) => Gate::NeedProbe(keys),

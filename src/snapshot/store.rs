@@ -120,6 +120,73 @@ pub struct Store {
     lock: Option<File>,
 }
 
+/// Why `serve`, run as this user, could not use `dir` as its state directory, found without
+/// creating or writing anything (for `tidegate check`): `Err(Fatal)` when no user could (a
+/// path component that is a file), `Err(NotWritable)` when this user cannot create or write
+/// it (`serve` may run as another user).
+pub fn probe(dir: &Path) -> Result<(), Unusable> {
+    let mut at = Some(dir);
+    while let Some(p) = at {
+        match fs::metadata(p) {
+            Ok(m) if m.is_dir() => {
+                return if writable(p) {
+                    Ok(())
+                } else if p == dir {
+                    Err(Unusable::NotWritable(format!(
+                        "{} is not writable",
+                        p.display()
+                    )))
+                } else {
+                    Err(Unusable::NotWritable(format!(
+                        "{} does not exist and {} is not writable",
+                        dir.display(),
+                        p.display()
+                    )))
+                };
+            }
+            Ok(_) => {
+                return Err(Unusable::Fatal(format!(
+                    "{} is not a directory",
+                    p.display()
+                )));
+            }
+            // A missing entry, or one below a file (the file is reported when reached).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                at = p.parent();
+            }
+            Err(e) => return Err(Unusable::Fatal(format!("{}: {e}", p.display()))),
+        }
+        if at == Some(Path::new("")) {
+            // A relative path's first component: its parent is the working directory.
+            at = (p != Path::new(".")).then_some(Path::new("."));
+        }
+    }
+    Ok(())
+}
+
+/// What [`probe`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unusable {
+    Fatal(String),
+    NotWritable(String),
+}
+
+/// The calling user may create entries in the directory `p` (`access(2)`, W_OK | X_OK).
+#[allow(unsafe_code)]
+fn writable(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; access(2) only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
 /// Takes the directory's writer lock if no other process holds it: `Some(file)` holds it
 /// until dropped (or the process exits). A file system without advisory locks counts as
 /// held: there is nothing to wait for.
@@ -289,6 +356,31 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probe_creates_nothing_and_names_what_is_in_the_way() {
+        let d = tmpdir("probe");
+        fs::create_dir_all(&d).unwrap();
+        // Missing below a writable directory: fine, and still missing.
+        let deep = d.join("a/b/c");
+        assert_eq!(probe(&deep), Ok(()));
+        assert!(!d.join("a").exists());
+        assert_eq!(probe(&d), Ok(()));
+        // A file in the way is fatal for any user.
+        fs::write(d.join("file"), b"x").unwrap();
+        match probe(&d.join("file/state")) {
+            Err(Unusable::Fatal(m)) => assert!(m.ends_with("file is not a directory"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match probe(&d.join("file")) {
+            Err(Unusable::Fatal(m)) => assert!(m.contains("is not a directory"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // A relative path resolves against the working directory (writable in tests).
+        assert_eq!(probe(Path::new("tidegate-probe-never-created/x")), Ok(()));
+        assert!(!Path::new("tidegate-probe-never-created").exists());
+        fs::remove_dir_all(&d).unwrap();
+    }
 
     fn tmpdir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("tidegate-store-{name}-{}", std::process::id()));
