@@ -1,7 +1,8 @@
 //! The command line and configuration validation: `tidegate check` on the shipped file and
 //! on broken ones (exit 2, one line per problem naming its key), `tidegate serve` refusing a
 //! bad file without listening, `--help`, a connection whose key variable is unset, and the
-//! warnings of settings that are accepted but not active yet.
+//! warnings of settings that are accepted but not active yet, and a `state_dir` no user could
+//! create.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -453,4 +454,32 @@ degradation_threshold = 7
     let mut documented = documented;
     documented.sort_unstable();
     assert_eq!(printed, documented);
+}
+
+#[test]
+fn check_fails_a_state_dir_no_user_could_create_and_creates_nothing() {
+    let dir = TempDir::new("state-probe");
+    let file = dir.write("not-a-dir", "x");
+    let blocked = BASE.replace(
+        "workers = 1\n",
+        &format!("workers = 1\nstate_dir = \"{}/state\"\n", file.display()),
+    );
+    let (code, stdout, stderr) = run_check(&blocked);
+    assert_eq!(code, 2, "stdout {stdout}\nstderr {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "server.state_dir: {} is not a directory",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    // A missing directory below a writable one passes and is left for `serve` to create.
+    let fresh = dir.path().join("a/b");
+    let ok = BASE.replace(
+        "workers = 1\n",
+        &format!("workers = 1\nstate_dir = \"{}\"\n", fresh.display()),
+    );
+    let (code, stdout, stderr) = run_check(&ok);
+    assert_eq!(code, 0, "stdout {stdout}\nstderr {stderr}");
+    assert!(!dir.path().join("a").exists());
 }
