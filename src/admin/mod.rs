@@ -131,16 +131,23 @@ pub fn decide(
         return Ok(());
     }
     if !credentials_configured(config) {
+        // No credential can be valid. A loopback caller got here by presenting one anyway;
+        // anyone else is not on loopback.
+        let rule = if loopback {
+            "loopback callers are answered without an Authorization header"
+        } else {
+            "the management API answers only loopback callers"
+        };
         // The token's variable named in the file but missing from the environment.
         let why = match &config.server.admin_token_env {
             Some(var) => format!(
-                "the management API answers only loopback callers: {var} \
-                 (server.admin_token_env) is not set in the gateway's environment and no \
-                 client key has scope manage"
+                "{rule}: {var} (server.admin_token_env) is not set in the gateway's \
+                 environment and no client key has scope manage"
             ),
-            None => "the management API answers only loopback callers until \
-                     server.admin_token_env or a client key with scope manage is configured"
-                .to_string(),
+            None => format!(
+                "{rule} until server.admin_token_env or a client key with scope manage is \
+                 configured"
+            ),
         };
         return Err(GatewayError::new(ErrorKind::Forbidden, why));
     }
@@ -190,6 +197,18 @@ mod tests {
         assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Forbidden));
         let e = decide(&c, Caller::Open, false, None, Access::Manage).err();
         assert_eq!(e.map(|e| e.kind), Some(ErrorKind::Forbidden));
+        // A loopback caller presenting a credential none could match is told so (not that
+        // only loopback is answered: it is on loopback).
+        let e = decide(&c, Caller::Denied, true, LOCAL, Access::Manage)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ErrorKind::Forbidden);
+        assert!(
+            e.message
+                .starts_with("loopback callers are answered without an Authorization"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! from a variable); it never adds a problem, only warnings.
 
 use super::raw::RawConfig;
-use super::{Config, Connection, ProviderFormat};
+use super::{Config, Connection, ProviderFormat, Scope};
 
 /// The shipped sample key: public, since it is printed in the README and the default file.
 pub const SAMPLE_CLIENT_KEY: &str = "tidegate-dev-key";
@@ -81,6 +81,19 @@ pub fn warnings(config: &Config, raw: &RawConfig, text: &str) -> Vec<String> {
             "connections: every connection is disabled ({unset} not set in this environment): \
              every model request fails with no_available_connection"
         ));
+    }
+    if let (Some(var), None) = (&config.server.admin_token_env, &config.server.admin_token) {
+        let then = if config
+            .client_keys
+            .iter()
+            .any(|k| k.has_scope(Scope::Manage))
+        {
+            "the management API accepts only client keys with scope \"manage\""
+        } else {
+            "and no client key has scope \"manage\": the management API answers loopback \
+             callers without a credential and refuses every other caller"
+        };
+        out.push(format!("server.admin_token_env: {var} is not set; {then}"));
     }
     if exposed && config.client_keys.is_empty() {
         let consequence = if config.server.allow_open_gateway {

@@ -480,15 +480,6 @@ impl Loader<'_> {
             None => (None, None),
             Some(var) => {
                 let token = self.optional_secret("server.admin_token_env", var);
-                if token.is_none() && valid_env_name(var) {
-                    self.warn(
-                        "server.admin_token_env",
-                        format_args!(
-                            "{var} is not set; the management API accepts only client keys \
-                             with scope \"manage\""
-                        ),
-                    );
-                }
                 (Some(var.clone()), token)
             }
         };
@@ -2343,6 +2334,24 @@ mod tests {
             .collect();
         assert_eq!(admin.len(), 1, "{:?}", out.warnings);
         assert!(admin[0].starts_with("server.admin_token_env: TG_ADMIN is not set"));
+        // With no manage key either, the warning says what that leaves: loopback only.
+        assert!(
+            admin[0].contains("answers loopback callers"),
+            "{}",
+            admin[0]
+        );
+        let keyed =
+            format!("{text}[[client_keys]]\nid = \"ops\"\nkey = \"k\"\nscopes = [\"manage\"]\n");
+        let out = load(&keyed).unwrap();
+        let admin: Vec<_> = out
+            .warnings
+            .iter()
+            .filter(|w| w.starts_with("server.admin_token_env"))
+            .collect();
+        assert!(
+            admin[0].ends_with("accepts only client keys with scope \"manage\""),
+            "{admin:?}"
+        );
     }
 
     #[test]
