@@ -89,6 +89,39 @@ fn every_request_gets_one_access_log_line_and_its_request_id_back() {
     assert_eq!(access_lines(&gw.logs()).len(), 2, "{}", gw.logs());
 }
 
+/// A management call's access line names who made it: the manage key's id, or
+/// `admin-token`.
+#[test]
+fn management_calls_log_the_key_that_made_them() {
+    let mock = MockUpstream::start();
+    let cfg = keyed(&mock.base_url(), "admin_token_env = \"TG_LOGS_ADMIN\"").replace(
+        "key = \"k-a\"\n",
+        "key = \"k-a\"\nscopes = [\"inference\", \"manage\"]\n",
+    );
+    let gw = Gateway::start_with_env(&cfg, &[("TG_LOGS_ADMIN", "adm-secret")]);
+    for (bearer, id, expect) in [
+        ("k-a", "mgmt-key", "key=team-a"),
+        ("adm-secret", "mgmt-token", "key=admin-token"),
+    ] {
+        let r = Client::connect(gw.addr()).request(
+            "POST",
+            "/api/resilience/reset",
+            &[
+                ("authorization", &format!("Bearer {bearer}")),
+                ("x-request-id", id),
+            ],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let line = eventually(secs(5), "the management call's line", || {
+            access_lines(&gw.logs())
+                .into_iter()
+                .find(|l| l.contains(&format!("request_id={id}")))
+        });
+        assert!(line.contains(expect), "{expect} missing from {line}");
+    }
+}
+
 #[test]
 fn log_format_json_writes_one_json_object_per_line() {
     let mock = MockUpstream::start();

@@ -21,6 +21,7 @@ use crate::config::{Config, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::RequestHead;
 use crate::owners::Shard;
+use crate::proxy::access::AccessLog;
 
 /// Answers an admin route. `peer` is the client's address (`None` if unknown: treated as
 /// not loopback).
@@ -30,6 +31,7 @@ pub async fn serve(
     route: Route,
     body: &Bytes,
     peer: Option<IpAddr>,
+    log: &AccessLog,
 ) -> Result<Answer, GatewayError> {
     let generation = shard.current();
     let config = generation.config();
@@ -52,7 +54,7 @@ pub async fn serve(
         )),
         Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
         Route::Metrics => {
-            authorize(config, shard, head, peer, Access::Metrics)?;
+            authorize(config, shard, head, peer, Access::Metrics, log)?;
             Ok((
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -60,7 +62,7 @@ pub async fn serve(
             ))
         }
         other => {
-            authorize(config, shard, head, peer, Access::Manage)?;
+            authorize(config, shard, head, peer, Access::Manage, log)?;
             api::serve(shard, head, other, body).await
         }
     }
@@ -166,10 +168,24 @@ fn authorize(
     head: &RequestHead,
     peer: Option<IpAddr>,
     access: Access,
+    log: &AccessLog,
 ) -> Result<(), GatewayError> {
     let caller = shard.current().shared().keys.identify(head);
+    // Who called, in the access line (`key=`): a client key's id, or `admin-token`.
+    match caller {
+        Caller::Key(i) => {
+            if let Some(k) = config.client_keys.get(i) {
+                log.key(&k.id);
+            }
+        }
+        Caller::Admin => log.key(ADMIN_TOKEN_CALLER),
+        Caller::Open | Caller::Denied => {}
+    }
     decide(config, caller, presented_key(head).is_some(), peer, access)
 }
+
+/// The access line's `key` for a call made with the admin token.
+const ADMIN_TOKEN_CALLER: &str = "admin-token";
 
 #[cfg(test)]
 mod tests {

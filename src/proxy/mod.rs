@@ -235,7 +235,7 @@ pub async fn handle(
         }),
         Ok(Route::Admin(r)) => {
             let peer = client.peer_addr().ok().map(|a| a.ip());
-            admin::serve(shard, head, r, &body, peer).await
+            admin::serve(shard, head, r, &body, peer, &log).await
         }
         Err(e) => Err(e),
     };
