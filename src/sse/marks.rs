@@ -147,10 +147,10 @@ mod wide {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn load(window: &[u8; WINDOW], at: usize) -> __m256i {
-        let bytes: &[u8; STEP] = match window.get(at..at + STEP).and_then(|s| s.try_into().ok()) {
-            Some(b) => b,
-            None => &[0; STEP],
-        };
+        let bytes: &[u8; STEP] = window
+            .get(at..at + STEP)
+            .and_then(|s| s.try_into().ok())
+            .unwrap_or(&[0; STEP]);
         // SAFETY: `bytes` is 32 readable bytes; the load has no alignment requirement.
         #[allow(unsafe_code)]
         unsafe {
@@ -180,10 +180,9 @@ mod wide {
     /// The window of `data` from `at` (`at + WINDOW` is at most its length).
     #[inline]
     fn window(data: &[u8], at: usize) -> &[u8; WINDOW] {
-        match data.get(at..at + WINDOW).and_then(|s| s.try_into().ok()) {
-            Some(w) => w,
-            None => &[0; WINDOW],
-        }
+        data.get(at..at + WINDOW)
+            .and_then(|s| s.try_into().ok())
+            .unwrap_or(&[0; WINDOW])
     }
 
     /// Compares every candidate in `bits` (starts from `at`) with its word.
