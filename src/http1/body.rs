@@ -89,6 +89,9 @@ impl BodyDecoder {
                 }
                 State::ChunkSize => {
                     if let Some((size, used)) = plain_chunk_line(buf) {
+                        if let Some(data) = whole_chunk(buf, size, used) {
+                            return Ok(BodyEvent::Data(data));
+                        }
                         buf.advance(used);
                         self.state = if size == 0 {
                             State::Trailers { seen: 0 }
@@ -200,6 +203,22 @@ fn take(buf: &mut BytesMut, remaining: u64) -> Option<(Bytes, u64)> {
     let data = buf.split_to(n).freeze();
     // n <= remaining, so this never saturates.
     Some((data, remaining.saturating_sub(n as u64)))
+}
+
+/// A chunk of `size` (> 0) bytes whose size line (`used` bytes) is at the start of `buf`,
+/// when the whole of it and the CRLF after it are here: split off with its framing in one
+/// step (the piece the chunk-data and CRLF states would give, one state walk per chunk
+/// fewer). `None` (nothing taken) otherwise.
+fn whole_chunk(buf: &mut BytesMut, size: u64, used: usize) -> Option<Bytes> {
+    let n = usize::try_from(size).ok().filter(|&n| n > 0)?;
+    let end = used.checked_add(n)?;
+    if buf.get(end..end.checked_add(2)?) != Some(b"\r\n") {
+        return None;
+    }
+    buf.advance(used);
+    let data = buf.split_to(n).freeze();
+    buf.advance(2);
+    Some(data)
 }
 
 fn strip_cr(line: &[u8]) -> Result<&[u8], BodyError> {

@@ -135,15 +135,16 @@ impl Scanner {
         let mut fields = Fields::default();
         loop {
             // The next line end; a blank line right after a line end (the usual end of an
-            // event) is seen without a search.
+            // event) is seen without a search, and the end of the input (the usual end of a
+            // piece) without a call.
             let lf = match input.get(pos..) {
                 Some([b'\n', ..]) => pos,
                 Some([b'\r', b'\n', ..]) => pos + 1,
+                Some([]) | None => break,
                 Some(rest) => match memchr::memchr(b'\n', rest) {
                     Some(i) => pos + i,
                     None => break,
                 },
-                None => break,
             };
             let line = &input[pos..lf];
             let blank = self.line.after(line) != Line::Content;
