@@ -27,6 +27,16 @@ pub enum After {
     Close,
 }
 
+/// How a request ended: what happens to its connection, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub after: After,
+    /// Monotonic now at the request's end, in ns: the reading its last poll took
+    /// (`clock::OneReading`). The keep-alive wait that follows counts its idle budget from
+    /// it, without a clock read of its own.
+    pub end_ns: u64,
+}
+
 /// The budgets and limits of reading requests.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -66,7 +76,7 @@ pub trait Handler {
         body: Bytes,
         client: &mut ClientStream,
         pending: &mut BytesMut,
-    ) -> impl std::future::Future<Output = After>;
+    ) -> impl std::future::Future<Output = Served>;
     /// Answers bad input with its typed error; the connection closes after it.
     /// `head` is the request's head when it was read (the body was refused).
     fn reject(
@@ -83,15 +93,19 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     // The deadlines of this connection's head and body reads, kept by its thread's sweep.
     let mut watch = Watch::default();
+    // When the last request ended (its own clock reading): the idle wait's start.
+    let mut ended_ns: Option<u64> = None;
     loop {
-        let mut head = match read_head(&*handler, &mut stream, &mut buf, &mut watch).await {
-            Ok(Some(h)) => h,
-            Ok(None) => break,
-            Err(err) => {
-                handler.reject(None, &mut stream, &err).await;
-                break;
-            }
-        };
+        let idle_from_ns = ended_ns.take();
+        let mut head =
+            match read_head(&*handler, &mut stream, &mut buf, &mut watch, idle_from_ns).await {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(err) => {
+                    handler.reject(None, &mut stream, &err).await;
+                    break;
+                }
+            };
         let request = handler.request_started();
         let limits = handler.body_limits(&request);
         let mut body = match read_body(limits, &mut stream, &mut buf, &head, &mut watch).await {
@@ -122,9 +136,10 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             handler.handle(&request, &head, body, &mut stream, &mut buf),
         );
         // One clock reading per poll of the request (`clock::OneReading`).
-        let after = OneReading(Box::into_pin(work)).await;
+        let served = OneReading(Box::into_pin(work)).await;
         drop(request);
-        if after == After::Close || handler.is_draining() {
+        ended_ns = Some(served.end_ns);
+        if served.after == After::Close || handler.is_draining() {
             break;
         }
         // Keep an idle connection's buffer small: drop a grown one.
@@ -233,12 +248,15 @@ fn head_error(e: HeadError) -> GatewayError {
 
 /// Reads the next request head. `Ok(None)`: the client closed or stayed idle too long
 /// between requests (closed silently). Both budgets are kept by `watch` (no timer per
-/// read): a read ends within [`crate::net::watch::SWEEP_TICK_MS`] after its deadline.
+/// read): a read ends within [`crate::net::watch::SWEEP_TICK_MS`] after its deadline. The
+/// idle budget counts from `idle_from_ns` when given (the previous request's end, as its
+/// last poll read the clock), else from now.
 async fn read_head<H: Handler>(
     handler: &H,
     stream: &mut ClientStream,
     buf: &mut BytesMut,
     watch: &mut Watch,
+    mut idle_from_ns: Option<u64>,
 ) -> Result<Option<RequestHead>, GatewayError> {
     let cfg = handler.limits();
     let mut head_deadline_ns: Option<u64> = None;
@@ -252,8 +270,9 @@ async fn read_head<H: Handler>(
             if handler.is_draining() {
                 return Ok(None);
             }
-            handler
-                .now_ns()
+            idle_from_ns
+                .take()
+                .unwrap_or_else(|| handler.now_ns())
                 .saturating_add(cfg.idle_timeout_ms.saturating_mul(1_000_000))
         } else {
             *head_deadline_ns.get_or_insert_with(|| {
