@@ -1126,53 +1126,69 @@ pub(super) async fn open<'s>(
     // A client that hangs up while the upstream thinks cancels the upstream request (its
     // connection is dropped with the future).
     let opened = {
-        let open = pin!(upstream::open(
-            shard,
-            req.head,
-            provider,
-            conn,
-            translation.map_or(req.endpoint, Translation::upstream_endpoint),
-            &target.model,
-            req.plan.peek.stream,
-            body,
-            &req.budgets,
-            bound,
-        ));
-        let open = pin!(async {
-            match open_budget {
-                Some(b) => match crate::timer::timeout(b, open).await {
-                    Ok(r) => r,
-                    Err(_) => Err(GatewayError::new(
-                        ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
-                        format!(
-                            "no response head within the combo's target timeout ({} ms)",
-                            b.as_millis()
-                        ),
-                    )),
-                },
-                None => open.await,
-            }
-        });
-        let opened = pin!(async {
-            match execution_budget {
-                Some(b) => match crate::timer::timeout(b, open).await {
-                    Ok(r) => r,
-                    Err(_) => Err(queue::client::error(
-                        QueueError::ExecutionTimeout {
-                            execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
-                        },
-                        &queue::client::target_name(shard, connection, &target.model),
-                    )),
-                },
-                None => open.await,
-            }
-        });
+        let open = move || {
+            upstream::open(
+                shard,
+                req.head,
+                provider,
+                conn,
+                translation.map_or(req.endpoint, Translation::upstream_endpoint),
+                &target.model,
+                req.plan.peek.stream,
+                body,
+                &req.budgets,
+                bound,
+            )
+        };
         // The deadline bounds each phase inside (`upstream::open`): no timer of its own.
-        watch(&mut client, opened).await
+        // Without a budget of the attempt's own (a combo's target timeout, a queue's
+        // execution budget: the common case) the open is watched as it is: the two
+        // wrappers below cost a state-machine step each on every poll of it. The open is
+        // made (and pinned) inside each branch: held across both awaits, it would take
+        // room of its own in every state of this future instead of sharing it.
+        if open_budget.is_none() && execution_budget.is_none() {
+            watch(&mut client, pin!(open())).await
+        } else {
+            let open = pin!(open());
+            let open = pin!(async {
+                match open_budget {
+                    Some(b) => match crate::timer::timeout(b, open).await {
+                        Ok(r) => r,
+                        Err(_) => Err(GatewayError::new(
+                            ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
+                            format!(
+                                "no response head within the combo's target timeout ({} ms)",
+                                b.as_millis()
+                            ),
+                        )),
+                    },
+                    None => open.await,
+                }
+            });
+            let opened = pin!(async {
+                match execution_budget {
+                    Some(b) => match crate::timer::timeout(b, open).await {
+                        Ok(r) => r,
+                        Err(_) => Err(queue::client::error(
+                            QueueError::ExecutionTimeout {
+                                execution_max_wait_ms: u64::try_from(b.as_millis())
+                                    .unwrap_or(u64::MAX),
+                            },
+                            &queue::client::target_name(shard, connection, &target.model),
+                        )),
+                    },
+                    None => open.await,
+                }
+            });
+            watch(&mut client, opened).await
+        }
     };
+    // The failure paths below box their ending (`hung_up`, `end_with_error`, `end`: the
+    // owner call inside, ~1 KiB each), so that their state takes no room in every
+    // request's future; they allocate only when taken.
     let opened = match opened {
         Some(r) => r,
-        None => return Opened::End(hung_up(attempted, Abandoned::Response).await),
+        None => return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await),
     };
     let mut up = match opened {
         Ok(up) => up,
@@ -1189,7 +1205,7 @@ pub(super) async fn open<'s>(
                 None,
             );
             tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
-            attempted.end_with_error(&e).await;
+            Box::pin(attempted.end_with_error(&e)).await;
             walk.note = Some(FailureNote::of_error(&e));
             // A per-model timeout in a combo (the target timeout, or no response head in
             // time) evicts the session's pin when it points to this connection (B §4).
@@ -1238,14 +1254,14 @@ pub(super) async fn open<'s>(
             Some(r) => match r.and_then(|r| r) {
                 Ok(b) => b,
                 Err(e) => {
-                    attempted.end_with_error(&e).await;
+                    Box::pin(attempted.end_with_error(&e)).await;
                     walk.note = Some(FailureNote::of_error(&e));
                     return Opened::End(move_on_or_stop(LastFailure::Gateway(e)));
                 }
             },
             None => {
                 drop(up);
-                return Opened::End(hung_up(attempted, Abandoned::Response).await);
+                return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await);
             }
         };
         up.finish(shard);
@@ -1300,7 +1316,7 @@ pub(super) async fn open<'s>(
             tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error relayed");
         }
         let reason = verdict.decision.reason;
-        attempted.end(Ended::Failed(Box::new(verdict))).await;
+        Box::pin(attempted.end(Ended::Failed(Box::new(verdict)))).await;
         if move_on {
             observe::fallback(shard.families(), Some(reason), ErrorKind::Internal);
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
@@ -1337,7 +1353,7 @@ pub(super) async fn open<'s>(
         Some(r) => r,
         None => {
             drop(up);
-            return Opened::End(hung_up(attempted, Abandoned::Response).await);
+            return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await);
         }
     };
     let first = match first {
@@ -1351,7 +1367,7 @@ pub(super) async fn open<'s>(
                 || e.kind == ErrorKind::StreamThroughputTooLow =>
         {
             tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
-            attempted.end(stream::broken(&e)).await;
+            Box::pin(attempted.end(stream::broken(&e))).await;
             walk.note = Some(FailureNote::of_error(&e));
             return Opened::End(E::Early(LastFailure::Gateway(e)));
         }
@@ -1372,7 +1388,7 @@ pub(super) async fn open<'s>(
                 }
                 let move_on = verdict.decision.should_fallback || verdict.status >= 500;
                 tracing::info!(connection = %conn.name, status = verdict.status, "the upstream's stream began with an error event");
-                attempted.end(Ended::Failed(Box::new(verdict))).await;
+                Box::pin(attempted.end(Ended::Failed(Box::new(verdict)))).await;
                 return if move_on {
                     Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))))
                 } else {
@@ -1380,7 +1396,7 @@ pub(super) async fn open<'s>(
                 };
             }
             tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
-            attempted.end_with_error(&e).await;
+            Box::pin(attempted.end_with_error(&e)).await;
             walk.note = Some(FailureNote::of_error(&e));
             return Opened::End(match move_on_or_stop(LastFailure::Gateway(e)) {
                 E::MoveOn(failure) => E::Early(failure),
