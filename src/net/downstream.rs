@@ -270,10 +270,11 @@ async fn read_head<H: Handler>(
             if handler.is_draining() {
                 return Ok(None);
             }
-            idle_from_ns
-                .take()
-                .unwrap_or_else(|| handler.now_ns())
-                .saturating_add(cfg.idle_timeout_ms.saturating_mul(1_000_000))
+            idle_deadline_ns(
+                idle_from_ns.take(),
+                || handler.now_ns(),
+                cfg.idle_timeout_ms,
+            )
         } else {
             *head_deadline_ns.get_or_insert_with(|| {
                 handler
@@ -304,6 +305,15 @@ async fn read_head<H: Handler>(
             }
         }
     }
+}
+
+/// The deadline of the wait for a request's first byte: the idle budget from `from_ns` (the
+/// previous request's end, as its last poll read the clock) when it is known, else from
+/// `now_ns()` (the clock is read only then).
+fn idle_deadline_ns(from_ns: Option<u64>, now_ns: impl FnOnce() -> u64, idle_ms: u64) -> u64 {
+    from_ns
+        .unwrap_or_else(now_ns)
+        .saturating_add(idle_ms.saturating_mul(1_000_000))
 }
 
 /// Reads the whole request body. `Err(None)`: the connection failed (no response possible).
@@ -381,5 +391,29 @@ async fn read_body(
                 )));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idle_deadline_ns;
+    use std::cell::Cell;
+
+    #[test]
+    fn the_idle_deadline_counts_from_the_last_end_without_reading_the_clock() {
+        let reads = Cell::new(0);
+        let now = || {
+            reads.set(reads.get() + 1);
+            7_000_000_000
+        };
+        for (from, ms) in [(0, 0), (1, 1), (5_000_000_000, 300), (u64::MAX - 1, 1)] {
+            let expected = from.saturating_add(ms * 1_000_000);
+            assert_eq!(idle_deadline_ns(Some(from), now, ms), expected);
+        }
+        assert_eq!(reads.get(), 0, "a known end reading needs no clock read");
+        // Without one (a connection's first request) the clock is read, once.
+        assert_eq!(idle_deadline_ns(None, now, 300), 7_300_000_000);
+        assert_eq!(reads.get(), 1);
+        assert_eq!(idle_deadline_ns(None, now, u64::MAX), u64::MAX);
     }
 }
