@@ -1417,8 +1417,9 @@ pub(super) async fn open<'s>(
             }
         }
     };
-    // Allocated first, then filled: `Box::new(Streaming { .. })` built it on the stack
-    // and copied it into the box.
+    // Allocated first, then filled. The literal is still assembled on the stack from the
+    // fields in this future's state and copied into the box (one ~600 B `memcpy` per
+    // answer in session 12's profile).
     Opened::Ready(Ready::Stream(Box::write(
         Box::new_uninit(),
         Streaming {
