@@ -27,6 +27,16 @@ pub enum After {
     Close,
 }
 
+/// How a request ended: what happens to its connection, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub after: After,
+    /// Monotonic now at the request's end, in ns: the reading its last poll took
+    /// (`clock::OneReading`). The keep-alive wait that follows counts its idle budget from
+    /// it, without a clock read of its own.
+    pub end_ns: u64,
+}
+
 /// The budgets and limits of reading requests.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -66,7 +76,7 @@ pub trait Handler {
         body: Bytes,
         client: &mut ClientStream,
         pending: &mut BytesMut,
-    ) -> impl std::future::Future<Output = After>;
+    ) -> impl std::future::Future<Output = Served>;
     /// Answers bad input with its typed error; the connection closes after it.
     /// `head` is the request's head when it was read (the body was refused).
     fn reject(
@@ -83,15 +93,19 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     // The deadlines of this connection's head and body reads, kept by its thread's sweep.
     let mut watch = Watch::default();
+    // When the last request ended (its own clock reading): the idle wait's start.
+    let mut ended_ns: Option<u64> = None;
     loop {
-        let mut head = match read_head(&*handler, &mut stream, &mut buf, &mut watch).await {
-            Ok(Some(h)) => h,
-            Ok(None) => break,
-            Err(err) => {
-                handler.reject(None, &mut stream, &err).await;
-                break;
-            }
-        };
+        let idle_from_ns = ended_ns.take();
+        let mut head =
+            match read_head(&*handler, &mut stream, &mut buf, &mut watch, idle_from_ns).await {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(err) => {
+                    handler.reject(None, &mut stream, &err).await;
+                    break;
+                }
+            };
         let request = handler.request_started();
         let limits = handler.body_limits(&request);
         let mut body = match read_body(limits, &mut stream, &mut buf, &head, &mut watch).await {
@@ -122,9 +136,10 @@ pub async fn serve<H: Handler>(handler: Rc<H>, mut stream: ClientStream) {
             handler.handle(&request, &head, body, &mut stream, &mut buf),
         );
         // One clock reading per poll of the request (`clock::OneReading`).
-        let after = OneReading(Box::into_pin(work)).await;
+        let served = OneReading(Box::into_pin(work)).await;
         drop(request);
-        if after == After::Close || handler.is_draining() {
+        ended_ns = Some(served.end_ns);
+        if served.after == After::Close || handler.is_draining() {
             break;
         }
         // Keep an idle connection's buffer small: drop a grown one.
@@ -233,12 +248,15 @@ fn head_error(e: HeadError) -> GatewayError {
 
 /// Reads the next request head. `Ok(None)`: the client closed or stayed idle too long
 /// between requests (closed silently). Both budgets are kept by `watch` (no timer per
-/// read): a read ends within [`crate::net::watch::SWEEP_TICK_MS`] after its deadline.
+/// read): a read ends within [`crate::net::watch::SWEEP_TICK_MS`] after its deadline. The
+/// idle budget counts from `idle_from_ns` when given (the previous request's end, as its
+/// last poll read the clock), else from now.
 async fn read_head<H: Handler>(
     handler: &H,
     stream: &mut ClientStream,
     buf: &mut BytesMut,
     watch: &mut Watch,
+    mut idle_from_ns: Option<u64>,
 ) -> Result<Option<RequestHead>, GatewayError> {
     let cfg = handler.limits();
     let mut head_deadline_ns: Option<u64> = None;
@@ -252,9 +270,11 @@ async fn read_head<H: Handler>(
             if handler.is_draining() {
                 return Ok(None);
             }
-            handler
-                .now_ns()
-                .saturating_add(cfg.idle_timeout_ms.saturating_mul(1_000_000))
+            idle_deadline_ns(
+                idle_from_ns.take(),
+                || handler.now_ns(),
+                cfg.idle_timeout_ms,
+            )
         } else {
             *head_deadline_ns.get_or_insert_with(|| {
                 handler
@@ -285,6 +305,15 @@ async fn read_head<H: Handler>(
             }
         }
     }
+}
+
+/// The deadline of the wait for a request's first byte: the idle budget from `from_ns` (the
+/// previous request's end, as its last poll read the clock) when it is known, else from
+/// `now_ns()` (the clock is read only then).
+fn idle_deadline_ns(from_ns: Option<u64>, now_ns: impl FnOnce() -> u64, idle_ms: u64) -> u64 {
+    from_ns
+        .unwrap_or_else(now_ns)
+        .saturating_add(idle_ms.saturating_mul(1_000_000))
 }
 
 /// Reads the whole request body. `Err(None)`: the connection failed (no response possible).
@@ -362,5 +391,29 @@ async fn read_body(
                 )));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idle_deadline_ns;
+    use std::cell::Cell;
+
+    #[test]
+    fn the_idle_deadline_counts_from_the_last_end_without_reading_the_clock() {
+        let reads = Cell::new(0);
+        let now = || {
+            reads.set(reads.get() + 1);
+            7_000_000_000
+        };
+        for (from, ms) in [(0, 0), (1, 1), (5_000_000_000, 300), (u64::MAX - 1, 1)] {
+            let expected = from.saturating_add(ms * 1_000_000);
+            assert_eq!(idle_deadline_ns(Some(from), now, ms), expected);
+        }
+        assert_eq!(reads.get(), 0, "a known end reading needs no clock read");
+        // Without one (a connection's first request) the clock is read, once.
+        assert_eq!(idle_deadline_ns(None, now, 300), 7_300_000_000);
+        assert_eq!(reads.get(), 1);
+        assert_eq!(idle_deadline_ns(None, now, u64::MAX), u64::MAX);
     }
 }

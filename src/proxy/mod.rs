@@ -29,7 +29,7 @@ use crate::config::{ComboStrategy, Scope};
 use crate::error::{Dialect, ErrorKind, GatewayError};
 use crate::http1::{Method, RequestHead};
 pub use crate::net::downstream::After;
-use crate::net::downstream::{Handler, Limits};
+use crate::net::downstream::{Handler, Limits, Served};
 use crate::net::io::write_all;
 use crate::owners::{Req, Shard};
 use crate::providers::translate::Translation;
@@ -87,15 +87,18 @@ impl Handler for Shard {
         body: Bytes,
         client: &mut ClientStream,
         pending: &mut BytesMut,
-    ) -> After {
+    ) -> Served {
         let route = observe::route_index(head.path());
         let started = self.now().mono_ns;
         let after = handle(req, head, body, client, pending).await;
         let f = req.families();
         f.requests.add(route, 1);
+        // The last poll's reading: the request's duration, and the start of the connection's
+        // idle wait for its next request.
+        let end_ns = self.now().mono_ns;
         f.request_duration
-            .observe_ns(route, self.now().mono_ns.saturating_sub(started));
-        after
+            .observe_ns(route, end_ns.saturating_sub(started));
+        Served { after, end_ns }
     }
 
     async fn reject(

@@ -1052,33 +1052,38 @@ pub(super) async fn open<'s>(
     // Every wait below is pinned where it is made and handed on by reference (a wrapper
     // taking a future by value stores it twice: `deadline::within`), inside a block, so
     // it is dropped — and what it was doing cancelled — as soon as it ends.
-    let admitted = {
-        let admission = pin!(async {
-            let qs_slot = match req.plan.quota_share {
-                Some(combo) => gates::client::quota_share_slot(shard, combo, connection).await,
-                None => None,
-            };
-            let queue_slot = queue::client::acquire(shard, connection, &target.model).await?;
-            let gate = gates::client::acquire(shard, connection, &target.model).await?;
-            Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
-        });
-        let admission = pin!(deadline::within(shard, req.deadline, admission));
-        watch(&mut client, admission).await
-    };
-    let (qs_slot, mut queue_slot, gate) = match admitted {
-        Some(Ok(Ok(admitted))) => {
-            let waited = shard.now().mono_ns.saturating_sub(admission_started);
-            observe::admitted(shard.families(), shard.config(), target.provider, waited);
-            admitted
-        }
-        Some(Ok(Err(e))) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
-        Some(Err(e)) => {
-            walk.note = Some(FailureNote::of_error(&e));
-            return Opened::End(E::Stop(LastFailure::Gateway(e)));
-        }
-        None => {
-            shard.metrics().abandoned(Abandoned::Admission);
-            return Opened::End(E::Done(After::Close));
+    // The waits' results are matched inside the blocks that await them (here and for the
+    // upstream's answer and its first bytes below): held in a `let` of the function's own
+    // scope, each stayed in this future's state through every later await.
+    let (qs_slot, mut queue_slot, gate) = {
+        let admitted = {
+            let admission = pin!(async {
+                let qs_slot = match req.plan.quota_share {
+                    Some(combo) => gates::client::quota_share_slot(shard, combo, connection).await,
+                    None => None,
+                };
+                let queue_slot = queue::client::acquire(shard, connection, &target.model).await?;
+                let gate = gates::client::acquire(shard, connection, &target.model).await?;
+                Ok::<_, GatewayError>((qs_slot, queue_slot, gate))
+            });
+            let admission = pin!(deadline::within(shard, req.deadline, admission));
+            watch(&mut client, admission).await
+        };
+        match admitted {
+            Some(Ok(Ok(admitted))) => {
+                let waited = shard.now().mono_ns.saturating_sub(admission_started);
+                observe::admitted(shard.families(), shard.config(), target.provider, waited);
+                admitted
+            }
+            Some(Ok(Err(e))) => return Opened::End(E::MoveOn(LastFailure::Gateway(e))),
+            Some(Err(e)) => {
+                walk.note = Some(FailureNote::of_error(&e));
+                return Opened::End(E::Stop(LastFailure::Gateway(e)));
+            }
+            None => {
+                shard.metrics().abandoned(Abandoned::Admission);
+                return Opened::End(E::Done(After::Close));
+            }
         }
     };
     let attempted = Attempted {
@@ -1125,90 +1130,112 @@ pub(super) async fn open<'s>(
     let open_budget = walk.open_budget.take();
     // A client that hangs up while the upstream thinks cancels the upstream request (its
     // connection is dropped with the future).
-    let opened = {
-        let open = pin!(upstream::open(
-            shard,
-            req.head,
-            provider,
-            conn,
-            translation.map_or(req.endpoint, Translation::upstream_endpoint),
-            &target.model,
-            req.plan.peek.stream,
-            body,
-            &req.budgets,
-            bound,
-        ));
-        let open = pin!(async {
-            match open_budget {
-                Some(b) => match crate::timer::timeout(b, open).await {
-                    Ok(r) => r,
-                    Err(_) => Err(GatewayError::new(
-                        ErrorKind::UpstreamTimeout(crate::error::TimeoutPhase::ResponseHeader),
-                        format!(
-                            "no response head within the combo's target timeout ({} ms)",
-                            b.as_millis()
-                        ),
-                    )),
-                },
-                None => open.await,
-            }
-        });
-        let opened = pin!(async {
-            match execution_budget {
-                Some(b) => match crate::timer::timeout(b, open).await {
-                    Ok(r) => r,
-                    Err(_) => Err(queue::client::error(
-                        QueueError::ExecutionTimeout {
-                            execution_max_wait_ms: u64::try_from(b.as_millis()).unwrap_or(u64::MAX),
-                        },
-                        &queue::client::target_name(shard, connection, &target.model),
-                    )),
-                },
-                None => open.await,
-            }
-        });
-        // The deadline bounds each phase inside (`upstream::open`): no timer of its own.
-        watch(&mut client, opened).await
-    };
-    let opened = match opened {
-        Some(r) => r,
-        None => return Opened::End(hung_up(attempted, Abandoned::Response).await),
-    };
-    let mut up = match opened {
-        Ok(up) => up,
-        Err(e) => {
-            // A failure that moves the request on to another candidate is an operator's
-            // business: INFO.
-            observe::attempt(
-                shard.families(),
-                config,
-                target.provider,
-                connection,
-                &target.model,
-                None,
-                None,
-            );
-            tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
-            attempted.end_with_error(&e).await;
-            walk.note = Some(FailureNote::of_error(&e));
-            // A per-model timeout in a combo (the target timeout, or no response head in
-            // time) evicts the session's pin when it points to this connection (B §4).
-            if combo.is_some()
-                && matches!(
-                    e.kind,
-                    ErrorKind::UpstreamTimeout(TimeoutPhase::ResponseHeader | TimeoutPhase::Active)
+    let mut up = {
+        let opened = {
+            let open = move || {
+                upstream::open(
+                    shard,
+                    req.head,
+                    provider,
+                    conn,
+                    translation.map_or(req.endpoint, Translation::upstream_endpoint),
+                    &target.model,
+                    req.plan.peek.stream,
+                    body,
+                    &req.budgets,
+                    bound,
                 )
-                && let Some(session) = req.plan.session
-            {
-                affinity::client::drop_pin(shard, session, target.provider, connection);
-            }
-            let retry = e.kind.retry() != Retry::Decided(false);
-            let failure = LastFailure::Gateway(e);
-            return Opened::End(if retry {
-                E::MoveOn(failure)
+            };
+            // The deadline bounds each phase inside (`upstream::open`): no timer of its own.
+            // Without a budget of the attempt's own (a combo's target timeout, a queue's
+            // execution budget: the common case) the open is watched as it is: the two
+            // wrappers below cost a state-machine step each on every poll of it. The open is
+            // made (and pinned) inside each branch: held across both awaits, it would take
+            // room of its own in every state of this future instead of sharing it.
+            if open_budget.is_none() && execution_budget.is_none() {
+                watch(&mut client, pin!(open())).await
             } else {
-                E::Stop(failure)
-            });
+                let open = pin!(open());
+                let open = pin!(async {
+                    match open_budget {
+                        Some(b) => match crate::timer::timeout(b, open).await {
+                            Ok(r) => r,
+                            Err(_) => Err(GatewayError::new(
+                                ErrorKind::UpstreamTimeout(
+                                    crate::error::TimeoutPhase::ResponseHeader,
+                                ),
+                                format!(
+                                    "no response head within the combo's target timeout ({} ms)",
+                                    b.as_millis()
+                                ),
+                            )),
+                        },
+                        None => open.await,
+                    }
+                });
+                let opened = pin!(async {
+                    match execution_budget {
+                        Some(b) => match crate::timer::timeout(b, open).await {
+                            Ok(r) => r,
+                            Err(_) => Err(queue::client::error(
+                                QueueError::ExecutionTimeout {
+                                    execution_max_wait_ms: u64::try_from(b.as_millis())
+                                        .unwrap_or(u64::MAX),
+                                },
+                                &queue::client::target_name(shard, connection, &target.model),
+                            )),
+                        },
+                        None => open.await,
+                    }
+                });
+                watch(&mut client, opened).await
+            }
+        };
+        // The failure paths below box their ending (`hung_up`, `end_with_error`, `end`: the
+        // owner call inside, ~1 KiB each), so that their state takes no room in every
+        // request's future; they allocate only when taken.
+        let opened = match opened {
+            Some(r) => r,
+            None => return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await),
+        };
+        match opened {
+            Ok(up) => up,
+            Err(e) => {
+                // A failure that moves the request on to another candidate is an operator's
+                // business: INFO.
+                observe::attempt(
+                    shard.families(),
+                    config,
+                    target.provider,
+                    connection,
+                    &target.model,
+                    None,
+                    None,
+                );
+                tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
+                Box::pin(attempted.end_with_error(&e)).await;
+                walk.note = Some(FailureNote::of_error(&e));
+                // A per-model timeout in a combo (the target timeout, or no response head in
+                // time) evicts the session's pin when it points to this connection (B §4).
+                if combo.is_some()
+                    && matches!(
+                        e.kind,
+                        ErrorKind::UpstreamTimeout(
+                            TimeoutPhase::ResponseHeader | TimeoutPhase::Active
+                        )
+                    )
+                    && let Some(session) = req.plan.session
+                {
+                    affinity::client::drop_pin(shard, session, target.provider, connection);
+                }
+                let retry = e.kind.retry() != Retry::Decided(false);
+                let failure = LastFailure::Gateway(e);
+                return Opened::End(if retry {
+                    E::MoveOn(failure)
+                } else {
+                    E::Stop(failure)
+                });
+            }
         }
     };
     let status = up.head.status();
@@ -1238,14 +1265,14 @@ pub(super) async fn open<'s>(
             Some(r) => match r.and_then(|r| r) {
                 Ok(b) => b,
                 Err(e) => {
-                    attempted.end_with_error(&e).await;
+                    Box::pin(attempted.end_with_error(&e)).await;
                     walk.note = Some(FailureNote::of_error(&e));
                     return Opened::End(move_on_or_stop(LastFailure::Gateway(e)));
                 }
             },
             None => {
                 drop(up);
-                return Opened::End(hung_up(attempted, Abandoned::Response).await);
+                return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await);
             }
         };
         up.finish(shard);
@@ -1300,7 +1327,7 @@ pub(super) async fn open<'s>(
             tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error relayed");
         }
         let reason = verdict.decision.reason;
-        attempted.end(Ended::Failed(Box::new(verdict))).await;
+        Box::pin(attempted.end(Ended::Failed(Box::new(verdict)))).await;
         if move_on {
             observe::fallback(shard.families(), Some(reason), ErrorKind::Internal);
             return Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))));
@@ -1323,73 +1350,76 @@ pub(super) async fn open<'s>(
     let mut wd = super::watchdog::Watchdog::arm(shard, up.is_event_stream());
     let hold = super::watchdog::HoldBack::of(shard);
     let first = {
-        let first = pin!(super::watchdog::first_bytes(
-            shard,
-            &mut up,
-            req.budgets.idle,
-            wd.as_mut(),
-            hold,
-            bound,
-        ));
-        watch(&mut client, first).await
-    };
-    let first = match first {
-        Some(r) => r,
-        None => {
-            drop(up);
-            return Opened::End(hung_up(attempted, Abandoned::Response).await);
-        }
-    };
-    let first = match first {
-        Ok(first) => {
-            let ns = shard.now().mono_ns.saturating_sub(sent_ns);
-            observe::first_byte(shard.families(), shard.config(), target.provider, ns);
-            first
-        }
-        Err(e)
-            if e.kind == ErrorKind::StreamContentStall
-                || e.kind == ErrorKind::StreamThroughputTooLow =>
-        {
-            tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
-            attempted.end(stream::broken(&e)).await;
-            walk.note = Some(FailureNote::of_error(&e));
-            return Opened::End(E::Early(LastFailure::Gateway(e)));
-        }
-        Err(e) => {
-            // The upstream's stream began with an error event: an error answer, as if it
-            // had come with its status.
-            if let Some(ev) = wd.as_ref().and_then(|w| w.error_event()) {
-                let mut buffered = event_answer(&ev.data, provider, conn);
-                let verdict = classify_answer(shard, &attempted, &mut buffered);
-                let message = parse_error_body(&ev.data).error.message;
-                walk.note = Some(FailureNote::of_answer(
-                    &verdict,
-                    None,
-                    message.as_deref().unwrap_or_default(),
-                ));
-                if let Some(t) = translation {
-                    super::translate::reshape_error(&mut buffered, t);
-                }
-                let move_on = verdict.decision.should_fallback || verdict.status >= 500;
-                tracing::info!(connection = %conn.name, status = verdict.status, "the upstream's stream began with an error event");
-                attempted.end(Ended::Failed(Box::new(verdict))).await;
-                return if move_on {
-                    Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))))
-                } else {
-                    Opened::Ready(Ready::Relay(Box::new(buffered)))
-                };
+        let first = {
+            let first = pin!(super::watchdog::first_bytes(
+                shard,
+                &mut up,
+                req.budgets.idle,
+                wd.as_mut(),
+                hold,
+                bound,
+            ));
+            watch(&mut client, first).await
+        };
+        let first = match first {
+            Some(r) => r,
+            None => {
+                drop(up);
+                return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await);
             }
-            tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
-            attempted.end_with_error(&e).await;
-            walk.note = Some(FailureNote::of_error(&e));
-            return Opened::End(match move_on_or_stop(LastFailure::Gateway(e)) {
-                E::MoveOn(failure) => E::Early(failure),
-                end => end,
-            });
+        };
+        match first {
+            Ok(first) => {
+                let ns = shard.now().mono_ns.saturating_sub(sent_ns);
+                observe::first_byte(shard.families(), shard.config(), target.provider, ns);
+                first
+            }
+            Err(e)
+                if e.kind == ErrorKind::StreamContentStall
+                    || e.kind == ErrorKind::StreamThroughputTooLow =>
+            {
+                tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
+                Box::pin(attempted.end(stream::broken(&e))).await;
+                walk.note = Some(FailureNote::of_error(&e));
+                return Opened::End(E::Early(LastFailure::Gateway(e)));
+            }
+            Err(e) => {
+                // The upstream's stream began with an error event: an error answer, as if it
+                // had come with its status.
+                if let Some(ev) = wd.as_ref().and_then(|w| w.error_event()) {
+                    let mut buffered = event_answer(&ev.data, provider, conn);
+                    let verdict = classify_answer(shard, &attempted, &mut buffered);
+                    let message = parse_error_body(&ev.data).error.message;
+                    walk.note = Some(FailureNote::of_answer(
+                        &verdict,
+                        None,
+                        message.as_deref().unwrap_or_default(),
+                    ));
+                    if let Some(t) = translation {
+                        super::translate::reshape_error(&mut buffered, t);
+                    }
+                    let move_on = verdict.decision.should_fallback || verdict.status >= 500;
+                    tracing::info!(connection = %conn.name, status = verdict.status, "the upstream's stream began with an error event");
+                    Box::pin(attempted.end(Ended::Failed(Box::new(verdict)))).await;
+                    return if move_on {
+                        Opened::End(E::MoveOn(LastFailure::Upstream(Box::new(buffered))))
+                    } else {
+                        Opened::Ready(Ready::Relay(Box::new(buffered)))
+                    };
+                }
+                tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
+                Box::pin(attempted.end_with_error(&e)).await;
+                walk.note = Some(FailureNote::of_error(&e));
+                return Opened::End(match move_on_or_stop(LastFailure::Gateway(e)) {
+                    E::MoveOn(failure) => E::Early(failure),
+                    end => end,
+                });
+            }
         }
     };
-    // Allocated first, then filled: `Box::new(Streaming { .. })` built it on the stack
-    // and copied it into the box.
+    // Allocated first, then filled. The literal is still assembled on the stack from the
+    // fields in this future's state and copied into the box (one ~600 B `memcpy` per
+    // answer in session 12's profile).
     Opened::Ready(Ready::Stream(Box::write(
         Box::new_uninit(),
         Streaming {
