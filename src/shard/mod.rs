@@ -28,7 +28,8 @@ use std::time::Duration;
 
 use crate::auth::{Caller, KeyCache, KeyIndex};
 use crate::clock::{Clock, MonoClock, Now};
-use crate::config::{Config, ProviderId};
+use crate::config::{Config, ConnectionId, ProviderId};
+use crate::flow::admission::{self, Admission};
 use crate::http1::RequestHead;
 use crate::mesh::outbox::{Outbox, Sent};
 use crate::mesh::placement::{OwnerKey, owner_of};
@@ -146,6 +147,8 @@ pub struct Generation {
     /// The client keys recently presented on this shard under this generation: a new
     /// generation (reload, runtime settings) starts with none.
     key_cache: KeyCache,
+    /// Every connection's admission settings under `config`, resolved once.
+    admission: admission::Resolved,
 }
 
 impl Generation {
@@ -164,6 +167,7 @@ impl Generation {
         let (settings, runtime) = shared.runtime.current();
         let config = runtime.apply_to(&shared.config);
         Self {
+            admission: admission::Resolved::new(&config),
             shared,
             config,
             settings,
@@ -726,6 +730,13 @@ impl<'a, A: App> Req<'a, A> {
     pub fn caller(&self, head: &RequestHead) -> Caller {
         let g = &self.generation;
         g.key_cache.identify(&g.shared.keys, head)
+    }
+
+    /// `connection`'s admission settings under the request's configuration (resolved once
+    /// per generation, see [`admission::Resolved`]).
+    pub fn admission(&self, connection: ConnectionId) -> Admission {
+        let g = &self.generation;
+        g.admission.get(&g.config, connection)
     }
 }
 
