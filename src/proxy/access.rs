@@ -48,10 +48,8 @@ pub fn cors_origin(config: &Config, head: &RequestHead) -> Option<String> {
 pub struct RequestId {
     bytes: [u8; MAX_REQUEST_ID],
     /// At most [`MAX_REQUEST_ID`].
-    len: u8,
+    len: usize,
 }
-
-const _: () = assert!(MAX_REQUEST_ID <= u8::MAX as usize);
 
 impl RequestId {
     /// The client's id: 1 to [`MAX_REQUEST_ID`] printable ASCII bytes, else `None`.
@@ -61,14 +59,14 @@ impl RequestId {
         }
         let mut id = Self {
             bytes: [0; MAX_REQUEST_ID],
-            len: v.len() as u8,
+            len: v.len(),
         };
         id.bytes[..v.len()].copy_from_slice(v);
         Some(id)
     }
 
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
+        &self.bytes[..self.len]
     }
 
     pub fn as_str(&self) -> &str {
@@ -104,7 +102,7 @@ fn made_id(wall_ms: u64, seq: u64) -> RequestId {
     buf[n] = b'-';
     n = put_hex(buf, n + 1, seq);
     // At most 3 + 16 + 1 + 16 = 36 bytes.
-    id.len = n as u8;
+    id.len = n;
     id
 }
 
@@ -295,7 +293,10 @@ mod tests {
             (1 << 63, 1 << 4),
         ] {
             assert_eq!(made_id(a, b).as_str(), format!("tg-{a:x}-{b:x}"));
-            assert_eq!(made_id(a, b).as_bytes(), format!("tg-{a:x}-{b:x}").as_bytes());
+            assert_eq!(
+                made_id(a, b).as_bytes(),
+                format!("tg-{a:x}-{b:x}").as_bytes()
+            );
         }
     }
 
