@@ -393,10 +393,21 @@ mod tests {
             b"Bearer k\x0b",
         ];
         for v in cases {
-            assert_eq!(bearer_key(v), bearer_key_before(v), "{:?}", v.escape_ascii());
+            assert_eq!(
+                bearer_key(v),
+                bearer_key_before(v),
+                "{:?}",
+                v.escape_ascii()
+            );
             assert_eq!(trim(v), {
-                let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-                let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+                let start = v
+                    .iter()
+                    .position(|b| !b.is_ascii_whitespace())
+                    .unwrap_or(v.len());
+                let end = v
+                    .iter()
+                    .rposition(|b| !b.is_ascii_whitespace())
+                    .map_or(start, |e| e + 1);
                 &v[start..end.max(start)]
             });
         }
