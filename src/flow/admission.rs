@@ -264,8 +264,9 @@ impl Admission {
 }
 
 /// Every connection's [`Admission`] under one configuration, by connection slot. A shard
-/// builds one with each configuration generation it adopts (`shard::Generation`: start,
-/// reload, runtime settings), so a request reads its connection's settings instead of
+/// builds one with each configuration generation it adopts (`shard::Generation`, through
+/// `App::derive`: start, reload, runtime settings; read by `owners::admission`), so a
+/// request reads its connection's settings instead of
 /// resolving them from the configuration (override lists scanned by name, clamps and
 /// precedence: ~400 instructions per request), and a changed configuration is read at once
 /// by the requests that start on it.

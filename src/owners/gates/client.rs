@@ -9,7 +9,7 @@ use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::admission::{combo_capacity, gate_home, gate_requirements};
 use crate::flow::gates::{GateError, GateKey};
-use crate::owners::{Req, Shard, reply_bound};
+use crate::owners::{Req, Shard, admission, reply_bound};
 use crate::shard::call::CallError;
 
 use super::Gates;
@@ -86,7 +86,7 @@ pub async fn acquire<'a>(
     let config = shard.config();
     // Scoped so that only the budget is kept across the wait below.
     let max_wait_ms = {
-        let admission = shard.admission(connection);
+        let admission = admission(shard, connection);
         if !admission.gated(config, connection, model) {
             return Ok(None);
         }
@@ -135,7 +135,7 @@ pub async fn quota_share_slot<'a>(
 ) -> Option<GatePermit<'a>> {
     let config = shard.config();
     if !config.resilience.quota_share_concurrency_limit.enabled
-        || shard.admission(connection).account.is_none()
+        || admission(shard, connection).account.is_none()
     {
         return None;
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
 use crate::flow::queue::{QueueError, ResponseFacts};
-use crate::owners::{Req, Shard, reply_bound};
+use crate::owners::{Req, Shard, admission, reply_bound};
 use crate::resilience::OwnedHeaders;
 use crate::shard::call::{CallError, CallId};
 
@@ -102,7 +102,7 @@ pub async fn acquire<'a>(
 ) -> Result<Option<QueueSlot<'a>>, GatewayError> {
     // Scoped so that only the settings are kept across the waits below.
     let settings = {
-        let admission = shard.admission(connection);
+        let admission = admission(shard, connection);
         if !admission.queued() {
             return Ok(None);
         }
