@@ -291,15 +291,19 @@ fn admission(c: &mut Criterion) {
         Err(e) => unreachable!("bench config: {e}"),
     };
     let c0 = ConnectionId(0);
+    // What a request checks: its connection's settings, resolved once per configuration
+    // generation (`admission::Resolved`), and whether the gate, queue or window applies.
+    let table = admission::Resolved::new(&plain);
     g.bench_function("plain_connection_gated_queue_window", |b| {
         b.iter(|| {
             let cfg = black_box(&plain);
-            black_box(
-                admission::gated(cfg, c0, "m")
-                    || admission::queue_of(cfg, c0, "m").is_some()
-                    || admission::window_of(cfg, c0).is_some(),
-            )
+            let a = black_box(&table).get(cfg, c0);
+            black_box(a.gated(cfg, c0, "m") || a.queued())
         })
+    });
+    // What resolving them per request cost (before the table).
+    g.bench_function("plain_connection_resolve", |b| {
+        b.iter(|| black_box(admission::Admission::of(black_box(&plain), c0)))
     });
     let gated = config();
     g.bench_function("gated_connection_requirements", |b| {

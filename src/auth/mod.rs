@@ -204,28 +204,48 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// The key a request presents: `Authorization: Bearer <k>` first, then `x-api-key`.
 pub fn presented_key(head: &RequestHead) -> Option<&[u8]> {
-    if let Some(v) = head.header("authorization") {
-        let v = trim(v);
-        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
-            let k = trim(&v[7..]);
-            if !k.is_empty() {
-                return Some(k);
-            }
-        }
+    if let Some(k) = head.header("authorization").and_then(bearer_key) {
+        return Some(k);
     }
     head.header("x-api-key").map(trim).filter(|k| !k.is_empty())
 }
 
+/// The key of an `Authorization` value `Bearer <k>` (scheme ASCII case-insensitive, the
+/// value and the key trimmed of ASCII whitespace; `None` without a non-empty key).
+fn bearer_key(value: &[u8]) -> Option<&[u8]> {
+    /// `bearer ` in the first seven bytes of a little-endian word, the eighth zero.
+    const BEARER: u64 = u64::from_le_bytes(*b"bearer \0");
+    /// Lower-cases the six letters: `x | 0x20 == y` for a lower-case letter `y` holds only
+    /// for `y` and its upper case (0x20 is the one bit they differ in).
+    const FOLD: u64 = 0x0000_2020_2020_2020;
+    /// The space is compared as it is (NUL `| 0x20` would pass for it); the eighth byte
+    /// is the key's.
+    const SCHEME: u64 = 0x00ff_ffff_ffff_ffff;
+    let v = trim(value);
+    // At least one byte after the scheme (`v.len() > 7`): the scheme alone is no key.
+    let word = u64::from_le_bytes(*v.first_chunk::<8>()?);
+    if (word | FOLD) & SCHEME != BEARER {
+        return None;
+    }
+    // `v` ends in a byte that is not whitespace (it is trimmed and longer than the scheme):
+    // only the key's start needs trimming.
+    let k = trim_start(&v[7..]);
+    (!k.is_empty()).then_some(k)
+}
+
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &v[start..end.max(start)]
+    let v = trim_start(v);
+    match v.iter().rposition(|b| !b.is_ascii_whitespace()) {
+        Some(end) => &v[..=end],
+        None => &[],
+    }
+}
+
+fn trim_start(v: &[u8]) -> &[u8] {
+    match v.iter().position(|b| !b.is_ascii_whitespace()) {
+        Some(start) => &v[start..],
+        None => &[],
+    }
 }
 
 #[cfg(test)]
@@ -325,6 +345,108 @@ mod tests {
             }
         }
         assert_eq!(cache.entries.borrow().len(), CACHED_KEYS);
+    }
+
+    /// What `presented_key` read of an `Authorization` value before `bearer_key`.
+    fn bearer_key_before(v: &[u8]) -> Option<&[u8]> {
+        fn trim(v: &[u8]) -> &[u8] {
+            let start = v
+                .iter()
+                .position(|b| !b.is_ascii_whitespace())
+                .unwrap_or(v.len());
+            let end = v
+                .iter()
+                .rposition(|b| !b.is_ascii_whitespace())
+                .map_or(start, |e| e + 1);
+            &v[start..end.max(start)]
+        }
+        let v = trim(v);
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+            let k = trim(&v[7..]);
+            if !k.is_empty() {
+                return Some(k);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn bearer_keys_read_as_before() {
+        let cases: [&[u8]; 18] = [
+            b"Bearer perf-key",
+            b"bearer k",
+            b"BEARER k",
+            b"bEaReR  \t k \r",
+            b" \tBearer k  ",
+            b"Bearer ",
+            b"Bearer  ",
+            b"Bearer",
+            b"Bearerk",
+            b"Bearer\tk",
+            b"Bearer\0k",
+            b"Bearer\xc3k",
+            b"Bearar k",
+            b"Basic abc",
+            b"",
+            b"   ",
+            b"\x02earer k",
+            b"Bearer k\x0b",
+        ];
+        for v in cases {
+            assert_eq!(
+                bearer_key(v),
+                bearer_key_before(v),
+                "{:?}",
+                v.escape_ascii()
+            );
+            assert_eq!(trim(v), {
+                let start = v
+                    .iter()
+                    .position(|b| !b.is_ascii_whitespace())
+                    .unwrap_or(v.len());
+                let end = v
+                    .iter()
+                    .rposition(|b| !b.is_ascii_whitespace())
+                    .map_or(start, |e| e + 1);
+                &v[start..end.max(start)]
+            });
+        }
+    }
+
+    proptest::proptest! {
+        /// Any value made of scheme letters in either case, whitespace, the bytes a
+        /// case fold could confuse (NUL, `@`, `B` - 0x20, …) and key bytes reads as before.
+        #[test]
+        fn bearer_keys_read_as_before_on_any_value(
+            v in proptest::collection::vec(
+                proptest::sample::select(
+                    b"bBeEaArR \t\r\n\x0b\x0c\0\x02\x05\x01\x12@`kK-\xc3\xe5".to_vec()
+                ),
+                0..14,
+            )
+        ) {
+            proptest::prop_assert_eq!(bearer_key(&v), bearer_key_before(&v));
+        }
+
+        /// A value that starts with the scheme in any case: every such value reads as
+        /// before (the sampled one above rarely spells it out).
+        #[test]
+        fn bearer_keys_after_the_scheme_read_as_before(
+            upper in proptest::collection::vec(proptest::prelude::any::<bool>(), 6),
+            lead in proptest::collection::vec(proptest::sample::select(b" \t".to_vec()), 0..3),
+            rest in proptest::collection::vec(
+                proptest::sample::select(b" \tk\0\x0bK".to_vec()),
+                0..6,
+            ),
+        ) {
+            let mut v = lead;
+            for (c, up) in b"bearer".iter().zip(upper) {
+                v.push(if up { c.to_ascii_uppercase() } else { *c });
+            }
+            v.push(b' ');
+            v.extend(rest);
+            proptest::prop_assert_eq!(bearer_key(&v), bearer_key_before(&v));
+        }
     }
 
     #[test]

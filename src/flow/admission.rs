@@ -115,14 +115,6 @@ pub fn gate_home(config: &Config, connection: ConnectionId) -> GateHome {
     GateHome::Connection(connection)
 }
 
-/// Whether attempts on `connection` for `model` pass through the composite gate.
-pub fn gated(config: &Config, connection: ConnectionId, model: &str) -> bool {
-    global_capacity(config).is_some()
-        || provider_capacity(config, config.connection(connection).provider).is_some()
-        || account_capacity(config, connection).is_some()
-        || model_capacity(config, connection, model).is_some()
-}
-
 /// The gates an attempt on `connection` for `model` needs, widest first (gates without a
 /// capacity are dropped by the table).
 pub fn gate_requirements(config: &Config, connection: ConnectionId, model: &str) -> Vec<GateReq> {
@@ -210,6 +202,101 @@ pub fn window_of(config: &Config, connection: ConnectionId) -> Option<(ProviderW
         .map(|w| (w, ProviderWindow::key(&provider.name, Some(&conn.name))))
 }
 
+/// What admission reads of one connection on every attempt, resolved from the
+/// configuration once per generation (see [`Resolved`]) instead of per request: the
+/// limiter settings, the provider window and the gate capacities that do not depend on
+/// the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// [`limiter_settings`] (the queue applies when `limiter.enabled`).
+    pub limiter: LimiterSettings,
+    /// The provider's sliding window ([`window_of`] without its counter key).
+    pub window: Option<ProviderWindow>,
+    /// [`global_capacity`].
+    pub global: Option<u32>,
+    /// [`provider_capacity`] of the connection's provider.
+    pub provider: Option<u32>,
+    /// [`account_capacity`].
+    pub account: Option<u32>,
+    /// Whether `rate_limit_overrides.model_concurrency` caps any model: without, no model
+    /// has a [`model_capacity`] and the model is not looked up.
+    pub model_caps: bool,
+}
+
+impl Admission {
+    /// `connection`'s admission under `config` (what the table holds for it).
+    pub fn of(config: &Config, connection: ConnectionId) -> Self {
+        let conn = config.connection(connection);
+        let provider = config.provider(conn.provider);
+        Self {
+            limiter: limiter_settings(config, connection),
+            window: ProviderWindow::for_provider(
+                &config.resilience,
+                &provider.name,
+                &provider.quirks,
+            ),
+            global: global_capacity(config),
+            provider: provider_capacity(config, conn.provider),
+            account: account_capacity(config, connection),
+            model_caps: conn
+                .rate_limit_overrides
+                .model_concurrency
+                .iter()
+                .any(|(_, n)| *n > 0),
+        }
+    }
+
+    /// Whether an attempt on `connection` for `model` passes through the composite gate:
+    /// any of its gates has a capacity (`config` is the configuration this was resolved
+    /// from).
+    pub fn gated(&self, config: &Config, connection: ConnectionId, model: &str) -> bool {
+        self.global.is_some()
+            || self.provider.is_some()
+            || self.account.is_some()
+            || (self.model_caps && model_capacity(config, connection, model).is_some())
+    }
+
+    /// Whether an attempt takes a slot of the request queue or the provider window
+    /// ([`queue_of`] or [`window_of`] is `Some`).
+    pub fn queued(&self) -> bool {
+        self.limiter.enabled || self.window.is_some()
+    }
+}
+
+/// Every connection's [`Admission`] under one configuration, by connection slot. A shard
+/// builds one with each configuration generation it adopts (`shard::Generation`, through
+/// `App::derive`: start, reload, runtime settings; read by `owners::admission`), so a
+/// request reads its connection's settings instead of
+/// resolving them from the configuration (override lists scanned by name, clamps and
+/// precedence: ~400 instructions per request), and a changed configuration is read at once
+/// by the requests that start on it.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    by_slot: Vec<Admission>,
+}
+
+impl Resolved {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            by_slot: config
+                .connections
+                .iter()
+                .map(|c| Admission::of(config, c.id))
+                .collect(),
+        }
+    }
+
+    /// `connection`'s admission; `config` is the configuration the table was built from
+    /// (an id it does not have is resolved from it: its disabled placeholder).
+    pub fn get(&self, config: &Config, connection: ConnectionId) -> Admission {
+        config
+            .connection_slot(connection)
+            .and_then(|i| self.by_slot.get(i))
+            .copied()
+            .unwrap_or_else(|| Admission::of(config, connection))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +339,10 @@ mod tests {
         }
     }
 
+    fn gated(c: &Config, connection: ConnectionId, model: &str) -> bool {
+        Admission::of(c, connection).gated(c, connection, model)
+    }
+
     #[test]
     fn requirements_and_gated() {
         let c = config("");
@@ -280,6 +371,58 @@ mod tests {
             Some(2),
             "override of the nvidia default"
         );
+    }
+
+    /// The table holds for every connection what the per-request functions resolve from
+    /// the configuration, under every kind of setting that feeds them, and an id the
+    /// configuration does not have gets its placeholder's.
+    #[test]
+    fn the_table_holds_what_each_function_resolves() {
+        let extras = [
+            "",
+            "[resilience.provider_quota_overrides.p]\nprovider_concurrency = 2\nrpm = 7\nconcurrency = 4\n",
+            "[resilience.provider_quota_overrides.nvidia]\nrpm = 5\nconcurrency = 9\n",
+            "[resilience.request_queue]\nglobal_concurrent_requests = 5\nmax_wait_ms = 2500\n\
+             auto_enable_api_key_providers = true\nconcurrent_requests = 3\n",
+            "[resilience.request_queue]\nrequests_per_minute = 60\nmin_time_between_requests_ms = 10\n\
+             execution_max_wait_ms = 9000\nmax_queue_depth = 4\n",
+            "[[connections]]\nid = \"o\"\nprovider = \"p\"\napi_key_env = \"TG_UNSET\"\n\
+             [connections.rate_limit_overrides]\nrequests_per_minute = 30\nmax_wait_ms = 700\n\
+             max_concurrent = 2\nmodel_concurrency = { \"m2\" = 2 }\n",
+            "[[connections]]\nid = \"o\"\nprovider = \"p\"\n\
+             [connections.rate_limit_overrides]\nmin_time_between_requests_ms = 0\n\
+             execution_max_wait_ms = 50\nmodel_concurrency = { \"m1\" = 3 }\n",
+        ];
+        for extra in extras {
+            let c = config(extra);
+            let table = Resolved::new(&c);
+            let ids = c
+                .connections
+                .iter()
+                .map(|x| x.id)
+                .chain([ConnectionId(999)]);
+            for id in ids {
+                let a = table.get(&c, id);
+                assert_eq!(a, Admission::of(&c, id), "{extra}");
+                assert_eq!(a.limiter, limiter_settings(&c, id), "{extra}");
+                assert_eq!(a.window, window_of(&c, id).map(|(w, _)| w), "{extra}");
+                assert_eq!(a.account, account_capacity(&c, id), "{extra}");
+                assert_eq!(a.limiter.max_wait_ms, effective_max_wait_ms(&c, id));
+                assert_eq!(
+                    a.queued(),
+                    queue_of(&c, id, "m").is_some() || window_of(&c, id).is_some(),
+                    "{extra}"
+                );
+                for model in ["m", "m1", "m2", "x", ""] {
+                    let provider = c.connection(id).provider;
+                    let before = global_capacity(&c).is_some()
+                        || provider_capacity(&c, provider).is_some()
+                        || account_capacity(&c, id).is_some()
+                        || model_capacity(&c, id, model).is_some();
+                    assert_eq!(a.gated(&c, id, model), before, "{extra} {model}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::cell::RefCell;
 
 use crate::clock::Now;
 use crate::config::{Config, ConnectionId, ProviderId};
-use crate::flow::admission::{GateHome, QuotaShareHome};
+use crate::flow::admission::{Admission, GateHome, QuotaShareHome, Resolved};
 use crate::mesh::placement::{ConnectionKey, DOMAIN_GLOBAL, OwnerKey, ProviderKey, mix64};
 use crate::mesh::safe::{MeshSafe, is_mesh_safe};
 use crate::shard::call::{CallId, Protocol, caller_shard};
@@ -41,6 +41,13 @@ pub struct Tidegate;
 pub type Shard = shard::Shard<Tidegate>;
 /// A request on a shard of this application, holding its configuration generation.
 pub type Req<'a> = shard::Req<'a, Tidegate>;
+
+/// `connection`'s admission settings under `req`'s configuration (resolved once per
+/// configuration generation: [`Resolved`]).
+pub fn admission(req: &Req<'_>, connection: ConnectionId) -> Admission {
+    req.derived().get(req.config(), connection)
+}
+
 /// The envelope of this application's messages.
 pub type Msg = shard::Msg<Tidegate>;
 /// Views: owner → every shard.
@@ -307,6 +314,11 @@ impl App for Tidegate {
     type Reply = Reply;
     type Kind = Kind;
     type State = State;
+    type Derived = Resolved;
+
+    fn derive(config: &Config) -> Resolved {
+        Resolved::new(config)
+    }
 
     fn state(config: &Config) -> State {
         State {

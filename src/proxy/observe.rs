@@ -78,7 +78,9 @@ pub fn families(config: &Config, old: Option<&Families>) -> Families {
         }
     }
     let mut by_model = Vec::new();
+    let mut model_base = Vec::with_capacity(config.providers.len());
     for p in &config.providers {
+        model_base.push(by_model.len());
         for m in p.models.iter().map(String::as_str).chain(["other"]) {
             by_model.push(format!(
                 "{{provider=\"{}\",model=\"{}\"}}",
@@ -117,6 +119,7 @@ pub fn families(config: &Config, old: Option<&Families>) -> Families {
         admission_wait: Histograms::carried(providers, old.map(|o| &o.admission_wait)),
         fallbacks: Counters::carried(fallbacks, old.map(|o| &o.fallbacks)),
         breaker_transitions: Counters::carried(transitions, old.map(|o| &o.breaker_transitions)),
+        model_base,
     }
 }
 
@@ -172,23 +175,19 @@ pub fn attempt(
     if let Some(i) = config.connection_slot(connection) {
         f.attempts.add(i * CLASSES.len() + class_index(status), 1);
     }
-    let mut base = 0;
-    for p in &config.providers {
-        if p.id == provider {
-            let i = p
-                .models
-                .iter()
-                .position(|x| x == model)
-                .unwrap_or(p.models.len());
-            f.attempts_by_model.add(base + i, 1);
-            break;
-        }
-        base += p.models.len() + 1;
+    let Some(slot) = config.provider_slot(provider) else {
+        return;
+    };
+    if let (Some(p), Some(base)) = (config.providers.get(slot), f.model_base.get(slot)) {
+        let i = p
+            .models
+            .iter()
+            .position(|x| x == model)
+            .unwrap_or(p.models.len());
+        f.attempts_by_model.add(base + i, 1);
     }
-    if let Some(ns) = head_ns
-        && let Some(i) = config.provider_slot(provider)
-    {
-        f.upstream_head.observe_ns(i, ns);
+    if let Some(ns) = head_ns {
+        f.upstream_head.observe_ns(slot, ns);
     }
 }
 
@@ -225,6 +224,52 @@ mod tests {
         for (i, r) in REASONS.iter().enumerate() {
             assert_eq!(reason_index(*r), i);
         }
+    }
+
+    /// Each provider's models and `other` count at the label set the families list for
+    /// them (the index the scan over every provider before it gave).
+    #[test]
+    fn attempts_count_at_their_model_s_label_set() {
+        let toml = "[[providers]]\nid = \"a\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m1\", \"m2\"]\n\
+             [[providers]]\nid = \"b\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+             [[providers]]\nid = \"c\"\nformat = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"x\", \"y\", \"z\"]\n\
+             [[connections]]\nid = \"ca\"\nprovider = \"a\"\n\
+             [[connections]]\nid = \"cc\"\nprovider = \"c\"\n";
+        let config = match crate::config::load_str(toml, &|_| None) {
+            Ok(o) => o.config,
+            Err(e) => panic!("config: {e}"),
+        };
+        let f = families(&config, None);
+        let mut base = 0;
+        for p in &config.providers {
+            for (i, m) in p
+                .models
+                .iter()
+                .map(String::as_str)
+                .chain(["nope"])
+                .enumerate()
+            {
+                let at = base + i.min(p.models.len());
+                let before = f.attempts_by_model.value(at);
+                attempt(&f, &config, p.id, ConnectionId(0), m, Some(200), Some(1));
+                assert_eq!(f.attempts_by_model.value(at), before + 1, "{} {m}", p.name);
+            }
+            base += p.models.len() + 1;
+        }
+        let total: u64 = (0..base).map(|i| f.attempts_by_model.value(i)).sum();
+        assert_eq!(total, 3 + 2 + 4, "one count per attempt, none elsewhere");
+        // An id this configuration does not have counts nowhere.
+        attempt(
+            &f,
+            &config,
+            ProviderId(77),
+            ConnectionId(0),
+            "m1",
+            None,
+            None,
+        );
+        let after: u64 = (0..base).map(|i| f.attempts_by_model.value(i)).sum();
+        assert_eq!(after, total);
     }
 
     #[test]

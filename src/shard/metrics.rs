@@ -167,6 +167,29 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
+/// [`LATENCY_BUCKETS`] in nanoseconds (what a request compares, without a float): a
+/// reading of `ns` falls in the first bucket with `ns <= bound`, exactly the one where
+/// `ns as f64 / 1e9 <= LATENCY_BUCKETS[i]` (each bound is a whole number of ns, and the
+/// next nanosecond is far more than a float step above it).
+const LATENCY_BUCKETS_NS: [u64; LATENCY_BUCKETS.len()] = [
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+    30_000_000_000,
+    60_000_000_000,
+    120_000_000_000,
+    300_000_000_000,
+    600_000_000_000,
+];
+
 /// One labelled counter family of one shard: a value per label set, the label sets
 /// rendered once at start-up (`{provider="up",class="2xx"}`) from closed sets and
 /// configured ids. Adding at an index outside the family is ignored.
@@ -212,6 +235,12 @@ impl Counters {
             add_one_writer(v, n);
         }
     }
+
+    /// The value at `i` (0 outside the family).
+    #[cfg(test)]
+    pub fn value(&self, i: usize) -> u64 {
+        self.values.get(i).map_or(0, |v| v.load(Ordering::Relaxed))
+    }
 }
 
 /// One latency histogram.
@@ -224,8 +253,7 @@ pub struct Histogram {
 
 impl Histogram {
     pub fn observe_ns(&self, ns: u64) {
-        let secs = ns as f64 / 1e9;
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b)
+        if let Some(i) = bucket_of(ns)
             && let Some(b) = self.buckets.get(i)
         {
             add_one_writer(b, 1);
@@ -233,6 +261,11 @@ impl Histogram {
         add_one_writer(&self.count, 1);
         add_one_writer(&self.sum_us, ns / 1_000);
     }
+}
+
+/// The bucket a reading of `ns` is counted in (`None`: only `+Inf`).
+fn bucket_of(ns: u64) -> Option<usize> {
+    LATENCY_BUCKETS_NS.iter().position(|b| ns <= *b)
 }
 
 /// A labelled histogram family of one shard (see [`Counters`]).
@@ -284,6 +317,9 @@ pub struct Families {
     /// `tidegate_admission_wait_seconds{provider}`: time an attempt spent being admitted
     /// (quota-share slot, request-queue slot, gate permits) before its request was sent.
     pub admission_wait: Histograms,
+    /// By provider slot: where the provider's label sets start in `attempts_by_model`
+    /// (one per model of the provider, then `other`).
+    pub model_base: Vec<usize>,
 }
 
 /// What each family is called and says, in render order.
@@ -912,4 +948,44 @@ pub fn render(
     render_families(&mut out, families);
     snapshot.render(shards, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `Histogram::observe_ns` compared before: the reading in seconds as a float.
+    fn bucket_by_float(ns: u64) -> Option<usize> {
+        let secs = ns as f64 / 1e9;
+        LATENCY_BUCKETS.iter().position(|b| secs <= *b)
+    }
+
+    #[test]
+    fn the_bounds_in_ns_are_the_bounds_in_seconds() {
+        for (ns, secs) in LATENCY_BUCKETS_NS.iter().zip(LATENCY_BUCKETS) {
+            assert_eq!(*ns as f64 / 1e9, secs);
+        }
+    }
+
+    /// Every reading at and around each bound, and the extremes, lands in the bucket the
+    /// float comparison put it in.
+    #[test]
+    fn readings_fall_in_the_bucket_they_fell_in_before() {
+        let mut readings = vec![0, 1, u64::MAX, u64::MAX - 1, 1 << 53, (1 << 53) + 1];
+        for b in LATENCY_BUCKETS_NS {
+            for d in 0..=1_000 {
+                readings.extend([b.saturating_sub(d), b.saturating_add(d)]);
+            }
+        }
+        for ns in readings {
+            assert_eq!(bucket_of(ns), bucket_by_float(ns), "{ns}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_reading_falls_in_the_bucket_it_fell_in_before(ns in 0u64..1_000_000_000_000) {
+            proptest::prop_assert_eq!(bucket_of(ns), bucket_by_float(ns));
+        }
+    }
 }

@@ -55,8 +55,14 @@ pub trait App: Sized + 'static {
     type Kind: Copy + Send + std::fmt::Debug + 'static;
     /// The shard's owner tables and view replicas.
     type State;
+    /// What the application derives from one configuration generation, built with it (and
+    /// so again at each reload or runtime-settings change): tables a request reads instead
+    /// of resolving them from the configuration each time ([`Req::derived`]).
+    type Derived;
 
     fn state(config: &Config) -> Self::State;
+    /// The tables of `config`, for a new [`Generation`].
+    fn derive(config: &Config) -> Self::Derived;
     /// A view from an owner (idempotent: newer epochs win).
     fn apply_view(shard: &Shard<Self>, view: &Self::View);
     /// A fact, call or cancel for the owner tables of this shard.
@@ -134,7 +140,7 @@ pub struct Shared {
 /// started with ([`Req`]) until it ends, so a request runs on one configuration from start
 /// to end while requests that start later run on the new one; a generation is freed when
 /// the last request holding it ends.
-pub struct Generation {
+pub struct Generation<A: App> {
     shared: Arc<Shared>,
     /// `shared.config` with the runtime settings of generation `settings` in place.
     config: Config,
@@ -146,9 +152,11 @@ pub struct Generation {
     /// The client keys recently presented on this shard under this generation: a new
     /// generation (reload, runtime settings) starts with none.
     key_cache: KeyCache,
+    /// The application's tables of `config` ([`App::derive`]).
+    derived: A::Derived,
 }
 
-impl Generation {
+impl<A: App> Generation<A> {
     fn new(shared: Arc<Shared>) -> Self {
         let mut pool_keys = vec![None; shared.config.ids.provider_bound()];
         for p in &shared.config.providers {
@@ -164,6 +172,7 @@ impl Generation {
         let (settings, runtime) = shared.runtime.current();
         let config = runtime.apply_to(&shared.config);
         Self {
+            derived: A::derive(&config),
             shared,
             config,
             settings,
@@ -203,7 +212,7 @@ pub struct Shard<A: App> {
     /// The shard count (fixed for the process).
     shards: usize,
     /// The configuration new work starts on (see [`Generation`]).
-    current: RefCell<Rc<Generation>>,
+    current: RefCell<Rc<Generation<A>>>,
     clock: MonoClock,
     pool: Pool,
     dns: DnsCache,
@@ -352,7 +361,7 @@ impl<A: App> Shard<A> {
     /// The configuration in force now, for work that is not a request (owner handlers,
     /// housekeeping, the management API): hold it for the duration of the work. A request
     /// uses the generation it started with ([`Req::config`]).
-    pub fn current(&self) -> Rc<Generation> {
+    pub fn current(&self) -> Rc<Generation<A>> {
         self.current.borrow().clone()
     }
 
@@ -684,7 +693,7 @@ impl<A: App> Drop for CutSignal<'_, A> {
 /// shard for everything else.
 pub struct Req<'a, A: App> {
     shard: &'a Shard<A>,
-    generation: Rc<Generation>,
+    generation: Rc<Generation<A>>,
 }
 
 impl<'a, A: App> Req<'a, A> {
@@ -726,6 +735,11 @@ impl<'a, A: App> Req<'a, A> {
     pub fn caller(&self, head: &RequestHead) -> Caller {
         let g = &self.generation;
         g.key_cache.identify(&g.shared.keys, head)
+    }
+
+    /// The application's tables of the request's configuration ([`App::derive`]).
+    pub fn derived(&self) -> &A::Derived {
+        &self.generation.derived
     }
 }
 

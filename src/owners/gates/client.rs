@@ -7,11 +7,9 @@
 use crate::config::Config;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
-use crate::flow::admission::{
-    account_capacity, combo_capacity, effective_max_wait_ms, gate_home, gate_requirements, gated,
-};
+use crate::flow::admission::{combo_capacity, gate_home, gate_requirements};
 use crate::flow::gates::{GateError, GateKey};
-use crate::owners::{Req, Shard, reply_bound};
+use crate::owners::{Req, Shard, admission, reply_bound};
 use crate::shard::call::CallError;
 
 use super::Gates;
@@ -86,10 +84,14 @@ pub async fn acquire<'a>(
     model: &str,
 ) -> Result<Option<GatePermit<'a>>, GatewayError> {
     let config = shard.config();
-    if !gated(config, connection, model) {
-        return Ok(None);
-    }
-    let max_wait_ms = effective_max_wait_ms(config, connection);
+    // Scoped so that only the budget is kept across the wait below.
+    let max_wait_ms = {
+        let admission = admission(shard, connection);
+        if !admission.gated(config, connection, model) {
+            return Ok(None);
+        }
+        admission.limiter.max_wait_ms
+    };
     let (home, reply) = ask_home(shard, connection, max_wait_ms, |deadline_ns| {
         Request::Acquire {
             connection,
@@ -133,7 +135,7 @@ pub async fn quota_share_slot<'a>(
 ) -> Option<GatePermit<'a>> {
     let config = shard.config();
     if !config.resilience.quota_share_concurrency_limit.enabled
-        || account_capacity(config, connection).is_none()
+        || admission(shard, connection).account.is_none()
     {
         return None;
     }

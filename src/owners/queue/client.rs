@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
-use crate::flow::admission::{limiter_settings, queue_of, window_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
-use crate::owners::{Req, Shard, reply_bound};
+use crate::owners::{Req, Shard, admission, reply_bound};
 use crate::resilience::OwnedHeaders;
 use crate::shard::call::{CallError, CallId};
 
@@ -101,12 +100,14 @@ pub async fn acquire<'a>(
     connection: ConnectionId,
     model: &str,
 ) -> Result<Option<QueueSlot<'a>>, GatewayError> {
-    let config = shard.config();
-    let queue = queue_of(config, connection, model);
-    if queue.is_none() && window_of(config, connection).is_none() {
-        return Ok(None);
-    }
-    let settings = limiter_settings(config, connection);
+    // Scoped so that only the settings are kept across the waits below.
+    let settings = {
+        let admission = admission(shard, connection);
+        if !admission.queued() {
+            return Ok(None);
+        }
+        admission.limiter
+    };
     let bound = reply_bound(settings.max_wait_ms);
     let waiting_since_ns = shard.now().mono_ns;
     let owner = shard.owner(&connection);
@@ -149,8 +150,8 @@ pub async fn acquire<'a>(
             id,
             // Only a request queue bounds the execution; the gateway has no separate
             // per-provider start timeout to raise it to.
-            execution_budget: queue.as_ref().map(|(settings, _)| {
-                Duration::from_millis(crate::flow::queue::execution_budget_ms(settings, 0).max(1))
+            execution_budget: settings.enabled.then(|| {
+                Duration::from_millis(crate::flow::queue::execution_budget_ms(&settings, 0).max(1))
             }),
             learned: None,
         };
