@@ -21,7 +21,6 @@ use crate::config::{Config, Scope};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::RequestHead;
 use crate::owners::Shard;
-use crate::proxy::access::AccessLog;
 
 /// Answers an admin route. `peer` is the client's address (`None` if unknown: treated as
 /// not loopback).
@@ -31,7 +30,6 @@ pub async fn serve(
     route: Route,
     body: &Bytes,
     peer: Option<IpAddr>,
-    log: &AccessLog,
 ) -> Result<Answer, GatewayError> {
     let generation = shard.current();
     let config = generation.config();
@@ -54,7 +52,7 @@ pub async fn serve(
         )),
         Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
         Route::Metrics => {
-            authorize(config, shard, head, peer, Access::Metrics, log)?;
+            authorize(config, shard, head, peer, Access::Metrics)?;
             Ok((
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -62,7 +60,7 @@ pub async fn serve(
             ))
         }
         other => {
-            authorize(config, shard, head, peer, Access::Manage, log)?;
+            authorize(config, shard, head, peer, Access::Manage)?;
             api::serve(shard, head, other, body).await
         }
     }
@@ -168,20 +166,20 @@ fn authorize(
     head: &RequestHead,
     peer: Option<IpAddr>,
     access: Access,
-    log: &AccessLog,
 ) -> Result<(), GatewayError> {
     let caller = shard.current().shared().keys.identify(head);
-    // Who called, in the access line (`key=`): a client key's id, or `admin-token`.
-    match caller {
-        Caller::Key(i) => {
-            if let Some(k) = config.client_keys.get(i) {
-                log.key(&k.id);
-            }
-        }
-        Caller::Admin => log.key(ADMIN_TOKEN_CALLER),
-        Caller::Open | Caller::Denied => {}
-    }
     decide(config, caller, presented_key(head).is_some(), peer, access)
+}
+
+/// Who makes a management call, for the access line's `key=`: a client key's id, or
+/// `admin-token` (`None`: no credential, or one that matched nothing).
+pub fn caller_id(shard: &Shard, head: &RequestHead) -> Option<String> {
+    let generation = shard.current();
+    match generation.shared().keys.identify(head) {
+        Caller::Key(i) => generation.config().client_keys.get(i).map(|k| k.id.clone()),
+        Caller::Admin => Some(ADMIN_TOKEN_CALLER.to_owned()),
+        Caller::Open | Caller::Denied => None,
+    }
 }
 
 /// The access line's `key` for a call made with the admin token.

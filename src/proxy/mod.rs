@@ -238,7 +238,10 @@ pub async fn handle(
         }),
         Ok(Route::Admin(r)) => {
             let peer = client.peer_addr().ok().map(|a| a.ip());
-            admin::serve(shard, head, r, &body, peer, &log).await
+            if let Some(who) = admin::caller_id(shard, head) {
+                log.key(&who);
+            }
+            admin::serve(shard, head, r, &body, peer).await
         }
         Err(e) => Err(e),
     };
