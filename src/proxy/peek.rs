@@ -63,7 +63,10 @@ use simd_json::{Buffers, ErrorType, Tape};
 
 use crate::routing::model_name::ModelName;
 
+mod fields;
 pub mod scan;
+
+pub use fields::Peek;
 
 /// Bodies up to this size leave the thread-local parser buffers allocated for the next
 /// call; after a larger body they are freed (the next call allocates afresh).
@@ -98,24 +101,6 @@ impl fmt::Display for PeekError {
 }
 
 impl std::error::Error for PeekError {}
-
-/// The routing fields of one request body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peek {
-    /// The decoded top-level `model` string.
-    pub model: ModelName,
-    /// The top-level `stream` flag; `false` when absent or `null`.
-    pub stream: bool,
-    /// Whether the top-level `tools` is present and non-empty.
-    pub has_tools: bool,
-    /// byte range of the model VALUE including its quotes
-    pub model_span: Range<usize>,
-    /// How many tools the top-level `tools` lists (array items or object members).
-    pub tool_count: usize,
-    /// Byte range of the top-level `background` value when it is `true` (a Responses
-    /// request the gateway serves synchronously, spec guide "background degradation").
-    pub background_span: Option<Range<usize>>,
-}
 
 /// Reads `model`, `stream` and `tools` from `body`, which must be a JSON object.
 ///

@@ -38,7 +38,7 @@
 
 use std::ops::Range;
 
-use super::Peek;
+use super::fields::Peek;
 use crate::routing::model_name::ModelName;
 
 /// Bodies up to this size are scanned; larger ones go straight to simd-json, whose
