@@ -5,7 +5,7 @@
 //!
 //! 0. A body of at most [`scan::SCAN_MAX_BYTES`] (the usual chat request is a few hundred
 //!    bytes) is first read by [`scan::scan`], one validating pass over its bytes with no
-//!    copy and no tape (~1 500 instructions against ~3 000 for the steps below on the perf
+//!    copy and no tape (~1 900 instructions against ~3 100 for the steps below on the perf
 //!    load's 200-byte body). It answers only for bodies it can vouch for, and then exactly
 //!    what the steps below answer; any other body (an escape in a top-level key or in the
 //!    model, a number near simd-json's limits, an error of any kind) goes on to step 1.
