@@ -1,5 +1,6 @@
-//! `proxy::peek` against the naive baseline (serde_json into a `Value`, then lookups), on a
-//! ~1 KiB and a ~64 KiB chat body with `model` after `messages` (the order the OpenAI and
+//! `proxy::peek` (and its two paths, the small-body scanner and simd-json's tape, alone)
+//! against the naive baseline (serde_json into a `Value`, then lookups), on a
+//! ~1, 4, 16 and 64 KiB chat body with `model` after `messages` (the order the OpenAI and
 //! Anthropic SDKs send, and the worst case for the span scanner); plus the model splice
 //! (`Rewrite`, built: the bench group keeps its name `rewrite_model`)
 //! against a serde_json parse-modify-serialize round trip.
@@ -12,7 +13,7 @@ use std::borrow::Cow;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tidegate::proxy::peek::{Rewrite, peek};
+use tidegate::proxy::peek::{Rewrite, peek, peek_tape};
 
 const TAIL: &str = r#"],"tools":[{"type":"function","function":{"name":"search_docs","description":"Search the docs","parameters":{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer"}},"required":["query"]}}}],"temperature":0.7,"max_tokens":1024,"stream":true,"model":"openai/gpt-4o-2024-08-06"}"#;
 
@@ -83,7 +84,12 @@ fn serde_json_rewrite(body: &[u8], new_model: &str) -> Option<Vec<u8>> {
 }
 
 fn bench_peek(c: &mut Criterion) {
-    for (label, target) in [("1KiB", 1024), ("64KiB", 64 * 1024)] {
+    for (label, target) in [
+        ("1KiB", 1024),
+        ("4KiB", 4 * 1024),
+        ("16KiB", 16 * 1024),
+        ("64KiB", 64 * 1024),
+    ] {
         let body = chat_body(target);
         let mut group = c.benchmark_group(format!("peek/{label}"));
         group.throughput(Throughput::Bytes(body.len() as u64));
@@ -91,6 +97,15 @@ fn bench_peek(c: &mut Criterion) {
         let mut scratch = Vec::new();
         group.bench_function("tidegate_peek", |b| {
             b.iter(|| peek(black_box(&body), &mut scratch))
+        });
+        // simd-json alone: the path `peek` takes for bodies the scanner leaves.
+        let mut scratch = Vec::new();
+        group.bench_function("tidegate_peek_tape", |b| {
+            b.iter(|| peek_tape(black_box(&body), &mut scratch))
+        });
+        // The scanner alone, whatever the body's size.
+        group.bench_function("tidegate_scan", |b| {
+            b.iter(|| tidegate::proxy::peek::scan::scan(black_box(&body)))
         });
         group.bench_function("serde_json_value_baseline", |b| {
             b.iter(|| serde_json_baseline(black_box(&body)))
