@@ -347,22 +347,24 @@ mod tests {
         assert_eq!(cache.entries.borrow().len(), CACHED_KEYS);
     }
 
+    /// The trim `presented_key` used before `bearer_key`: ASCII whitespace off both ends.
+    fn trim_before(v: &[u8]) -> &[u8] {
+        let start = v
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(v.len());
+        let end = v
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(start, |e| e + 1);
+        &v[start..end.max(start)]
+    }
+
     /// What `presented_key` read of an `Authorization` value before `bearer_key`.
     fn bearer_key_before(v: &[u8]) -> Option<&[u8]> {
-        fn trim(v: &[u8]) -> &[u8] {
-            let start = v
-                .iter()
-                .position(|b| !b.is_ascii_whitespace())
-                .unwrap_or(v.len());
-            let end = v
-                .iter()
-                .rposition(|b| !b.is_ascii_whitespace())
-                .map_or(start, |e| e + 1);
-            &v[start..end.max(start)]
-        }
-        let v = trim(v);
+        let v = trim_before(v);
         if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
-            let k = trim(&v[7..]);
+            let k = trim_before(&v[7..]);
             if !k.is_empty() {
                 return Some(k);
             }
@@ -399,17 +401,7 @@ mod tests {
                 "{:?}",
                 v.escape_ascii()
             );
-            assert_eq!(trim(v), {
-                let start = v
-                    .iter()
-                    .position(|b| !b.is_ascii_whitespace())
-                    .unwrap_or(v.len());
-                let end = v
-                    .iter()
-                    .rposition(|b| !b.is_ascii_whitespace())
-                    .map_or(start, |e| e + 1);
-                &v[start..end.max(start)]
-            });
+            assert_eq!(trim(v), trim_before(v));
         }
     }
 
