@@ -30,6 +30,7 @@ pub async fn serve(
     route: Route,
     body: &Bytes,
     peer: Option<IpAddr>,
+    caller: Caller,
 ) -> Result<Answer, GatewayError> {
     let generation = shard.current();
     let config = generation.config();
@@ -52,7 +53,7 @@ pub async fn serve(
         )),
         Route::Readyz => Ok((200, "application/json", "{\"status\":\"ready\"}".to_owned())),
         Route::Metrics => {
-            authorize(config, shard, head, peer, Access::Metrics)?;
+            authorize(config, head, peer, caller, Access::Metrics)?;
             Ok((
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -60,7 +61,7 @@ pub async fn serve(
             ))
         }
         other => {
-            authorize(config, shard, head, peer, Access::Manage)?;
+            authorize(config, head, peer, caller, Access::Manage)?;
             api::serve(shard, head, other, body).await
         }
     }
@@ -162,22 +163,20 @@ pub fn decide(
 
 fn authorize(
     config: &Config,
-    shard: &Shard,
     head: &RequestHead,
     peer: Option<IpAddr>,
+    caller: Caller,
     access: Access,
 ) -> Result<(), GatewayError> {
-    let caller = shard.current().shared().keys.identify(head);
     decide(config, caller, presented_key(head).is_some(), peer, access)
 }
 
 /// Who makes a management call, for the access line's `key=`: a client key's id, or
 /// `admin-token` (`None`: no credential, or one that matched nothing).
-pub fn caller_id(shard: &Shard, head: &RequestHead) -> Option<String> {
-    let generation = shard.current();
-    match generation.shared().keys.identify(head) {
-        Caller::Key(i) => generation.config().client_keys.get(i).map(|k| k.id.clone()),
-        Caller::Admin => Some(ADMIN_TOKEN_CALLER.to_owned()),
+pub fn caller_id(config: &Config, caller: Caller) -> Option<&str> {
+    match caller {
+        Caller::Key(i) => config.client_keys.get(i).map(|k| k.id.as_str()),
+        Caller::Admin => Some(ADMIN_TOKEN_CALLER),
         Caller::Open | Caller::Denied => None,
     }
 }

@@ -238,10 +238,12 @@ pub async fn handle(
         }),
         Ok(Route::Admin(r)) => {
             let peer = client.peer_addr().ok().map(|a| a.ip());
-            if let Some(who) = admin::caller_id(shard, head) {
-                log.key(&who);
+            // Identified once: for the access line and for the access decision.
+            let caller = shard.shared().keys.identify(head);
+            if let Some(who) = admin::caller_id(shard.config(), caller) {
+                log.key(who);
             }
-            admin::serve(shard, head, r, &body, peer).await
+            admin::serve(shard, head, r, &body, peer, caller).await
         }
         Err(e) => Err(e),
     };
