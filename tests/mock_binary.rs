@@ -122,3 +122,35 @@ fn a_slow_model_delays_the_head() {
         "one two three four"
     );
 }
+
+/// The mock renders an instant answer once per request body and afterwards copies it with
+/// the request's own seq written in: the same body sent again and again on one connection
+/// (a load test) gets answers that differ only in their ids, which count up, across the
+/// widths of the seq (request 9 → 10), streamed and not.
+#[test]
+fn a_repeated_body_is_answered_with_each_request_s_own_id() {
+    let mock = Mock::start();
+    let mut c = Client::connect(mock.addr);
+    for stream in [false, true] {
+        for seq in 1..=12u32 {
+            chat(&mut c, "gpt-4o-mini", stream);
+            let r = c.read_response();
+            assert_eq!(r.status, 200);
+            let text = String::from_utf8(r.body).unwrap();
+            // streamed: the first request of the connection's second half is seq 13
+            let id = format!("\"chatcmpl-mock-{}\"", seq + if stream { 12 } else { 0 });
+            let ids = text.matches("\"chatcmpl-mock-").count();
+            assert!(
+                ids >= 1 && text.matches(&id).count() == ids,
+                "{id} in {text}"
+            );
+            if stream {
+                assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+                assert_eq!(text.matches("\"content\":\"").count(), 5, "{text}");
+            } else {
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(v["choices"][0]["message"]["content"], "one two three four");
+            }
+        }
+    }
+}

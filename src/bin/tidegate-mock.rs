@@ -189,15 +189,218 @@ async fn serve(mut s: TcpStream) {
         }
         seq += 1;
         let endpoint = Endpoint::from_path(head.path()).unwrap_or(Endpoint::ChatCompletions);
-        let stream = memchr::memmem::find(&body, b"\"stream\":true").is_some()
-            || memchr::memmem::find(&body, b"\"stream\": true").is_some();
-        let model = serde_json::from_slice::<Model>(&body)
-            .map(|m| m.model)
-            .unwrap_or_default();
-        let plan = mock::plan(endpoint, &model, stream, &body, seq, 0);
-        if !play(&mut s, &mut buf, plan, head.keep_alive()).await || !head.keep_alive() {
+        let keep_alive = head.keep_alive();
+        // An answer rendered before for the same request is copied with this seq written in.
+        let known = ANSWERS.with_borrow(|a| a.answer(endpoint, keep_alive, &body, seq));
+        if let Some(out) = known {
+            if write_all(&mut s, out).await.is_err() || !keep_alive {
+                return;
+            }
+            continue;
+        }
+        let plan = plan_for(endpoint, &body, seq);
+        let open = if plan.waits_for_nothing() {
+            ANSWERS.with_borrow_mut(|a| a.learn(endpoint, keep_alive, &body));
+            write_all(&mut s, render_whole(plan, keep_alive))
+                .await
+                .is_ok()
+        } else {
+            play(&mut s, &mut buf, plan, keep_alive).await
+        };
+        if !open || !keep_alive {
             return;
         }
+    }
+}
+
+/// The mock's plan for a request body on `endpoint`, its answer ids made from `seq`.
+fn plan_for(endpoint: Endpoint, body: &[u8], seq: u64) -> mock::Plan {
+    let stream = memchr::memmem::find(body, b"\"stream\":true").is_some()
+        || memchr::memmem::find(body, b"\"stream\": true").is_some();
+    let model = serde_json::from_slice::<Model>(body)
+        .map(|m| m.model)
+        .unwrap_or_default();
+    mock::plan(endpoint, &model, stream, body, seq, 0)
+}
+
+/// The whole answer of a plan that waits for nothing (`Plan::waits_for_nothing`: no delay,
+/// no drip, no stall) as the bytes of one write.
+fn render_whole(mut plan: mock::Plan, keep_alive: bool) -> BytesMut {
+    let (mut out, frames) = begin(&mut plan, keep_alive);
+    if plan.streamed {
+        for f in frames {
+            http1::write_chunk(&mut out, &f);
+        }
+        http1::write_last_chunk(&mut out);
+    }
+    out
+}
+
+/// The reply's head, and for a reply not streamed its whole body; the frames left to play
+/// (none for a reply not streamed).
+fn begin(plan: &mut mock::Plan, keep_alive: bool) -> (BytesMut, mock::Frames) {
+    let mut frames = plan.take_frames();
+    let mut out = BytesMut::with_capacity(2048);
+    let mut fields: Vec<(&str, &[u8])> = vec![("content-type", plan.content_type.as_bytes())];
+    fields.extend(plan.extra_headers.iter().map(|(n, v)| (*n, v.as_bytes())));
+    if plan.streamed {
+        http1::write_response_head(&mut out, plan.status, fields, Framing::Chunked, keep_alive);
+        return (out, frames);
+    }
+    let body: Vec<Bytes> = frames.by_ref().collect();
+    let len: usize = body.iter().map(Bytes::len).sum();
+    http1::write_response_head(
+        &mut out,
+        plan.status,
+        fields,
+        Framing::Length(len as u64),
+        keep_alive,
+    );
+    for f in &body {
+        out.extend_from_slice(f);
+    }
+    (out, frames)
+}
+
+thread_local! {
+    static ANSWERS: std::cell::RefCell<Answers> = std::cell::RefCell::new(Answers::default());
+}
+
+/// Answers already rendered, per thread. A load test sends the same body again and again;
+/// rendering its answer (a JSON parse, a `serde_json` value per stream frame) cost the mock
+/// ~20 µs per streamed request, which made a single-threaded mock the limit of every
+/// streamed load cell. An answer that waits for nothing depends on the request only through
+/// the body, the endpoint, keep-alive and the seq in its ids, so it is rendered twice per
+/// width of the seq (all ones, all twos): the bytes that differ are where the seq's digits
+/// go, and an answer is that rendering with the digits written in — the bytes `play` would
+/// have sent (`tests` below compare the two). Bounded: at most `ANSWERS_MAX` entries, all
+/// forgotten when full (a test that sends a new body each time renders each as before).
+#[derive(Default)]
+struct Answers {
+    by_hash: std::collections::HashMap<u64, Vec<Answer>>,
+    len: usize,
+}
+
+const ANSWERS_MAX: usize = 256;
+/// The seq's widths kept per request: 1 to 6 digits (a connection's first 999 999 answers).
+const WIDTHS: usize = 6;
+
+struct Answer {
+    endpoint: Endpoint,
+    keep_alive: bool,
+    digits: usize,
+    body: Box<[u8]>,
+    /// The rendering with the seq all ones.
+    wire: Bytes,
+    /// Where each copy of the seq's digits starts in `wire`.
+    seq_at: Box<[usize]>,
+}
+
+impl Answers {
+    fn key(endpoint: Endpoint, keep_alive: bool, digits: usize, body: &[u8]) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h =
+            std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
+        h.write_u8(endpoint as u8);
+        h.write_u8(u8::from(keep_alive));
+        h.write_usize(digits);
+        h.write(body);
+        h.finish()
+    }
+
+    /// The answer for this request with `seq` written in, when it was rendered before.
+    fn answer(
+        &self,
+        endpoint: Endpoint,
+        keep_alive: bool,
+        body: &[u8],
+        seq: u64,
+    ) -> Option<BytesMut> {
+        let digits = seq.to_string();
+        let digits = digits.as_bytes();
+        let key = Self::key(endpoint, keep_alive, digits.len(), body);
+        let a = self.by_hash.get(&key)?.iter().find(|a| {
+            a.endpoint == endpoint
+                && a.keep_alive == keep_alive
+                && a.digits == digits.len()
+                && *a.body == *body
+        })?;
+        let mut out = BytesMut::from(&a.wire[..]);
+        for &at in &a.seq_at {
+            out[at..at + digits.len()].copy_from_slice(digits);
+        }
+        Some(out)
+    }
+
+    /// Renders and keeps the answers to this request for every seq of `WIDTHS` widths, or
+    /// nothing when the renderings do not differ
+    /// only in whole copies of the seq.
+    fn learn(&mut self, endpoint: Endpoint, keep_alive: bool, body: &[u8]) {
+        if self.len + WIDTHS > ANSWERS_MAX {
+            self.by_hash.clear();
+            self.len = 0;
+        }
+        for digits in 1..=WIDTHS {
+            let key = Self::key(endpoint, keep_alive, digits, body);
+            if self.by_hash.get(&key).is_some_and(|v| {
+                v.iter().any(|a| {
+                    a.endpoint == endpoint
+                        && a.keep_alive == keep_alive
+                        && a.digits == digits
+                        && *a.body == *body
+                })
+            }) {
+                continue;
+            }
+            let Some(answer) = Answer::render(endpoint, keep_alive, digits, body) else {
+                return;
+            };
+            self.by_hash.entry(key).or_default().push(answer);
+            self.len += 1;
+        }
+    }
+}
+
+impl Answer {
+    fn render(endpoint: Endpoint, keep_alive: bool, digits: usize, body: &[u8]) -> Option<Answer> {
+        // 1…1 and 2…2: every digit differs, so every copy of the seq shows as a run of
+        // `digits` differing bytes.
+        let ones = (0..digits).fold(0u64, |n, _| n * 10 + 1);
+        let whole = |seq| {
+            let plan = plan_for(endpoint, body, seq);
+            plan.waits_for_nothing()
+                .then(|| render_whole(plan, keep_alive))
+        };
+        let (a, b) = (whole(ones)?, whole(ones * 2)?);
+        if a.len() != b.len() {
+            return None;
+        }
+        let mut seq_at = Vec::new();
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] == b[i] {
+                i += 1;
+                continue;
+            }
+            let run = a[i..]
+                .iter()
+                .zip(&b[i..])
+                .take_while(|(x, y)| x != y)
+                .count();
+            if run != digits || a[i..i + run].iter().any(|&c| c != b'1') {
+                return None;
+            }
+            seq_at.push(i);
+            i += run;
+        }
+        Some(Answer {
+            endpoint,
+            keep_alive,
+            digits,
+            body: body.into(),
+            wire: a.freeze(),
+            seq_at: seq_at.into(),
+        })
     }
 }
 
@@ -216,29 +419,14 @@ async fn play(
     if plan.head_delay_ms > 0 {
         monoio::time::sleep(Duration::from_millis(plan.head_delay_ms)).await;
     }
-    let mut frames = plan.take_frames();
-    let mut out = BytesMut::with_capacity(2048);
-    let mut fields: Vec<(&str, &[u8])> = vec![("content-type", plan.content_type.as_bytes())];
-    fields.extend(plan.extra_headers.iter().map(|(n, v)| (*n, v.as_bytes())));
+    let (mut out, mut frames) = begin(&mut plan, keep_alive);
     if !plan.streamed {
-        let frames: Vec<Bytes> = frames.collect();
-        let len: usize = frames.iter().map(Bytes::len).sum();
-        http1::write_response_head(
-            &mut out,
-            plan.status,
-            fields,
-            Framing::Length(len as u64),
-            keep_alive,
-        );
-        for f in &frames {
-            out.extend_from_slice(f);
-        }
         return write_all(s, out).await.is_ok();
     }
-    http1::write_response_head(&mut out, plan.status, fields, Framing::Chunked, keep_alive);
     let gap = Duration::from_millis(plan.frame_delay_ms);
     if gap.is_zero() {
-        // Everything in one write: the load tests' fast path.
+        // A stall after the frames: they go at once (a plan that waits for nothing is
+        // sent whole by `render_whole`).
         for f in frames.by_ref() {
             http1::write_chunk(&mut out, &f);
         }
@@ -277,5 +465,112 @@ async fn wait_for_hang_up(s: &mut TcpStream, buf: &mut BytesMut) {
         if !matches!(res, Ok(n) if n > 0) {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(stream: bool, text: &str) -> Vec<u8> {
+        format!(
+            r#"{{"model":"perf/gpt-4o-mini","stream":{stream},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+        )
+        .into_bytes()
+    }
+
+    /// What the mock sends without the table: the plan rendered for this seq.
+    fn fresh(endpoint: Endpoint, keep_alive: bool, body: &[u8], seq: u64) -> BytesMut {
+        let plan = plan_for(endpoint, body, seq);
+        assert!(plan.waits_for_nothing());
+        render_whole(plan, keep_alive)
+    }
+
+    #[test]
+    fn a_known_answer_is_the_bytes_the_plan_renders_for_that_seq() {
+        let bodies = [
+            (Endpoint::ChatCompletions, chat(true, "Say hello to the load test in a few words please.")),
+            (Endpoint::ChatCompletions, chat(false, "Say hello to the load test in a few words please.")),
+            // the user's text holds digits and the placeholder's own shapes
+            (Endpoint::ChatCompletions, chat(true, "mock-1 mock-11 chatcmpl-111 2 22 1")),
+            (Endpoint::Messages, br#"{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"hi there"}]}"#.to_vec()),
+            (Endpoint::Messages, br#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#.to_vec()),
+            (Endpoint::Responses, br#"{"model":"m","stream":true,"input":"one two three"}"#.to_vec()),
+            (Endpoint::Responses, br#"{"model":"m","input":"one two"}"#.to_vec()),
+            (Endpoint::Embeddings, br#"{"model":"m","input":"x"}"#.to_vec()),
+        ];
+        let mut answers = Answers::default();
+        for (endpoint, body) in &bodies {
+            for keep_alive in [true, false] {
+                answers.learn(*endpoint, keep_alive, body);
+                for seq in [
+                    1, 2, 9, 10, 11, 99, 100, 123, 999, 1000, 12_345, 100_000, 999_999,
+                ] {
+                    let known = answers
+                        .answer(*endpoint, keep_alive, body, seq)
+                        .unwrap_or_else(|| panic!("{endpoint:?} seq {seq}: not kept"));
+                    assert_eq!(
+                        known,
+                        fresh(*endpoint, keep_alive, body, seq),
+                        "{endpoint:?} seq {seq}"
+                    );
+                }
+                // a seq wider than the kept widths is rendered afresh
+                assert!(
+                    answers
+                        .answer(*endpoint, keep_alive, body, 1_000_000)
+                        .is_none()
+                );
+            }
+        }
+        assert!(
+            answers
+                .answer(Endpoint::Messages, true, &bodies[0].1, 1)
+                .is_none(),
+            "another endpoint"
+        );
+    }
+
+    #[test]
+    fn timed_and_failing_plans() {
+        let mut answers = Answers::default();
+        // timed plans are never kept (they are played)
+        for model in ["slow-5", "drip-5", "stall"] {
+            let body = format!(r#"{{"model":"{model}","stream":true,"messages":[]}}"#);
+            answers.learn(Endpoint::ChatCompletions, true, body.as_bytes());
+            assert!(
+                answers
+                    .answer(Endpoint::ChatCompletions, true, body.as_bytes(), 1)
+                    .is_none(),
+                "{model}"
+            );
+        }
+        // a failing answer waits for nothing: kept, the same bytes
+        let body = br#"{"model":"fail-429","messages":[]}"#;
+        answers.learn(Endpoint::ChatCompletions, true, body);
+        let known = answers
+            .answer(Endpoint::ChatCompletions, true, body, 7)
+            .unwrap();
+        assert_eq!(known, fresh(Endpoint::ChatCompletions, true, body, 7));
+        assert!(known.starts_with(b"HTTP/1.1 429"));
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let mut answers = Answers::default();
+        for i in 0..(ANSWERS_MAX / WIDTHS + 5) {
+            answers.learn(
+                Endpoint::ChatCompletions,
+                true,
+                &chat(false, &format!("body {i}")),
+            );
+            assert!(answers.len <= ANSWERS_MAX, "{}", answers.len);
+        }
+        let last = chat(false, &format!("body {}", ANSWERS_MAX / WIDTHS + 4));
+        assert!(
+            answers
+                .answer(Endpoint::ChatCompletions, true, &last, 3)
+                .is_some()
+        );
     }
 }

@@ -423,6 +423,14 @@ impl Iterator for Frames {
 }
 
 impl Plan {
+    /// The reply can be sent at once: no delay before the head or between frames, no stall.
+    pub fn waits_for_nothing(&self) -> bool {
+        !self.stall_before_head
+            && self.head_delay_ms == 0
+            && self.frame_delay_ms == 0
+            && !self.stall_after_frames
+    }
+
     /// Takes the plan's frames, to play in order (the plan keeps its other fields).
     pub fn take_frames(&mut self) -> Frames {
         Frames {
