@@ -227,6 +227,6 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' /proc/$TG_PID/status)
   echo
   echo "Tidegate peak RSS over the whole run (VmHWM): $((RSS_KB / 1024)) MiB ($RSS_KB KiB)."
   echo
-  echo "Command: \`${TIDEGATE_BIN:+TIDEGATE_BIN=$TIDEGATE_BIN }${BASE_DIR:+BASE_DIR=$BASE_DIR }ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
+  echo "Command: \`${TIDEGATE_BIN:+TIDEGATE_BIN=$TIDEGATE_BIN }${BASE_DIR:+BASE_DIR=$BASE_DIR }${BASE_PIN:+BASE_PIN=$BASE_PIN }ROUNDS=$ROUNDS perf/run.sh $DUR\` (TIDEGATE_WORKERS=$TIDEGATE_WORKERS TIDEGATE_PIN=${TIDEGATE_PIN:-true} RATE=$RATE PROBE_ROUNDS=$PROBE_ROUNDS); per measurement \`STREAM=0|1 wrk -t2 -c<conns> -d${DUR}s --latency -s perf/post.lua <url>/v1/chat/completions\`. Raw wrk output in perf/out/."
 } > "$OUT/load.md"
 cat "$OUT/load.md"
