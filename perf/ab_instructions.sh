@@ -43,6 +43,12 @@ for dir in "$@"; do
     awk '/^summary:/ {print $2}' "$cg"
   }
   i1=$(count "$N1"); i2=$(count "$N2")
+  # A gateway that ended without writing its summary (seen on a loaded box) leaves a count
+  # empty; the difference would then be a figure of nothing.
+  if [ -z "$i1" ] || [ -z "$i2" ]; then
+    echo "$dir stream=$STREAM: a callgrind summary is missing (N=$N1: '${i1}', N=$N2: '${i2}'; see $OUT/ab-instr-$tag-*.log); no figure" >&2
+    exit 1
+  fi
   echo "$dir stream=$STREAM: N=$N1 -> $i1, N=$N2 -> $i2; per request: $(( (i2 - i1) / (N2 - N1) ))"
   kill "$mock" 2>/dev/null || true
 done
