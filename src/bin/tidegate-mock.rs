@@ -6,6 +6,9 @@
 //! `slow-<ms>` delays the head, `drip-<ms>` spaces the stream's frames (one chunk per
 //! frame), `stall` never answers (or, streamed, goes silent after its first frame),
 //! `fail-<status>` answers that status; anything else is answered at once in one write.
+//! An answer sent at once is rendered once per request body and copied afterwards with the
+//! request's own ids (`Answers`): a load test's repeated body costs the mock a copy, not a
+//! JSON rendering per frame.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::net::SocketAddr;
