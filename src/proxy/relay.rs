@@ -27,7 +27,7 @@ use crate::config::{Connection, ConnectionId, Provider, ProviderFormat, Provider
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
-use crate::http1::RequestHead;
+use crate::http1::{Persist, RequestHead};
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Req;
 use crate::owners::affinity::{self, client::Session};
@@ -66,11 +66,12 @@ pub struct Plan {
 }
 
 /// The client side of a request: its connection, the connection's read buffer (bytes the
-/// client pipelines while the request waits land there), and whether keep-alive holds.
+/// client pipelines while the request waits land there), and whether keep-alive holds
+/// (and how the answer says so).
 pub struct Downstream<'c> {
     pub client: &'c mut ClientStream,
     pub pending: &'c mut BytesMut,
-    pub keep_alive: bool,
+    pub keep_alive: Persist,
     /// The error shape the client expects.
     pub dialect: Dialect,
     /// Set before the first byte is written to the client: from then on the end of the
