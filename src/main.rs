@@ -153,6 +153,15 @@ fn problem_line(path: &std::path::Path, key: &str, message: &str) -> String {
     }
 }
 
+/// `1 provider`, `0 providers`, `2 client keys`: a count and its noun, singular for one.
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 fn env_lookup(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
@@ -381,12 +390,12 @@ fn main() -> ExitCode {
                         ),
                     }
                     println!(
-                        "{}: ok ({} providers, {} connections, {} combos, {} client keys)",
+                        "{}: ok ({}, {}, {}, {})",
                         path.display(),
-                        cfg.providers.len(),
-                        cfg.connections.len(),
-                        cfg.combos.len(),
-                        cfg.client_keys.len()
+                        counted(cfg.providers.len(), "provider"),
+                        counted(cfg.connections.len(), "connection"),
+                        counted(cfg.combos.len(), "combo"),
+                        counted(cfg.client_keys.len(), "client key")
                     );
                     ExitCode::SUCCESS
                 }

@@ -86,6 +86,33 @@ fn the_shipped_config_passes_check() {
     }
 }
 
+/// The ok line counts in words that agree with the numbers: one of a kind is singular.
+#[test]
+fn the_ok_line_says_one_in_the_singular() {
+    let (code, stdout, stderr) = run_check(BASE);
+    assert_eq!(code, 0, "stdout {stdout}\nstderr {stderr}");
+    assert!(
+        stdout.contains(": ok (1 provider, 1 connection, 0 combos, 1 client key)"),
+        "{stdout}"
+    );
+    let two = BASE.to_string()
+        + r#"
+[[client_keys]]
+id = "u"
+key = "other-key"
+
+[[connections]]
+id = "c2"
+provider = "up"
+"#;
+    let (code, stdout, stderr) = run_check(&two);
+    assert_eq!(code, 0, "stdout {stdout}\nstderr {stderr}");
+    assert!(
+        stdout.contains(": ok (1 provider, 2 connections, 0 combos, 2 client keys)"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn check_defaults_to_config_tidegate_toml_and_reads_tidegate_config() {
     // Integration tests run in the package root, where config/tidegate.toml is.

@@ -261,6 +261,103 @@ fn http_1_0_keep_alive_is_honoured() {
     }
 }
 
+/// A `Connection` header value lists `keep-alive`.
+fn says_keep_alive(r: &Response) -> bool {
+    r.header_all("connection")
+        .iter()
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
+}
+
+/// An HTTP/1.0 client that asks for keep-alive hears it back (RFC 9112 §9.3): without
+/// `Connection: keep-alive` in the answer it must take the connection as closing. Every
+/// kind of answer says it — health, management, a gateway-made error, an in-process
+/// answer, a proxied one — on one connection that stays open. A streamed answer cannot be
+/// chunked for HTTP/1.0: it is close-delimited, says `close` and the connection closes. An
+/// HTTP/1.0 request without keep-alive hears `close` and its connection closes.
+#[test]
+fn http_1_0_keep_alive_is_echoed_on_every_answer() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("from upstream"));
+    let gw = Gateway::start(&config(60_000, Some(&mock)));
+    let keep = "connection: keep-alive\r\n";
+    let get = |path: &str, extra: &str| {
+        format!("GET {path} HTTP/1.0\r\nauthorization: Bearer {KEY}\r\n{extra}\r\n").into_bytes()
+    };
+    let mut c = Client::connect(gw.addr());
+    let asks: Vec<(&str, Vec<u8>)> = vec![
+        ("health", get("/healthz", keep)),
+        ("management", get("/api/monitoring/health", keep)),
+        ("route not found", get("/v1/nowhere", keep)),
+        (
+            "unknown model",
+            request_bytes(0, "nope/none", "x", false, keep),
+        ),
+        (
+            "in-process answer",
+            request_bytes(0, "mock/echo", "kept", false, keep),
+        ),
+        (
+            "proxied answer",
+            request_bytes(0, "up/m1", "relayed", false, keep),
+        ),
+    ];
+    for (what, bytes) in asks {
+        c.write_raw(&bytes);
+        let r = c.read_response();
+        assert!(
+            says_keep_alive(&r) && !says_close(&r),
+            "{what}: {} {:?}",
+            r.status,
+            r.headers
+        );
+        match what {
+            "health" | "management" | "in-process answer" | "proxied answer" => {
+                assert_eq!(r.status, 200, "{what}: {}", r.text());
+            }
+            _ => assert!(
+                r.header("x-tidegate-error").is_some(),
+                "{what}: not a gateway error: {} {:?}",
+                r.status,
+                r.headers
+            ),
+        }
+    }
+    assert_eq!(mock.hits(CHAT), 1);
+    // The same connection, now a stream: close-delimited, and the connection ends with it.
+    c.write_raw(&request_bytes(0, "mock/echo", "streamed", true, keep));
+    let r = c.read_response();
+    assert!(!r.chunked, "chunked answer to HTTP/1.0: {:?}", r.headers);
+    assert!(
+        says_close(&r) && !says_keep_alive(&r),
+        "a close-delimited answer says close: {:?}",
+        r.headers
+    );
+    assert_eq!(answer_text(&r), "streamed");
+    assert!(c.closed_within(secs(5)), "close-delimited stream left open");
+    // A proxied stream from a real upstream is close-delimited too.
+    mock.on(CHAT, Reply::openai_stream(&["up", "stream"]));
+    let mut c = Client::connect(gw.addr());
+    c.write_raw(&request_bytes(0, "up/m1", "s", true, keep));
+    let r = c.read_response();
+    assert!(!r.chunked && says_close(&r), "{:?}", r.headers);
+    assert_eq!(answer_text(&r), "upstream");
+    assert!(c.closed_within(secs(5)), "close-delimited stream left open");
+    // Without keep-alive: `close`, and the connection closes.
+    for bytes in [get("/healthz", ""), get("/v1/nowhere", "")] {
+        let mut c = Client::connect(gw.addr());
+        c.write_raw(&bytes);
+        let r = c.read_response();
+        assert!(
+            says_close(&r) && !says_keep_alive(&r),
+            "{} {:?}",
+            r.status,
+            r.headers
+        );
+        assert!(c.closed_within(secs(5)), "HTTP/1.0 connection left open");
+    }
+}
+
 #[test]
 fn connection_close_from_the_client_closes_after_the_answer() {
     let gw = start();

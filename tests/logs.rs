@@ -89,6 +89,58 @@ fn every_request_gets_one_access_log_line_and_its_request_id_back() {
     assert_eq!(access_lines(&gw.logs()).len(), 2, "{}", gw.logs());
 }
 
+/// A request its connection's queue refuses (429 `rate_limit_queue_full`) never reached the
+/// upstream, but its target was chosen: the access line names the provider and connection
+/// whose queue was full.
+#[test]
+fn a_queue_full_refusal_names_its_provider_and_connection() {
+    let mock = MockUpstream::start();
+    let gate = Gate::new();
+    mock.on_always(CHAT, Reply::openai_chat("ok").wait_for(&gate));
+    let cfg = one_upstream(
+        &mock.base_url(),
+        2,
+        "[connections.rate_limit_overrides]\nrequests_per_minute = 60000\nmax_concurrent = 1",
+        "[resilience.request_queue]\nmax_queue_depth = 2",
+    );
+    let gw = Gateway::start(&cfg);
+    let addr = gw.addr();
+    let ask = move |id: &str| {
+        let mut c = Client::connect(addr);
+        c.set_timeout(secs(30));
+        c.request("POST", CHAT, &[("x-request-id", id)], BODY)
+    };
+    // One running, two queued: the queue is full.
+    let held: Vec<_> = (0..3)
+        .map(|i| std::thread::spawn(move || ask(&format!("held-{i}")).status))
+        .collect();
+    mock.wait_for_hits(CHAT, 1, secs(10));
+    eventually(secs(10), "three requests in the queue", || {
+        (metric(addr, "tidegate_queue_requests") == 3).then_some(())
+    });
+    let r = ask("refused-1");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("x-tidegate-error"), Some("rate_limit_queue_full"));
+    let line = eventually(secs(5), "the refused request's line", || {
+        access_lines(&gw.logs())
+            .into_iter()
+            .find(|l| l.contains("request_id=refused-1"))
+    });
+    for field in [
+        "model=up/m1",
+        "provider=up",
+        "connection=c1",
+        "attempts=0",
+        "status=429",
+        "rate_limit_queue_full",
+    ] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
+    gate.open();
+    let statuses: Vec<u16> = held.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(statuses, vec![200, 200, 200]);
+}
+
 /// A management call's access line names who made it: the manage key's id, or
 /// `admin-token`.
 #[test]

@@ -91,7 +91,7 @@ mod timer;
 
 #[cfg(not(tidegate_reach))]
 use tidegate::http1;
-use tidegate::http1::{BodyDecoder, BodyEvent, Decoded, Framing};
+use tidegate::http1::{BodyDecoder, BodyEvent, Decoded, Framing, Persist};
 use tidegate::net::io::{READ_BUF_BYTES, read_more, write_all};
 use tidegate::net::listener::bind_shards;
 use tidegate::providers::{Endpoint, mock};
@@ -243,6 +243,8 @@ fn render_whole(mut plan: mock::Plan, keep_alive: bool) -> BytesMut {
 /// (none for a reply not streamed).
 fn begin(plan: &mut mock::Plan, keep_alive: bool) -> (BytesMut, mock::Frames) {
     let mut frames = plan.take_frames();
+    // The gateway asks in HTTP/1.1: keep-alive goes without saying.
+    let keep_alive = Persist::KeepAlive.and(keep_alive);
     let mut out = BytesMut::with_capacity(2048);
     let mut fields: Vec<(&str, &[u8])> = vec![("content-type", plan.content_type.as_bytes())];
     fields.extend(plan.extra_headers.iter().map(|(n, v)| (*n, v.as_bytes())));

@@ -19,6 +19,34 @@ pub enum Framing {
     Close,
 }
 
+/// What a response says about its client connection (RFC 9112 §9.3): the request's
+/// keep-alive (its version and `Connection` field), as the gateway decided it when the
+/// head is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// The connection closes after this response: `Connection: close` is written.
+    Close,
+    /// Persistent as HTTP/1.1 is by default: nothing is written.
+    KeepAlive,
+    /// Persistent because an HTTP/1.0 request asked for it with `Connection: keep-alive`:
+    /// the response says `Connection: keep-alive` (RFC 9112 §9.3, RFC 7230 appendix
+    /// A.1.2), without which an HTTP/1.0 client must take the connection as closing.
+    Echo,
+}
+
+impl Persist {
+    /// Does the connection stay open after the response?
+    pub fn is_kept(self) -> bool {
+        self != Persist::Close
+    }
+
+    /// `self` while `keep` holds, else [`Persist::Close`].
+    #[must_use]
+    pub fn and(self, keep: bool) -> Self {
+        if keep { self } else { Persist::Close }
+    }
+}
+
 /// The interim answer to `Expect: 100-continue`.
 pub const CONTINUE_100: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -133,8 +161,10 @@ pub fn is_listed(name: &[u8], names: &[&str], lengths: u64) -> bool {
             .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
 }
 
-/// Writes `HTTP/1.1 <status> <reason>`, the fields, the framing field, `Connection: close`
-/// when `!keep_alive` (and always for [`Framing::Close`]), and the empty line.
+/// Writes `HTTP/1.1 <status> <reason>`, the fields, the framing field, the `Connection`
+/// field `persist` calls for (`close` for [`Persist::Close`] and always for
+/// [`Framing::Close`], `keep-alive` for [`Persist::Echo`], none for
+/// [`Persist::KeepAlive`]), and the empty line.
 ///
 /// Fields named `Content-Length`, `Transfer-Encoding` or `Connection` are dropped (framing is
 /// only ever written from `framing`), and so is any field whose name is not a token or whose
@@ -145,14 +175,14 @@ pub fn write_response_head<'a>(
     status: u16,
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     framing: Framing,
-    keep_alive: bool,
+    persist: Persist,
 ) {
     write_response_head_bytes(
         dst,
         status,
         headers.into_iter().map(|(n, v)| (n.as_bytes(), v)),
         framing,
-        keep_alive,
+        persist,
     );
 }
 
@@ -163,7 +193,7 @@ pub fn write_response_head_bytes<'a>(
     status: u16,
     headers: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     framing: Framing,
-    keep_alive: bool,
+    persist: Persist,
 ) {
     let status = if (100..=999).contains(&status) {
         status
@@ -182,8 +212,11 @@ pub fn write_response_head_bytes<'a>(
         Framing::Chunked => dst.put_slice(b"Transfer-Encoding: chunked\r\n"),
         Framing::NoBody | Framing::Close => {}
     }
-    if !keep_alive || framing == Framing::Close {
-        dst.put_slice(b"Connection: close\r\n");
+    match persist {
+        Persist::Close => dst.put_slice(b"Connection: close\r\n"),
+        _ if framing == Framing::Close => dst.put_slice(b"Connection: close\r\n"),
+        Persist::KeepAlive => {}
+        Persist::Echo => dst.put_slice(b"Connection: keep-alive\r\n"),
     }
     dst.put_slice(b"\r\n");
 }

@@ -48,7 +48,7 @@ pub use body::{BodyDecoder, BodyEvent};
 #[cfg(test)]
 pub use encode::write_request_head;
 pub use encode::{
-    CONTINUE_100, Framing, is_hop_by_hop_name, is_listed, name_lengths, write_chunk,
+    CONTINUE_100, Framing, Persist, is_hop_by_hop_name, is_listed, name_lengths, write_chunk,
     write_last_chunk, write_request_head_parts, write_response_head, write_response_head_bytes,
 };
 pub use request::{RequestHead, decode_request_head};

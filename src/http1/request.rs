@@ -4,7 +4,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::head::{self, Facts, Fields, Span, StartLine};
-use super::{BodyKind, Decoded, HeadError, MAX_HEAD_BYTES, Method};
+use super::{BodyKind, Decoded, HeadError, MAX_HEAD_BYTES, Method, Persist};
 
 /// A parsed request head. `raw` holds exactly the head bytes (request line through the final
 /// CRLF CRLF, leading empty lines excluded); everything else is offsets into it.
@@ -113,6 +113,16 @@ impl RequestHead {
     /// HTTP/1.1: unless `Connection: close`; HTTP/1.0: only with `Connection: keep-alive`.
     pub fn keep_alive(&self) -> bool {
         self.keep_alive
+    }
+
+    /// [`keep_alive`](Self::keep_alive) as the response says it: an HTTP/1.0 request kept
+    /// open hears so ([`Persist::Echo`]), an HTTP/1.1 one by default.
+    pub fn persist(&self) -> Persist {
+        match (self.keep_alive, self.minor_version) {
+            (false, _) => Persist::Close,
+            (true, 0) => Persist::Echo,
+            (true, _) => Persist::KeepAlive,
+        }
     }
 
     /// `Expect: 100-continue` on an HTTP/1.1 request (RFC 9110 §10.1.1: ignored for 1.0).

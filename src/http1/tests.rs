@@ -1054,6 +1054,43 @@ fn response_head_accessors() {
     assert!(buf.is_empty());
 }
 
+/// The keep-alive decision as the answer says it: echoed to an HTTP/1.0 request that asked
+/// for it, implied for HTTP/1.1, `close` otherwise.
+#[test]
+fn request_persistence_by_version_and_connection_field() {
+    let cases: [(&[u8], Persist); 6] = [
+        (
+            b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
+            Persist::Echo,
+        ),
+        (b"GET / HTTP/1.0\r\n\r\n", Persist::Close),
+        (
+            b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n",
+            Persist::Close,
+        ),
+        (b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", Persist::KeepAlive),
+        (
+            b"GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
+            Persist::KeepAlive,
+        ),
+        (
+            b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+            Persist::Close,
+        ),
+    ];
+    for (bytes, want) in cases {
+        let mut buf = BytesMut::from(bytes);
+        let Ok(Decoded::Complete(h)) = decode_request_head(&mut buf) else {
+            panic!("expected a head: {:?}", String::from_utf8_lossy(bytes));
+        };
+        assert_eq!(h.persist(), want, "{:?}", String::from_utf8_lossy(bytes));
+        assert_eq!(h.persist().is_kept(), h.keep_alive());
+    }
+    assert_eq!(Persist::Echo.and(false), Persist::Close);
+    assert_eq!(Persist::Echo.and(true), Persist::Echo);
+    assert_eq!(Persist::KeepAlive.and(true), Persist::KeepAlive);
+}
+
 // ---- encoder ----
 
 #[test]
@@ -1063,7 +1100,13 @@ fn response_head_exact_bytes() {
         ("Content-Type", b"application/json"),
         ("x-tidegate-provider", b"openai"),
     ];
-    write_response_head(&mut dst, 200, headers, Framing::Length(42), true);
+    write_response_head(
+        &mut dst,
+        200,
+        headers,
+        Framing::Length(42),
+        Persist::KeepAlive,
+    );
     assert_eq!(
         &dst[..],
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nx-tidegate-provider: openai\r\nContent-Length: 42\r\n\r\n"
@@ -1075,7 +1118,7 @@ fn response_head_exact_bytes() {
         503,
         [("Retry-After", &b"5"[..])],
         Framing::Chunked,
-        false,
+        Persist::Close,
     );
     assert_eq!(
         &dst[..],
@@ -1083,19 +1126,37 @@ fn response_head_exact_bytes() {
     );
 
     dst.clear();
-    write_response_head(&mut dst, 204, [], Framing::NoBody, true);
+    write_response_head(&mut dst, 204, [], Framing::NoBody, Persist::KeepAlive);
     assert_eq!(&dst[..], b"HTTP/1.1 204 No Content\r\n\r\n");
 
     dst.clear();
-    write_response_head(&mut dst, 200, [], Framing::Close, true);
+    write_response_head(&mut dst, 200, [], Framing::Close, Persist::KeepAlive);
     assert_eq!(&dst[..], b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
 
     dst.clear();
-    write_response_head(&mut dst, 599, [], Framing::Length(0), true);
+    write_response_head(&mut dst, 200, [], Framing::Length(2), Persist::Echo);
+    assert_eq!(
+        &dst[..],
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n"
+    );
+
+    // A close-delimited body ends the connection, whatever the request asked.
+    dst.clear();
+    write_response_head(&mut dst, 200, [], Framing::Close, Persist::Echo);
+    assert_eq!(&dst[..], b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+
+    dst.clear();
+    write_response_head(&mut dst, 599, [], Framing::Length(0), Persist::KeepAlive);
     assert_eq!(&dst[..], b"HTTP/1.1 599 \r\nContent-Length: 0\r\n\r\n");
 
     dst.clear();
-    write_response_head(&mut dst, 42, [], Framing::Length(u64::MAX), true);
+    write_response_head(
+        &mut dst,
+        42,
+        [],
+        Framing::Length(u64::MAX),
+        Persist::KeepAlive,
+    );
     assert_eq!(
         &dst[..],
         b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 18446744073709551615\r\n\r\n"
@@ -1116,7 +1177,7 @@ fn status_lines_and_lengths_read_as_format_writes_them() {
     for (i, status) in (100u16..=999).enumerate() {
         let n = lengths[i % lengths.len()];
         let mut dst = BytesMut::new();
-        write_response_head(&mut dst, status, [], Framing::Length(n), true);
+        write_response_head(&mut dst, status, [], Framing::Length(n), Persist::KeepAlive);
         let want = format!(
             "HTTP/1.1 {status} {}\r\nContent-Length: {n}\r\n\r\n",
             reason_phrase(status)
@@ -1190,7 +1251,7 @@ fn encoder_drops_injection_and_framing_fields() {
         ("CONNECTION", b"keep-alive"),
     ];
     let mut dst = BytesMut::new();
-    write_response_head(&mut dst, 200, evil, Framing::Length(1), true);
+    write_response_head(&mut dst, 200, evil, Framing::Length(1), Persist::KeepAlive);
     assert_eq!(
         &dst[..],
         b"HTTP/1.1 200 OK\r\nX-Ok: fine\r\nContent-Length: 1\r\n\r\n"
@@ -1307,7 +1368,13 @@ fn encode_decode_round_trip() {
         ("X-Obs", b"caf\xc3\xa9"),
     ];
     let mut wire = BytesMut::new();
-    write_response_head(&mut wire, 200, headers, Framing::Chunked, true);
+    write_response_head(
+        &mut wire,
+        200,
+        headers,
+        Framing::Chunked,
+        Persist::KeepAlive,
+    );
     for part in [&b"data: 1\n\n"[..], b"", b"data: [DONE]\n\n"] {
         write_chunk(&mut wire, part);
     }

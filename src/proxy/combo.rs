@@ -114,6 +114,8 @@ struct Runner<'a, 'r> {
     shape_streak: Option<(String, u32)>,
     /// The target of `last`.
     last_target: Option<Target>,
+    /// The connection of `last` (its access line names it).
+    last_connection: Option<ConnectionId>,
 }
 
 /// Serves a request whose plan names a combo (`plan.combo`): a quota-share combo's
@@ -190,6 +192,7 @@ async fn run(shard: &Req<'_>, req: &Request<'_>, combo: usize, down: &mut Downst
         hint_ms: None,
         shape_streak: None,
         last_target: None,
+        last_connection: None,
     };
     match r.drive(down).await {
         Ok(ended) => match r.emergency(&ended, down).await {
@@ -563,7 +566,7 @@ impl Runner<'_, '_> {
         end: AttemptEnd,
         note: Option<FailureNote>,
     ) -> Absorbed {
-        let (target, _) = &self.req.plan.candidates[k];
+        let (target, connection) = &self.req.plan.candidates[k];
         match end {
             AttemptEnd::Done(after) => Absorbed::End(StepEndOr::Step(StepEnd::Over(after))),
             AttemptEnd::Skipped(e) => {
@@ -576,6 +579,7 @@ impl Runner<'_, '_> {
             AttemptEnd::Stop(f) => {
                 self.last = Some(f);
                 self.last_target = Some(target.clone());
+                self.last_connection = Some(*connection);
                 Absorbed::End(StepEndOr::End(Ended::Stop))
             }
             // A failure before the first client byte: the combo's own retries decide
@@ -588,6 +592,7 @@ impl Runner<'_, '_> {
                 }
                 self.last = Some(f);
                 self.last_target = Some(target.clone());
+                self.last_connection = Some(*connection);
                 let Some(note) = note else {
                     if self.timed_out() {
                         return Absorbed::End(StepEndOr::End(Ended::Timeout));
@@ -899,7 +904,9 @@ impl Runner<'_, '_> {
                 .await
             }
             None => {
-                let last = self.last.take();
+                let at = self.last_target.as_ref().map(|t| t.provider);
+                let at = at.zip(self.last_connection);
+                let last = self.last.take().map(|f| (f, at));
                 answer_last(
                     shard,
                     self.req.plan,

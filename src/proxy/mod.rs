@@ -27,7 +27,7 @@ use crate::admin;
 use crate::auth::Caller;
 use crate::config::{ComboStrategy, Scope};
 use crate::error::{Dialect, ErrorKind, GatewayError};
-use crate::http1::{Method, RequestHead};
+use crate::http1::{Method, Persist, RequestHead};
 pub use crate::net::downstream::After;
 use crate::net::downstream::{Handler, Limits, Served};
 use crate::net::io::write_all;
@@ -108,7 +108,7 @@ impl Handler for Shard {
         err: &GatewayError,
     ) {
         let Some(head) = head else {
-            send_error(self, client, err, Dialect::OpenAi, false, None).await;
+            send_error(self, client, err, Dialect::OpenAi, Persist::Close, None).await;
             return;
         };
         // A request refused while its body was read (413, a broken chunked body) has its
@@ -121,7 +121,7 @@ impl Handler for Shard {
         {
             log.key(&k.id);
         }
-        send_error(self, client, err, dialect(head), false, Some(&log)).await;
+        send_error(self, client, err, dialect(head), Persist::Close, Some(&log)).await;
         log.emit(self, head);
     }
 }
@@ -217,7 +217,8 @@ pub async fn handle(
 ) -> After {
     // Whether the connection stays open is decided when the response head is written
     // (`keep_alive_now`), since shutdown may begin while the request is served.
-    let keep_alive = head.keep_alive();
+    // An HTTP/1.0 request kept open hears so in every answer (`Persist::Echo`).
+    let keep_alive = head.persist();
     let log = access::AccessLog::new(shard, head);
     if head.method() == Method::Options && !shard.config().server.cors_allow_origins.is_empty() {
         let after = preflight(shard, head, client, keep_alive, &log).await;
@@ -268,7 +269,7 @@ pub async fn handle(
     log.sent(out.len());
     log.emit(shard, head);
     match write_all(client, out).await {
-        Ok(_) if keep_alive => After::KeepAlive,
+        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
         _ => After::Close,
     }
 }
@@ -283,7 +284,7 @@ async fn preflight(
     shard: &Req<'_>,
     head: &RequestHead,
     client: &mut ClientStream,
-    keep_alive: bool,
+    keep_alive: Persist,
     log: &access::AccessLog,
 ) -> After {
     let keep_alive = keep_alive_now(shard, keep_alive);
@@ -321,7 +322,7 @@ async fn preflight(
     log.responding(shard, 204);
     log.sent(out.len());
     match write_all(client, out).await {
-        Ok(_) if keep_alive => After::KeepAlive,
+        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
         _ => After::Close,
     }
 }
@@ -370,7 +371,7 @@ async fn inference(
     body: Bytes,
     client: &mut ClientStream,
     pending: &mut BytesMut,
-    keep_alive: bool,
+    keep_alive: Persist,
     log: &access::AccessLog,
 ) -> After {
     let mut plan = match plan(shard, head, endpoint, &body, log) {

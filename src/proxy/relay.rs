@@ -27,7 +27,7 @@ use crate::config::{Connection, ConnectionId, Provider, ProviderFormat, Provider
 use crate::error::{Dialect, ErrorKind, GatewayError, Retry, TimeoutPhase};
 use crate::flow::admission::{gate_block_ms, queue_of};
 use crate::flow::queue::{QueueError, ResponseFacts};
-use crate::http1::RequestHead;
+use crate::http1::{Persist, RequestHead};
 use crate::net::downstream::unless_client_gone;
 use crate::owners::Req;
 use crate::owners::affinity::{self, client::Session};
@@ -66,11 +66,12 @@ pub struct Plan {
 }
 
 /// The client side of a request: its connection, the connection's read buffer (bytes the
-/// client pipelines while the request waits land there), and whether keep-alive holds.
+/// client pipelines while the request waits land there), and whether keep-alive holds
+/// (and how the answer says so).
 pub struct Downstream<'c> {
     pub client: &'c mut ClientStream,
     pub pending: &'c mut BytesMut,
-    pub keep_alive: bool,
+    pub keep_alive: Persist,
     /// The error shape the client expects.
     pub dialect: Dialect,
     /// Set before the first byte is written to the client: from then on the end of the
@@ -171,6 +172,8 @@ pub async fn run(
     let request = Request::new(shard, head, endpoint, &body, plan, notes);
     let mut budget_spent: Option<Target> = None;
     let mut last: Option<LastFailure> = None;
+    // The candidate `last` happened on (its access line names it).
+    let mut last_at: Option<(ProviderId, ConnectionId)> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
     let mut cooldown_waits = CooldownWaits::default();
@@ -200,6 +203,7 @@ pub async fn run(
                         reopened = true;
                         walk.early_retries += 1;
                         last = Some(failure);
+                        last_at = Some((target.provider, *connection));
                     }
                     end => break end,
                 }
@@ -228,11 +232,13 @@ pub async fn run(
                         observe::fallback(shard.families(), None, e.kind);
                     }
                     last = Some(failure);
+                    last_at = Some((target.provider, *connection));
                 }
                 AttemptEnd::Skipped(e) => excluded.push(e),
                 AttemptEnd::Stop(failure) => {
                     note_budget(shard, &mut budget_spent, target, &failure);
                     last = Some(failure);
+                    last_at = Some((target.provider, *connection));
                     break;
                 }
             }
@@ -283,6 +289,7 @@ pub async fn run(
     {
         return after;
     }
+    let last = last.map(|f| (f, last_at));
     answer_last(shard, plan, last, &excluded, walk.attempts, &mut downstream).await
 }
 
@@ -1575,11 +1582,14 @@ fn classify_answer(shard: &Req<'_>, attempted: &Attempted<'_>, buffered: &mut Bu
     verdict
 }
 
-/// The answer when every candidate failed or was skipped.
+/// The answer when every candidate failed or was skipped. `last` comes with the candidate
+/// it happened on: a gateway-made answer to it (a queue or gate refusal, an upstream that
+/// could not be reached or timed out) names that provider and connection in the access
+/// line, as a relayed answer names the upstream that sent it.
 pub(super) async fn answer_last(
     shard: &Req<'_>,
     plan: &Plan,
-    last: Option<LastFailure>,
+    last: Option<(LastFailure, Option<(ProviderId, ConnectionId)>)>,
     excluded: &[Excluded],
     attempts: usize,
     down: &mut Downstream<'_>,
@@ -1589,10 +1599,17 @@ pub(super) async fn answer_last(
     let log = Some(down.log);
     down.log.attempts(attempts);
     match last {
-        Some(LastFailure::Upstream(b)) => {
+        Some((LastFailure::Upstream(b), _)) => {
             stream::relay_buffered(shard, &b, attempts, client, keep_alive, down.log).await
         }
-        Some(LastFailure::Gateway(e)) if attempts > 0 || excluded.is_empty() => {
+        Some((LastFailure::Gateway(e), at)) if attempts > 0 || excluded.is_empty() => {
+            if let Some((provider, connection)) = at {
+                let config = shard.config();
+                let (provider, connection) =
+                    (config.provider(provider), config.connection(connection));
+                down.log
+                    .upstream(&provider.name, &connection.name, attempts);
+            }
             send_error(shard, client, &e, dialect, keep_alive, log).await
         }
         _ if !excluded.is_empty() => {

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::access::AccessLog;
 use crate::error::{Dialect, ErrorKind, GatewayError};
-use crate::http1::{Framing, write_response_head};
+use crate::http1::{Framing, Persist, write_response_head};
 use crate::net::downstream::After;
 use crate::net::io::write_all;
 use crate::owners::Shard;
@@ -49,7 +49,7 @@ pub fn write_error(
     dst: &mut BytesMut,
     err: &GatewayError,
     dialect: Dialect,
-    keep_alive: bool,
+    keep_alive: Persist,
     head_only: bool,
     extra: &[(&str, &[u8])],
 ) {
@@ -88,7 +88,7 @@ pub fn write_body(
     status: u16,
     content_type: &str,
     body: &[u8],
-    keep_alive: bool,
+    keep_alive: Persist,
     extra: &[(&str, &[u8])],
 ) {
     let mut headers: Vec<(&str, &[u8])> = vec![("content-type", content_type.as_bytes())];
@@ -144,14 +144,14 @@ pub async fn send_error(
     client: &mut ClientStream,
     err: &GatewayError,
     dialect: Dialect,
-    keep_alive: bool,
+    keep_alive: Persist,
     log: Option<&AccessLog>,
 ) -> After {
     note_error(shard, err);
     if let Some(log) = log {
         log.failed(shard, err);
     }
-    let keep_alive = keep_alive_now(shard, keep_alive) && !err.kind.closes_connection();
+    let keep_alive = keep_alive_now(shard, keep_alive).and(!err.kind.closes_connection());
     let mut out = BytesMut::with_capacity(256);
     let extra = log.map(AccessLog::response_headers).unwrap_or_default();
     write_error(&mut out, err, dialect, keep_alive, false, &extra);
@@ -159,15 +159,15 @@ pub async fn send_error(
         log.sent(out.len());
     }
     match write_all(client, out).await {
-        Ok(_) if keep_alive => After::KeepAlive,
+        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
         _ => After::Close,
     }
 }
 
 /// The keep-alive decision at the moment a response head is written: never while the
 /// shard drains for shutdown.
-pub fn keep_alive_now(shard: &Shard, requested: bool) -> bool {
-    requested && !shard.is_draining()
+pub fn keep_alive_now(shard: &Shard, requested: Persist) -> Persist {
+    requested.and(!shard.is_draining())
 }
 
 pub(super) fn note_error(shard: &Shard, err: &GatewayError) {

@@ -21,7 +21,7 @@ use super::{After, respond};
 use crate::config::{Connection, Provider};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http1::{
-    BodyKind, Framing, RequestHead, is_hop_by_hop_name, write_chunk, write_last_chunk,
+    BodyKind, Framing, Persist, RequestHead, is_hop_by_hop_name, write_chunk, write_last_chunk,
     write_response_head, write_response_head_bytes,
 };
 use crate::net::downstream::unless_client_gone;
@@ -122,7 +122,7 @@ pub async fn relay_buffered(
     b: &Buffered,
     attempts: usize,
     client: &mut ClientStream,
-    keep_alive: bool,
+    keep_alive: Persist,
     log: &AccessLog,
 ) -> After {
     let keep_alive = respond::keep_alive_now(shard, keep_alive);
@@ -158,7 +158,7 @@ pub async fn relay_buffered(
     log.responding(shard, b.status);
     log.sent(out.len());
     match write_all(client, out).await {
-        Ok(_) if keep_alive => After::KeepAlive,
+        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
         _ => After::Close,
     }
 }
@@ -184,7 +184,7 @@ pub async fn commit(
     attempts: usize,
     client: &mut ClientStream,
     pending: &mut BytesMut,
-    keep_alive: bool,
+    keep_alive: Persist,
     idle: Duration,
     endpoint: Endpoint,
     wd: &mut Option<Watchdog>,
@@ -204,7 +204,7 @@ pub async fn commit(
         let (framing, keep_alive) = match up.head.body_kind() {
             _ if continuing => (
                 Framing::Chunked,
-                splice.as_deref().is_some_and(Splice::keep_alive),
+                splice.as_deref().map_or(Persist::Close, Splice::keep_alive),
             ),
             BodyKind::Length(n) => (Framing::Length(n), keep_alive),
             BodyKind::Empty if status == 204 || status == 304 => (Framing::NoBody, keep_alive),
@@ -212,7 +212,7 @@ pub async fn commit(
             BodyKind::Chunked | BodyKind::CloseDelimited if http11 => {
                 (Framing::Chunked, keep_alive)
             }
-            BodyKind::Chunked | BodyKind::CloseDelimited => (Framing::Close, false),
+            BodyKind::Chunked | BodyKind::CloseDelimited => (Framing::Close, Persist::Close),
         };
         let chunked = framing == Framing::Chunked;
         // Without a splice, what one write carries goes out as one chunk, however many
@@ -408,7 +408,7 @@ pub async fn commit(
             }
         }
         up.finish(shard);
-        let after = if keep_alive {
+        let after = if keep_alive.is_kept() {
             After::KeepAlive
         } else {
             After::Close

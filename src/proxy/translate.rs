@@ -20,7 +20,7 @@ use super::watchdog::{self, Watchdog};
 use super::{After, respond};
 use crate::config::{Connection, Provider};
 use crate::error::{Dialect, ErrorKind, GatewayError};
-use crate::http1::{Framing, RequestHead, write_last_chunk, write_response_head};
+use crate::http1::{Framing, Persist, RequestHead, write_last_chunk, write_response_head};
 use crate::net::downstream::unless_client_gone;
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Req;
@@ -140,7 +140,7 @@ pub async fn commit(
     tr: Translated<'_>,
     client: &mut ClientStream,
     pending: &mut BytesMut,
-    keep_alive: bool,
+    keep_alive: Persist,
     wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
@@ -205,7 +205,7 @@ async fn commit_stream(
     first: Option<Bytes>,
     tr: Translated<'_>,
     (client, pending): (&mut ClientStream, &mut BytesMut),
-    keep_alive: bool,
+    keep_alive: Persist,
     wd: &mut Option<Watchdog>,
     log: &AccessLog,
     active: Option<Deadline>,
@@ -220,12 +220,12 @@ async fn commit_stream(
     let (framing, keep_alive) = if continuing {
         (
             Framing::Chunked,
-            splice.as_deref().is_some_and(Splice::keep_alive),
+            splice.as_deref().map_or(Persist::Close, Splice::keep_alive),
         )
     } else if http11 {
         (Framing::Chunked, keep_alive)
     } else {
-        (Framing::Close, false)
+        (Framing::Close, Persist::Close)
     };
     let chunked = framing == Framing::Chunked;
     if let Some(s) = splice.as_deref_mut()
@@ -386,7 +386,7 @@ async fn commit_stream(
                 return (After::Close, Ended::Success);
             }
         }
-        let after = if keep_alive {
+        let after = if keep_alive.is_kept() {
             After::KeepAlive
         } else {
             After::Close
@@ -400,7 +400,7 @@ async fn commit_stream(
         return (After::Close, stream::broken(&ended_early()));
     }
     up.finish(shard);
-    let after = if keep_alive {
+    let after = if keep_alive.is_kept() {
         After::KeepAlive
     } else {
         After::Close
@@ -424,7 +424,7 @@ async fn commit_whole(
     first: Option<Bytes>,
     tr: &Translated<'_>,
     client: &mut ClientStream,
-    keep_alive: bool,
+    keep_alive: Persist,
     created: u64,
     log: &AccessLog,
 ) -> (After, Ended) {
@@ -518,7 +518,7 @@ async fn commit_whole(
     out.extend_from_slice(&translated);
     log.responding(shard, status);
     let after = match write_all(client, out).await {
-        Ok(_) if keep_alive => After::KeepAlive,
+        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
         _ => After::Close,
     };
     (after, Ended::Success)

@@ -43,7 +43,7 @@ use super::After;
 use super::respond::stream_error_event;
 use crate::config::ConnectionId;
 use crate::error::{ErrorKind, GatewayError};
-use crate::http1::write_chunk;
+use crate::http1::{Persist, write_chunk};
 use crate::net::io::{ClientStream, write_all};
 use crate::owners::Req;
 use crate::providers::Endpoint;
@@ -103,7 +103,7 @@ struct Held {
 pub struct Splice {
     endpoint: Endpoint,
     /// What the client's response head said about keep-alive.
-    keep_alive: bool,
+    keep_alive: Persist,
     phase: Phase,
     /// Tool calls or a finished answer seen, or an oversize event: no continuation.
     off: bool,
@@ -163,7 +163,7 @@ impl Splice {
         }
         Some(Splice {
             endpoint,
-            keep_alive: false,
+            keep_alive: Persist::Close,
             phase: Phase::Original,
             off: false,
             held: BytesMut::new(),
@@ -194,12 +194,12 @@ impl Splice {
         self.phase != Phase::Original
     }
 
-    pub fn keep_alive(&self) -> bool {
+    pub fn keep_alive(&self) -> Persist {
         self.keep_alive
     }
 
     /// What the client's response head said about keep-alive (the original part's).
-    pub fn set_keep_alive(&mut self, keep_alive: bool) {
+    pub fn set_keep_alive(&mut self, keep_alive: Persist) {
         self.keep_alive = keep_alive;
     }
 
