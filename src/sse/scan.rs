@@ -56,8 +56,20 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next byte after any whitespace.
-    #[inline]
+    #[inline(always)]
     pub fn peek(&mut self) -> Option<u8> {
+        // Compact JSON, the usual event, has none: every byte that can start a token is
+        // above the space.
+        let b = *self.bytes.get(self.at)?;
+        if b > b' ' {
+            return Some(b);
+        }
+        self.peek_past_whitespace()
+    }
+
+    /// [`Cursor::peek`] at a byte that may be whitespace.
+    #[inline(never)]
+    fn peek_past_whitespace(&mut self) -> Option<u8> {
         while let Some(&b) = self.bytes.get(self.at) {
             if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
                 return Some(b);
@@ -67,7 +79,7 @@ impl<'a> Cursor<'a> {
         None
     }
 
-    #[inline]
+    #[inline(always)]
     fn eat(&mut self, b: u8) -> Option<()> {
         (self.peek()? == b).then(|| self.at += 1)
     }
@@ -77,9 +89,11 @@ impl<'a> Cursor<'a> {
         self.peek().is_none().then_some(())
     }
 
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let rest = self.bytes.get(self.at..)?;
-        rest.starts_with(word).then(|| self.at += word.len())
+    /// `word` at the cursor (an array, so the comparison is a fixed-size one, not a call).
+    #[inline(always)]
+    fn literal<const N: usize>(&mut self, word: &[u8; N]) -> Option<()> {
+        let here = self.bytes.get(self.at..self.at + N)?;
+        (here == word).then(|| self.at += N)
     }
 
     fn hex4(&mut self) -> Option<u32> {
@@ -169,61 +183,130 @@ impl<'a> Cursor<'a> {
 
     /// A number: `-? (0 | [1-9][0-9]*) (. [0-9]+)?` with at most 18 integer digits; an
     /// exponent gives up (so no number read here is out of range for `f64` or `u64`).
+    #[inline(always)]
     fn number(&mut self) -> Option<()> {
-        if self.bytes.get(self.at) == Some(&b'-') {
-            self.at += 1;
+        // A local position (the cursor's is stored once, at the end).
+        let bytes = self.bytes;
+        let mut at = self.at;
+        if bytes.get(at) == Some(&b'-') {
+            at += 1;
         }
-        let int = self.digits();
-        if int == 0 || int > 18 || (int > 1 && self.bytes.get(self.at - int) == Some(&b'0')) {
+        let start = at;
+        at = digits(bytes, at);
+        let int = at - start;
+        if int == 0 || int > 18 || (int > 1 && bytes.get(start) == Some(&b'0')) {
             return None;
         }
-        if self.bytes.get(self.at) == Some(&b'.') {
-            self.at += 1;
-            if self.digits() == 0 {
+        if bytes.get(at) == Some(&b'.') {
+            let frac = at + 1;
+            at = digits(bytes, frac);
+            if at == frac {
                 return None;
             }
         }
-        match self.bytes.get(self.at) {
+        match bytes.get(at) {
             Some(b'e' | b'E') => None,
-            _ => Some(()),
+            _ => {
+                self.at = at;
+                Some(())
+            }
         }
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.at;
-        while self.bytes.get(self.at).is_some_and(u8::is_ascii_digit) {
-            self.at += 1;
-        }
-        self.at - start
     }
 
     /// Skips one value of any kind at nesting `depth` (the enclosing containers), saying
     /// what it was.
+    #[inline(always)]
     pub fn value(&mut self, depth: usize) -> Option<Val<'a>> {
-        Some(match self.peek()? {
-            b'"' => Val::Str(self.string()?),
-            b'{' => {
-                let mut any = false;
-                self.object_with(depth, false, |c, _, d| {
-                    any = true;
-                    c.value(d).map(drop)
-                })?;
-                Val::Obj(any)
+        match self.peek()? {
+            b'"' => self.string().map(Val::Str),
+            b'{' => self.container(depth).map(Val::Obj),
+            b'[' => self.container(depth).map(Val::Arr),
+            b => self.scalar(b),
+        }
+    }
+
+    /// A literal or a number starting with `b` (the byte at the cursor).
+    #[inline(always)]
+    fn scalar(&mut self, b: u8) -> Option<Val<'a>> {
+        match b {
+            b't' => self.literal(b"true").map(|_| Val::Bool),
+            b'f' => self.literal(b"false").map(|_| Val::Bool),
+            b'n' => self.literal(b"null").map(|_| Val::Null),
+            b'-' | b'0'..=b'9' => self.number().map(|_| Val::Num),
+            _ => None,
+        }
+    }
+
+    /// Skips the object or array at the cursor, at nesting `depth`; true when it has a
+    /// member or element. One loop, not a call per nested value: the containers open inside
+    /// it are a bit stack (1: object), and each is held to the same grammar as
+    /// [`Cursor::object`] and [`Cursor::array`] (any key, escaped or not; nesting below
+    /// [`MAX_DEPTH`]).
+    #[inline(never)]
+    fn container(&mut self, depth: usize) -> Option<bool> {
+        let mut objects: u64 = 0;
+        let mut open = 0usize;
+        let mut any = false;
+        loop {
+            // At a value (whitespace may come first).
+            match self.peek()? {
+                b @ (b'{' | b'[') => {
+                    if depth + open >= MAX_DEPTH {
+                        return None;
+                    }
+                    self.at += 1;
+                    let is_object = b == b'{';
+                    open += 1;
+                    objects = objects << 1 | u64::from(is_object);
+                    let close = if is_object { b'}' } else { b']' };
+                    if self.peek()? != close {
+                        any |= open == 1;
+                        if is_object {
+                            self.member_key()?;
+                        }
+                        continue;
+                    }
+                    self.at += 1;
+                    open -= 1;
+                    objects >>= 1;
+                }
+                b'"' => {
+                    self.string()?;
+                }
+                b => {
+                    self.scalar(b)?;
+                }
             }
-            b'[' => {
-                let mut any = false;
-                self.array(depth, |c, d| {
-                    any = true;
-                    c.value(d).map(drop)
-                })?;
-                Val::Arr(any)
+            // A value ended: close containers until one has a next element.
+            loop {
+                if open == 0 {
+                    return Some(any);
+                }
+                let is_object = objects & 1 == 1;
+                match self.peek()? {
+                    b',' => {
+                        self.at += 1;
+                        if is_object {
+                            self.member_key()?;
+                        }
+                        break;
+                    }
+                    b'}' if is_object => {}
+                    b']' if !is_object => {}
+                    _ => return None,
+                }
+                self.at += 1;
+                open -= 1;
+                objects >>= 1;
             }
-            b't' => self.literal(b"true").map(|_| Val::Bool)?,
-            b'f' => self.literal(b"false").map(|_| Val::Bool)?,
-            b'n' => self.literal(b"null").map(|_| Val::Null)?,
-            b'-' | b'0'..=b'9' => self.number().map(|_| Val::Num)?,
-            _ => return None,
-        })
+        }
+    }
+
+    /// A key (escapes allowed) and its colon, in an object that is skipped.
+    #[inline(always)]
+    fn member_key(&mut self) -> Option<()> {
+        self.string()?;
+        self.eat(b':')
     }
 
     /// The next value when it is not an object (skipped, as [`Cursor::value`] does);
@@ -256,7 +339,8 @@ impl<'a> Cursor<'a> {
             return None;
         }
         self.eat(b'{')?;
-        if self.eat(b'}').is_some() {
+        if self.peek()? == b'}' {
+            self.at += 1;
             return Some(());
         }
         loop {
@@ -303,6 +387,15 @@ impl<'a> Cursor<'a> {
             }
         }
     }
+}
+
+/// The end of the run of ASCII digits starting at `at`.
+#[inline(always)]
+fn digits(bytes: &[u8], mut at: usize) -> usize {
+    while bytes.get(at).is_some_and(u8::is_ascii_digit) {
+        at += 1;
+    }
+    at
 }
 
 const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
@@ -696,6 +789,62 @@ mod tests {
         }
     }
 
+    /// The recursive skip the iterative [`Cursor::container`] replaced (one call per
+    /// nested value, each container read as [`Cursor::object_with`] / [`Cursor::array`]
+    /// read it), kept as the reference it is checked against.
+    fn reference_value<'a>(c: &mut Cursor<'a>, depth: usize) -> Option<Val<'a>> {
+        Some(match c.peek()? {
+            b'"' => Val::Str(c.string()?),
+            b'{' => {
+                let mut any = false;
+                c.object_with(depth, false, |c, _, d| {
+                    any = true;
+                    reference_value(c, d).map(drop)
+                })?;
+                Val::Obj(any)
+            }
+            b'[' => {
+                let mut any = false;
+                c.array(depth, |c, d| {
+                    any = true;
+                    reference_value(c, d).map(drop)
+                })?;
+                Val::Arr(any)
+            }
+            b't' => c.literal(b"true").map(|_| Val::Bool)?,
+            b'f' => c.literal(b"false").map(|_| Val::Bool)?,
+            b'n' => c.literal(b"null").map(|_| Val::Null)?,
+            b'-' | b'0'..=b'9' => c.number().map(|_| Val::Num)?,
+            _ => return None,
+        })
+    }
+
+    /// What a skip read and where it stopped.
+    type Skipped<'a> = Option<(Val<'a>, usize)>;
+
+    /// Both skips over `text` from nesting `depth`.
+    fn both(text: &[u8], depth: usize) -> (Skipped<'_>, Skipped<'_>) {
+        let mut fast = Cursor::new(text);
+        let mut slow = Cursor::new(text);
+        (
+            fast.value(depth).map(|v| (v, fast.at)),
+            reference_value(&mut slow, depth).map(|v| (v, slow.at)),
+        )
+    }
+
+    #[test]
+    fn the_loop_skips_as_the_recursion_did_at_the_depth_limit() {
+        for depth in [0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH] {
+            for n in [1, 2, 3, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
+                for (open, close) in [("[", "]"), ("{\"k\":", "}")] {
+                    let deep = format!("{}1{}", open.repeat(n), close.repeat(n));
+                    let (fast, slow) = both(deep.as_bytes(), depth);
+                    assert_eq!(fast, slow, "{deep} at {depth}");
+                }
+            }
+        }
+    }
+
     proptest::proptest! {
         /// The word-at-a-time run is the byte-at-a-time one.
         #[test]
@@ -715,6 +864,30 @@ mod tests {
             if bytes[..run].iter().any(|b| !b.is_ascii()) {
                 proptest::prop_assert!(seen & HIGH != 0);
             }
+        }
+
+        /// The iterative skip reads every value as the recursive one did: the same kind,
+        /// ending at the same byte, and giving up on the same documents.
+        #[test]
+        fn the_loop_skips_as_the_recursion_did(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "{", "}", "[", "]", ",", ":", " ", "\n", "\"k\"", "\"\"", "\"a\\nb\"",
+                "\"\\u00e9\"", "\"\\ud83d\"", "\"\u{e9}\"", "\"\\q\"", "\"k\\\"\"", "0", "-1",
+                "12.5", "1e3", "01", "1.", "true", "false", "null", "nul", "tru", "\"\t\"", "x",
+                "1234567890123456789",
+            ]), 0..24),
+            depth in 0..3usize,
+        ) {
+            let text = parts.concat();
+            let (fast, slow) = both(text.as_bytes(), depth);
+            proptest::prop_assert_eq!(fast, slow, "{}", text);
+        }
+
+        /// The same on event JSON (members in any order, nested choices, cut short).
+        #[test]
+        fn the_loop_skips_event_json_as_the_recursion_did(data in arb::event_json()) {
+            let (fast, slow) = both(&data, 0);
+            proptest::prop_assert_eq!(fast, slow, "{}", String::from_utf8_lossy(&data));
         }
 
         /// Whatever the walk accepts, serde_json accepts too (it is the stricter reader),
