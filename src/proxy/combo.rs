@@ -103,7 +103,9 @@ struct Runner<'a, 'r> {
     walk: Walk,
     /// Mono ms the request started.
     start_ms: u64,
-    last: Option<LastFailure>,
+    /// The last failure and the index of the candidate (in `plan.candidates`) it
+    /// happened on.
+    last: Option<(LastFailure, usize)>,
     outcomes: Vec<Outcome>,
     /// Skipped candidates of the current pass.
     excluded: Vec<Excluded>,
@@ -112,10 +114,6 @@ struct Runner<'a, 'r> {
     /// The earliest retry hint of the current pass (upstream or a skipped candidate's).
     hint_ms: Option<u64>,
     shape_streak: Option<(String, u32)>,
-    /// The target of `last`.
-    last_target: Option<Target>,
-    /// The connection of `last` (its access line names it).
-    last_connection: Option<ConnectionId>,
 }
 
 /// Serves a request whose plan names a combo (`plan.combo`): a quota-share combo's
@@ -191,8 +189,6 @@ async fn run(shard: &Req<'_>, req: &Request<'_>, combo: usize, down: &mut Downst
         exhausted: Vec::new(),
         hint_ms: None,
         shape_streak: None,
-        last_target: None,
-        last_connection: None,
     };
     match r.drive(down).await {
         Ok(ended) => match r.emergency(&ended, down).await {
@@ -566,7 +562,7 @@ impl Runner<'_, '_> {
         end: AttemptEnd,
         note: Option<FailureNote>,
     ) -> Absorbed {
-        let (target, connection) = &self.req.plan.candidates[k];
+        let (target, _) = &self.req.plan.candidates[k];
         match end {
             AttemptEnd::Done(after) => Absorbed::End(StepEndOr::Step(StepEnd::Over(after))),
             AttemptEnd::Skipped(e) => {
@@ -577,9 +573,7 @@ impl Runner<'_, '_> {
                 Absorbed::Next
             }
             AttemptEnd::Stop(f) => {
-                self.last = Some(f);
-                self.last_target = Some(target.clone());
-                self.last_connection = Some(*connection);
+                self.last = Some((f, k));
                 Absorbed::End(StepEndOr::End(Ended::Stop))
             }
             // A failure before the first client byte: the combo's own retries decide
@@ -590,9 +584,7 @@ impl Runner<'_, '_> {
                 if let LastFailure::Gateway(e) = &f {
                     super::observe::fallback(self.shard.families(), None, e.kind);
                 }
-                self.last = Some(f);
-                self.last_target = Some(target.clone());
-                self.last_connection = Some(*connection);
+                self.last = Some((f, k));
                 let Some(note) = note else {
                     if self.timed_out() {
                         return Absorbed::End(StepEndOr::End(Ended::Timeout));
@@ -845,7 +837,8 @@ impl Runner<'_, '_> {
             Ended::Timeout | Ended::AttemptCap => false,
         };
         let from = if relays_last {
-            let (last, target) = (self.last.as_ref()?, self.last_target.as_ref()?);
+            let (last, k) = self.last.as_ref()?;
+            let (target, _) = &self.req.plan.candidates[*k];
             let mut spent = None;
             super::relay::note_budget(shard, &mut spent, target, last);
             spent?
@@ -904,9 +897,7 @@ impl Runner<'_, '_> {
                 .await
             }
             None => {
-                let at = self.last_target.as_ref().map(|t| t.provider);
-                let at = at.zip(self.last_connection);
-                let last = self.last.take().map(|f| (f, at));
+                let last = self.last.take();
                 answer_last(
                     shard,
                     self.req.plan,
@@ -933,7 +924,7 @@ impl Runner<'_, '_> {
             )
         };
         if self.outcomes.is_empty() {
-            if let Some(LastFailure::Gateway(_)) = &self.last
+            if let Some((LastFailure::Gateway(_), _)) = &self.last
                 && self.excluded.is_empty()
             {
                 // Refused locally (queue, gate) before any upstream call: that refusal.

@@ -171,9 +171,8 @@ pub async fn run(
     let plan: &Plan = plan;
     let request = Request::new(shard, head, endpoint, &body, plan, notes);
     let mut budget_spent: Option<Target> = None;
-    let mut last: Option<LastFailure> = None;
-    // The candidate `last` happened on (its access line names it).
-    let mut last_at: Option<(ProviderId, ConnectionId)> = None;
+    // The last failure and the index of the candidate it happened on.
+    let mut last: Option<(LastFailure, usize)> = None;
     let mut excluded: Vec<Excluded> = Vec::new();
     let mut walk = Walk::default();
     let mut cooldown_waits = CooldownWaits::default();
@@ -202,8 +201,7 @@ pub async fn run(
                     AttemptEnd::Early(failure) if !reopened && walk.may_retry_early(shard) => {
                         reopened = true;
                         walk.early_retries += 1;
-                        last = Some(failure);
-                        last_at = Some((target.provider, *connection));
+                        last = Some((failure, i));
                     }
                     end => break end,
                 }
@@ -231,14 +229,12 @@ pub async fn run(
                     if let LastFailure::Gateway(e) = &failure {
                         observe::fallback(shard.families(), None, e.kind);
                     }
-                    last = Some(failure);
-                    last_at = Some((target.provider, *connection));
+                    last = Some((failure, i));
                 }
                 AttemptEnd::Skipped(e) => excluded.push(e),
                 AttemptEnd::Stop(failure) => {
                     note_budget(shard, &mut budget_spent, target, &failure);
-                    last = Some(failure);
-                    last_at = Some((target.provider, *connection));
+                    last = Some((failure, i));
                     break;
                 }
             }
@@ -289,7 +285,6 @@ pub async fn run(
     {
         return after;
     }
-    let last = last.map(|f| (f, last_at));
     answer_last(shard, plan, last, &excluded, walk.attempts, &mut downstream).await
 }
 
@@ -1582,14 +1577,14 @@ fn classify_answer(shard: &Req<'_>, attempted: &Attempted<'_>, buffered: &mut Bu
     verdict
 }
 
-/// The answer when every candidate failed or was skipped. `last` comes with the candidate
-/// it happened on: a gateway-made answer to it (a queue or gate refusal, an upstream that
-/// could not be reached or timed out) names that provider and connection in the access
-/// line, as a relayed answer names the upstream that sent it.
+/// The answer when every candidate failed or was skipped. `last` comes with the index of
+/// the candidate (in `plan.candidates`) it happened on: a gateway-made answer to it (a queue
+/// or gate refusal, an upstream that could not be reached or timed out) names that provider
+/// and connection in the access line, as a relayed answer names the upstream that sent it.
 pub(super) async fn answer_last(
     shard: &Req<'_>,
     plan: &Plan,
-    last: Option<(LastFailure, Option<(ProviderId, ConnectionId)>)>,
+    last: Option<(LastFailure, usize)>,
     excluded: &[Excluded],
     attempts: usize,
     down: &mut Downstream<'_>,
@@ -1602,11 +1597,13 @@ pub(super) async fn answer_last(
         Some((LastFailure::Upstream(b), _)) => {
             stream::relay_buffered(shard, &b, attempts, client, keep_alive, down.log).await
         }
-        Some((LastFailure::Gateway(e), at)) if attempts > 0 || excluded.is_empty() => {
-            if let Some((provider, connection)) = at {
+        Some((LastFailure::Gateway(e), k)) if attempts > 0 || excluded.is_empty() => {
+            if let Some((target, connection)) = plan.candidates.get(k) {
                 let config = shard.config();
-                let (provider, connection) =
-                    (config.provider(provider), config.connection(connection));
+                let (provider, connection) = (
+                    config.provider(target.provider),
+                    config.connection(*connection),
+                );
                 down.log
                     .upstream(&provider.name, &connection.name, attempts);
             }
