@@ -203,7 +203,7 @@ async fn serve(mut s: TcpStream) {
         }
         let plan = plan_for(endpoint, &body, seq);
         let open = if plan.waits_for_nothing() {
-            ANSWERS.with_borrow_mut(|a| a.learn(endpoint, keep_alive, &body));
+            ANSWERS.with_borrow_mut(|a| a.learn(endpoint, keep_alive, &body, seq));
             write_all(&mut s, render_whole(plan, keep_alive))
                 .await
                 .is_ok()
@@ -275,26 +275,24 @@ thread_local! {
 /// rendering its answer (a JSON parse, a `serde_json` value per stream frame) cost the mock
 /// ~20 µs per streamed request, which made a single-threaded mock the limit of every
 /// streamed load cell. An answer that waits for nothing depends on the request only through
-/// the body, the endpoint, keep-alive and the seq in its ids, so it is rendered twice per
-/// width of the seq (all ones, all twos): the bytes that differ are where the seq's digits
+/// the body, the endpoint, keep-alive and the seq in its ids, so it is rendered twice for
+/// the seq's width (all ones, all twos): the bytes that differ are where the seq's digits
 /// go, and an answer is that rendering with the digits written in — the bytes `play` would
-/// have sent (`tests` below compare the two). Bounded: at most `ANSWERS_MAX` entries, all
-/// forgotten when full (a test that sends a new body each time renders each as before).
+/// have sent (`tests` below compare the two). Bounded: at most `ANSWERS_MAX` renderings,
+/// all forgotten when full (a test that sends a new body each time renders each as before).
 #[derive(Default)]
 struct Answers {
-    by_hash: std::collections::HashMap<u64, Vec<Answer>>,
+    by_body: std::collections::HashMap<Box<[u8]>, Vec<Answer>>,
     len: usize,
 }
 
 const ANSWERS_MAX: usize = 256;
-/// The seq's widths kept per request: 1 to 6 digits (a connection's first 999 999 answers).
-const WIDTHS: usize = 6;
 
 struct Answer {
     endpoint: Endpoint,
     keep_alive: bool,
+    /// The width of the seq it was rendered for.
     digits: usize,
-    body: Box<[u8]>,
     /// The rendering with the seq all ones.
     wire: Bytes,
     /// Where each copy of the seq's digits starts in `wire`.
@@ -302,15 +300,17 @@ struct Answer {
 }
 
 impl Answers {
-    fn key(endpoint: Endpoint, keep_alive: bool, digits: usize, body: &[u8]) -> u64 {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h =
-            std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
-        h.write_u8(endpoint as u8);
-        h.write_u8(u8::from(keep_alive));
-        h.write_usize(digits);
-        h.write(body);
-        h.finish()
+    fn find(
+        &self,
+        endpoint: Endpoint,
+        keep_alive: bool,
+        digits: usize,
+        body: &[u8],
+    ) -> Option<&Answer> {
+        self.by_body
+            .get(body)?
+            .iter()
+            .find(|a| a.endpoint == endpoint && a.keep_alive == keep_alive && a.digits == digits)
     }
 
     /// The answer for this request with `seq` written in, when it was rendered before.
@@ -323,13 +323,7 @@ impl Answers {
     ) -> Option<BytesMut> {
         let digits = seq.to_string();
         let digits = digits.as_bytes();
-        let key = Self::key(endpoint, keep_alive, digits.len(), body);
-        let a = self.by_hash.get(&key)?.iter().find(|a| {
-            a.endpoint == endpoint
-                && a.keep_alive == keep_alive
-                && a.digits == digits.len()
-                && *a.body == *body
-        })?;
+        let a = self.find(endpoint, keep_alive, digits.len(), body)?;
         let mut out = BytesMut::from(&a.wire[..]);
         for &at in &a.seq_at {
             out[at..at + digits.len()].copy_from_slice(digits);
@@ -337,46 +331,36 @@ impl Answers {
         Some(out)
     }
 
-    /// Renders and keeps the answers to this request for every seq of `WIDTHS` widths, or
-    /// nothing when the renderings do not differ
-    /// only in whole copies of the seq.
-    fn learn(&mut self, endpoint: Endpoint, keep_alive: bool, body: &[u8]) {
-        if self.len + WIDTHS > ANSWERS_MAX {
-            self.by_hash.clear();
+    /// Renders and keeps the answer to this request for every seq as wide as `seq`, unless
+    /// it is kept already, or the renderings do not differ only in whole copies of the seq.
+    fn learn(&mut self, endpoint: Endpoint, keep_alive: bool, body: &[u8], seq: u64) {
+        let digits = seq.to_string().len();
+        if self.find(endpoint, keep_alive, digits, body).is_some() {
+            return;
+        }
+        let Some(answer) = Answer::render(endpoint, keep_alive, digits, body) else {
+            return;
+        };
+        if self.len == ANSWERS_MAX {
+            self.by_body.clear();
             self.len = 0;
         }
-        for digits in 1..=WIDTHS {
-            let key = Self::key(endpoint, keep_alive, digits, body);
-            if self.by_hash.get(&key).is_some_and(|v| {
-                v.iter().any(|a| {
-                    a.endpoint == endpoint
-                        && a.keep_alive == keep_alive
-                        && a.digits == digits
-                        && *a.body == *body
-                })
-            }) {
-                continue;
-            }
-            let Some(answer) = Answer::render(endpoint, keep_alive, digits, body) else {
-                return;
-            };
-            self.by_hash.entry(key).or_default().push(answer);
-            self.len += 1;
-        }
+        self.by_body.entry(body.into()).or_default().push(answer);
+        self.len += 1;
     }
 }
 
 impl Answer {
     fn render(endpoint: Endpoint, keep_alive: bool, digits: usize, body: &[u8]) -> Option<Answer> {
         // 1…1 and 2…2: every digit differs, so every copy of the seq shows as a run of
-        // `digits` differing bytes.
-        let ones = (0..digits).fold(0u64, |n, _| n * 10 + 1);
+        // `digits` differing bytes (a u64 has at most 20 digits; 2…2 fits up to 19).
+        let ones = (0..digits).try_fold(0u64, |n, _| n.checked_mul(10)?.checked_add(1))?;
         let whole = |seq| {
             let plan = plan_for(endpoint, body, seq);
             plan.waits_for_nothing()
                 .then(|| render_whole(plan, keep_alive))
         };
-        let (a, b) = (whole(ones)?, whole(ones * 2)?);
+        let (a, b) = (whole(ones)?, whole(ones.checked_mul(2)?)?);
         if a.len() != b.len() {
             return None;
         }
@@ -402,7 +386,6 @@ impl Answer {
             endpoint,
             keep_alive,
             digits,
-            body: body.into(),
             wire: a.freeze(),
             seq_at: seq_at.into(),
         })
@@ -507,10 +490,10 @@ mod tests {
         let mut answers = Answers::default();
         for (endpoint, body) in &bodies {
             for keep_alive in [true, false] {
-                answers.learn(*endpoint, keep_alive, body);
                 for seq in [
                     1, 2, 9, 10, 11, 99, 100, 123, 999, 1000, 12_345, 100_000, 999_999,
                 ] {
+                    answers.learn(*endpoint, keep_alive, body, seq);
                     let known = answers
                         .answer(*endpoint, keep_alive, body, seq)
                         .unwrap_or_else(|| panic!("{endpoint:?} seq {seq}: not kept"));
@@ -520,7 +503,7 @@ mod tests {
                         "{endpoint:?} seq {seq}"
                     );
                 }
-                // a seq wider than the kept widths is rendered afresh
+                // a seq wider than the kept widths is rendered afresh (until learnt)
                 assert!(
                     answers
                         .answer(*endpoint, keep_alive, body, 1_000_000)
@@ -542,7 +525,7 @@ mod tests {
         // timed plans are never kept (they are played)
         for model in ["slow-5", "drip-5", "stall"] {
             let body = format!(r#"{{"model":"{model}","stream":true,"messages":[]}}"#);
-            answers.learn(Endpoint::ChatCompletions, true, body.as_bytes());
+            answers.learn(Endpoint::ChatCompletions, true, body.as_bytes(), 1);
             assert!(
                 answers
                     .answer(Endpoint::ChatCompletions, true, body.as_bytes(), 1)
@@ -552,7 +535,7 @@ mod tests {
         }
         // a failing answer waits for nothing: kept, the same bytes
         let body = br#"{"model":"fail-429","messages":[]}"#;
-        answers.learn(Endpoint::ChatCompletions, true, body);
+        answers.learn(Endpoint::ChatCompletions, true, body, 7);
         let known = answers
             .answer(Endpoint::ChatCompletions, true, body, 7)
             .unwrap();
@@ -563,15 +546,16 @@ mod tests {
     #[test]
     fn the_table_is_bounded() {
         let mut answers = Answers::default();
-        for i in 0..(ANSWERS_MAX / WIDTHS + 5) {
+        for i in 0..(ANSWERS_MAX + 5) {
             answers.learn(
                 Endpoint::ChatCompletions,
                 true,
                 &chat(false, &format!("body {i}")),
+                3,
             );
             assert!(answers.len <= ANSWERS_MAX, "{}", answers.len);
         }
-        let last = chat(false, &format!("body {}", ANSWERS_MAX / WIDTHS + 4));
+        let last = chat(false, &format!("body {}", ANSWERS_MAX + 4));
         assert!(
             answers
                 .answer(Endpoint::ChatCompletions, true, &last, 3)
