@@ -22,6 +22,8 @@ ROUNDS=${3:-3}
 STREAM=${STREAM:-1}
 WORKERS=${WORKERS:-2}
 SIDES=${SIDES:-direct nginx nginx-pinned pinned unpinned}
+# CPU is read over the load's middle: a second after its start to a second before its end.
+[ "$DUR" -ge 3 ] || { echo "perf/cell.sh: DURATION_S must be at least 3" >&2; exit 2; }
 OUT=perf/out; mkdir -p "$OUT"
 command -v nginx >/dev/null || { printf 'nginx is not installed (perf/run.sh installs it)\n' >&2; exit 1; }
 . perf/common.sh
