@@ -1817,3 +1817,232 @@ fn the_client_apis_own_headers_stay_behind_when_translated() {
     assert_eq!(to_oa.header("openai-organization"), Some("org-1"));
     assert_eq!(to_oa.header("openai-project"), Some("proj-1"));
 }
+
+fn anthropic_ok() -> Reply {
+    Reply::json(
+        200,
+        json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+            "stop_sequence": null, "usage": {"input_tokens": 1, "output_tokens": 1}}),
+    )
+}
+
+fn openai_ok() -> Reply {
+    Reply::json(
+        200,
+        json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-x",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
+    )
+}
+
+/// OpenAI's `xhigh` reasoning effort (its newer models take it) reaches an Anthropic
+/// provider as a 32768-token thinking budget, from Chat Completions and from Responses.
+#[test]
+fn an_xhigh_reasoning_effort_is_the_largest_thinking_budget() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on_always("/v1/messages", anthropic_ok());
+    let gw = start(&openai, &anthropic);
+    let r = post(
+        &gw,
+        "/v1/chat/completions",
+        &json!({"model": "an/claude-x", "reasoning_effort": "xhigh",
+                "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut req = codex_request("an/claude-x", false);
+    req["reasoning"] = json!({"effort": "xhigh"});
+    let r = post(&gw, "/v1/responses", &req);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let up = anthropic.requests_to("/v1/messages");
+    assert_eq!(up.len(), 2);
+    let (chat, responses) = (up[0].json(), up[1].json());
+    assert_eq!(
+        chat["thinking"],
+        json!({"type": "enabled", "budget_tokens": 32768})
+    );
+    assert_eq!(chat["max_tokens"], 4096 + 32768, "the budget on top");
+    assert_eq!(
+        responses["thinking"],
+        json!({"type": "enabled", "budget_tokens": 32768})
+    );
+    assert_eq!(responses["max_tokens"], 300 + 32768);
+}
+
+/// An OpenAI-format provider's in-band stream error reaches an Anthropic client as an
+/// `error` event of the Anthropic type its code corresponds to (a rate limit stays a rate
+/// limit, which Anthropic's SDKs retry), not as a catch-all `api_error`.
+#[test]
+fn an_in_band_openai_stream_error_keeps_its_kind_for_an_anthropic_client() {
+    let cases = [
+        (
+            json!({"message": "Rate limit reached", "type": "tokens", "param": null, "code": "rate_limit_exceeded"}),
+            "rate_limit_error",
+        ),
+        (
+            json!({"message": "Overloaded", "type": "server_error", "param": null, "code": "server_is_overloaded"}),
+            "overloaded_error",
+        ),
+        (
+            json!({"message": "Too long", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}),
+            "invalid_request_error",
+        ),
+        (
+            json!({"message": "Oops", "type": "server_error", "param": null, "code": null}),
+            "api_error",
+        ),
+    ];
+    for (err, want) in cases {
+        let openai = MockUpstream::start();
+        let anthropic = MockUpstream::start();
+        let c = ChatChunks::stamped("chatcmpl-e", "gpt-x", 1);
+        openai.on(
+            "/v1/chat/completions",
+            Reply::sse(vec![
+                Chunk::json(c.role()),
+                Chunk::json(c.text("Hal")),
+                Chunk::json(json!({ "error": err })),
+            ]),
+        );
+        let gw = start(&openai, &anthropic);
+        let mut c = Client::connect(gw.addr());
+        let body = json!({"model": "oa/gpt-x", "stream": true, "max_tokens": 50,
+                "messages": [{"role": "user", "content": "hi"}]});
+        c.start_request(
+            "POST",
+            "/v1/messages",
+            &[
+                ("authorization", "Bearer k"),
+                ("content-type", "application/json"),
+            ],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(c.read_head().status, 200);
+        let body = unterminated_body(&mut c);
+        let events = parse_sse(&body);
+        let last = events.last().expect("events");
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(last.event.as_deref(), Some("error"), "{text}");
+        assert_eq!(
+            last.json(),
+            json!({"type": "error", "error": {"type": want, "message": err["message"]}}),
+            "{text}"
+        );
+        assert!(!text.contains("message_stop"), "{text}");
+    }
+}
+
+/// A Messages request without `max_tokens` gets Anthropic's own answer whichever provider
+/// serves it: the same-format request goes to the Anthropic provider as it is (Anthropic
+/// answers it 400 invalid_request_error), and one for an OpenAI-format provider is refused
+/// by the gateway with 400 invalid_request_error, `param` `max_tokens`, in Anthropic's shape.
+#[test]
+fn a_messages_request_without_max_tokens_is_held_to_anthropics_contract() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    anthropic.on(
+        "/v1/messages",
+        Reply::json(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let mut same = body.clone();
+    same["model"] = json!("an/claude-x");
+    let r = post(&gw, "/v1/messages", &same);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["message"], "max_tokens: Field required");
+    assert_eq!(anthropic.requests_to("/v1/messages").len(), 1);
+    let mut other = body;
+    other["model"] = json!("oa/gpt-x");
+    let r = post(&gw, "/v1/messages", &other);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(r.json()["error"]["param"], "max_tokens");
+    assert_eq!(r.header("x-tidegate-error"), Some("untranslatable_request"));
+    assert_eq!(openai.total_hits(), 0);
+}
+
+/// An assistant `thinking` block in Anthropic-format history needs its signature, as
+/// Anthropic's API requires: one without it is refused for an OpenAI-format provider too
+/// (naming it), while a signed one — Anthropic's, or the empty one the gateway's own
+/// translated answers carry — is left out of the request, as earlier thinking may be.
+#[test]
+fn an_unsigned_thinking_block_in_history_is_refused_as_anthropic_refuses_it() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on_always("/v1/chat/completions", openai_ok());
+    let gw = start(&openai, &anthropic);
+    let with = |thinking: serde_json::Value| {
+        json!({"model": "oa/gpt-x", "max_tokens": 50, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [thinking, {"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "again"}
+        ]})
+    };
+    let r = post(
+        &gw,
+        "/v1/messages",
+        &with(json!({"type": "thinking", "thinking": "Greeting."})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(
+        r.json()["error"]["param"],
+        "messages[1].content[0].signature"
+    );
+    assert_eq!(openai.total_hits(), 0);
+    for signature in ["", "EqQBCkYIBxgCKkA"] {
+        let r = post(
+            &gw,
+            "/v1/messages",
+            &with(json!({"type": "thinking", "thinking": "Greeting.", "signature": signature})),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    for req in openai.requests_to("/v1/chat/completions") {
+        assert_eq!(
+            req.json()["messages"][1],
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Hello."}]})
+        );
+    }
+}
+
+/// A `json_schema` `text.format` member OpenAI does not document is refused, named, for a
+/// Chat-Completions-only provider as for an Anthropic one (as `response_format.json_schema`
+/// refuses other keys); the documented ones reach the provider.
+#[test]
+fn a_responses_json_schema_format_refuses_unknown_members_by_name() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on_always("/v1/chat/completions", openai_ok());
+    let gw = start(&openai, &anthropic);
+    let format = json!({"type": "json_schema", "name": "answer", "description": "The answer.",
+        "schema": {"type": "object", "properties": {"a": {"type": "string"}}}, "strict": true});
+    for model in ["oc/gpt-c", "an/claude-x"] {
+        let mut req = codex_request(model, false);
+        let mut f = format.clone();
+        f["additional"] = json!(1);
+        req["text"] = json!({ "format": f });
+        let r = post(&gw, "/v1/responses", &req);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], "text.format.additional");
+        assert_eq!(r.header("x-tidegate-error"), Some("untranslatable_request"));
+    }
+    assert_eq!(openai.total_hits() + anthropic.total_hits(), 0);
+    let mut req = codex_request("oc/gpt-c", false);
+    req["text"] = json!({ "format": format });
+    let r = post(&gw, "/v1/responses", &req);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let up = openai.requests_to("/v1/chat/completions")[0].json();
+    assert_eq!(
+        up["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "answer", "description": "The answer.",
+            "schema": format["schema"], "strict": true}})
+    );
+}

@@ -20,6 +20,56 @@ pub fn anthropic_type_of(status: u16) -> &'static str {
     }
 }
 
+/// Anthropic's `error.type` for an OpenAI-format error object that came in-band, in a
+/// stream (where no status tells it): by its `code`, the most precise of its names, then
+/// by its `type`, then by an HTTP status in `code` (OpenAI-compatible servers such as vLLM
+/// and LiteLLM put one there); `api_error` when none of them is known.
+pub fn anthropic_type_of_openai(e: &Value) -> &'static str {
+    let name = |k: &str| {
+        e.get(k)
+            .and_then(Value::as_str)
+            .and_then(anthropic_type_named)
+    };
+    if let Some(t) = name("code").or_else(|| name("type")) {
+        return t;
+    }
+    let status = match e.get("code") {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.parse().ok(),
+        _ => None,
+    };
+    match status.and_then(|s| u16::try_from(s).ok()) {
+        Some(s @ 400..=599) => anthropic_type_of(s),
+        _ => "api_error",
+    }
+}
+
+/// Anthropic's `error.type` for an OpenAI error `code` or `type` (or an Anthropic type,
+/// which some OpenAI-compatible servers pass on), when one corresponds.
+fn anthropic_type_named(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "invalid_request_error" | "context_length_exceeded" | "invalid_value" => {
+            "invalid_request_error"
+        }
+        "authentication_error"
+        | "invalid_api_key"
+        | "incorrect_api_key"
+        | "invalid_authentication" => "authentication_error",
+        "permission_error"
+        | "insufficient_permissions"
+        | "unsupported_country_region_territory" => "permission_error",
+        "not_found_error" | "model_not_found" => "not_found_error",
+        // OpenAI's rate-limit `type` names the limit that was hit: `requests` or `tokens`.
+        "rate_limit_error" | "rate_limit_exceeded" | "requests" | "tokens" => "rate_limit_error",
+        // The quota is a billing matter: retrying, as after a rate limit, does not help.
+        "insufficient_quota" | "billing_error" => "billing_error",
+        "request_too_large" => "request_too_large",
+        "overloaded_error" | "server_is_overloaded" | "engine_overloaded" => "overloaded_error",
+        "api_error" | "server_error" | "internal_error" => "api_error",
+        _ => return None,
+    })
+}
+
 /// OpenAI's `error.type` for an HTTP status.
 pub fn openai_type_of(status: u16) -> &'static str {
     match status {

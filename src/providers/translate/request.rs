@@ -16,11 +16,29 @@ type Obj = Map<String, Value>;
 /// (Anthropic requires it).
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
-/// Thinking budgets for OpenAI's `reasoning_effort` levels.
-pub const EFFORT_BUDGETS: [(&str, u64); 3] = [("low", 1024), ("medium", 4096), ("high", 16384)];
+/// Thinking budgets for OpenAI's `reasoning_effort` levels. `xhigh` (OpenAI's level above
+/// `high`, taken by its newer models) gets 32768: twice `high`'s, and the top of the range
+/// Anthropic's extended-thinking guide recommends (past 32K the model seldom uses the
+/// budget).
+pub const EFFORT_BUDGETS: [(&str, u64); 4] = [
+    ("low", 1024),
+    ("medium", 4096),
+    ("high", 16384),
+    ("xhigh", 32768),
+];
+
+/// The `reasoning_effort` values an Anthropic provider is asked for, as a refusal says.
+pub const EFFORTS: &str = "none, minimal, low, medium, high or xhigh";
+
+/// Whether an Anthropic provider can be asked for `reasoning_effort` `e`: a thinking
+/// budget's level, or no thinking (`none`, `minimal`).
+pub fn effort_known(e: &str) -> bool {
+    e == "none" || e == "minimal" || EFFORT_BUDGETS.iter().any(|(n, _)| *n == e)
+}
 
 /// The `reasoning_effort` for an Anthropic thinking budget: the level whose budget is the
-/// nearest at or above it (`high` past the largest).
+/// nearest at or above it (`high` past 4096: `xhigh` is not sent, as only OpenAI's newer
+/// models take it, while every reasoning model takes `high`).
 pub fn effort_of_budget(budget: u64) -> &'static str {
     match budget {
         0..=1024 => "low",
@@ -282,7 +300,7 @@ pub(super) fn chat_to_messages_j<'a>(
             None => {
                 return Err(Refused::new(
                     "reasoning_effort",
-                    "must be none, minimal, low, medium or high",
+                    format!("must be {EFFORTS}"),
                 ));
             }
         }
@@ -771,6 +789,7 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
     let mut messages: Option<&J<'a>> = None;
     let mut tool_choice: Option<&J<'a>> = None;
     let mut effort: Option<&'static str> = None;
+    let mut max_tokens = false;
     for (k, v) in req.as_object().into_iter().flatten() {
         let k: &str = k;
         if v.is_null() {
@@ -790,6 +809,7 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
             "messages" => messages = Some(v),
             "max_tokens" => {
                 set(&mut out, "max_tokens", J::U(jwant_u64(v, k)?));
+                max_tokens = true;
             }
             "temperature" => {
                 v.as_f64()
@@ -899,6 +919,15 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
         if member(tc, "disable_parallel_tool_use") == &J::Bool(true) {
             set(&mut out, "parallel_tool_calls", J::Bool(false));
         }
+    }
+    // Anthropic's API answers a request without `max_tokens` 400 invalid_request_error:
+    // a client is held to the contract of the API it speaks, whichever provider serves it,
+    // so that what works through the gateway works against Anthropic too.
+    if !max_tokens {
+        return Err(Refused::new(
+            "max_tokens",
+            "is required by the Anthropic Messages API",
+        ));
     }
     Ok(J::Obj(out))
 }
@@ -1133,8 +1162,17 @@ fn anthropic_turn_to_openai<'a>(
                         calls.push(jo! {"id" => id.clone(), "type" => "function",
                         "function" => jo!{"name" => name.clone(), "arguments" => arguments}});
                     }
-                    // Earlier turns' reasoning is not sent back (see docs/translation.md).
-                    Some("thinking" | "redacted_thinking") => {}
+                    // Earlier turns' reasoning is not sent back (see docs/translation.md),
+                    // but a block Anthropic's API would refuse is refused here too.
+                    Some("thinking") => {
+                        jwant_str(b.at("thinking"), P(|| format!("{}.thinking", bat())))?;
+                        if b.at("signature").as_str().is_none() {
+                            return Err(Refused::new(format!("{}.signature", bat()), UNSIGNED));
+                        }
+                    }
+                    Some("redacted_thinking") => {
+                        jwant_str(b.at("data"), P(|| format!("{}.data", bat())))?;
+                    }
                     _ => {
                         return Err(Refused::new(
                             format!("{}.type", bat()),
@@ -1169,6 +1207,9 @@ fn anthropic_turn_to_openai<'a>(
     }
     Ok(())
 }
+
+/// Why an assistant `thinking` block without a `signature` is refused.
+const UNSIGNED: &str = "is required: Anthropic's API takes a thinking block only with the signature it was given with (400 otherwise); leave an earlier turn's thinking out instead, as Anthropic allows";
 
 fn tool_result_to_openai<'a>(b: &J<'a>, at: &dyn Fn() -> String) -> Result<J<'a>, Refused> {
     let b = jwant_object(b, P(at))?;

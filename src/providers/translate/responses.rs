@@ -455,7 +455,7 @@ fn messages_tail(later: &Later<'_>, out: &mut Out<'_>) -> Result<(), Refused> {
             None => {
                 return Err(Refused::new(
                     "reasoning_effort",
-                    "must be none, minimal, low, medium or high",
+                    format!("must be {}", request::EFFORTS),
                 ));
             }
         }
@@ -515,11 +515,10 @@ fn write_reasoning<'r>(
                 let e = v
                     .as_str()
                     .ok_or_else(|| Refused::new("reasoning.effort", "must be a string"))?;
-                let known = ["none", "minimal", "low", "medium", "high"];
-                if anthropic && !known.contains(&e) {
+                if anthropic && !request::effort_known(e) {
                     return Err(Refused::new(
                         "reasoning.effort",
-                        "must be none, minimal, low, medium or high for an Anthropic provider",
+                        format!("must be {} for an Anthropic provider", request::EFFORTS),
                     ));
                 }
                 if !anthropic {
@@ -569,6 +568,7 @@ fn write_text(v: &J<'_>, anthropic: bool, out: &mut Out<'_>) -> Result<(), Refus
                     out.extend_from_slice(b",\"response_format\":{\"type\":\"json_object\"}");
                 }
                 Some("json_schema") => {
+                    chat_schema_keys(v)?;
                     out.extend_from_slice(
                         b",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{",
                     );
@@ -600,6 +600,26 @@ fn write_text(v: &J<'_>, anthropic: bool, out: &mut Out<'_>) -> Result<(), Refus
                 return Err(Refused::new(
                     format!("text.{other}"),
                     format!("is not supported in {RESPONSES}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The members of OpenAI's `json_schema` `text.format` (flat, where Chat Completions nests
+/// them under `response_format.json_schema`): `name`, `description`, `schema` and `strict`
+/// are carried to a Chat Completions provider; any other member is refused, naming it, as
+/// it would be in `response_format.json_schema` for an Anthropic provider.
+fn chat_schema_keys(format: &J<'_>) -> Result<(), Refused> {
+    for (k, v) in format.as_object().into_iter().flatten() {
+        match k.as_ref() {
+            _ if v.is_null() => {}
+            "type" | "name" | "description" | "schema" | "strict" => {}
+            other => {
+                return Err(Refused::new(
+                    format!("text.format.{other}"),
+                    "is not a member of a json_schema format (OpenAI's are name, description, schema and strict)",
                 ));
             }
         }
@@ -1787,11 +1807,10 @@ pub(super) mod two_step {
                     let e = v
                         .as_str()
                         .ok_or_else(|| Refused::new("reasoning.effort", "must be a string"))?;
-                    let known = ["none", "minimal", "low", "medium", "high"];
-                    if anthropic && !known.contains(&e) {
+                    if anthropic && !request::effort_known(e) {
                         return Err(Refused::new(
                             "reasoning.effort",
-                            "must be none, minimal, low, medium or high for an Anthropic provider",
+                            format!("must be {} for an Anthropic provider", request::EFFORTS),
                         ));
                     }
                     set(out, "reasoning_effort", v.clone());
@@ -1879,6 +1898,7 @@ pub(super) mod two_step {
                             set(out, "response_format", jo! {"type" => "json_object"});
                         }
                         Some("json_schema") => {
+                            super::chat_schema_keys(v)?;
                             let mut schema: Pairs<'a> = Vec::new();
                             for f in ["name", "description", "schema", "strict"] {
                                 if let Some(x) = v.get(f) {

@@ -14,17 +14,18 @@
 //! `thinking_delta` / `text_delta` / `input_json_delta`; `finish_reason` stops the block;
 //! `[DONE]` (or the body's end after a `finish_reason`) → `message_delta` with the stop
 //! reason and usage, then `message_stop`; comments → `ping`; an `{"error":…}` chunk → an
-//! `error` event.
+//! `error` event of the Anthropic type its OpenAI code or type corresponds to
+//! ([`error::anthropic_type_of_openai`]).
 
 use std::borrow::Cow;
 use std::io::Write;
 
 use serde::Deserialize;
 
-use super::Translation;
 use super::chunk::{OChunk, OToolDelta};
 use super::response::{finish_reason_of, stop_reason_of};
 use super::responses::{Echo, ToResponses};
+use super::{Translation, error};
 use crate::sse::{Event, Scanner};
 
 /// Appends `s` as a JSON string literal.
@@ -571,11 +572,13 @@ impl ToMessages {
             return;
         };
         if let Some(err) = &c.error {
+            // `{"error": "text"}` (some OpenAI-compatible servers) carries the message only.
             let message = err
                 .get("message")
-                .and_then(serde_json::Value::as_str)
+                .unwrap_or(err)
+                .as_str()
                 .unwrap_or("upstream error");
-            self.error(out, message);
+            self.error(out, error::anthropic_type_of_openai(err), message);
             return;
         }
         if !self.started {
@@ -731,10 +734,10 @@ impl ToMessages {
         self.stopped = true;
     }
 
-    fn error(&mut self, out: &mut Vec<u8>, message: &str) {
-        out.extend_from_slice(
-            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":",
-        );
+    fn error(&mut self, out: &mut Vec<u8>, kind: &str, message: &str) {
+        out.extend_from_slice(b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":");
+        push_str(out, kind);
+        out.extend_from_slice(b",\"message\":");
         push_str(out, message);
         out.extend_from_slice(b"}}\n\n");
         self.stopped = true;
@@ -748,7 +751,11 @@ impl ToMessages {
         if self.stop.is_some() {
             self.close(out);
         } else {
-            self.error(out, "the upstream stream ended before its finish_reason");
+            self.error(
+                out,
+                "api_error",
+                "the upstream stream ended before its finish_reason",
+            );
         }
     }
 }

@@ -632,6 +632,81 @@ fn what_openai_cannot_express_is_refused_by_name() {
     }
 }
 
+/// What Anthropic's own API refuses is refused on the way to an OpenAI provider too: a
+/// request without `max_tokens`, an assistant thinking block without its signature.
+#[test]
+fn what_anthropic_itself_refuses_is_refused_for_openai_too() {
+    let with = |extra: Value| {
+        let mut v = json!({"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+        for (k, x) in extra.as_object().into_iter().flatten() {
+            v[k] = x.clone();
+        }
+        v
+    };
+    let mut no_max = with(json!({}));
+    no_max.as_object_mut().map(|o| o.remove("max_tokens"));
+    assert_eq!(refused_field_messages(no_max), "max_tokens");
+    assert_eq!(
+        refused_field_messages(with(json!({"max_tokens": null}))),
+        "max_tokens"
+    );
+    let history = |block: Value| {
+        with(json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [block, {"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "again"}
+        ]}))
+    };
+    for (block, field) in [
+        // Signed by Anthropic, or by the gateway's own translated answer (empty): dropped.
+        (
+            json!({"type": "thinking", "thinking": "t", "signature": "EqQB"}),
+            "accepted",
+        ),
+        (
+            json!({"type": "thinking", "thinking": "t", "signature": ""}),
+            "accepted",
+        ),
+        (
+            json!({"type": "redacted_thinking", "data": "x"}),
+            "accepted",
+        ),
+        (
+            json!({"type": "thinking", "thinking": "t"}),
+            "messages[1].content[0].signature",
+        ),
+        (
+            json!({"type": "thinking", "thinking": "t", "signature": null}),
+            "messages[1].content[0].signature",
+        ),
+        (
+            json!({"type": "thinking", "signature": "s"}),
+            "messages[1].content[0].thinking",
+        ),
+        (
+            json!({"type": "redacted_thinking"}),
+            "messages[1].content[0].data",
+        ),
+    ] {
+        assert_eq!(
+            refused_field_messages(history(block.clone())),
+            field,
+            "{block}"
+        );
+    }
+    let out = messages_to_chat_obj(
+        &obj(history(
+            json!({"type": "thinking", "thinking": "t", "signature": ""}),
+        )),
+        "m",
+    )
+    .unwrap_or_default();
+    assert_eq!(
+        out["messages"][1],
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Hello."}]})
+    );
+}
+
 #[test]
 fn anthropic_structured_output_becomes_a_strict_json_schema_response_format() {
     let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
@@ -714,6 +789,16 @@ fn openai_defaults_and_documented_rules() {
     .unwrap_or_default();
     assert_eq!(a["max_tokens"], 16484, "the budget is added on top");
     assert_eq!(a["thinking"]["budget_tokens"], 16384);
+    let (a, _) = chat_to_messages_obj(
+        &obj(json!({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "xhigh"})),
+        "claude",
+    )
+    .unwrap_or_default();
+    assert_eq!(a["thinking"]["budget_tokens"], 32768);
+    assert_eq!(a["max_tokens"], 4096 + 32768, "the budget is added on top");
+    // Back to OpenAI the largest budget is `high`, which every reasoning model takes.
+    let back = messages_to_chat_obj(&a, "gpt").unwrap_or_default();
+    assert_eq!(back["reasoning_effort"], "high");
     let (a, _) = chat_to_messages_obj(
         &obj(json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9, "stop": "X"})),
         "claude",
@@ -1141,6 +1226,101 @@ fn error_bodies_are_reshaped_by_the_documented_maps() {
     assert_eq!(v["error"]["message"], "<html>bad gateway</html>");
 }
 
+/// An OpenAI-format provider's in-band stream error reaches an Anthropic client as the
+/// `error` event of the Anthropic type its code or type corresponds to.
+#[test]
+fn an_in_band_openai_stream_error_gets_the_corresponding_anthropic_type() {
+    let cases = [
+        (
+            json!({"message": "m", "type": "tokens", "code": "rate_limit_exceeded"}),
+            "rate_limit_error",
+        ),
+        (
+            json!({"message": "m", "type": "requests", "code": null}),
+            "rate_limit_error",
+        ),
+        (
+            json!({"message": "m", "type": "insufficient_quota", "code": "insufficient_quota"}),
+            "billing_error",
+        ),
+        (
+            json!({"message": "m", "type": "invalid_request_error", "code": "invalid_api_key"}),
+            "authentication_error",
+        ),
+        (
+            json!({"message": "m", "type": "invalid_request_error", "code": "model_not_found"}),
+            "not_found_error",
+        ),
+        (
+            json!({"message": "m", "type": "invalid_request_error", "code": "context_length_exceeded"}),
+            "invalid_request_error",
+        ),
+        (
+            json!({"message": "m", "type": "invalid_request_error", "param": "x", "code": null}),
+            "invalid_request_error",
+        ),
+        (
+            json!({"message": "m", "type": "server_error", "code": "server_is_overloaded"}),
+            "overloaded_error",
+        ),
+        (
+            json!({"message": "m", "type": "server_error", "code": null}),
+            "api_error",
+        ),
+        (
+            json!({"message": "m", "type": "permission_error", "code": "unsupported_country_region_territory"}),
+            "permission_error",
+        ),
+        // OpenAI-compatible servers: vLLM's status code, LiteLLM's as a string, an
+        // Anthropic type passed on.
+        (
+            json!({"message": "m", "type": "BadRequestError", "code": 400}),
+            "invalid_request_error",
+        ),
+        (
+            json!({"message": "m", "type": "None", "code": "429"}),
+            "rate_limit_error",
+        ),
+        (
+            json!({"message": "m", "type": "overloaded_error"}),
+            "overloaded_error",
+        ),
+        (
+            json!({"message": "m", "type": "mystery", "code": "odd"}),
+            "api_error",
+        ),
+        (json!({"message": "m"}), "api_error"),
+    ];
+    for (err, want) in cases {
+        let hi = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": null}]});
+        let rec = format!("data: {hi}\n\ndata: {}\n\n", json!({ "error": err }));
+        let out = translate(Translation::MessagesToChat, &[rec.as_bytes()]);
+        let text = String::from_utf8_lossy(&out);
+        let last = text
+            .rsplit("event: error\ndata: ")
+            .next()
+            .unwrap_or_default();
+        let v: Value = serde_json::from_str(last.trim()).unwrap_or_default();
+        assert_eq!(
+            v,
+            json!({"type": "error", "error": {"type": want, "message": "m"}}),
+            "{err}: {text}"
+        );
+        assert!(!text.contains("message_stop"), "{text}");
+    }
+    // A bare string error is the message.
+    let out = translate(
+        Translation::MessagesToChat,
+        &[b"data: {\"error\":\"no capacity\"}\n\n"],
+    );
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.ends_with("{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"no capacity\"}}\n\n"),
+        "{text}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -1381,7 +1561,20 @@ mod responses {
             }
             json!({"format": f})
         };
+        // To a Chat Completions provider OpenAI's members go on; another is refused, named.
         for (extra, field) in [
+            (json!({"strict": true, "description": "d"}), "accepted"),
+            (json!({"x": 1}), "text.format.x"),
+            (json!({"x": null}), "accepted"),
+        ] {
+            assert_eq!(
+                refused(with("text", schema(extra.clone())), false),
+                field,
+                "{extra}"
+            );
+        }
+        for (extra, field) in [
+            (json!({"x": 1}), "text.format.x"),
             (json!({"strict": false}), "accepted"),
             (json!({"description": "d"}), "text.format.description"),
             (json!({"strict": 1}), "text.format.strict"),
@@ -1401,6 +1594,10 @@ mod responses {
         );
         assert_eq!(
             refused(with("reasoning", json!({"effort": "xhigh"})), true),
+            "accepted"
+        );
+        assert_eq!(
+            refused(with("reasoning", json!({"effort": "max"})), true),
             "reasoning.effort"
         );
         let late_system =
