@@ -254,10 +254,18 @@ pub async fn handle(
     match result {
         Ok((status, content_type, body)) => {
             shard.metrics().response(status);
-            let b = if head_only { &[][..] } else { body.as_bytes() };
             log.responding(shard, status);
             let extra = log.response_headers();
-            respond::write_body(&mut out, status, content_type, b, keep_alive, &extra);
+            let b = body.as_bytes();
+            respond::write_body(
+                &mut out,
+                status,
+                content_type,
+                b,
+                keep_alive,
+                head_only,
+                &extra,
+            );
         }
         Err(err) => {
             note_error(shard, &err);
