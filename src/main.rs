@@ -116,7 +116,8 @@ enum SnapshotCommand {
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
         /// Configuration file read for server.state_dir when --state-dir is not given
-        /// [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
+        /// [env: TIDEGATE_CONFIG] [default: config/tidegate.toml, or
+        /// /etc/tidegate/tidegate.toml under systemd (INVOCATION_ID or NOTIFY_SOCKET set)]
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },

@@ -38,6 +38,42 @@ fn help_lists_every_environment_variable() {
     }
 }
 
+/// Every `--config` names both defaults it falls back to, as `config_path` picks them:
+/// `snapshot inspect` reads `/etc/tidegate/tidegate.toml` under systemd too.
+#[test]
+fn every_config_flag_names_both_default_paths() {
+    for args in [
+        &["serve", "--help"][..],
+        &["check", "--help"],
+        &["snapshot", "inspect", "--help"],
+    ] {
+        let out = run_tidegate(args, &[]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let flag = out
+            .stdout
+            .split("--config <PATH>")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{args:?}: no --config:\n{}", out.stdout));
+        let flag = flag.split("-h, --help").next().unwrap();
+        for path in ["config/tidegate.toml", "/etc/tidegate/tidegate.toml"] {
+            assert!(
+                flag.contains(path),
+                "{args:?} --config omits {path}: {flag}"
+            );
+        }
+    }
+    // ... and `snapshot inspect` does read it under systemd.
+    let out = run_tidegate(&["snapshot", "inspect"], &[("INVOCATION_ID", "x")]);
+    if !std::path::Path::new("/etc/tidegate/tidegate.toml").exists() {
+        assert_eq!(out.code, 2, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("/etc/tidegate/tidegate.toml"),
+            "{}",
+            out.stderr
+        );
+    }
+}
+
 #[test]
 fn an_unknown_key_suggests_the_nearest_known_one() {
     let (code, _, stderr) = run_check("[server]\nidle_timeot_ms = 5000\n");
