@@ -129,18 +129,24 @@ const SERVICE_CONFIG: &str = "/etc/tidegate/tidegate.toml";
 /// ... and otherwise (relative to the working directory: a checkout).
 const LOCAL_CONFIG: &str = "config/tidegate.toml";
 
+/// `--config`, else a non-empty `TIDEGATE_CONFIG` (an empty one, as `TIDEGATE_CONFIG=` in an
+/// environment file leaves it, is unset, as for the other variables), else the default.
 fn config_path(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os("TIDEGATE_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| {
-            let service = ["INVOCATION_ID", "NOTIFY_SOCKET"]
-                .iter()
-                .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-            PathBuf::from(if service {
-                SERVICE_CONFIG
-            } else {
-                LOCAL_CONFIG
-            })
+    flag.or_else(|| {
+        std::env::var_os("TIDEGATE_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .unwrap_or_else(|| {
+        let service = ["INVOCATION_ID", "NOTIFY_SOCKET"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+        PathBuf::from(if service {
+            SERVICE_CONFIG
+        } else {
+            LOCAL_CONFIG
         })
+    })
 }
 
 /// One problem line: `<path>: <key>: <message>`, or `<path>: <message>` when the problem is

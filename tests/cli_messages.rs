@@ -74,6 +74,27 @@ fn every_config_flag_names_both_default_paths() {
     }
 }
 
+/// An empty `TIDEGATE_CONFIG` (`TIDEGATE_CONFIG=`) is unset: the default path is read, not
+/// a file named "" (which printed `: cannot read the config file`).
+#[test]
+fn an_empty_tidegate_config_is_unset() {
+    let dir = support::TempDir::new("empty-config-var");
+    let mut cmd = std::process::Command::new(support::gateway::TIDEGATE_BIN);
+    cmd.arg("check")
+        .current_dir(dir.path())
+        .env("TIDEGATE_CONFIG", "")
+        .env_remove("INVOCATION_ID")
+        .env_remove("NOTIFY_SOCKET");
+    let out = support::gateway::run_bounded(cmd, support::secs(30));
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with("config/tidegate.toml: cannot read the config file"),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn an_unknown_key_suggests_the_nearest_known_one() {
     let (code, _, stderr) = run_check("[server]\nidle_timeot_ms = 5000\n");
