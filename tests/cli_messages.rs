@@ -95,6 +95,29 @@ fn an_empty_tidegate_config_is_unset() {
     );
 }
 
+/// `OMNIROUTE_EMERGENCY_FALLBACK` that is not a boolean is a problem like every other
+/// override's, also in a file with no `[emergency_fallback] target` (the shipped one).
+#[test]
+fn a_bad_emergency_fallback_variable_is_a_problem_without_a_target() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tidegate.toml");
+    let out = run_tidegate(
+        &["check", "--config", shipped],
+        &[(tidegate::config::EMERGENCY_FALLBACK_ENV, "maybe")],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("OMNIROUTE_EMERGENCY_FALLBACK: \"maybe\" is not a boolean"),
+        "{}",
+        out.stderr
+    );
+    let out = run_tidegate(
+        &["check", "--config", shipped],
+        &[(tidegate::config::EMERGENCY_FALLBACK_ENV, "false")],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
+
 #[test]
 fn an_unknown_key_suggests_the_nearest_known_one() {
     let (code, _, stderr) = run_check("[server]\nidle_timeot_ms = 5000\n");
