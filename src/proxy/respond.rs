@@ -185,8 +185,8 @@ pub(super) fn note_error(shard: &Shard, err: &GatewayError) {
     }
 }
 
-/// A refusal the routing state decided (a breaker open, every connection cooling, locked,
-/// terminal or disabled, the drain): not logged per request — the state's transitions are
+/// A refusal the routing state decided (a breaker open, every connection cooling — after
+/// network errors too, `upstream_unreachable` —, locked, terminal or disabled, the drain): not logged per request — the state's transitions are
 /// logged once by their owners (`docs/operator-guide.md`), and each refused request has its
 /// access-log line with the code. Logging every one at WARN would flood exactly when an
 /// upstream is down.
@@ -200,6 +200,7 @@ fn is_state_refusal(kind: ErrorKind) -> bool {
         | ErrorKind::AllTargetsSkipped
         | ErrorKind::AllTargetsSkippedRateLimited
         | ErrorKind::NoConnection
+        | ErrorKind::UpstreamUnreachable
         | ErrorKind::ShuttingDown => true,
         ErrorKind::MalformedRequest
         | ErrorKind::HeadTimeout
@@ -228,7 +229,6 @@ fn is_state_refusal(kind: ErrorKind) -> bool {
         | ErrorKind::ComboTimeout
         | ErrorKind::MaxAttemptsExceeded
         | ErrorKind::AllTargetsFailed
-        | ErrorKind::UpstreamUnreachable
         | ErrorKind::MeshUnavailable
         | ErrorKind::SemaphoreTimeout
         | ErrorKind::SemaphoreQueueFull
