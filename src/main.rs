@@ -384,6 +384,12 @@ fn main() -> ExitCode {
                         eprintln!("{}: server.listen: {why}", path.display());
                         return ExitCode::from(EXIT_CONFIG);
                     }
+                    // The listener's certificate and key and the providers' CA bundles, read
+                    // as `serve` reads them: a file that is there but holds no usable PEM.
+                    if let Err(why) = tidegate::net::tls::TlsConfigs::build(&cfg) {
+                        eprintln!("{}: {why}", path.display());
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
                     match tidegate::snapshot::store::probe(&cfg.server.state_dir) {
                         Ok(()) => {}
                         Err(Unusable::Fatal(why)) => {
