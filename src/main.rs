@@ -173,13 +173,28 @@ fn env_lookup(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// Loads and validates; on failure prints one line per problem to stderr.
+/// Loads and validates; on failure prints one line per problem to stderr. A relative path
+/// that is not there says where it was looked for (the default `config/tidegate.toml` run
+/// outside a checkout is the usual case).
 fn load(path: &std::path::Path) -> Result<(Config, Vec<String>), ExitCode> {
     match config::load_file(path, &env_lookup) {
         Ok(outcome) => Ok((outcome.config, outcome.warnings)),
         Err(err) => {
+            let shown = path.display().to_string();
             for p in &err.problems {
-                eprintln!("{}", problem_line(path, &p.key, &p.message));
+                let mut line = problem_line(path, &p.key, &p.message);
+                if p.key == shown
+                    && path.is_relative()
+                    && !path.exists()
+                    && let Ok(cwd) = std::env::current_dir()
+                {
+                    line.push_str(&format!(
+                        " (looked for in the working directory {}; --config PATH or \
+                         TIDEGATE_CONFIG names another file)",
+                        cwd.display()
+                    ));
+                }
+                eprintln!("{line}");
             }
             Err(ExitCode::from(EXIT_CONFIG))
         }

@@ -75,7 +75,8 @@ fn every_config_flag_names_both_default_paths() {
 }
 
 /// An empty `TIDEGATE_CONFIG` (`TIDEGATE_CONFIG=`) is unset: the default path is read, not
-/// a file named "" (which printed `: cannot read the config file`).
+/// a file named "" (which printed `: cannot read the config file`); that default missing
+/// from the working directory says where it was looked for.
 #[test]
 fn an_empty_tidegate_config_is_unset() {
     let dir = support::TempDir::new("empty-config-var");
@@ -93,6 +94,18 @@ fn an_empty_tidegate_config_is_unset() {
         "{}",
         out.stderr
     );
+    // A relative path that is not there says where it was looked for, on the same line.
+    let cwd = dir.path().canonicalize().unwrap();
+    assert!(
+        out.stderr.contains(&format!(
+            "(looked for in the working directory {}; --config PATH or TIDEGATE_CONFIG \
+             names another file)",
+            cwd.display()
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
 }
 
 /// `OMNIROUTE_EMERGENCY_FALLBACK` that is not a boolean is a problem like every other
