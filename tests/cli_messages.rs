@@ -265,3 +265,34 @@ fn check_reports_a_tidegate_log_that_serve_would_refuse() {
     let out = check(&good, &[("TIDEGATE_LOG", "warn,access=info")]);
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
+
+/// `TIDEGATE_DRIVER` and `TIDEGATE_URING_SETUP` are read trimmed and in any case (`EPOLL`,
+/// ` Defer `), as the resilience variables and `TIDEGATE_LOG`'s levels are; `serve` runs
+/// the driver asked for.
+#[test]
+fn the_driver_variables_take_any_case_and_surrounding_blanks() {
+    let dir = support::TempDir::new("check-driver-case");
+    let good = dir.write("good.toml", "[server]\nlisten = \"127.0.0.1:0\"\n");
+    for (var, value) in [
+        ("TIDEGATE_DRIVER", "EPOLL"),
+        ("TIDEGATE_DRIVER", " Io_Uring "),
+        ("TIDEGATE_URING_SETUP", "Defer"),
+        ("TIDEGATE_URING_SETUP", " plain\t"),
+    ] {
+        let out = run_tidegate(
+            &["check", "--config", good.to_str().unwrap()],
+            &[(var, value)],
+        );
+        assert_eq!(out.code, 0, "{var}={value:?}: {}", out.stderr);
+    }
+    let out = run_tidegate(
+        &["check", "--config", good.to_str().unwrap()],
+        &[("TIDEGATE_DRIVER", "epol")],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let gw = support::Gateway::start_with_env(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n",
+        &[("TIDEGATE_DRIVER", "EPOLL")],
+    );
+    assert_eq!(gw.driver(), "epoll");
+}
