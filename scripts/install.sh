@@ -16,10 +16,15 @@ binary=""
 uninstall=0
 while (($#)); do
     case "$1" in
-        --root) root="${2:?--root needs a directory}"; shift 2 ;;
-        --binary) binary="${2:?--binary needs a path}"; shift 2 ;;
+        --root|--binary)
+            if (($# < 2)) || [[ -z "$2" || "$2" == -* ]]; then
+                echo "install.sh: $1 needs a value (see --help)" >&2
+                exit 2
+            fi
+            if [[ "$1" == --root ]]; then root="$2"; else binary="$2"; fi
+            shift 2 ;;
         --uninstall) uninstall=1; shift ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n 's/^# \{0,1\}//p'; exit 0 ;;
         *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -116,7 +116,8 @@ enum SnapshotCommand {
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
         /// Configuration file read for server.state_dir when --state-dir is not given
-        /// [env: TIDEGATE_CONFIG] [default: config/tidegate.toml]
+        /// [env: TIDEGATE_CONFIG] [default: config/tidegate.toml, or
+        /// /etc/tidegate/tidegate.toml under systemd (INVOCATION_ID or NOTIFY_SOCKET set)]
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
@@ -128,18 +129,24 @@ const SERVICE_CONFIG: &str = "/etc/tidegate/tidegate.toml";
 /// ... and otherwise (relative to the working directory: a checkout).
 const LOCAL_CONFIG: &str = "config/tidegate.toml";
 
+/// `--config`, else a non-empty `TIDEGATE_CONFIG` (an empty one, as `TIDEGATE_CONFIG=` in an
+/// environment file leaves it, is unset, as for the other variables), else the default.
 fn config_path(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os("TIDEGATE_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| {
-            let service = ["INVOCATION_ID", "NOTIFY_SOCKET"]
-                .iter()
-                .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-            PathBuf::from(if service {
-                SERVICE_CONFIG
-            } else {
-                LOCAL_CONFIG
-            })
+    flag.or_else(|| {
+        std::env::var_os("TIDEGATE_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .unwrap_or_else(|| {
+        let service = ["INVOCATION_ID", "NOTIFY_SOCKET"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+        PathBuf::from(if service {
+            SERVICE_CONFIG
+        } else {
+            LOCAL_CONFIG
         })
+    })
 }
 
 /// One problem line: `<path>: <key>: <message>`, or `<path>: <message>` when the problem is
@@ -166,13 +173,28 @@ fn env_lookup(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// Loads and validates; on failure prints one line per problem to stderr.
+/// Loads and validates; on failure prints one line per problem to stderr. A relative path
+/// that is not there says where it was looked for (the default `config/tidegate.toml` run
+/// outside a checkout is the usual case).
 fn load(path: &std::path::Path) -> Result<(Config, Vec<String>), ExitCode> {
     match config::load_file(path, &env_lookup) {
         Ok(outcome) => Ok((outcome.config, outcome.warnings)),
         Err(err) => {
+            let shown = path.display().to_string();
             for p in &err.problems {
-                eprintln!("{}", problem_line(path, &p.key, &p.message));
+                let mut line = problem_line(path, &p.key, &p.message);
+                if p.key == shown
+                    && path.is_relative()
+                    && !path.exists()
+                    && let Ok(cwd) = std::env::current_dir()
+                {
+                    line.push_str(&format!(
+                        " (looked for in the working directory {}; --config PATH or \
+                         TIDEGATE_CONFIG names another file)",
+                        cwd.display()
+                    ));
+                }
+                eprintln!("{line}");
             }
             Err(ExitCode::from(EXIT_CONFIG))
         }
@@ -201,13 +223,22 @@ fn log_filter() -> Result<tracing_subscriber::EnvFilter, String> {
     tracing_subscriber::EnvFilter::try_new(&spec).map_err(|e| format!("TIDEGATE_LOG: {e}"))
 }
 
+/// A variable's value trimmed and lower-cased (`EPOLL`, ` epoll ` read as `epoll`), as the
+/// resilience variables and `TIDEGATE_LOG`'s levels are read; unset is empty.
+fn choice_variable(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
 fn driver_choice() -> Result<DriverChoice, String> {
-    DriverChoice::parse(&std::env::var("TIDEGATE_DRIVER").unwrap_or_default())
+    DriverChoice::parse(&choice_variable("TIDEGATE_DRIVER"))
         .ok_or_else(|| "TIDEGATE_DRIVER: expected auto, io_uring or epoll".to_owned())
 }
 
 fn uring_setup() -> Result<UringSetup, String> {
-    UringSetup::parse(&std::env::var("TIDEGATE_URING_SETUP").unwrap_or_default())
+    UringSetup::parse(&choice_variable("TIDEGATE_URING_SETUP"))
         .ok_or_else(|| "TIDEGATE_URING_SETUP: expected coop, defer or plain".to_owned())
 }
 
@@ -375,6 +406,12 @@ fn main() -> ExitCode {
                     // before a restart must not pass a file the restart would not serve.
                     if let Some(why) = config::exposure::open_gateway_refusal(&cfg) {
                         eprintln!("{}: server.listen: {why}", path.display());
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                    // The listener's certificate and key and the providers' CA bundles, read
+                    // as `serve` reads them: a file that is there but holds no usable PEM.
+                    if let Err(why) = tidegate::net::tls::TlsConfigs::build(&cfg) {
+                        eprintln!("{}: {why}", path.display());
                         return ExitCode::from(EXIT_CONFIG);
                     }
                     match tidegate::snapshot::store::probe(&cfg.server.state_dir) {

@@ -38,6 +38,99 @@ fn help_lists_every_environment_variable() {
     }
 }
 
+/// Every `--config` names both defaults it falls back to, as `config_path` picks them:
+/// `snapshot inspect` reads `/etc/tidegate/tidegate.toml` under systemd too.
+#[test]
+fn every_config_flag_names_both_default_paths() {
+    for args in [
+        &["serve", "--help"][..],
+        &["check", "--help"],
+        &["snapshot", "inspect", "--help"],
+    ] {
+        let out = run_tidegate(args, &[]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let flag = out
+            .stdout
+            .split("--config <PATH>")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{args:?}: no --config:\n{}", out.stdout));
+        let flag = flag.split("-h, --help").next().unwrap();
+        for path in ["config/tidegate.toml", "/etc/tidegate/tidegate.toml"] {
+            assert!(
+                flag.contains(path),
+                "{args:?} --config omits {path}: {flag}"
+            );
+        }
+    }
+    // ... and `snapshot inspect` does read it under systemd.
+    let out = run_tidegate(&["snapshot", "inspect"], &[("INVOCATION_ID", "x")]);
+    if !std::path::Path::new("/etc/tidegate/tidegate.toml").exists() {
+        assert_eq!(out.code, 2, "{}", out.stderr);
+        assert!(
+            out.stderr.contains("/etc/tidegate/tidegate.toml"),
+            "{}",
+            out.stderr
+        );
+    }
+}
+
+/// An empty `TIDEGATE_CONFIG` (`TIDEGATE_CONFIG=`) is unset: the default path is read, not
+/// a file named "" (which printed `: cannot read the config file`); that default missing
+/// from the working directory says where it was looked for.
+#[test]
+fn an_empty_tidegate_config_is_unset() {
+    let dir = support::TempDir::new("empty-config-var");
+    let mut cmd = std::process::Command::new(support::gateway::TIDEGATE_BIN);
+    cmd.arg("check")
+        .current_dir(dir.path())
+        .env("TIDEGATE_CONFIG", "")
+        .env_remove("INVOCATION_ID")
+        .env_remove("NOTIFY_SOCKET");
+    let out = support::gateway::run_bounded(cmd, support::secs(30));
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with("config/tidegate.toml: cannot read the config file"),
+        "{}",
+        out.stderr
+    );
+    // A relative path that is not there says where it was looked for, on the same line.
+    let cwd = dir.path().canonicalize().unwrap();
+    assert!(
+        out.stderr.contains(&format!(
+            "(looked for in the working directory {}; --config PATH or TIDEGATE_CONFIG \
+             names another file)",
+            cwd.display()
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+}
+
+/// `OMNIROUTE_EMERGENCY_FALLBACK` that is not a boolean is a problem like every other
+/// override's, also in a file with no `[emergency_fallback] target` (the shipped one).
+#[test]
+fn a_bad_emergency_fallback_variable_is_a_problem_without_a_target() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tidegate.toml");
+    let out = run_tidegate(
+        &["check", "--config", shipped],
+        &[(tidegate::config::EMERGENCY_FALLBACK_ENV, "maybe")],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("OMNIROUTE_EMERGENCY_FALLBACK: \"maybe\" is not a boolean"),
+        "{}",
+        out.stderr
+    );
+    let out = run_tidegate(
+        &["check", "--config", shipped],
+        &[(tidegate::config::EMERGENCY_FALLBACK_ENV, "false")],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
+
 #[test]
 fn an_unknown_key_suggests_the_nearest_known_one() {
     let (code, _, stderr) = run_check("[server]\nidle_timeot_ms = 5000\n");
@@ -171,4 +264,35 @@ fn check_reports_a_tidegate_log_that_serve_would_refuse() {
     // A valid filter passes.
     let out = check(&good, &[("TIDEGATE_LOG", "warn,access=info")]);
     assert_eq!(out.code, 0, "{}", out.stderr);
+}
+
+/// `TIDEGATE_DRIVER` and `TIDEGATE_URING_SETUP` are read trimmed and in any case (`EPOLL`,
+/// ` Defer `), as the resilience variables and `TIDEGATE_LOG`'s levels are; `serve` runs
+/// the driver asked for.
+#[test]
+fn the_driver_variables_take_any_case_and_surrounding_blanks() {
+    let dir = support::TempDir::new("check-driver-case");
+    let good = dir.write("good.toml", "[server]\nlisten = \"127.0.0.1:0\"\n");
+    for (var, value) in [
+        ("TIDEGATE_DRIVER", "EPOLL"),
+        ("TIDEGATE_DRIVER", " Io_Uring "),
+        ("TIDEGATE_URING_SETUP", "Defer"),
+        ("TIDEGATE_URING_SETUP", " plain\t"),
+    ] {
+        let out = run_tidegate(
+            &["check", "--config", good.to_str().unwrap()],
+            &[(var, value)],
+        );
+        assert_eq!(out.code, 0, "{var}={value:?}: {}", out.stderr);
+    }
+    let out = run_tidegate(
+        &["check", "--config", good.to_str().unwrap()],
+        &[("TIDEGATE_DRIVER", "epol")],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let gw = support::Gateway::start_with_env(
+        "[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n",
+        &[("TIDEGATE_DRIVER", "EPOLL")],
+    );
+    assert_eq!(gw.driver(), "epoll");
 }

@@ -195,6 +195,43 @@ fn a_405_names_the_allowed_methods() {
     assert_eq!(r.header("allow"), Some("GET, HEAD"));
 }
 
+/// `GET` routes answer `HEAD` with the `GET`'s head: its `Content-Length` is the length the
+/// `GET`'s body has (RFC 9110 §8.6), not 0, and no body follows — the next response on the
+/// same connection is read intact.
+#[test]
+fn head_answers_with_the_content_length_of_the_get() {
+    let mock = MockUpstream::start();
+    let gw = Gateway::start_with_env(&config(&mock), ENV);
+    for path in ["/v1/models", "/v1/models/up/m1", "/healthz", "/readyz"] {
+        let got = get(&gw, path);
+        assert_eq!(got.status, 200, "{path}: {}", got.text());
+        let mut client = Client::connect(gw.addr());
+        let head = client.request("HEAD", path, &[("authorization", KEY)], b"");
+        assert_eq!(head.status, 200, "{path}");
+        assert_eq!(
+            head.header("content-length"),
+            Some(got.body.len().to_string().as_str()),
+            "HEAD {path}"
+        );
+        assert_eq!(head.header("content-type"), got.header("content-type"));
+        assert!(head.body.is_empty(), "HEAD {path}: {:?}", head.text());
+        // Nothing of a body was sent: the same connection's next answer starts clean.
+        let again = client.request("GET", path, &[("authorization", KEY)], b"");
+        assert_eq!(again.status, 200, "{path}: {}", again.text());
+        assert_eq!(again.body, got.body, "{path}");
+    }
+    // A gateway-made error to a HEAD keeps its length too.
+    let head = Client::connect(gw.addr()).request(
+        "HEAD",
+        "/v1/models/nope",
+        &[("authorization", KEY)],
+        b"",
+    );
+    assert_eq!(head.status, 404);
+    assert_ne!(head.header("content-length"), Some("0"));
+    assert!(head.body.is_empty());
+}
+
 /// An Anthropic error body: `{"type":"error","error":{"type","message"}}`.
 fn assert_anthropic(r: &Response, status: u16, anthropic_type: &str, code: &str) {
     assert_eq!(r.status, status, "{}", r.text());

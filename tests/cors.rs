@@ -131,6 +131,22 @@ fn a_wildcard_allows_any_origin_and_no_setting_leaves_cors_off() {
     assert!(r.header("access-control-allow-origin").is_none());
 }
 
+/// An `OPTIONS` without `Origin` is no preflight: with CORS on it is routed like any request
+/// (405 with `Allow`), not refused as if its origin were not listed.
+#[test]
+fn an_options_without_origin_is_not_a_refused_preflight() {
+    for cors in [
+        r#"cors_allow_origins = ["https://app.example"]"#,
+        r#"cors_allow_origins = ["*"]"#,
+    ] {
+        let gw = Gateway::start(&config(cors));
+        let r = Client::connect(gw.addr()).request("OPTIONS", CHAT, &[], b"");
+        assert_eq!(r.status, 405, "{cors}: {}", r.text());
+        assert_eq!(r.header("allow"), Some("POST"), "{cors}");
+        assert_eq!(r.header("x-tidegate-error"), Some("method_not_allowed"));
+    }
+}
+
 #[test]
 fn an_origin_with_a_path_is_a_config_error() {
     let (code, _, err) =

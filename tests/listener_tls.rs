@@ -192,3 +192,49 @@ fn a_certificate_without_its_key_is_a_config_error() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("server.tls_key_file"), "{err}");
 }
+
+/// `check` reads the certificate and key as `serve` does: a file that is there but holds no
+/// certificate, or a key that does not fit the certificate, fails `check` (exit 2, naming the
+/// key) as it fails `serve` (exit 1) — not `ok` and then a failed start.
+#[test]
+fn check_reads_the_listener_certificate_and_key_as_serve_does() {
+    let dir = TempDir::new("listener-tls-check");
+    let (_, chain, key_pem) = material();
+    let (_, _, other_key) = material();
+    let cert = dir.write("cert.pem", &chain);
+    let key = dir.write("key.pem", &key_pem);
+    let junk = dir.write("junk.pem", "not a PEM file\n");
+    let wrong_key = dir.write("other-key.pem", &other_key);
+
+    let (code, _out, err) = run_check(&config(&cert, &key));
+    assert_eq!(code, 0, "{err}");
+    let cases = [
+        (
+            config(&junk, &key),
+            "server.tls_cert_file: no certificate found in",
+        ),
+        (
+            config(&cert, &junk),
+            "server.tls_key_file: no private key found in",
+        ),
+        (
+            config(&cert, &wrong_key),
+            "server.tls_key_file: the key does not fit",
+        ),
+    ];
+    for (cfg, needle) in cases {
+        let (code, _out, err) = run_check(&cfg);
+        assert_eq!(code, 2, "{needle}: {err}");
+        assert!(err.contains(needle), "{needle}: {err}");
+        let Err(failure) = Gateway::try_start(&cfg, &[]) else {
+            panic!("{needle}: serve started");
+        };
+        assert_eq!(
+            failure.status.and_then(|s| s.code()),
+            Some(1),
+            "{}",
+            failure.logs
+        );
+        assert!(failure.logs.contains(needle), "{needle}: {}", failure.logs);
+    }
+}

@@ -470,6 +470,50 @@ fn a_breaker_that_opens_and_closes_again_logs_each_transition_once() {
     assert!(!logs.contains("connection available again"), "{logs}");
 }
 
+/// An upstream that refuses connections: the attempt that failed is logged (WARN), the
+/// connection's cooldown once, and the requests refused while it cools (503
+/// `upstream_unreachable`, nothing tried) have their access lines and nothing more — no
+/// WARN line each, which would flood the log exactly while an upstream is down.
+#[test]
+fn requests_refused_while_an_unreachable_upstream_cools_log_no_warn_each() {
+    let refusing = RefusingPort::new();
+    let gw = Gateway::start(&one_upstream(&refusing.base_url(), 1, "", ""));
+    let ask = || Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    let first = ask();
+    assert_eq!(
+        first.header("x-tidegate-error"),
+        Some("upstream_connect_failed"),
+        "{}",
+        first.text()
+    );
+    for _ in 0..3 {
+        let r = ask();
+        assert_eq!(
+            r.header("x-tidegate-error"),
+            Some("upstream_unreachable"),
+            "{}",
+            r.text()
+        );
+    }
+    let logs = eventually(secs(5), "three refused access lines", || {
+        let logs = gw.logs();
+        (logs.matches("error=\"upstream_unreachable\"").count() == 3).then_some(logs)
+    });
+    assert_eq!(
+        logs.matches("connection cooling down for").count(),
+        1,
+        "{logs}"
+    );
+    let warned: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("unreachable after network errors"))
+        .collect();
+    assert!(
+        warned.is_empty(),
+        "a WARN line per refused request:\n{logs}"
+    );
+}
+
 /// The number a field of an access line holds (`ttfb_ms=0.123`).
 fn field_ms(line: &str, field: &str) -> f64 {
     let start = line

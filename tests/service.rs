@@ -34,6 +34,44 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
+/// `--help` prints the header comment, every line of it and nothing of the script below.
+#[test]
+fn install_sh_help_is_the_header_comment_alone() {
+    let out = install(&["--help"]);
+    let header: Vec<String> = std::fs::read_to_string(format!("{REPO}/scripts/install.sh"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| {
+            l.strip_prefix("# ")
+                .or_else(|| l.strip_prefix('#'))
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let printed: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(printed, header, "{}", out.stdout);
+    assert!(printed.iter().any(|l| l.starts_with("--uninstall")));
+}
+
+/// A flag missing its value is refused like an unknown argument: one line naming the
+/// flag, exit 2 (not bash's `line 19: 2: --root needs a directory`, exit 1).
+#[test]
+fn install_sh_names_a_flag_missing_its_value() {
+    for args in [&["--root"][..], &["--binary"], &["--root", "--uninstall"]] {
+        let mut cmd = Command::new("bash");
+        cmd.arg(format!("{REPO}/scripts/install.sh")).args(args);
+        let out = run_bounded(cmd, secs(30));
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.trim(),
+            format!("install.sh: {} needs a value (see --help)", args[0]),
+            "{args:?}"
+        );
+    }
+}
+
 #[test]
 fn install_sh_root_lays_out_the_service_and_keeps_an_existing_config() {
     let dir = TempDir::new("install");

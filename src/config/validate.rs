@@ -417,15 +417,14 @@ impl Loader<'_> {
     // -- [emergency_fallback] ------------------------------------------------------------
 
     /// The target when one is set, unless `OMNIROUTE_EMERGENCY_FALLBACK` switches it off.
+    /// The variable is checked with or without a target, as every other override is: a
+    /// value that is not a boolean is a problem even before a target is written.
     fn emergency_fallback(
         &mut self,
         raw: &RawConfig,
         providers: &[Provider],
         provider_ids: &HashMap<&str, usize>,
     ) -> Option<EmergencyFallback> {
-        let text = raw.emergency_fallback.target.as_deref()?;
-        let key = "emergency_fallback.target";
-        let target = self.target(key, text, providers, provider_ids)?;
         let on = match super::env::read(self.env, EMERGENCY_FALLBACK_ENV) {
             None => true,
             Some(v) => match super::env::parse_bool(&v) {
@@ -436,6 +435,9 @@ impl Loader<'_> {
                 }
             },
         };
+        let text = raw.emergency_fallback.target.as_deref()?;
+        let key = "emergency_fallback.target";
+        let target = self.target(key, text, providers, provider_ids)?;
         on.then_some(EmergencyFallback {
             provider: target.provider,
             model: target.model,

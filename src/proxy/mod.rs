@@ -220,7 +220,12 @@ pub async fn handle(
     // An HTTP/1.0 request kept open hears so in every answer (`Persist::Echo`).
     let keep_alive = head.persist();
     let log = access::AccessLog::new(shard, head);
-    if head.method() == Method::Options && !shard.config().server.cors_allow_origins.is_empty() {
+    // A preflight is an `OPTIONS` with `Origin`; one without is routed as any other request
+    // (405 with `Allow` on a known path), as when CORS is off.
+    if head.method() == Method::Options
+        && head.header("origin").is_some()
+        && !shard.config().server.cors_allow_origins.is_empty()
+    {
         let after = preflight(shard, head, client, keep_alive, &log).await;
         log.emit(shard, head);
         return after;
@@ -254,10 +259,18 @@ pub async fn handle(
     match result {
         Ok((status, content_type, body)) => {
             shard.metrics().response(status);
-            let b = if head_only { &[][..] } else { body.as_bytes() };
             log.responding(shard, status);
             let extra = log.response_headers();
-            respond::write_body(&mut out, status, content_type, b, keep_alive, &extra);
+            let b = body.as_bytes();
+            respond::write_body(
+                &mut out,
+                status,
+                content_type,
+                b,
+                keep_alive,
+                head_only,
+                &extra,
+            );
         }
         Err(err) => {
             note_error(shard, &err);

@@ -82,13 +82,16 @@ pub fn write_error(
     }
 }
 
-/// Encodes a complete response with a body of the given content type.
+/// Encodes a complete response with a body of the given content type; for a `HEAD` request
+/// (`head_only`) the head alone, with the `Content-Length` the `GET` would have had
+/// (RFC 9110 §8.6: a HEAD's `Content-Length` must be that of the GET's content, or absent).
 pub fn write_body(
     dst: &mut BytesMut,
     status: u16,
     content_type: &str,
     body: &[u8],
     keep_alive: Persist,
+    head_only: bool,
     extra: &[(&str, &[u8])],
 ) {
     let mut headers: Vec<(&str, &[u8])> = vec![("content-type", content_type.as_bytes())];
@@ -100,7 +103,9 @@ pub fn write_body(
         Framing::Length(body.len() as u64),
         keep_alive,
     );
-    dst.extend_from_slice(body);
+    if !head_only {
+        dst.extend_from_slice(body);
+    }
 }
 
 /// The in-band event that ends a stream broken after its first byte (no `[DONE]` follows),
@@ -180,8 +185,8 @@ pub(super) fn note_error(shard: &Shard, err: &GatewayError) {
     }
 }
 
-/// A refusal the routing state decided (a breaker open, every connection cooling, locked,
-/// terminal or disabled, the drain): not logged per request — the state's transitions are
+/// A refusal the routing state decided (a breaker open, every connection cooling — after
+/// network errors too, `upstream_unreachable` —, locked, terminal or disabled, the drain): not logged per request — the state's transitions are
 /// logged once by their owners (`docs/operator-guide.md`), and each refused request has its
 /// access-log line with the code. Logging every one at WARN would flood exactly when an
 /// upstream is down.
@@ -195,6 +200,7 @@ fn is_state_refusal(kind: ErrorKind) -> bool {
         | ErrorKind::AllTargetsSkipped
         | ErrorKind::AllTargetsSkippedRateLimited
         | ErrorKind::NoConnection
+        | ErrorKind::UpstreamUnreachable
         | ErrorKind::ShuttingDown => true,
         ErrorKind::MalformedRequest
         | ErrorKind::HeadTimeout
@@ -223,7 +229,6 @@ fn is_state_refusal(kind: ErrorKind) -> bool {
         | ErrorKind::ComboTimeout
         | ErrorKind::MaxAttemptsExceeded
         | ErrorKind::AllTargetsFailed
-        | ErrorKind::UpstreamUnreachable
         | ErrorKind::MeshUnavailable
         | ErrorKind::SemaphoreTimeout
         | ErrorKind::SemaphoreQueueFull
