@@ -154,3 +154,35 @@ fn a_repeated_body_is_answered_with_each_request_s_own_id() {
         }
     }
 }
+
+/// A second mock on a port a first one listens on (its workers use SO_REUSEPORT) is refused
+/// instead of silently taking part of the first one's connections.
+#[test]
+fn a_second_mock_on_a_taken_port_is_refused() {
+    let first = Mock::start();
+    let mut second = Command::new(MOCK_BIN)
+        .args(["--listen", &first.addr.to_string(), "--workers", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > give_up {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("the second mock is serving {} beside the first", first.addr);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains(&format!("cannot listen on {}", first.addr)),
+        "stderr: {err}"
+    );
+}

@@ -123,6 +123,15 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let workers = tidegate::server::shard_count(cli.workers);
+    // The workers listen with SO_REUSEPORT, which would let this mock join a port another
+    // process (an earlier mock) listens on and silently take part of its connections. A
+    // plain bind first fails while anyone listens there.
+    if cli.listen.port() != 0
+        && let Err(e) = std::net::TcpListener::bind(cli.listen)
+    {
+        eprintln!("tidegate-mock: cannot listen on {}: {e}", cli.listen);
+        return ExitCode::FAILURE;
+    }
     let (addr, listeners) = match bind_shards(cli.listen, workers) {
         Ok(v) => v,
         Err(e) => {
