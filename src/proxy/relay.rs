@@ -1598,15 +1598,7 @@ pub(super) async fn answer_last(
             stream::relay_buffered(shard, &b, attempts, client, keep_alive, down.log).await
         }
         Some((LastFailure::Gateway(e), k)) if attempts > 0 || excluded.is_empty() => {
-            if let Some((target, connection)) = plan.candidates.get(k) {
-                let config = shard.config();
-                let (provider, connection) = (
-                    config.provider(target.provider),
-                    config.connection(*connection),
-                );
-                down.log
-                    .upstream(&provider.name, &connection.name, attempts);
-            }
+            log_candidate(shard, plan, Some(k), attempts, down.log);
             send_error(shard, client, &e, dialect, keep_alive, log).await
         }
         _ if !excluded.is_empty() => {
@@ -1618,6 +1610,29 @@ pub(super) async fn answer_last(
                 GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed");
             send_error(shard, client, &err, dialect, keep_alive, log).await
         }
+    }
+}
+
+/// Writes into the access line the `attempts` made and, when a candidate was tried, the
+/// provider and connection of candidate `k` of `plan` (the last one tried): a
+/// gateway-made answer to the request names where it failed last.
+pub(super) fn log_candidate(
+    shard: &Req<'_>,
+    plan: &Plan,
+    k: Option<usize>,
+    attempts: usize,
+    log: &AccessLog,
+) {
+    match k.and_then(|k| plan.candidates.get(k)) {
+        Some((target, connection)) => {
+            let config = shard.config();
+            let (provider, connection) = (
+                config.provider(target.provider),
+                config.connection(*connection),
+            );
+            log.upstream(&provider.name, &connection.name, attempts);
+        }
+        None => log.attempts(attempts),
     }
 }
 
