@@ -1200,20 +1200,29 @@ pub(super) async fn open<'s>(
             Some(r) => r,
             None => return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await),
         };
+        // The attempt's metrics: its answer head's status class and how long the head took,
+        // or the `error` class (no head: connect failure, timeout).
+        let (status, head_ns) = match &opened {
+            Ok(up) => (
+                Some(up.head.status()),
+                Some(shard.now().mono_ns.saturating_sub(sent_ns)),
+            ),
+            Err(_) => (None, None),
+        };
+        observe::attempt(
+            shard.families(),
+            config,
+            target.provider,
+            connection,
+            &target.model,
+            status,
+            head_ns,
+        );
         match opened {
             Ok(up) => up,
             Err(e) => {
                 // A failure that moves the request on to another candidate is an operator's
                 // business: INFO.
-                observe::attempt(
-                    shard.families(),
-                    config,
-                    target.provider,
-                    connection,
-                    &target.model,
-                    None,
-                    None,
-                );
                 tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
                 Box::pin(attempted.end_with_error(&e)).await;
                 walk.note = Some(FailureNote::of_error(&e));
@@ -1241,15 +1250,6 @@ pub(super) async fn open<'s>(
         }
     };
     let status = up.head.status();
-    observe::attempt(
-        shard.families(),
-        config,
-        target.provider,
-        connection,
-        &target.model,
-        Some(status),
-        Some(shard.now().mono_ns.saturating_sub(sent_ns)),
-    );
     if status >= 400 {
         // An error answer: read it whole (bounded), restate, classify, record, and either
         // move on or relay it.
