@@ -675,25 +675,52 @@ fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
     more
 }
 
-/// How often the OS has switched this thread out involuntarily (`ru_nivcsw` of
-/// `getrusage(RUSAGE_THREAD)`, the `nonvoluntary_ctxt_switches` of
-/// `/proc/thread-self/status`): read around a collection step, it tells the step's own time
-/// from a step the OS interrupted to run another process (the step itself never blocks).
-/// One system call: reading the status file was ten (open, statx, seven reads, close), on
-/// every shard's loop each second, idle or not. `None` off Linux or when the call fails.
+/// How often the OS has switched this thread out involuntarily
+/// (`nonvoluntary_ctxt_switches` of `/proc/thread-self/status`): read around a collection
+/// step, it tells the step's own time from a step the OS interrupted to run another
+/// process (the step itself never blocks). The file is opened once per thread and kept:
+/// each reading is one `pread` (read to a string, it was ten system calls — open, statx,
+/// seven growing reads, close — on every shard's loop each second, idle or not). Not
+/// `getrusage(RUSAGE_THREAD)`, one call too: valgrind 3.19 holds its thread lock through
+/// `io_uring_enter`, and a shard whose only system calls are that and `getrusage` never
+/// lets the main thread run, so `perf/ab_instructions.sh` under `DRIVER=io_uring` hangs at
+/// start-up; a read lets it. `None` off Linux or when the file cannot be read.
 #[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
 fn preemptions() -> Option<u64> {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a writable `rusage` that outlives the call; getrusage(2) writes
-    // only into it.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: zeroed before the call (every field an integer) and filled by it.
-    let usage = unsafe { usage.assume_init() };
-    u64::try_from(usage.ru_nivcsw).ok()
+    status_count(b"nonvoluntary_ctxt_switches:")
 }
+
+/// The count on the line of this thread's status file that starts with `key`, read with one
+/// `pread` of the file kept open (see [`preemptions`]).
+#[cfg(target_os = "linux")]
+fn status_count(key: &[u8]) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    thread_local! {
+        /// This thread's status file (`thread-self` is resolved by the thread that opens
+        /// it) and the buffer it is read into, both made at the thread's first reading.
+        static STATUS: Option<(std::fs::File, std::cell::RefCell<Vec<u8>>)> =
+            std::fs::File::open("/proc/thread-self/status")
+                .ok()
+                .map(|f| (f, std::cell::RefCell::new(vec![0; STATUS_BUF])));
+    }
+    STATUS.with(|status| {
+        let (file, buf) = status.as_ref()?;
+        let mut buf = buf.try_borrow_mut().ok()?;
+        let n = file.read_at(&mut buf, 0).ok()?;
+        // The switch counts are its last lines: searched from the end.
+        let line = buf
+            .get(..n)?
+            .split(|&b| b == b'\n')
+            .rev()
+            .find_map(|l| l.strip_prefix(key))?;
+        std::str::from_utf8(line).ok()?.trim().parse().ok()
+    })
+}
+
+/// Room for a thread's status file (~1.5 KiB; a read from offset 0 gives it whole when it
+/// fits), kept per thread: zeroing a fresh 8 KiB buffer was most of a reading's cost.
+#[cfg(target_os = "linux")]
+const STATUS_BUF: usize = 8192;
 
 #[cfg(not(target_os = "linux"))]
 fn preemptions() -> Option<u64> {
@@ -961,8 +988,9 @@ mod tests {
         }
     }
 
-    /// The count read with one `getrusage` is the status file's `nonvoluntary_ctxt_switches`
-    /// (read before it: never more; after it: never less).
+    /// The count read with one `pread` of the kept file is the one a fresh read of the
+    /// status file gives (read between two readings: never less than the first, never more
+    /// than the second).
     #[test]
     #[cfg(target_os = "linux")]
     fn preemptions_are_the_status_file_s_nonvoluntary_switches() {
@@ -973,12 +1001,17 @@ mod tests {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(u64::MAX)
         };
+        // The kept file is read afresh each time: a sleep is a voluntary switch.
+        let voluntary = || super::status_count(b"voluntary_ctxt_switches:");
+        let slept = voluntary();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(voluntary() > slept, "{slept:?} {:?}", voluntary());
         for _ in 0..100 {
             let before = preemptions();
             let status = from_status();
             let after = preemptions();
             let (Some(before), Some(after)) = (before, after) else {
-                panic!("getrusage(RUSAGE_THREAD) failed");
+                panic!("the status file could not be read");
             };
             assert!(
                 before <= status && status <= after,
