@@ -655,7 +655,9 @@ struct ShardStart {
 }
 
 /// Sends one batch of this shard's changed records to the writer; true when more are
-/// pending. The time it took is the longest a snapshot holds this shard's loop.
+/// pending. The time it took is the longest a snapshot holds this shard's loop. The
+/// preemption count is read before the step (one system call, idle or not) and after it
+/// only when there was something to send.
 fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
     let switches = preemptions();
     let start = shard.now().mono_ns;
@@ -676,14 +678,53 @@ fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
 /// How often the OS has switched this thread out involuntarily
 /// (`nonvoluntary_ctxt_switches` of `/proc/thread-self/status`): read around a collection
 /// step, it tells the step's own time from a step the OS interrupted to run another
-/// process (the step itself never blocks). `None` off Linux.
+/// process (the step itself never blocks). The file is opened once per thread and kept:
+/// each reading is one `pread` (read to a string, it was ten system calls — open, statx,
+/// seven growing reads, close — on every shard's loop each second, idle or not). Not
+/// `getrusage(RUSAGE_THREAD)`, one call too: valgrind 3.19 holds its thread lock through
+/// `io_uring_enter`, and a shard whose only system calls are that and `getrusage` never
+/// lets the main thread run, so `perf/ab_instructions.sh` under `DRIVER=io_uring` hangs at
+/// start-up; a read lets it. `None` off Linux or when the file cannot be read.
+#[cfg(target_os = "linux")]
 fn preemptions() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/status").ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
-        .trim()
-        .parse()
-        .ok()
+    status_count(b"nonvoluntary_ctxt_switches:")
+}
+
+/// The count on the line of this thread's status file that starts with `key`, read with one
+/// `pread` of the file kept open (see [`preemptions`]).
+#[cfg(target_os = "linux")]
+fn status_count(key: &[u8]) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    thread_local! {
+        /// This thread's status file (`thread-self` is resolved by the thread that opens
+        /// it) and the buffer it is read into, both made at the thread's first reading.
+        static STATUS: Option<(std::fs::File, std::cell::RefCell<Vec<u8>>)> =
+            std::fs::File::open("/proc/thread-self/status")
+                .ok()
+                .map(|f| (f, std::cell::RefCell::new(vec![0; STATUS_BUF])));
+    }
+    STATUS.with(|status| {
+        let (file, buf) = status.as_ref()?;
+        let mut buf = buf.try_borrow_mut().ok()?;
+        let n = file.read_at(&mut buf, 0).ok()?;
+        // The switch counts are its last lines: searched from the end.
+        let line = buf
+            .get(..n)?
+            .split(|&b| b == b'\n')
+            .rev()
+            .find_map(|l| l.strip_prefix(key))?;
+        std::str::from_utf8(line).ok()?.trim().parse().ok()
+    })
+}
+
+/// Room for a thread's status file (~1.5 KiB; a read from offset 0 gives it whole when it
+/// fits), kept per thread: zeroing a fresh 8 KiB buffer was most of a reading's cost.
+#[cfg(target_os = "linux")]
+const STATUS_BUF: usize = 8192;
+
+#[cfg(not(target_os = "linux"))]
+fn preemptions() -> Option<u64> {
+    None
 }
 
 /// How each shard's io_uring ring is set up (`TIDEGATE_URING_SETUP`). A shard's ring is
@@ -924,7 +965,7 @@ async fn shard_main(
 
 #[cfg(test)]
 mod tests {
-    use super::{URING_CQ_ENTRIES, URING_ENTRIES, UringSetup, uring_runtime};
+    use super::{URING_CQ_ENTRIES, URING_ENTRIES, UringSetup, preemptions, uring_runtime};
     use crate::config::{DEFAULT_MESH_RING_CAPACITY, MAX_MESH_RING_CAPACITY};
     use crate::mesh::ring::{MAX_RING_CAPACITY, RING_CAPACITY};
 
@@ -944,6 +985,38 @@ mod tests {
                 Err(e) => assert_ne!(setup, UringSetup::Plain, "a plain ring: {e}"),
             }
             assert!(uring_runtime(setup).is_ok(), "{setup:?}");
+        }
+    }
+
+    /// The count read with one `pread` of the kept file is the one a fresh read of the
+    /// status file gives (read between two readings: never less than the first, never more
+    /// than the second).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn preemptions_are_the_status_file_s_nonvoluntary_switches() {
+        let from_status = || -> u64 {
+            let s = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+            s.lines()
+                .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(u64::MAX)
+        };
+        // The kept file is read afresh each time: a sleep is a voluntary switch.
+        let voluntary = || super::status_count(b"voluntary_ctxt_switches:");
+        let slept = voluntary();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(voluntary() > slept, "{slept:?} {:?}", voluntary());
+        for _ in 0..100 {
+            let before = preemptions();
+            let status = from_status();
+            let after = preemptions();
+            let (Some(before), Some(after)) = (before, after) else {
+                panic!("the status file could not be read");
+            };
+            assert!(
+                before <= status && status <= after,
+                "{before} {status} {after}"
+            );
         }
     }
 

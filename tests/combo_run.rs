@@ -33,6 +33,28 @@ fn served_by(r: &Response) -> &str {
     r.header("x-omniroute-selected-connection-id").unwrap_or("")
 }
 
+/// The access-log line of the request with the id `id`.
+fn access_line(gw: &Gateway, id: &str) -> String {
+    eventually(secs(5), "the access line", || {
+        gw.logs()
+            .lines()
+            .find(|l| l.contains("access") && l.contains(&format!("request_id={id} ")))
+            .map(str::to_owned)
+    })
+}
+
+/// The access-log line of the request `r` answered.
+fn line_of(gw: &Gateway, r: &Response) -> String {
+    access_line(gw, r.header("x-request-id").expect("a request id"))
+}
+
+/// Asserts `line` holds each of `fields`.
+fn has(line: &str, fields: &[&str]) {
+    for f in fields {
+        assert!(line.contains(f), "{f} missing from {line}");
+    }
+}
+
 /// The gap between the `i`-th and `j`-th requests `mock` saw.
 fn gap(mock: &MockUpstream, i: usize, j: usize) -> Duration {
     let reqs = mock.requests_to(CHAT);
@@ -345,6 +367,25 @@ fn hedging_starts_no_second_target_when_the_first_answers_in_time() {
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 0));
 }
 
+/// A client that hangs up while both hedged attempts wait for their heads: the access
+/// line names the one started last.
+#[test]
+fn a_client_gone_during_a_hedge_race_logs_the_candidate_started_last() {
+    let (p, q) = (MockUpstream::start(), MockUpstream::start());
+    p.on_always(CHAT, Reply::stall_before_head());
+    q.on_always(CHAT, Reply::stall_before_head());
+    let gw = started(&p, &q, "hedging = true\nhedge_delay_ms = 200", "");
+    let mut c = Client::connect(gw.addr());
+    c.start_request("POST", CHAT, &[("x-request-id", "gone-1")], &body("duo"));
+    p.wait_for_hits(CHAT, 1, secs(10));
+    q.wait_for_hits(CHAT, 1, secs(10));
+    drop(c);
+    has(
+        &access_line(&gw, "gone-1"),
+        &["combo=duo", "provider=q connection=cq attempts=2"],
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Timeouts
 
@@ -400,6 +441,14 @@ fn combo_timeout_ms_ends_the_request_with_504_combo_timeout() {
     );
     assert!(took >= ms(3000) && took < secs(10), "{took:?}");
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    // The combo's own answer names the last candidate tried in its access line.
+    has(
+        &line_of(&gw, &r),
+        &[
+            "combo=duo",
+            "provider=q connection=cq attempts=2 status=504",
+        ],
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -522,6 +571,11 @@ fn a_lock_longer_than_max_wait_ms_is_not_waited_and_the_answer_says_cooling() {
         (1, 1),
         "nothing was attempted"
     );
+    // No candidate was tried: the access line names none.
+    has(
+        &line_of(&gw, &r),
+        &["provider=- connection=- attempts=0 status=503"],
+    );
 }
 
 #[test]
@@ -600,7 +654,7 @@ fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
         "tidegate_requests_abandoned_total{phase=\"admission\"}",
     );
     let mut c = Client::connect(gw.addr());
-    c.start_request("POST", CHAT, &[], &body("duo"));
+    c.start_request("POST", CHAT, &[("x-request-id", "left-1")], &body("duo"));
     // Both targets answered 429; the request now waits for the locks. The client leaves.
     // (Once both answers are classified: a hang-up while an attempt still waits for its
     // answer is abandoned{phase="response"}, not the combo wait.)
@@ -618,6 +672,11 @@ fn a_client_that_hangs_up_during_the_wait_causes_no_upstream_call() {
             .then_some(())
     });
     gw.wait_for_log("client hung up during a combo wait", secs(5));
+    // Its access line names the last candidate tried.
+    has(
+        &access_line(&gw, "left-1"),
+        &["provider=q connection=cq attempts=2"],
+    );
     // A new request finds both targets still locked before any dispatch (#16319): it
     // waits for the shorter lock and is served. The abandoned request, whose wait ended
     // at about the same time, sent nothing: p saw this request's one attempt only.
@@ -711,6 +770,11 @@ fn mixed_failure_classes_become_a_5xx_naming_each_class() {
         "{message}"
     );
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (2, 1));
+    // The set retry's p/a was the last candidate tried.
+    has(
+        &line_of(&gw, &r),
+        &["provider=p connection=cp attempts=3 status=502"],
+    );
 }
 
 #[test]
@@ -744,6 +808,12 @@ fn targets_that_never_answer_give_all_accounts_inactive() {
         r.header("x-omniroute-combo-terminal-reason"),
         Some("all_accounts_inactive")
     );
+    let line = line_of(&gw, &r);
+    assert!(
+        line.contains("provider=p connection=cp") || line.contains("provider=q connection=cq"),
+        "the last candidate tried is named: {line}"
+    );
+    has(&line, &["status=503"]);
 }
 
 #[test]
@@ -773,6 +843,10 @@ fn a_combo_whose_connections_are_all_terminal_has_no_executable_targets() {
     );
     assert_eq!(body["diagnostics"]["excluded"].as_array().unwrap().len(), 2);
     assert_eq!((p.hits(CHAT), q.hits(CHAT)), (1, 1));
+    has(
+        &line_of(&gw, &r),
+        &["provider=- connection=- attempts=0 status=404"],
+    );
 }
 
 #[test]
@@ -805,6 +879,12 @@ fn the_attempt_cap_answers_max_attempts_exceeded() {
         "Maximum combo retry limit reached"
     );
     assert_eq!(p.hits(CHAT) + q.hits(CHAT), 64);
+    let line = line_of(&gw, &r);
+    assert!(
+        line.contains("provider=p connection=cp") || line.contains("provider=q connection=cq"),
+        "the last candidate tried is named: {line}"
+    );
+    has(&line, &["attempts=64 status=503"]);
 }
 
 // ---------------------------------------------------------------------------------------

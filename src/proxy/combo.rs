@@ -27,7 +27,7 @@ use bytes::Bytes;
 
 use super::relay::{
     AttemptEnd, Downstream, FailureNote, LastFailure, Opened, Plan, Request, Walk, answer_last,
-    attempt, deliver, open, order_available,
+    attempt, deliver, log_candidate, open, order_available,
 };
 use super::respond::send_error;
 use super::select::{self, Excluded, Exclusion, Gate};
@@ -217,6 +217,15 @@ impl Runner<'_, '_> {
         self.remaining_ms() == Some(0)
     }
 
+    /// The access line of a request the combo ends itself (its timeout, its attempt cap,
+    /// every target cooling down or failed, the client gone during a wait): the attempts
+    /// made and the last candidate tried, whose provider and connection stay `-` when none
+    /// was.
+    fn log_last(&self, down: &Downstream<'_>) {
+        let k = self.last.as_ref().map(|(_, k)| *k);
+        log_candidate(self.shard, self.req.plan, k, self.walk.attempts, down.log);
+    }
+
     /// Waits `ms` unless the client hangs up (`Err`: the request is over, nothing more
     /// goes upstream) or the combo's budget or the request's deadline ends first
     /// (`Ok(false)`).
@@ -250,6 +259,7 @@ impl Runner<'_, '_> {
             Some(()) => Ok(whole),
             None => {
                 self.shard.metrics().abandoned(Abandoned::Admission);
+                self.log_last(down);
                 tracing::info!(
                     combo = %self.shard.config().combos[self.combo].name,
                     "client hung up during a combo wait (499): nothing more sent upstream"
@@ -710,6 +720,16 @@ impl Runner<'_, '_> {
                 Abandoned::Admission
             };
             shard.metrics().abandoned(phase);
+            // The access line names the hedged candidate started last.
+            let tried = if wb.attempts > 0 {
+                Some(kb)
+            } else if wa.attempts > 0 {
+                Some(ka)
+            } else {
+                self.last.as_ref().map(|(_, k)| *k)
+            };
+            let attempts = self.walk.attempts + wa.attempts + wb.attempts;
+            log_candidate(shard, req.plan, tried, attempts, down.log);
             return Err(After::Close);
         };
         self.walk.attempts += wa.attempts + wb.attempts;
@@ -886,6 +906,7 @@ impl Runner<'_, '_> {
         match err {
             Some(e) => {
                 down.committed.set(true);
+                self.log_last(down);
                 send_error(
                     shard,
                     down.client,
@@ -1355,6 +1376,7 @@ impl<'a> Runner<'a, '_> {
             }
             None => {
                 shard.metrics().abandoned(Abandoned::Admission);
+                self.log_last(down);
                 Err(After::Close)
             }
         }

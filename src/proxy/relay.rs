@@ -1200,20 +1200,29 @@ pub(super) async fn open<'s>(
             Some(r) => r,
             None => return Opened::End(Box::pin(hung_up(attempted, Abandoned::Response)).await),
         };
+        // The attempt's metrics: its answer head's status class and how long the head took,
+        // or the `error` class (no head: connect failure, timeout).
+        let (status, head_ns) = match &opened {
+            Ok(up) => (
+                Some(up.head.status()),
+                Some(shard.now().mono_ns.saturating_sub(sent_ns)),
+            ),
+            Err(_) => (None, None),
+        };
+        observe::attempt(
+            shard.families(),
+            config,
+            target.provider,
+            connection,
+            &target.model,
+            status,
+            head_ns,
+        );
         match opened {
             Ok(up) => up,
             Err(e) => {
                 // A failure that moves the request on to another candidate is an operator's
                 // business: INFO.
-                observe::attempt(
-                    shard.families(),
-                    config,
-                    target.provider,
-                    connection,
-                    &target.model,
-                    None,
-                    None,
-                );
                 tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
                 Box::pin(attempted.end_with_error(&e)).await;
                 walk.note = Some(FailureNote::of_error(&e));
@@ -1241,15 +1250,6 @@ pub(super) async fn open<'s>(
         }
     };
     let status = up.head.status();
-    observe::attempt(
-        shard.families(),
-        config,
-        target.provider,
-        connection,
-        &target.model,
-        Some(status),
-        Some(shard.now().mono_ns.saturating_sub(sent_ns)),
-    );
     if status >= 400 {
         // An error answer: read it whole (bounded), restate, classify, record, and either
         // move on or relay it.
@@ -1598,15 +1598,7 @@ pub(super) async fn answer_last(
             stream::relay_buffered(shard, &b, attempts, client, keep_alive, down.log).await
         }
         Some((LastFailure::Gateway(e), k)) if attempts > 0 || excluded.is_empty() => {
-            if let Some((target, connection)) = plan.candidates.get(k) {
-                let config = shard.config();
-                let (provider, connection) = (
-                    config.provider(target.provider),
-                    config.connection(*connection),
-                );
-                down.log
-                    .upstream(&provider.name, &connection.name, attempts);
-            }
+            log_candidate(shard, plan, Some(k), attempts, down.log);
             send_error(shard, client, &e, dialect, keep_alive, log).await
         }
         _ if !excluded.is_empty() => {
@@ -1618,6 +1610,29 @@ pub(super) async fn answer_last(
                 GatewayError::new(ErrorKind::UpstreamProtocol, "every upstream attempt failed");
             send_error(shard, client, &err, dialect, keep_alive, log).await
         }
+    }
+}
+
+/// Writes into the access line the `attempts` made and, when a candidate was tried, the
+/// provider and connection of candidate `k` of `plan` (the last one tried): a
+/// gateway-made answer to the request names where it failed last.
+pub(super) fn log_candidate(
+    shard: &Req<'_>,
+    plan: &Plan,
+    k: Option<usize>,
+    attempts: usize,
+    log: &AccessLog,
+) {
+    match k.and_then(|k| plan.candidates.get(k)) {
+        Some((target, connection)) => {
+            let config = shard.config();
+            let (provider, connection) = (
+                config.provider(target.provider),
+                config.connection(*connection),
+            );
+            log.upstream(&provider.name, &connection.name, attempts);
+        }
+        None => log.attempts(attempts),
     }
 }
 

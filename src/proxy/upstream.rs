@@ -371,9 +371,18 @@ fn phase_budget(
     own: Duration,
     until: Option<Deadline>,
 ) -> (Duration, Option<Deadline>) {
+    phase_budget_at(own, until, || shard.now().mono_ns)
+}
+
+/// [`phase_budget`] at the clock reading `now_ns` (read only when there is a deadline).
+fn phase_budget_at(
+    own: Duration,
+    until: Option<Deadline>,
+    now_ns: impl FnOnce() -> u64,
+) -> (Duration, Option<Deadline>) {
     match until {
         Some(d) => {
-            let left = Duration::from_nanos(d.at_ns.saturating_sub(shard.now().mono_ns));
+            let left = Duration::from_nanos(d.at_ns.saturating_sub(now_ns()));
             if left < own {
                 (left, Some(d))
             } else {
@@ -425,17 +434,15 @@ mod tests {
                 budget: if request { Budget::Request { ms: 1 } } else { Budget::Active { ms: 1 } },
             });
             let own = Duration::from_millis(own_ms);
-            // `phase_budget`'s rule, at the same reading (open() has already answered a
-            // deadline that passed).
+            // A deadline already passed is answered before the phase starts (`open`); the
+            // two differ there (`phase_budget` saturates to 0).
             prop_assume!(until.is_none_or(|d| d.at_ns > now));
-            let budget = match until {
-                Some(d) if Duration::from_nanos(d.at_ns - now) < own => {
-                    Duration::from_nanos(d.at_ns - now)
-                }
-                _ => own,
-            };
+            let (budget, clamped) = phase_budget_at(own, until, || now);
             let at = phase_deadline(now, own, until);
             prop_assert_eq!(u128::from(at), u128::from(now) + budget.as_nanos());
+            // The deadline is returned (its error stands for the phase's) exactly when it
+            // cut the phase's own budget.
+            prop_assert_eq!(clamped, until.filter(|_| budget < own));
         }
     }
 }
