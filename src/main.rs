@@ -223,22 +223,13 @@ fn log_filter() -> Result<tracing_subscriber::EnvFilter, String> {
     tracing_subscriber::EnvFilter::try_new(&spec).map_err(|e| format!("TIDEGATE_LOG: {e}"))
 }
 
-/// A variable's value trimmed and lower-cased (`EPOLL`, ` epoll ` read as `epoll`), as the
-/// resilience variables and `TIDEGATE_LOG`'s levels are read; unset is empty.
-fn choice_variable(name: &str) -> String {
-    std::env::var(name)
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
-}
-
 fn driver_choice() -> Result<DriverChoice, String> {
-    DriverChoice::parse(&choice_variable("TIDEGATE_DRIVER"))
+    DriverChoice::parse(&std::env::var("TIDEGATE_DRIVER").unwrap_or_default())
         .ok_or_else(|| "TIDEGATE_DRIVER: expected auto, io_uring or epoll".to_owned())
 }
 
 fn uring_setup() -> Result<UringSetup, String> {
-    UringSetup::parse(&choice_variable("TIDEGATE_URING_SETUP"))
+    UringSetup::parse(&std::env::var("TIDEGATE_URING_SETUP").unwrap_or_default())
         .ok_or_else(|| "TIDEGATE_URING_SETUP: expected coop, defer or plain".to_owned())
 }
 

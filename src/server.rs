@@ -83,8 +83,10 @@ pub enum DriverChoice {
 }
 
 impl DriverChoice {
+    /// The driver named by `TIDEGATE_DRIVER` (`auto`, `io_uring`, `epoll`, in any case and
+    /// with surrounding blanks; unset or empty: auto); `None` for any other value.
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
+        match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Some(DriverChoice::Auto),
             "io_uring" | "iouring" | "uring" => Some(DriverChoice::IoUring),
             "epoll" | "legacy" => Some(DriverChoice::Epoll),
@@ -744,10 +746,11 @@ pub enum UringSetup {
 }
 
 impl UringSetup {
-    /// The setup named by `TIDEGATE_URING_SETUP` (`plain`, `coop`, `defer`; unset or
-    /// empty: the default, [`UringSetup::Coop`]); `None` for any other value.
+    /// The setup named by `TIDEGATE_URING_SETUP` (`plain`, `coop`, `defer`, in any case and
+    /// with surrounding blanks; unset or empty: the default, [`UringSetup::Coop`]); `None`
+    /// for any other value.
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
+        match s.trim().to_ascii_lowercase().as_str() {
             "" | "coop" => Some(UringSetup::Coop),
             "plain" => Some(UringSetup::Plain),
             "defer" => Some(UringSetup::Defer),
@@ -1017,6 +1020,31 @@ mod tests {
                 before <= status && status <= after,
                 "{before} {status} {after}"
             );
+        }
+    }
+
+    /// The driver variables are read trimmed and in any case by their own parsers, so every
+    /// caller (`serve`, `check`) reads them alike; anything else is refused.
+    #[test]
+    fn driver_and_setup_names_are_read_trimmed_and_in_any_case() {
+        use super::DriverChoice;
+        for (s, want) in [
+            ("", Some(DriverChoice::Auto)),
+            (" AUTO ", Some(DriverChoice::Auto)),
+            ("Io_Uring", Some(DriverChoice::IoUring)),
+            ("\tepoll\n", Some(DriverChoice::Epoll)),
+            ("e poll", None),
+            ("kqueue", None),
+        ] {
+            assert_eq!(DriverChoice::parse(s), want, "{s:?}");
+        }
+        for (s, want) in [
+            ("  ", Some(UringSetup::Coop)),
+            ("Defer", Some(UringSetup::Defer)),
+            (" plain\t", Some(UringSetup::Plain)),
+            ("sqpoll", None),
+        ] {
+            assert_eq!(UringSetup::parse(s), want, "{s:?}");
         }
     }
 
