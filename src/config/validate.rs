@@ -1400,16 +1400,16 @@ impl Loader<'_> {
             out[i].settings = settings;
         }
         // A reference's weight shapes the shares of the referred targets; only the
-        // quota-share ordering reads shares. Said once per reference that no quota-share
-        // combo reaches (through its own targets or by nesting this one).
-        let shared = reached_by_quota_share(&out, &steps);
+        // quota-share and weighted orderings read shares. Said once per reference that no
+        // such combo reaches (through its own targets or by nesting this one).
+        let shared = reached_by_weight_readers(&out, &steps);
         for (i, key) in ref_weights {
             if !shared.contains(&i) {
                 self.warn(
                     &key,
                     format_args!(
-                        "has no effect: combo {:?} runs its targets in the order written and \
-                         no quota-share combo nests it (only quota-share reads weights)",
+                        "has no effect: combo {:?} does not read weights and no quota-share \
+                         or weighted combo nests it (only those read weights)",
                         out[i].name
                     ),
                 );
@@ -1632,12 +1632,17 @@ fn flatten(
     Ok((scaled, depth))
 }
 
-/// The combos whose targets' weights some quota-share combo reads: every quota-share
+/// The combos whose targets' weights some quota-share or weighted combo reads: every such
 /// combo and every combo it nests, at any depth.
-fn reached_by_quota_share(combos: &[Combo], steps: &[Vec<Step>]) -> Vec<usize> {
+fn reached_by_weight_readers(combos: &[Combo], steps: &[Vec<Step>]) -> Vec<usize> {
     let mut reached: Vec<usize> = Vec::new();
     let mut todo: Vec<usize> = (0..combos.len())
-        .filter(|&i| combos[i].strategy == ComboStrategy::QuotaShare)
+        .filter(|&i| {
+            matches!(
+                combos[i].strategy,
+                ComboStrategy::QuotaShare | ComboStrategy::Weighted
+            )
+        })
         .collect();
     while let Some(i) = todo.pop() {
         if reached.contains(&i) {
@@ -1743,21 +1748,22 @@ fn parse_strategy(s: &str) -> Result<ComboStrategy, String> {
 }
 
 /// What a strategy whose own ordering is not built yet lacks (`None`: it is built).
-/// `priority` is the written order; `quota-share` orders every dispatch; `round-robin`
-/// takes its per-model semaphore but not yet its rotation.
+/// `priority` is the written order; `quota-share` orders every dispatch at its home; the
+/// others are ordered per shard (`routing::strategy`).
 fn strategy_order_not_built(s: ComboStrategy) -> Option<&'static str> {
     match s {
-        ComboStrategy::Priority | ComboStrategy::QuotaShare => None,
-        ComboStrategy::RoundRobin => {
-            Some("takes its per-model semaphore, but its rotation is not built yet")
-        }
-        ComboStrategy::Weighted
+        ComboStrategy::Priority
+        | ComboStrategy::QuotaShare
+        | ComboStrategy::RoundRobin
+        | ComboStrategy::Weighted
+        | ComboStrategy::Fill
         | ComboStrategy::Random
-        | ComboStrategy::LeastUsed
-        | ComboStrategy::CostOptimized
         | ComboStrategy::StrictRandom
-        | ComboStrategy::Auto
-        | ComboStrategy::Fill => Some("is accepted, but its ordering is not built yet"),
+        | ComboStrategy::LeastUsed => None,
+        ComboStrategy::CostOptimized => {
+            Some("is accepted, but its ordering is not built yet (Tidegate has no pricing table)")
+        }
+        ComboStrategy::Auto => Some("is accepted, but its ordering is not built yet"),
     }
 }
 
@@ -2062,11 +2068,9 @@ mod tests {
             ),
             (ProviderId(1), "echo", 2)
         );
-        // The warnings: round-robin's rotation is not built, and the combo ends on the mock
-        // while OpenAI serves.
-        assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
-        assert!(out.warnings[0].starts_with("combos[0].strategy: \"round-robin\""));
-        assert!(out.warnings[1].starts_with("combos[0].targets: combo \"fast\" falls back"));
+        // The warning: the combo ends on the mock while OpenAI serves.
+        assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+        assert!(out.warnings[0].starts_with("combos[0].targets: combo \"fast\" falls back"));
     }
 
     #[test]
@@ -2081,8 +2085,6 @@ mod tests {
                 "connections[0].api_key_env: OPENAI_API_KEY is not set; connection \"openai-a\" \
                  is disabled"
                     .to_string(),
-                "combos[0].strategy: \"round-robin\" takes its per-model semaphore, but its rotation \
-                 is not built yet: combo \"fast\" runs its targets in the order written".to_string(),
             ]
         );
         let out = load_env(BASE, &[("OPENAI_API_KEY", "  ")]).unwrap();
@@ -2448,8 +2450,6 @@ mod tests {
         assert_eq!(
             out.warnings,
             vec![
-                "combos[0].strategy: \"round-robin\" takes its per-model semaphore, but its rotation \
-                 is not built yet: combo \"fast\" runs its targets in the order written",
                 "combos[1].name: combo \"gpt-4.1\" shadows the model of the same name in \
                  provider \"openai\"",
                 "combos[0].targets: combo \"fast\" falls back to the mock provider \"mock\" \
@@ -2747,32 +2747,31 @@ mod exposure_tests {
                 .filter(|l| l.starts_with("combos[0].strategy"))
                 .collect()
         };
-        for built in ["priority", "quota-share"] {
+        for built in [
+            "priority",
+            "quota-share",
+            "round-robin",
+            "weighted",
+            "fill-first",
+            "random",
+            "strict-random",
+            "least-used",
+        ] {
             assert_eq!(about(warns(&combo(built), &[])), Vec::<String>::new());
         }
         assert_eq!(
-            about(warns(&combo("weighted"), &[])),
+            about(warns(&combo("auto"), &[])),
             vec![
-                "combos[0].strategy: \"weighted\" is accepted, but its ordering is not built \
+                "combos[0].strategy: \"auto\" is accepted, but its ordering is not built \
                  yet: combo \"c\" runs its targets in the order written"
             ]
         );
-        let w = about(warns(&combo("round-robin"), &[]));
+        let w = about(warns(&combo("cost-optimized"), &[]));
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            w[0].contains("semaphore") && w[0].contains("order written"),
+            w[0].contains("pricing table") && w[0].contains("order written"),
             "{w:?}"
         );
-        for name in [
-            "random",
-            "least-used",
-            "cost-optimized",
-            "strict-random",
-            "auto",
-            "fill-first",
-        ] {
-            assert_eq!(about(warns(&combo(name), &[])).len(), 1, "{name}");
-        }
     }
 
     #[test]
