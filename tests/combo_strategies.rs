@@ -110,32 +110,34 @@ fn a_sticky_round_robin_limit_keeps_the_start_for_that_many_requests() {
 }
 
 #[test]
-fn round_robin_fails_over_and_then_rotates_over_the_targets_left() {
+fn round_robin_fails_over_and_then_rotates_past_the_target_whose_breaker_is_open() {
     let m = ok_mocks(3);
     let bad = MockUpstream::start();
     bad.on_always(CHAT, Reply::error(500, "boom"));
-    // The provider breaker opens at the first failure and stays open for the test.
-    let gw = Gateway::start(&config(
+    // c1 takes no cooldown and no model lock (`disable_cooling`): only its provider's
+    // breaker, open at the first failure for the rest of the test, holds it back.
+    let cfg = config(
         &[&m[0], &bad, &m[2]],
         "round-robin",
         ABC,
         "",
         "[resilience.provider_breaker.apikey]\nfailure_threshold = 1\nreset_timeout_ms = 600000\n",
-    ));
-    // c1 is the second start: it fails 500 and the next target serves.
-    let first = ask(gw.addr(), "mix");
-    assert_eq!(
-        first.header("x-omniroute-selected-connection-id"),
-        Some("c0")
+    )
+    .replace(
+        "id = \"c1\"\nprovider = \"p1\"\n",
+        "id = \"c1\"\nprovider = \"p1\"\ndisable_cooling = true\n",
     );
+    assert!(cfg.contains("disable_cooling"));
+    let gw = Gateway::start(&cfg);
+    let first = ask(gw.addr(), "mix");
+    assert_eq!(first.header("x-omniroute-selected-connection-id"), Some("c0"));
+    // c1 is the second start: it fails 500 and the next target serves.
     let second = ask(gw.addr(), "mix");
     assert_eq!(second.status, 200, "{}", second.text());
-    assert_eq!(
-        second.header("x-omniroute-selected-connection-id"),
-        Some("c2")
-    );
+    assert_eq!(second.header("x-omniroute-selected-connection-id"), Some("c2"));
     assert_eq!(second.header("x-tidegate-attempts"), Some("2"));
-    // From then on p1 is ruled out: the rotation runs over c0 and c2 (counter 2, 3, … mod 2).
+    // From then on p1's breaker is open: the rotation runs over c0 and c2 (counter 2, 3, …
+    // mod 2), and p1 is never tried again.
     assert_eq!(serve_n(gw.addr(), "mix", 4), ["c0", "c2", "c0", "c2"]);
     assert_eq!(bad.requests_to(CHAT).len(), 1);
 }
