@@ -130,11 +130,17 @@ fn round_robin_fails_over_and_then_rotates_past_the_target_whose_breaker_is_open
     assert!(cfg.contains("disable_cooling"));
     let gw = Gateway::start(&cfg);
     let first = ask(gw.addr(), "mix");
-    assert_eq!(first.header("x-omniroute-selected-connection-id"), Some("c0"));
+    assert_eq!(
+        first.header("x-omniroute-selected-connection-id"),
+        Some("c0")
+    );
     // c1 is the second start: it fails 500 and the next target serves.
     let second = ask(gw.addr(), "mix");
     assert_eq!(second.status, 200, "{}", second.text());
-    assert_eq!(second.header("x-omniroute-selected-connection-id"), Some("c2"));
+    assert_eq!(
+        second.header("x-omniroute-selected-connection-id"),
+        Some("c2")
+    );
     assert_eq!(second.header("x-tidegate-attempts"), Some("2"));
     // From then on p1's breaker is open: the rotation runs over c0 and c2 (counter 2, 3, …
     // mod 2), and p1 is never tried again.
@@ -285,4 +291,30 @@ fn a_reload_that_changes_the_targets_restarts_the_rotation() {
         (gw.logs().matches("configuration reloaded").count() > before).then_some(())
     });
     assert_eq!(serve_n(gw.addr(), "mix", 3), ["c2", "c0", "c2"]);
+}
+
+#[test]
+fn check_warns_about_a_sticky_limit_the_combo_does_not_read_and_not_about_built_strategies() {
+    let m = ok_mocks(2);
+    let (code, _, stderr) = run_check(&config(
+        &[&m[0], &m[1]],
+        "fill-first",
+        r#""p0/m", "p1/m""#,
+        "sticky_weighted_limit = 3",
+        "",
+    ));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "combos[0].config.sticky_weighted_limit: has no effect: combo \"mix\" is not weighted"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("strategy"), "{stderr}");
+    let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "auto", r#""p0/m""#, "", ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("combos[0].strategy: \"auto\" is accepted, but its ordering is not built"),
+        "{stderr}"
+    );
 }

@@ -1291,6 +1291,33 @@ impl Loader<'_> {
                     }
                 },
             };
+            // A sticky limit the combo's own strategy does not read (one in
+            // `[combo_defaults]` or a provider override is for the combos that do).
+            let sticky = [
+                (
+                    c.config.sticky_round_robin_limit,
+                    "sticky_round_robin_limit",
+                    ComboStrategy::RoundRobin,
+                    "round-robin",
+                ),
+                (
+                    c.config.sticky_weighted_limit,
+                    "sticky_weighted_limit",
+                    ComboStrategy::Weighted,
+                    "weighted",
+                ),
+            ];
+            for (value, field, reader, reader_name) in sticky {
+                if value.is_some() && strategy != reader {
+                    self.warn(
+                        &format!("{key}.config.{field}"),
+                        format_args!(
+                            "has no effect: combo {name:?} is not {reader_name} (only a \
+                             {reader_name} combo reads it)"
+                        ),
+                    );
+                }
+            }
             let mut own = Vec::new();
             match &c.targets {
                 None => self.problem(
@@ -2772,6 +2799,37 @@ mod exposure_tests {
             w[0].contains("pricing table") && w[0].contains("order written"),
             "{w:?}"
         );
+    }
+
+    #[test]
+    fn a_sticky_limit_on_a_combo_that_does_not_read_it_warns() {
+        let combo = |strategy: &str, keys: &str| {
+            format!(
+                "{MOCK}[[combos]]\nname = \"c\"\nstrategy = \"{strategy}\"\n\
+                 targets = [\"m/a\", \"m/b\"]\n\n[combos.config]\n{keys}\n"
+            )
+        };
+        let about = |w: Vec<String>| -> Vec<String> {
+            w.into_iter()
+                .filter(|l| l.starts_with("combos[0].config"))
+                .collect()
+        };
+        let both = "sticky_round_robin_limit = 2\nsticky_weighted_limit = 3";
+        assert_eq!(
+            about(warns(&combo("priority", both), &[])),
+            vec![
+                "combos[0].config.sticky_round_robin_limit: has no effect: combo \"c\" is not \
+                 round-robin (only a round-robin combo reads it)",
+                "combos[0].config.sticky_weighted_limit: has no effect: combo \"c\" is not \
+                 weighted (only a weighted combo reads it)",
+            ]
+        );
+        let rr = about(warns(&combo("round-robin", both), &[]));
+        assert_eq!(rr.len(), 1, "{rr:?}");
+        assert!(rr[0].contains("sticky_weighted_limit"), "{rr:?}");
+        let w = about(warns(&combo("weighted", both), &[]));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("sticky_round_robin_limit"), "{w:?}");
     }
 
     #[test]
