@@ -983,11 +983,14 @@ fn upstream_errors(addr: std::net::SocketAddr) -> u64 {
 
 // -- round-robin semaphore (B §2.2) and ALL_TARGETS_SKIPPED (B §3.4) -------------------
 
-/// `duo` plus the round-robin combo `rr` (p/a then q/x) with the given semaphore keys.
+/// `duo` plus the round-robin combo `rr` (p/a then q/x) with the given semaphore keys. Its
+/// rotation is held at the first target (a sticky limit no test reaches), so on either shard
+/// every request starts at p/a: these tests are about the semaphore, and the rotation's own
+/// tests are in `tests/combo_strategies.rs`.
 fn round_robin(p: &MockUpstream, q: &MockUpstream, targets: &str, keys: &str) -> Gateway {
     let extra = format!(
         "[[combos]]\nname = \"rr\"\nstrategy = \"round-robin\"\ntargets = {targets}\n\n\
-         [combos.config]\n{keys}\n"
+         [combos.config]\nsticky_round_robin_limit = 10000\n{keys}\n"
     );
     started(p, q, "", &extra)
 }

@@ -38,6 +38,10 @@ pub struct ComboSettings {
     pub concurrency_per_model: u32,
     pub queue_timeout_ms: u64,
     pub queue_depth: u32,
+    /// `round-robin`: requests in a row that start at the same target.
+    pub sticky_round_robin_limit: u32,
+    /// `weighted`: requests in a row that reuse the drawn target.
+    pub sticky_weighted_limit: u32,
 }
 
 impl Default for ComboSettings {
@@ -57,6 +61,8 @@ impl Default for ComboSettings {
             concurrency_per_model: 3,
             queue_timeout_ms: 30_000,
             queue_depth: 20,
+            sticky_round_robin_limit: 1,
+            sticky_weighted_limit: 1,
         }
     }
 }
@@ -78,6 +84,8 @@ pub struct ComboLayer {
     concurrency_per_model: Option<u32>,
     queue_timeout_ms: Option<u64>,
     queue_depth: Option<u32>,
+    sticky_round_robin_limit: Option<u32>,
+    sticky_weighted_limit: Option<u32>,
 }
 
 /// The bounds of each numeric key: (name, min, max).
@@ -94,6 +102,8 @@ pub const BOUNDS: &[(&str, u64, u64)] = &[
     ("concurrency_per_model", 1, 32),
     ("queue_timeout_ms", 0, 10 * MINUTE_MS),
     ("queue_depth", 0, 100),
+    ("sticky_round_robin_limit", 1, 10_000),
+    ("sticky_weighted_limit", 1, 10_000),
 ];
 
 fn bounds(name: &str) -> (u64, u64) {
@@ -138,6 +148,14 @@ impl ComboLayer {
             )),
             queue_timeout_ms: num("queue_timeout_ms", raw.queue_timeout_ms),
             queue_depth: narrow(num("queue_depth", raw.queue_depth.map(u64::from))),
+            sticky_round_robin_limit: narrow(num(
+                "sticky_round_robin_limit",
+                raw.sticky_round_robin_limit.map(u64::from),
+            )),
+            sticky_weighted_limit: narrow(num(
+                "sticky_weighted_limit",
+                raw.sticky_weighted_limit.map(u64::from),
+            )),
         }
     }
 }
@@ -167,7 +185,9 @@ pub fn cascade(layers: &[&ComboLayer], wait_budget_ms: Option<u64>) -> ComboSett
             max_combo_depth,
             concurrency_per_model,
             queue_timeout_ms,
-            queue_depth
+            queue_depth,
+            sticky_round_robin_limit,
+            sticky_weighted_limit
         );
         explicit_target_timeout |= l.target_timeout_ms.is_some();
     }
@@ -254,5 +274,29 @@ mod tests {
         );
         assert_eq!(l.max_retries, None);
         assert_eq!(l.queue_depth, Some(100));
+    }
+
+    #[test]
+    fn the_sticky_limits_default_to_one_and_zero_is_refused() {
+        let s = cascade(&[], None);
+        assert_eq!(
+            (s.sticky_round_robin_limit, s.sticky_weighted_limit),
+            (1, 1)
+        );
+        let mut problems = Vec::new();
+        let l = ComboLayer::check(
+            "combos[0].config",
+            &raw(|r| {
+                r.sticky_round_robin_limit = Some(0);
+                r.sticky_weighted_limit = Some(5);
+            }),
+            &mut problems,
+        );
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            ["combos[0].config.sticky_round_robin_limit: 0 is out of range (1..=10000)"]
+        );
+        assert_eq!(cascade(&[&l], None).sticky_weighted_limit, 5);
     }
 }

@@ -157,6 +157,8 @@ pub struct RawComboConfig {
     pub concurrency_per_model: Option<u32>,
     pub queue_timeout_ms: Option<u64>,
     pub queue_depth: Option<u32>,
+    pub sticky_round_robin_limit: Option<u32>,
+    pub sticky_weighted_limit: Option<u32>,
 }
 
 /// `"provider/model"`, `{ model = "provider/model", weight = n }` or a nested combo

@@ -1291,6 +1291,33 @@ impl Loader<'_> {
                     }
                 },
             };
+            // A sticky limit the combo's own strategy does not read (one in
+            // `[combo_defaults]` or a provider override is for the combos that do).
+            let sticky = [
+                (
+                    c.config.sticky_round_robin_limit,
+                    "sticky_round_robin_limit",
+                    ComboStrategy::RoundRobin,
+                    "round-robin",
+                ),
+                (
+                    c.config.sticky_weighted_limit,
+                    "sticky_weighted_limit",
+                    ComboStrategy::Weighted,
+                    "weighted",
+                ),
+            ];
+            for (value, field, reader, reader_name) in sticky {
+                if value.is_some() && strategy != reader {
+                    self.warn(
+                        &format!("{key}.config.{field}"),
+                        format_args!(
+                            "has no effect: combo {name:?} is not {reader_name} (only a \
+                             {reader_name} combo reads it)"
+                        ),
+                    );
+                }
+            }
             let mut own = Vec::new();
             match &c.targets {
                 None => self.problem(
@@ -1400,16 +1427,16 @@ impl Loader<'_> {
             out[i].settings = settings;
         }
         // A reference's weight shapes the shares of the referred targets; only the
-        // quota-share ordering reads shares. Said once per reference that no quota-share
-        // combo reaches (through its own targets or by nesting this one).
-        let shared = reached_by_quota_share(&out, &steps);
+        // quota-share and weighted orderings read shares. Said once per reference that no
+        // such combo reaches (through its own targets or by nesting this one).
+        let shared = reached_by_weight_readers(&out, &steps);
         for (i, key) in ref_weights {
             if !shared.contains(&i) {
                 self.warn(
                     &key,
                     format_args!(
-                        "has no effect: combo {:?} runs its targets in the order written and \
-                         no quota-share combo nests it (only quota-share reads weights)",
+                        "has no effect: combo {:?} does not read weights and no quota-share \
+                         or weighted combo nests it (only those read weights)",
                         out[i].name
                     ),
                 );
@@ -1632,12 +1659,17 @@ fn flatten(
     Ok((scaled, depth))
 }
 
-/// The combos whose targets' weights some quota-share combo reads: every quota-share
+/// The combos whose targets' weights some quota-share or weighted combo reads: every such
 /// combo and every combo it nests, at any depth.
-fn reached_by_quota_share(combos: &[Combo], steps: &[Vec<Step>]) -> Vec<usize> {
+fn reached_by_weight_readers(combos: &[Combo], steps: &[Vec<Step>]) -> Vec<usize> {
     let mut reached: Vec<usize> = Vec::new();
     let mut todo: Vec<usize> = (0..combos.len())
-        .filter(|&i| combos[i].strategy == ComboStrategy::QuotaShare)
+        .filter(|&i| {
+            matches!(
+                combos[i].strategy,
+                ComboStrategy::QuotaShare | ComboStrategy::Weighted
+            )
+        })
         .collect();
     while let Some(i) = todo.pop() {
         if reached.contains(&i) {
@@ -1743,21 +1775,22 @@ fn parse_strategy(s: &str) -> Result<ComboStrategy, String> {
 }
 
 /// What a strategy whose own ordering is not built yet lacks (`None`: it is built).
-/// `priority` is the written order; `quota-share` orders every dispatch; `round-robin`
-/// takes its per-model semaphore but not yet its rotation.
+/// `priority` is the written order; `quota-share` orders every dispatch at its home; the
+/// others are ordered per shard (`routing::strategy`).
 fn strategy_order_not_built(s: ComboStrategy) -> Option<&'static str> {
     match s {
-        ComboStrategy::Priority | ComboStrategy::QuotaShare => None,
-        ComboStrategy::RoundRobin => {
-            Some("takes its per-model semaphore, but its rotation is not built yet")
-        }
-        ComboStrategy::Weighted
+        ComboStrategy::Priority
+        | ComboStrategy::QuotaShare
+        | ComboStrategy::RoundRobin
+        | ComboStrategy::Weighted
+        | ComboStrategy::Fill
         | ComboStrategy::Random
-        | ComboStrategy::LeastUsed
-        | ComboStrategy::CostOptimized
         | ComboStrategy::StrictRandom
-        | ComboStrategy::Auto
-        | ComboStrategy::Fill => Some("is accepted, but its ordering is not built yet"),
+        | ComboStrategy::LeastUsed => None,
+        ComboStrategy::CostOptimized => {
+            Some("is accepted, but its ordering is not built yet (Tidegate has no pricing table)")
+        }
+        ComboStrategy::Auto => Some("is accepted, but its ordering is not built yet"),
     }
 }
 
@@ -2062,11 +2095,9 @@ mod tests {
             ),
             (ProviderId(1), "echo", 2)
         );
-        // The warnings: round-robin's rotation is not built, and the combo ends on the mock
-        // while OpenAI serves.
-        assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
-        assert!(out.warnings[0].starts_with("combos[0].strategy: \"round-robin\""));
-        assert!(out.warnings[1].starts_with("combos[0].targets: combo \"fast\" falls back"));
+        // The warning: the combo ends on the mock while OpenAI serves.
+        assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+        assert!(out.warnings[0].starts_with("combos[0].targets: combo \"fast\" falls back"));
     }
 
     #[test]
@@ -2081,8 +2112,6 @@ mod tests {
                 "connections[0].api_key_env: OPENAI_API_KEY is not set; connection \"openai-a\" \
                  is disabled"
                     .to_string(),
-                "combos[0].strategy: \"round-robin\" takes its per-model semaphore, but its rotation \
-                 is not built yet: combo \"fast\" runs its targets in the order written".to_string(),
             ]
         );
         let out = load_env(BASE, &[("OPENAI_API_KEY", "  ")]).unwrap();
@@ -2448,8 +2477,6 @@ mod tests {
         assert_eq!(
             out.warnings,
             vec![
-                "combos[0].strategy: \"round-robin\" takes its per-model semaphore, but its rotation \
-                 is not built yet: combo \"fast\" runs its targets in the order written",
                 "combos[1].name: combo \"gpt-4.1\" shadows the model of the same name in \
                  provider \"openai\"",
                 "combos[0].targets: combo \"fast\" falls back to the mock provider \"mock\" \
@@ -2747,32 +2774,62 @@ mod exposure_tests {
                 .filter(|l| l.starts_with("combos[0].strategy"))
                 .collect()
         };
-        for built in ["priority", "quota-share"] {
+        for built in [
+            "priority",
+            "quota-share",
+            "round-robin",
+            "weighted",
+            "fill-first",
+            "random",
+            "strict-random",
+            "least-used",
+        ] {
             assert_eq!(about(warns(&combo(built), &[])), Vec::<String>::new());
         }
         assert_eq!(
-            about(warns(&combo("weighted"), &[])),
+            about(warns(&combo("auto"), &[])),
             vec![
-                "combos[0].strategy: \"weighted\" is accepted, but its ordering is not built \
+                "combos[0].strategy: \"auto\" is accepted, but its ordering is not built \
                  yet: combo \"c\" runs its targets in the order written"
             ]
         );
-        let w = about(warns(&combo("round-robin"), &[]));
+        let w = about(warns(&combo("cost-optimized"), &[]));
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            w[0].contains("semaphore") && w[0].contains("order written"),
+            w[0].contains("pricing table") && w[0].contains("order written"),
             "{w:?}"
         );
-        for name in [
-            "random",
-            "least-used",
-            "cost-optimized",
-            "strict-random",
-            "auto",
-            "fill-first",
-        ] {
-            assert_eq!(about(warns(&combo(name), &[])).len(), 1, "{name}");
-        }
+    }
+
+    #[test]
+    fn a_sticky_limit_on_a_combo_that_does_not_read_it_warns() {
+        let combo = |strategy: &str, keys: &str| {
+            format!(
+                "{MOCK}[[combos]]\nname = \"c\"\nstrategy = \"{strategy}\"\n\
+                 targets = [\"m/a\", \"m/b\"]\n\n[combos.config]\n{keys}\n"
+            )
+        };
+        let about = |w: Vec<String>| -> Vec<String> {
+            w.into_iter()
+                .filter(|l| l.starts_with("combos[0].config"))
+                .collect()
+        };
+        let both = "sticky_round_robin_limit = 2\nsticky_weighted_limit = 3";
+        assert_eq!(
+            about(warns(&combo("priority", both), &[])),
+            vec![
+                "combos[0].config.sticky_round_robin_limit: has no effect: combo \"c\" is not \
+                 round-robin (only a round-robin combo reads it)",
+                "combos[0].config.sticky_weighted_limit: has no effect: combo \"c\" is not \
+                 weighted (only a weighted combo reads it)",
+            ]
+        );
+        let rr = about(warns(&combo("round-robin", both), &[]));
+        assert_eq!(rr.len(), 1, "{rr:?}");
+        assert!(rr[0].contains("sticky_weighted_limit"), "{rr:?}");
+        let w = about(warns(&combo("weighted", both), &[]));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("sticky_round_robin_limit"), "{w:?}");
     }
 
     #[test]

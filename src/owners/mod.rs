@@ -301,10 +301,13 @@ mechanisms! {
     Counter => counter::Counter,
 }
 
-/// A shard's application state: the owner tables and the view replicas.
+/// A shard's application state: the owner tables, the view replicas, and the combo
+/// strategies' state (this shard's own: rotations, draws, decks and usage counts are not
+/// shared between shards).
 pub struct State {
     pub views: RefCell<Views>,
     pub owners: Owners,
+    pub strategies: RefCell<crate::routing::strategy::Strategies>,
 }
 
 impl App for Tidegate {
@@ -324,6 +327,7 @@ impl App for Tidegate {
         State {
             views: RefCell::new(Views::default()),
             owners: Owners::new(config),
+            strategies: RefCell::default(),
         }
     }
 

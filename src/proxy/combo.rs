@@ -118,7 +118,8 @@ struct Runner<'a, 'r> {
 
 /// Serves a request whose plan names a combo (`plan.combo`): a quota-share combo's
 /// candidates are ordered by its home first (the ticket counts the pick in flight until
-/// the request ends), then the combo runs by its settings.
+/// the request ends), another strategy's by this shard's strategy state
+/// (`proxy::strategy`); then the combo runs by its settings.
 pub(super) async fn serve(
     shard: &Req<'_>,
     head: &RequestHead,
@@ -130,7 +131,10 @@ pub(super) async fn serve(
 ) -> After {
     let _in_flight = match plan.quota_share {
         Some(qs) => order_available(shard, qs, &mut plan.candidates).await,
-        None => None,
+        None => {
+            super::strategy::order(shard, combo, &mut plan.candidates);
+            None
+        }
     };
     let (body, notes) = super::relay::prepare(shard, endpoint, plan, body).await;
     let plan: &Plan = plan;
@@ -507,6 +511,7 @@ impl Runner<'_, '_> {
             };
             self.walk.open_budget = Some(self.open_budget());
             self.walk.note = None;
+            super::strategy::attempted(self.shard, self.combo, target);
             let combo = self.combo_attempt(k);
             let end = attempt(
                 self.shard,
@@ -670,6 +675,7 @@ impl Runner<'_, '_> {
         let (ta, ca) = &req.plan.candidates[ka];
         let (tb, cb) = &req.plan.candidates[kb];
         let (combo_a, combo_b) = (self.combo_attempt(ka), self.combo_attempt(kb));
+        let combo = self.combo;
         let delay = Duration::from_millis(self.s.hedge_delay_ms);
         let mut wa = Walk {
             open_budget: Some(self.open_budget()),
@@ -683,6 +689,7 @@ impl Runner<'_, '_> {
             let race = std::pin::pin!(async {
                 // Each attempt on the heap: two of them inline would double every combo
                 // request's future (`relay::attempt` boxes its one too).
+                super::strategy::attempted(shard, combo, ta);
                 let mut a = Box::pin(open(shard, req, ta, *ca, Some(combo_a), &mut wa, None));
                 monoio::select! {
                     r = &mut a => return Race::Alone(r),
@@ -691,6 +698,7 @@ impl Runner<'_, '_> {
                 tracing::debug!(
                     "hedging: no answer after hedge_delay_ms, starting the next target"
                 );
+                super::strategy::attempted(shard, combo, tb);
                 let mut b = Box::pin(open(shard, req, tb, *cb, Some(combo_b), &mut wb, None));
                 monoio::select! {
                     r = &mut a => {

@@ -15,6 +15,7 @@ pub mod peek;
 pub mod relay;
 pub mod respond;
 pub mod select;
+pub mod strategy;
 pub mod stream;
 pub mod translate;
 pub mod upstream;

@@ -5,3 +5,4 @@ pub mod affinity;
 pub mod model_name;
 pub mod resolve;
 pub mod session;
+pub mod strategy;

@@ -1,0 +1,320 @@
+//! Combo ordering strategies (spec B §3.2) through the real binary: round-robin (with its
+//! sticky limit, skipping a target the views rule out), weighted (the draw's shares and its
+//! sticky limit), fill-first, random, strict-random (one deck), least-used; failover still
+//! works under each; a reload that changes a combo's targets restarts its rotation. One
+//! shard (`workers = 1`) so each strategy's per-shard state is the only one.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod support;
+
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn ask(addr: std::net::SocketAddr, model: &str) -> Response {
+    let mut c = Client::connect(addr);
+    c.set_timeout(secs(30));
+    let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    c.request("POST", CHAT, &[], body.as_bytes())
+}
+
+/// The connection that served `model` (the request must be served).
+fn served(addr: std::net::SocketAddr, model: &str) -> String {
+    let r = ask(addr, model);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-omniroute-selected-connection-id")
+        .expect("the serving connection")
+        .to_owned()
+}
+
+fn serve_n(addr: std::net::SocketAddr, model: &str, n: usize) -> Vec<String> {
+    (0..n).map(|_| served(addr, model)).collect()
+}
+
+/// Mock upstreams answering 200 on every chat request.
+fn ok_mocks(n: usize) -> Vec<MockUpstream> {
+    (0..n)
+        .map(|_| {
+            let m = MockUpstream::start();
+            m.on_always(CHAT, Reply::openai_chat("ok"));
+            m
+        })
+        .collect()
+}
+
+/// One shard; provider `pN` (model `m`) on `mocks[N]` with connection `cN`; the combo
+/// `mix` of `strategy` over `targets` (TOML array items) with `combo_config`; `extra`
+/// appended.
+fn config(
+    mocks: &[&MockUpstream],
+    strategy: &str,
+    targets: &str,
+    combo_config: &str,
+    extra: &str,
+) -> String {
+    let mut s = String::from("[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n");
+    for (i, m) in mocks.iter().enumerate() {
+        s += &provider(&format!("p{i}"), &m.base_url(), &["m"]);
+        s += &connection(&format!("c{i}"), &format!("p{i}"));
+    }
+    s += &format!(
+        "[[combos]]\nname = \"mix\"\nstrategy = \"{strategy}\"\ntargets = [{targets}]\n\n\
+         [combos.config]\n{combo_config}\n\n{extra}\n"
+    );
+    s
+}
+
+fn start(mocks: &[&MockUpstream], strategy: &str, targets: &str, combo_config: &str) -> Gateway {
+    let gw = Gateway::start(&config(mocks, strategy, targets, combo_config, ""));
+    assert_eq!(gw.shards(), 1);
+    gw
+}
+
+const ABC: &str = r#""p0/m", "p1/m", "p2/m""#;
+
+fn count(v: &[String], c: &str) -> usize {
+    v.iter().filter(|s| *s == c).count()
+}
+
+#[test]
+fn round_robin_starts_each_request_at_the_next_target() {
+    let m = ok_mocks(3);
+    let gw = start(&[&m[0], &m[1], &m[2]], "round-robin", ABC, "");
+    assert_eq!(
+        serve_n(gw.addr(), "mix", 7),
+        ["c0", "c1", "c2", "c0", "c1", "c2", "c0"]
+    );
+    // The strategy is built: no load-time warning about its order.
+    assert!(!gw.logs().contains("not built"), "{}", gw.logs());
+}
+
+#[test]
+fn a_sticky_round_robin_limit_keeps_the_start_for_that_many_requests() {
+    let m = ok_mocks(3);
+    let gw = start(
+        &[&m[0], &m[1], &m[2]],
+        "round-robin",
+        ABC,
+        "sticky_round_robin_limit = 2",
+    );
+    assert_eq!(
+        serve_n(gw.addr(), "mix", 7),
+        ["c0", "c0", "c1", "c1", "c2", "c2", "c0"]
+    );
+}
+
+#[test]
+fn round_robin_fails_over_and_then_rotates_past_the_target_whose_breaker_is_open() {
+    let m = ok_mocks(3);
+    let bad = MockUpstream::start();
+    bad.on_always(CHAT, Reply::error(500, "boom"));
+    // c1 takes no cooldown and no model lock (`disable_cooling`): only its provider's
+    // breaker, open at the first failure for the rest of the test, holds it back.
+    let cfg = config(
+        &[&m[0], &bad, &m[2]],
+        "round-robin",
+        ABC,
+        "",
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = 1\nreset_timeout_ms = 600000\n",
+    )
+    .replace(
+        "id = \"c1\"\nprovider = \"p1\"\n",
+        "id = \"c1\"\nprovider = \"p1\"\ndisable_cooling = true\n",
+    );
+    assert!(cfg.contains("disable_cooling"));
+    let gw = Gateway::start(&cfg);
+    let first = ask(gw.addr(), "mix");
+    assert_eq!(
+        first.header("x-omniroute-selected-connection-id"),
+        Some("c0")
+    );
+    // c1 is the second start: it fails 500 and the next target serves.
+    let second = ask(gw.addr(), "mix");
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(
+        second.header("x-omniroute-selected-connection-id"),
+        Some("c2")
+    );
+    assert_eq!(second.header("x-tidegate-attempts"), Some("2"));
+    // From then on p1's breaker is open: the rotation runs over c0 and c2 (counter 2, 3, …
+    // mod 2), and p1 is never tried again.
+    assert_eq!(serve_n(gw.addr(), "mix", 4), ["c0", "c2", "c0", "c2"]);
+    assert_eq!(bad.requests_to(CHAT).len(), 1);
+}
+
+#[test]
+fn weighted_3_to_1_lands_about_three_quarters_on_the_heavier() {
+    let m = ok_mocks(3);
+    let gw = start(
+        &[&m[0], &m[1], &m[2]],
+        "weighted",
+        r#"{ model = "p0/m", weight = 3 }, { model = "p1/m", weight = 1 }, { model = "p2/m", weight = 0 }"#,
+        "",
+    );
+    let got = serve_n(gw.addr(), "mix", 400);
+    let a = count(&got, "c0");
+    // Expected 300; the bounds are over 6 standard deviations wide.
+    assert!((240..=360).contains(&a), "c0 served {a} of 400");
+    assert_eq!(count(&got, "c1"), 400 - a);
+    // Weight 0 is never drawn while another target is eligible.
+    assert_eq!(count(&got, "c2"), 0);
+    assert!(m[2].requests_to(CHAT).is_empty());
+}
+
+#[test]
+fn a_sticky_weighted_limit_reuses_the_draw_for_that_many_requests() {
+    let m = ok_mocks(2);
+    let gw = start(
+        &[&m[0], &m[1]],
+        "weighted",
+        r#""p0/m", "p1/m""#,
+        "sticky_weighted_limit = 4",
+    );
+    let got = serve_n(gw.addr(), "mix", 80);
+    for run in got.chunks(4) {
+        assert!(run.iter().all(|c| *c == run[0]), "{got:?}");
+    }
+    // 20 draws at 1:1: both are drawn (all alike has odds of 2 in a million).
+    assert!(count(&got, "c0") > 0 && count(&got, "c1") > 0, "{got:?}");
+}
+
+#[test]
+fn strict_random_uses_every_target_once_per_deck() {
+    let m = ok_mocks(3);
+    let gw = start(&[&m[0], &m[1], &m[2]], "strict-random", ABC, "");
+    let got = serve_n(gw.addr(), "mix", 30);
+    for deck in got.chunks(3) {
+        let mut d = deck.to_vec();
+        d.sort();
+        assert_eq!(d, ["c0", "c1", "c2"], "{got:?}");
+    }
+}
+
+#[test]
+fn random_spreads_requests_over_every_target() {
+    let m = ok_mocks(3);
+    let gw = start(&[&m[0], &m[1], &m[2]], "random", ABC, "");
+    let got = serve_n(gw.addr(), "mix", 300);
+    for c in ["c0", "c1", "c2"] {
+        let n = count(&got, c);
+        // Expected 100 each; the bounds are over 5 standard deviations wide.
+        assert!((60..=140).contains(&n), "{c} served {n} of 300: {got:?}");
+    }
+}
+
+#[test]
+fn fill_first_stays_on_the_first_target_until_it_fails_then_moves_on() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    for _ in 0..3 {
+        a.on(CHAT, Reply::openai_chat("a"));
+    }
+    a.on_always(CHAT, Reply::error(429, "quota").header("retry-after", "60"));
+    b.on_always(CHAT, Reply::openai_chat("b"));
+    let gw = start(&[&a, &b], "fill-first", r#""p0/m", "p1/m""#, "");
+    assert_eq!(serve_n(gw.addr(), "mix", 3), ["c0", "c0", "c0"]);
+    // The fourth: the first answers 429, the second serves.
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c1"));
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    // The first is locked now: the second is the one filled.
+    assert_eq!(serve_n(gw.addr(), "mix", 3), ["c1", "c1", "c1"]);
+    assert_eq!(a.requests_to(CHAT).len(), 4);
+}
+
+#[test]
+fn least_used_sends_each_request_to_the_target_used_least_recently() {
+    let m = ok_mocks(3);
+    let gw = start(&[&m[0], &m[1], &m[2]], "least-used", ABC, "");
+    assert_eq!(
+        serve_n(gw.addr(), "mix", 6),
+        ["c0", "c1", "c2", "c0", "c1", "c2"]
+    );
+}
+
+#[test]
+fn a_failing_first_pick_fails_over_under_every_strategy() {
+    for strategy in [
+        "round-robin",
+        "weighted",
+        "fill-first",
+        "random",
+        "strict-random",
+        "least-used",
+    ] {
+        let bad = MockUpstream::start();
+        bad.on_always(CHAT, Reply::error(500, "boom"));
+        let good = MockUpstream::start();
+        good.on_always(CHAT, Reply::openai_chat("ok"));
+        // The failing target first, and the only one a weighted draw takes (the other
+        // weighs 0); the random ones pick it first about every other request until the
+        // views rule it out.
+        let gw = start(
+            &[&bad, &good],
+            strategy,
+            r#"{ model = "p0/m", weight = 1 }, { model = "p1/m", weight = 0 }"#,
+            "",
+        );
+        for _ in 0..20 {
+            let r = ask(gw.addr(), "mix");
+            assert_eq!(r.status, 200, "{strategy}: {}", r.text());
+            assert_eq!(
+                r.header("x-omniroute-selected-connection-id"),
+                Some("c1"),
+                "{strategy}"
+            );
+        }
+        assert!(!bad.requests_to(CHAT).is_empty(), "{strategy}");
+    }
+}
+
+#[test]
+fn a_reload_that_changes_the_targets_restarts_the_rotation() {
+    let m = ok_mocks(3);
+    let mocks = [&m[0], &m[1], &m[2]];
+    let mut gw = start(&mocks, "round-robin", ABC, "");
+    assert_eq!(serve_n(gw.addr(), "mix", 2), ["c0", "c1"]);
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(
+        gw.config_path(),
+        config(&mocks, "round-robin", r#""p2/m", "p0/m""#, "", ""),
+    )
+    .unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually(secs(10), "the reload to be logged", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+    assert_eq!(serve_n(gw.addr(), "mix", 3), ["c2", "c0", "c2"]);
+}
+
+#[test]
+fn check_warns_about_a_sticky_limit_the_combo_does_not_read_and_not_about_built_strategies() {
+    let m = ok_mocks(2);
+    let (code, _, stderr) = run_check(&config(
+        &[&m[0], &m[1]],
+        "fill-first",
+        r#""p0/m", "p1/m""#,
+        "sticky_weighted_limit = 3",
+        "",
+    ));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "combos[0].config.sticky_weighted_limit: has no effect: combo \"mix\" is not weighted"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("strategy"), "{stderr}");
+    let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "auto", r#""p0/m""#, "", ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("combos[0].strategy: \"auto\" is accepted, but its ordering is not built"),
+        "{stderr}"
+    );
+}
