@@ -239,16 +239,17 @@ fn draw(steps: &[Step], rng: &mut Rng) -> usize {
 /// What a combo's strategy state is keyed on besides its name: its strategy and targets
 /// (provider, model, weight). A reload that changes any of them starts the state afresh.
 pub fn fingerprint(combo: &Combo) -> u64 {
-    let mut bytes = Vec::with_capacity(16 + combo.targets.len() * 24);
-    bytes.extend_from_slice(format!("{:?}", combo.strategy).as_bytes());
+    // Streamed into the hasher: computed per request of a strategy combo, so no buffer.
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&[combo.strategy as u8]);
     for t in &combo.targets {
-        bytes.push(0);
-        bytes.extend_from_slice(&t.provider.0.to_le_bytes());
-        bytes.extend_from_slice(t.model.as_bytes());
-        bytes.push(0);
-        bytes.extend_from_slice(&t.weight.to_le_bytes());
+        h.update(&[0]);
+        h.update(&t.provider.0.to_le_bytes());
+        h.update(t.model.as_bytes());
+        h.update(&[0]);
+        h.update(&t.weight.to_le_bytes());
     }
-    xxhash_rust::xxh3::xxh3_64(&bytes)
+    h.digest()
 }
 
 /// A shard's strategy state: every combo's, and the shard's PRNG.
