@@ -510,7 +510,8 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
     assert_eq!(sent[0].header("anthropic-beta"), None);
     assert_eq!(sent[0].header("anthropic-version"), None);
     let up = sent[0].json();
-    assert_eq!(up["reasoning_effort"], "high");
+    // Anthropic's top effort level is OpenAI's top one.
+    assert_eq!(up["reasoning_effort"], "xhigh");
     assert_eq!(up["user"], "{\"session_id\":\"s-1\"}");
     assert_eq!(
         up["messages"][2],
@@ -550,6 +551,46 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
         "context_management.edits[0].type"
     );
     assert_eq!(openai.hits("/v1/chat/completions"), 1);
+}
+
+/// Each `output_config.effort` level of a Messages request reaches an OpenAI provider as the
+/// `reasoning_effort` of the same rank: `max`, Anthropic's top level, as `xhigh`, OpenAI's.
+#[test]
+fn each_effort_level_reaches_an_openai_provider_at_its_rank() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on_always(
+        "/v1/chat/completions",
+        chat_completion(
+            "chatcmpl-e",
+            "gpt-x",
+            json!({"role": "assistant", "content": "ok"}),
+            "stop",
+            (3, 1),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let levels = [
+        ("low", "low"),
+        ("medium", "medium"),
+        ("high", "high"),
+        ("max", "xhigh"),
+    ];
+    for (effort, _) in levels {
+        let mut body = claude_code_request("oa/gpt-x", "clear_thinking_20251015");
+        body["output_config"]["effort"] = json!(effort);
+        let r = post_as_claude_code(&gw, "/v1/messages", &body);
+        assert_eq!(r.status, 200, "{effort}: {}", r.text());
+    }
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), levels.len());
+    for (req, (effort, want)) in sent.iter().zip(levels) {
+        assert_eq!(
+            req.json()["reasoning_effort"],
+            want,
+            "output_config.effort {effort}"
+        );
+    }
 }
 
 #[test]
