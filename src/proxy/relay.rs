@@ -711,6 +711,23 @@ pub(super) enum Then {
     Left(bool),
 }
 
+/// The body for an Anthropic-format provider without the unsigned thinking blocks the
+/// request replays (`providers::translate::unsigned`); `None`: the body goes as it is.
+fn unsigned_thinking_cleared(req: &Request<'_>, provider: &Provider, model: &str) -> Option<Bytes> {
+    let same_format = provider.format == ProviderFormat::Anthropic
+        && matches!(req.endpoint, Endpoint::Messages | Endpoint::CountTokens);
+    if !same_format {
+        return None;
+    }
+    let cleared =
+        crate::providers::translate::unsigned::without_unsigned_thinking(req.body, model)?;
+    tracing::debug!(
+        model,
+        "unsigned thinking blocks left out for an Anthropic provider"
+    );
+    Some(Bytes::from(cleared))
+}
+
 /// The end of a moving-on failure's INFO line: what the request does next.
 fn what_next(req: &Request<'_>, walk: &Walk, early: bool) -> &'static str {
     if early && walk.reopens_early {
@@ -1167,6 +1184,12 @@ pub(super) async fn open<'s>(
     // B §1.3: separate from the time spent queued).
     let (body, carry) = match translated {
         Some((body, carry)) => (upstream::Body::Bytes(body), carry),
+        // An Anthropic client replaying the unsigned thinking blocks of an answer translated
+        // from an OpenAI-format provider: left out for an Anthropic provider, which would
+        // refuse their signature (the body is read only when it holds an empty one).
+        None if let Some(cleared) = unsigned_thinking_cleared(req, provider, &target.model) => {
+            (upstream::Body::Bytes(cleared), Default::default())
+        }
         None if target.model == req.plan.peek.model => {
             (upstream::Body::Bytes(req.body.clone()), Default::default())
         }
