@@ -160,20 +160,68 @@ fn a_type_error_names_the_key_path_not_a_rust_type() {
     let (code, _, stderr) = run_check("[server]\nlisten = \"127.0.0.1:0\"\nworkers = \"two\"\n");
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("server.workers: invalid type: string \"two\", expected a whole number"),
+        stderr.contains(
+            "server.workers: expected a whole number (0 = one per core), got the string \"two\" \
+             (line 3, column 11)"
+        ),
         "{stderr}"
     );
-    assert!(stderr.contains("(line 3, column 11)"), "{stderr}");
     let (code, _, stderr) = run_check(
         "[[connections]]\nid = \"a\"\nprovider = \"m\"\n\n[[connections]]\nid = \"b\"\nprovider = \"m\"\n[connections.rate_limit_overrides]\nmax_wait_ms = true\n",
     );
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("connections[1].rate_limit_overrides.max_wait_ms: invalid type: boolean `true`, expected a non-negative whole number"),
+        stderr.contains("connections[1].rate_limit_overrides.max_wait_ms: expected a whole number of milliseconds, got true"),
         "{stderr}"
     );
     for rust in ["u32", "u64", "struct Raw", "a sequence"] {
         assert!(!stderr.contains(rust), "{stderr}");
+    }
+}
+
+#[test]
+fn each_kind_of_key_says_what_it_takes_in_operator_words() {
+    let file = r#"
+[server]
+listen = ["127.0.0.1:0"]
+idle_timeout_ms = "5s"
+pin_threads = "yes"
+admin_token_env = 3
+
+[[providers]]
+id = "m"
+format = "mock"
+models = "echo"
+
+[[connections]]
+id = "c"
+provider = "m"
+weight = -1
+
+[combo_defaults]
+max_retries = 2.5
+
+[resilience.request_queue]
+max_queue_depth = "deep"
+max_wait_ms = 1979-05-27
+"#;
+    let (code, _, stderr) = run_check(file);
+    assert_eq!(code, 2, "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let expected = [
+        "server.listen: expected a string (in quotes), got an array (line 3, column 10)",
+        "server.idle_timeout_ms: expected a whole number of milliseconds, got the string \"5s\" (line 4, column 19)",
+        "server.pin_threads: expected true or false, got the string \"yes\" (line 5, column 15)",
+        "server.admin_token_env: expected a string (in quotes), got 3 (line 6, column 19)",
+        "providers[0].models: expected an array, got the string \"echo\" (line 11, column 10)",
+        "connections[0].weight: expected a whole number, 0 or more, got -1 (line 16, column 10)",
+        "combo_defaults.max_retries: expected a whole number in 0..=10, got 2.5 (line 19, column 15)",
+        "resilience.request_queue.max_queue_depth: expected a whole number in 0..=100000, got the string \"deep\" (line 22, column 19)",
+        "resilience.request_queue.max_wait_ms: expected a whole number of milliseconds in 0..=86400000, got a date or time (line 23, column 15)",
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, want) in lines.iter().zip(expected) {
+        assert!(line.ends_with(want), "{line:?} is not {want:?}\n{stderr}");
     }
 }
 
@@ -207,8 +255,8 @@ targets = [
     assert_eq!(code, 2, "{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     let expected = [
-        "server.workers: invalid type: string \"two\", expected a whole number (0..=4294967295) (line 4, column 11)",
-        "connections[0].priority: invalid type: string \"high\", expected a whole number (0..=4294967295) (line 15, column 12)",
+        "server.workers: expected a whole number (0 = one per core), got the string \"two\" (line 4, column 11)",
+        "connections[0].priority: expected a whole number (lower is tried first), got the string \"high\" (line 15, column 12)",
         "combos[0].targets: expected \"provider/model\" or a table with `model` or `combo` and a whole-number `weight` (line 21, column 11)",
         "server.idle_timeot_ms: unknown key; did you mean `idle_timeout_ms`?",
         "providers[0].bogus: unknown key",

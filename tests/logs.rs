@@ -637,3 +637,83 @@ fn early_refusals_log_what_was_known_when_refused() {
     assert_eq!(status, 401);
     has(&line, &["key=-", "model=-", "status=401"]);
 }
+
+/// The INFO line of a failure the request moves on from says what comes next: the next
+/// candidate while one is left, "no candidate left" on the last one (an error answer and an
+/// upstream that cannot be reached alike), and, in a combo, that the combo goes on.
+#[test]
+fn a_failed_attempt_says_whether_a_candidate_is_left() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::error(503, "overloaded"));
+    let gw = Gateway::start_with_env(
+        &two_connections(&mock.base_url()),
+        &[("TG_K1", "key-one"), ("TG_K2", "key-two")],
+    );
+    let r = Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    assert_eq!(r.status, 503, "{}", r.text());
+    let logs = eventually(secs(5), "both failure lines", || {
+        let logs = gw.logs();
+        (logs.matches("upstream error;").count() == 2).then_some(logs)
+    });
+    let line_of = |conn: &str| {
+        logs.lines()
+            .find(|l| l.contains("upstream error;") && l.contains(&format!("connection={conn}")))
+            .unwrap_or_else(|| panic!("no failure line for {conn}:\n{logs}"))
+            .to_owned()
+    };
+    let first = line_of("c1");
+    assert!(first.contains(" INFO "), "{first}");
+    assert!(
+        first.contains("upstream error; trying the next candidate"),
+        "{first}"
+    );
+    let last = line_of("c2");
+    assert!(last.contains("upstream error; no candidate left"), "{last}");
+    assert!(!last.contains("next candidate"), "{last}");
+    drop(gw);
+
+    // The only candidate cannot be reached.
+    let refusing = RefusingPort::new();
+    let gw = Gateway::start(&one_upstream(&refusing.base_url(), 1, "", ""));
+    let r = Client::connect(gw.addr()).request("POST", CHAT, &[], BODY);
+    assert_eq!(
+        r.header("x-tidegate-error"),
+        Some("upstream_connect_failed"),
+        "{}",
+        r.text()
+    );
+    let logs = eventually(secs(5), "the failure line", || {
+        let logs = gw.logs();
+        logs.contains("upstream attempt failed").then_some(logs)
+    });
+    let line = logs
+        .lines()
+        .find(|l| l.contains("upstream attempt failed"))
+        .unwrap();
+    assert!(
+        line.contains("upstream_connect_failed") && line.contains("; no candidate left"),
+        "{line}"
+    );
+    drop(gw);
+
+    // A combo: its runner decides what follows.
+    let cfg = format!(
+        "{}\n[[combos]]\nname = \"duo\"\ntargets = [\"up/m1\", \"up/m2\"]\n",
+        one_upstream(&mock.base_url(), 1, "", "")
+    );
+    let gw = Gateway::start(&cfg);
+    let body = br#"{"model":"duo","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = Client::connect(gw.addr()).request("POST", CHAT, &[], body);
+    assert_ne!(r.status, 200, "{}", r.text());
+    let logs = eventually(secs(5), "the combo's failure lines", || {
+        let logs = gw.logs();
+        logs.contains("upstream error;").then_some(logs)
+    });
+    assert!(
+        logs.contains(
+            "upstream error; the combo goes on (a retry, its next target, or its answer)"
+        ),
+        "{logs}"
+    );
+    assert!(!logs.contains("candidate left"), "{logs}");
+}

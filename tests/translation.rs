@@ -510,7 +510,8 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
     assert_eq!(sent[0].header("anthropic-beta"), None);
     assert_eq!(sent[0].header("anthropic-version"), None);
     let up = sent[0].json();
-    assert_eq!(up["reasoning_effort"], "high");
+    // Anthropic's top effort level is OpenAI's top one.
+    assert_eq!(up["reasoning_effort"], "xhigh");
     assert_eq!(up["user"], "{\"session_id\":\"s-1\"}");
     assert_eq!(
         up["messages"][2],
@@ -550,6 +551,129 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
         "context_management.edits[0].type"
     );
     assert_eq!(openai.hits("/v1/chat/completions"), 1);
+}
+
+/// An OpenAI provider's reasoning reaches an Anthropic client as a thinking block with an
+/// empty signature; replayed in the next turn to an Anthropic provider (which refuses an
+/// invalid signature), that block is left out and the rest goes as it came. A body without
+/// such a block is forwarded byte for byte (but the model).
+#[test]
+fn an_unsigned_thinking_block_replayed_to_an_anthropic_provider_is_left_out() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on(
+        "/v1/chat/completions",
+        chat_completion(
+            "chatcmpl-r",
+            "gpt-x",
+            json!({"role": "assistant", "reasoning_content": "Think first.", "content": "hello"}),
+            "stop",
+            (5, 2),
+        ),
+    );
+    anthropic.on_always(
+        "/v1/messages",
+        Reply::json(
+            200,
+            json!({"id": "msg_r", "type": "message", "role": "assistant", "model": "claude-x",
+                "content": [{"type": "text", "text": "again"}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 9, "output_tokens": 1}}),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let first = json!({"model": "oa/gpt-x", "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&gw, "/v1/messages", &first);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json()["content"].clone();
+    assert_eq!(
+        answer[0],
+        json!({"type": "thinking", "thinking": "Think first.", "signature": ""})
+    );
+    // The next turn, with the answer as it came, to an Anthropic provider.
+    let signed = json!({"type": "thinking", "thinking": "Mine.", "signature": "sig-an"});
+    let next = json!({"model": "an/claude-x", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": [signed, {"type": "text", "text": "so"}]},
+        {"role": "user", "content": "more"}
+    ]});
+    let r = post(&gw, "/v1/messages", &next);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = anthropic.requests_to("/v1/messages");
+    let up = sent[0].json();
+    assert_eq!(up["model"], "claude-x");
+    assert_eq!(
+        up["messages"][1]["content"],
+        json!([{"type": "text", "text": "hello"}])
+    );
+    let mut want = next.clone();
+    want["model"] = json!("claude-x");
+    want["messages"][1]["content"] = json!([{"type": "text", "text": "hello"}]);
+    assert_eq!(up, want, "the rest goes as it came");
+    // Counting the same history's tokens, too.
+    anthropic.on_always(
+        "/v1/messages/count_tokens",
+        Reply::json(200, json!({"input_tokens": 12})),
+    );
+    let r = post(&gw, "/v1/messages/count_tokens", &next);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let counted = anthropic.requests_to("/v1/messages/count_tokens");
+    assert_eq!(counted[0].json(), want);
+    // Signed thinking only: byte for byte, but the model.
+    let plain = json!({"model": "an/claude-x", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": [signed, {"type": "text", "text": "so"}]},
+        {"role": "user", "content": "more"}
+    ]});
+    let r = post(&gw, "/v1/messages", &plain);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = anthropic.requests_to("/v1/messages");
+    assert_eq!(
+        sent[1].text(),
+        plain.to_string().replace("\"an/claude-x\"", "\"claude-x\"")
+    );
+}
+
+/// Each `output_config.effort` level of a Messages request reaches an OpenAI provider as the
+/// `reasoning_effort` of the same rank: `max`, Anthropic's top level, as `xhigh`, OpenAI's.
+#[test]
+fn each_effort_level_reaches_an_openai_provider_at_its_rank() {
+    let openai = MockUpstream::start();
+    let anthropic = MockUpstream::start();
+    openai.on_always(
+        "/v1/chat/completions",
+        chat_completion(
+            "chatcmpl-e",
+            "gpt-x",
+            json!({"role": "assistant", "content": "ok"}),
+            "stop",
+            (3, 1),
+        ),
+    );
+    let gw = start(&openai, &anthropic);
+    let levels = [
+        ("low", "low"),
+        ("medium", "medium"),
+        ("high", "high"),
+        ("max", "xhigh"),
+    ];
+    for (effort, _) in levels {
+        let mut body = claude_code_request("oa/gpt-x", "clear_thinking_20251015");
+        body["output_config"]["effort"] = json!(effort);
+        let r = post_as_claude_code(&gw, "/v1/messages", &body);
+        assert_eq!(r.status, 200, "{effort}: {}", r.text());
+    }
+    let sent = openai.requests_to("/v1/chat/completions");
+    assert_eq!(sent.len(), levels.len());
+    for (req, (effort, want)) in sent.iter().zip(levels) {
+        assert_eq!(
+            req.json()["reasoning_effort"],
+            want,
+            "output_config.effort {effort}"
+        );
+    }
 }
 
 #[test]

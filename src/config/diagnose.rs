@@ -14,7 +14,7 @@ use super::raw::{
     RawClientKey, RawCombo, RawComboConfig, RawConfig, RawConnection, RawProvider,
     RawRateLimitOverrides, RawResilience, RawServer, RawWeightedTarget,
 };
-use super::resilience;
+use super::{combo, resilience};
 
 /// Stops a capture as soon as the field list is known.
 #[derive(Debug)]
@@ -257,29 +257,150 @@ fn line_starts(text: &str) -> impl Iterator<Item = (usize, &str)> {
     })
 }
 
-/// serde's `expected u32` / `struct RawServer` / `a sequence`, in the file's terms.
-pub fn plain_types(message: &str) -> String {
+/// What a key's number means beyond its range, where a bare number would not say (the
+/// keys are paths without indices).
+const NUMBER_HINTS: &[(&str, &str)] = &[
+    ("server.workers", "0 = one per core"),
+    ("server.request_timeout_ms", "0 = no overall deadline"),
+    ("server.pool_max_idle_per_host", "0 = no pooling"),
+    ("connections.priority", "lower is tried first"),
+];
+
+/// The range a numeric key takes, where a table of bounds holds it (the resilience fields
+/// and the combo config cascade; the other keys' ranges are checked, and said, by `validate`
+/// once the value is a number).
+fn range_of(key: &str) -> Option<(u64, u64)> {
+    let key = strip_indices(key);
+    if let Some(path) = key.strip_prefix("resilience.") {
+        return resilience::num_fields()
+            .into_iter()
+            .find(|f| f.path == path)
+            .map(|f| (f.min, f.max));
+    }
+    let (layer, name) = key.rsplit_once('.')?;
+    let combo_layer = layer == "combo_defaults"
+        || layer == "combos.config"
+        || layer.starts_with("combo_provider_overrides.");
+    combo_layer.then_some(())?;
+    combo::BOUNDS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, lo, hi)| (*lo, *hi))
+}
+
+/// The unit a key's name carries (`_ms`, `_bytes`, …), as words.
+fn unit_of(key: &str) -> Option<&'static str> {
+    let name = key.rsplit('.').next().unwrap_or(key);
+    [
+        ("_ms", "milliseconds"),
+        ("_sec", "seconds"),
+        ("_minutes", "minutes"),
+        ("_bytes", "bytes"),
+        ("_percent", "percent"),
+    ]
+    .into_iter()
+    .find(|(suffix, _)| name.ends_with(suffix))
+    .map(|(_, words)| words)
+}
+
+/// The largest value of a Rust integer type serde names in `expected u32`.
+fn type_max(rust: &str) -> Option<u64> {
+    Some(match rust {
+        "u8" => u64::from(u8::MAX),
+        "u16" => u64::from(u16::MAX),
+        "u32" => u64::from(u32::MAX),
+        "u64" | "usize" => u64::MAX,
+        _ => return None,
+    })
+}
+
+/// serde's `string "two"` / ``integer `3` `` / `sequence`, as the value the file holds.
+fn got_words(unexpected: &str) -> String {
+    let ticked = |prefix: &str| {
+        unexpected
+            .strip_prefix(prefix)
+            .map(|v| v.trim_matches('`').to_string())
+    };
+    if let Some(s) = unexpected.strip_prefix("string ") {
+        return format!("the string {s}");
+    }
+    if let Some(v) = ticked("integer ")
+        .or_else(|| ticked("floating point "))
+        .or_else(|| ticked("boolean "))
+    {
+        return v;
+    }
+    match unexpected {
+        "sequence" => "an array".to_string(),
+        "map" => "a table".to_string(),
+        "datetime" => "a date or time".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// serde's `invalid type: string "two", expected u32` for the value at `key` (a key path,
+/// when the error is a value's), in the operator's terms: what the key takes — a whole
+/// number (of the unit its name carries, in its range where a bounds table holds it, with
+/// what 0 means where that is not plain), true or false, a string, an array, a table —
+/// and what the file holds (`expected a whole number (0 = one per core), got the string
+/// "two"`). A Rust type's range is never quoted, but for a number beyond what the key can
+/// hold at all.
+pub fn plain_message(key: Option<&str>, message: &str) -> String {
+    let parsed = ["invalid type: ", "invalid value: "]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))
+        .and_then(|rest| rest.rsplit_once(", expected "));
+    let Some((unexpected, expected)) = parsed else {
+        return plain_shapes(message);
+    };
+    let got = got_words(unexpected);
+    let want = match (expected, type_max(expected)) {
+        (_, Some(type_max)) => {
+            let mut want = "a whole number".to_string();
+            if let Some(unit) = key.and_then(unit_of) {
+                want = format!("{want} of {unit}");
+            }
+            let number: Option<i128> = got.parse().ok();
+            let range = key.and_then(range_of);
+            let hint = key.and_then(|k| {
+                let k = strip_indices(k);
+                NUMBER_HINTS
+                    .iter()
+                    .find(|(path, _)| *path == k)
+                    .map(|(_, hint)| *hint)
+            });
+            match (range, number) {
+                (Some((lo, hi)), _) => want = format!("{want} in {lo}..={hi}"),
+                (None, Some(n)) if n < 0 => want = format!("{want}, 0 or more"),
+                (None, Some(_)) => want = format!("{want} no larger than {type_max}"),
+                (None, None) => {}
+            }
+            if let Some(hint) = hint {
+                want = format!("{want} ({hint})");
+            }
+            want
+        }
+        ("i64", None) => "a whole number".to_string(),
+        ("f64", None) => "a number".to_string(),
+        ("a boolean", None) => "true or false".to_string(),
+        ("a string", None) => "a string (in quotes)".to_string(),
+        (other, None) => plain_shapes(&format!("expected {other}"))
+            .trim_start_matches("expected ")
+            .to_string(),
+    };
+    format!("expected {want}, got {got}")
+}
+
+/// serde's names of shapes (`a sequence`, `struct RawServer`, the combo target's untagged
+/// enum) in the file's terms.
+fn plain_shapes(message: &str) -> String {
     let mut out = message.to_string();
     for (rust, plain) in [
-        ("expected u8", "expected a whole number (0..=255)"),
-        ("expected u16", "expected a whole number (0..=65535)"),
-        ("expected u32", "expected a whole number (0..=4294967295)"),
-        ("expected u64", "expected a non-negative whole number"),
-        ("expected usize", "expected a non-negative whole number"),
-        ("expected i64", "expected a whole number"),
-        ("expected f64", "expected a number"),
         ("expected a sequence", "expected an array"),
         ("expected a map", "expected a table"),
     ] {
         if let Some(at) = out.find(rust) {
-            let end = at + rust.len();
-            // Whole words only (`u32` but not `u325`).
-            let whole_word = !out
-                .get(end..)
-                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_alphanumeric()));
-            if whole_word {
-                out.replace_range(at..end, plain);
-            }
+            out.replace_range(at..at + rust.len(), plain);
         }
     }
     // The one untagged enum of the file: a combo target.
@@ -363,17 +484,121 @@ mod tests {
 
     #[test]
     fn rust_types_become_kinds_of_value() {
+        let plain = |key: &str, m: &str| plain_message(Some(key), m);
         assert_eq!(
-            plain_types("invalid type: string \"x\", expected u32"),
-            "invalid type: string \"x\", expected a whole number (0..=4294967295)"
+            plain(
+                "server.workers",
+                "invalid type: string \"two\", expected u32"
+            ),
+            "expected a whole number (0 = one per core), got the string \"two\""
+        );
+        // The unit of the key's name; a resilience or combo key's range from its table.
+        assert_eq!(
+            plain(
+                "server.idle_timeout_ms",
+                "invalid type: string \"5s\", expected u64"
+            ),
+            "expected a whole number of milliseconds, got the string \"5s\""
         );
         assert_eq!(
-            plain_types("invalid type: integer `3`, expected struct RawServer"),
-            "invalid type: integer `3`, expected a table"
+            plain(
+                "resilience.request_queue.max_wait_ms",
+                "invalid type: floating point `1.5`, expected u64"
+            ),
+            "expected a whole number of milliseconds in 0..=86400000, got 1.5"
         );
         assert_eq!(
-            plain_types("invalid type: string \"a\", expected a sequence"),
-            "invalid type: string \"a\", expected an array"
+            plain(
+                "combos[2].config.max_retries",
+                "invalid value: integer `-1`, expected u32"
+            ),
+            "expected a whole number in 0..=10, got -1"
         );
+        // Outside any table: below 0, or beyond what the key can hold at all.
+        assert_eq!(
+            plain(
+                "connections[0].weight",
+                "invalid value: integer `-1`, expected u32"
+            ),
+            "expected a whole number, 0 or more, got -1"
+        );
+        assert_eq!(
+            plain(
+                "resilience.model_lockout.error_codes",
+                "invalid value: integer `70000`, expected u16"
+            ),
+            "expected a whole number no larger than 65535, got 70000"
+        );
+        assert_eq!(
+            plain(
+                "connections[0].disable_cooling",
+                "invalid type: string \"yes\", expected a boolean"
+            ),
+            "expected true or false, got the string \"yes\""
+        );
+        assert_eq!(
+            plain(
+                "server.admin_token_env",
+                "invalid type: integer `3`, expected a string"
+            ),
+            "expected a string (in quotes), got 3"
+        );
+        assert_eq!(
+            plain(
+                "server",
+                "invalid type: integer `3`, expected struct RawServer"
+            ),
+            "expected a table, got 3"
+        );
+        assert_eq!(
+            plain(
+                "providers[0].models",
+                "invalid type: string \"a\", expected a sequence"
+            ),
+            "expected an array, got the string \"a\""
+        );
+        assert_eq!(
+            plain("server.listen", "invalid type: sequence, expected a string"),
+            "expected a string (in quotes), got an array"
+        );
+        // Not a value's type: the shapes only.
+        assert_eq!(
+            plain_message(None, "missing field `status`"),
+            "missing field `status`"
+        );
+    }
+
+    #[test]
+    fn every_scalar_raw_key_gets_a_plain_type_message() {
+        // Each key of the server, connection, provider and combo tables, given a value of
+        // the wrong type, reads back without a Rust type name.
+        for (table, fields) in [
+            ("server", fields_of::<RawServer>()),
+            ("connections", fields_of::<RawConnection>()),
+            ("providers", fields_of::<RawProvider>()),
+            ("combo_defaults", fields_of::<RawComboConfig>()),
+        ] {
+            for field in fields {
+                let header = if table == "connections" || table == "providers" {
+                    format!("[[{table}]]")
+                } else {
+                    format!("[{table}]")
+                };
+                // No scalar or array key takes a table (a table-valued one fails inside).
+                let text = format!("{header}\n{field} = {{ x = 1 }}\n");
+                let Err(e) = toml::from_str::<RawConfig>(&text) else {
+                    continue;
+                };
+                let key = key_at(&text, e.span().map_or(0, |s| s.start));
+                let m = plain_message(key.as_deref(), e.message());
+                for rust in [
+                    "u8", "u16", "u32", "u64", "i64", "struct ", "sequence", " map",
+                ] {
+                    assert!(!m.contains(rust), "{table}.{field}: {m}");
+                }
+                assert!(m.starts_with("expected "), "{table}.{field}: {m}");
+                assert!(m.contains(", got "), "{table}.{field}: {m}");
+            }
+        }
     }
 }

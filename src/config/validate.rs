@@ -46,20 +46,38 @@ impl ConfigError {
     /// The problem serde reports for `text`, naming its key when it is a value of the
     /// wrong type.
     fn toml_problem(text: &str, e: &toml::de::Error) -> Problem {
-        let mut message = super::diagnose::plain_types(e.message().replace('\n', " ").trim());
-        let key = match e.span() {
-            // A value of the wrong type: name its key, and give the place after the message.
+        let raw_message = e.message().replace('\n', " ");
+        let (key, message) = match e.span() {
+            // A value of the wrong type: name its key, say what it takes and what it got,
+            // and give the place after the message.
             Some(span) if is_wrong_value(e) => {
                 let (line, column) = line_column(text, span.start);
-                message = format!("{message} (line {line}, column {column})");
-                super::diagnose::key_at(text, span.start)
-                    .unwrap_or_else(|| format!("line {line}, column {column}"))
+                let key = super::diagnose::key_at(text, span.start);
+                // A TOML date or time reaches serde as a table.
+                let is_datetime = text
+                    .get(span.start..)
+                    .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()));
+                let raw_message = match raw_message.strip_prefix("invalid type: map, ") {
+                    Some(rest) if is_datetime => format!("invalid type: datetime, {rest}"),
+                    _ => raw_message,
+                };
+                let message = super::diagnose::plain_message(key.as_deref(), raw_message.trim());
+                (
+                    key.unwrap_or_else(|| format!("line {line}, column {column}")),
+                    format!("{message} (line {line}, column {column})"),
+                )
             }
             Some(span) => {
                 let (line, column) = line_column(text, span.start);
-                format!("line {line}, column {column}")
+                (
+                    format!("line {line}, column {column}"),
+                    super::diagnose::plain_message(None, raw_message.trim()),
+                )
             }
-            None => "toml".to_string(),
+            None => (
+                "toml".to_string(),
+                super::diagnose::plain_message(None, raw_message.trim()),
+            ),
         };
         Problem::new(key, message.trim().to_string())
     }

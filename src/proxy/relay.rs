@@ -186,7 +186,9 @@ pub async fn run(
                     == Some(target.provider),
             });
             let mut reopened = false;
+            walk.then = Then::Candidate(i);
             let end = loop {
+                walk.reopens_early = !reopened && walk.may_retry_early(shard);
                 let end = attempt(
                     shard,
                     &request,
@@ -339,8 +341,14 @@ pub(super) async fn continue_stream(
             next_same_provider: next_target_provider(&plan.candidates, i) == Some(target.provider),
         });
         let (mut reopened, mut replay) = (false, false);
+        let left = plan.candidates.iter().skip(i + 1).any(|(t, c)| {
+            !walk.exhausted.rules_out(t.provider, *c)
+                && takes_prefill(request.endpoint, shard.config().provider(t.provider))
+        });
+        walk.then = Then::Left(left);
         let end = loop {
             let req = if replay { request } else { &cont_request };
+            walk.reopens_early = !reopened && walk.may_retry_early(shard);
             let end = attempt(shard, req, target, *connection, combo, walk, down).await;
             match end {
                 AttemptEnd::Early(_) if !reopened && walk.may_retry_early(shard) => {
@@ -610,7 +618,9 @@ pub(super) async fn emergency(
         // The same client request: the fallback runs under what is left of its deadline.
         deadline: req.deadline,
     };
-    for (target, connection) in &plan.candidates {
+    walk.reopens_early = false;
+    for (i, (target, connection)) in plan.candidates.iter().enumerate() {
+        walk.then = Then::Candidate(i);
         match attempt(shard, &request, target, *connection, None, walk, down).await {
             AttemptEnd::Done(after) => {
                 if let Some(e) = down.splice.as_mut().and_then(|s| s.take_cut()) {
@@ -679,6 +689,65 @@ pub(super) struct Walk {
     pub(super) note: Option<FailureNote>,
     /// Early-recovery retries made so far (same candidate again).
     pub(super) early_retries: usize,
+    /// What follows the current attempt if it fails and moves on, for its INFO line.
+    pub(super) then: Then,
+    /// A failure of the current attempt before its first client byte reopens it on the same
+    /// candidate (stream recovery), for its INFO line.
+    pub(super) reopens_early: bool,
+}
+
+/// What follows an attempt that fails and moves on, as the walk running it knows it; set
+/// before each attempt, read only when one fails.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Then {
+    /// A combo's runner decides: a retry, its next target, a wait, or its answer.
+    #[default]
+    Combo,
+    /// A direct walk at candidate `i` of the request's plan: the candidates after it that
+    /// the walk has not ruled out (read when the attempt fails, after its own failure had
+    /// its say).
+    Candidate(usize),
+    /// Whether another candidate is left (a walk whose candidates are not the plan's).
+    Left(bool),
+}
+
+/// The body for an Anthropic-format provider without the unsigned thinking blocks the
+/// request replays (`providers::translate::unsigned`); `None`: the body goes as it is.
+fn unsigned_thinking_cleared(req: &Request<'_>, provider: &Provider, model: &str) -> Option<Bytes> {
+    let same_format = provider.format == ProviderFormat::Anthropic
+        && matches!(req.endpoint, Endpoint::Messages | Endpoint::CountTokens);
+    if !same_format {
+        return None;
+    }
+    let cleared =
+        crate::providers::translate::unsigned::without_unsigned_thinking(req.body, model)?;
+    tracing::debug!(
+        model,
+        "unsigned thinking blocks left out for an Anthropic provider"
+    );
+    Some(Bytes::from(cleared))
+}
+
+/// The end of a moving-on failure's INFO line: what the request does next.
+fn what_next(req: &Request<'_>, walk: &Walk, early: bool) -> &'static str {
+    if early && walk.reopens_early {
+        return "retrying the same candidate once (stream recovery)";
+    }
+    let left = match walk.then {
+        Then::Combo => return "the combo goes on (a retry, its next target, or its answer)",
+        Then::Candidate(i) => req
+            .plan
+            .candidates
+            .iter()
+            .skip(i + 1)
+            .any(|(t, c)| !walk.exhausted.rules_out(t.provider, *c)),
+        Then::Left(left) => left,
+    };
+    if left {
+        "trying the next candidate"
+    } else {
+        "no candidate left"
+    }
 }
 
 /// Early-recovery retries per request at most (spec B §7.3).
@@ -1115,6 +1184,12 @@ pub(super) async fn open<'s>(
     // B §1.3: separate from the time spent queued).
     let (body, carry) = match translated {
         Some((body, carry)) => (upstream::Body::Bytes(body), carry),
+        // An Anthropic client replaying the unsigned thinking blocks of an answer translated
+        // from an OpenAI-format provider: left out for an Anthropic provider, which would
+        // refuse their signature (the body is read only when it holds an empty one).
+        None if let Some(cleared) = unsigned_thinking_cleared(req, provider, &target.model) => {
+            (upstream::Body::Bytes(cleared), Default::default())
+        }
         None if target.model == req.plan.peek.model => {
             (upstream::Body::Bytes(req.body.clone()), Default::default())
         }
@@ -1223,7 +1298,13 @@ pub(super) async fn open<'s>(
             Err(e) => {
                 // A failure that moves the request on to another candidate is an operator's
                 // business: INFO.
-                tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
+                let retry = e.kind.retry() != Retry::Decided(false);
+                if retry {
+                    let next = what_next(req, walk, false);
+                    tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}; {next}");
+                } else {
+                    tracing::info!(connection = %conn.name, code = e.kind.code(), "upstream attempt failed: {e}");
+                }
                 Box::pin(attempted.end_with_error(&e)).await;
                 walk.note = Some(FailureNote::of_error(&e));
                 // A per-model timeout in a combo (the target timeout, or no response head in
@@ -1239,7 +1320,6 @@ pub(super) async fn open<'s>(
                 {
                     affinity::client::drop_pin(shard, session, target.provider, connection);
                 }
-                let retry = e.kind.retry() != Retry::Decided(false);
                 let failure = LastFailure::Gateway(e);
                 return Opened::End(if retry {
                     E::MoveOn(failure)
@@ -1324,7 +1404,8 @@ pub(super) async fn open<'s>(
             affinity::client::drop_pin(shard, session, target.provider, connection);
         }
         if move_on {
-            tracing::info!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error; trying the next candidate");
+            let next = what_next(req, walk, false);
+            tracing::info!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error; {next}");
         } else {
             tracing::debug!(connection = %conn.name, status, reason = verdict.decision.reason.as_str(), "upstream error relayed");
         }
@@ -1380,7 +1461,8 @@ pub(super) async fn open<'s>(
                 if e.kind == ErrorKind::StreamContentStall
                     || e.kind == ErrorKind::StreamThroughputTooLow =>
             {
-                tracing::info!(connection = %conn.name, "{e}; trying the next candidate");
+                let next = what_next(req, walk, true);
+                tracing::info!(connection = %conn.name, "{e}; {next}");
                 Box::pin(attempted.end(stream::broken(&e))).await;
                 walk.note = Some(FailureNote::of_error(&e));
                 return Opened::End(E::Early(LastFailure::Gateway(e)));
@@ -1409,12 +1491,19 @@ pub(super) async fn open<'s>(
                         Opened::Ready(Ready::Relay(Box::new(buffered)))
                     };
                 }
-                tracing::info!(connection = %conn.name, "body failed before the first byte: {e}; trying the next candidate");
                 Box::pin(attempted.end_with_error(&e)).await;
                 walk.note = Some(FailureNote::of_error(&e));
+                let line = format!("body failed before the first byte: {e}");
                 return Opened::End(match move_on_or_stop(LastFailure::Gateway(e)) {
-                    E::MoveOn(failure) => E::Early(failure),
-                    end => end,
+                    E::MoveOn(failure) => {
+                        let next = what_next(req, walk, true);
+                        tracing::info!(connection = %conn.name, "{line}; {next}");
+                        E::Early(failure)
+                    }
+                    end => {
+                        tracing::info!(connection = %conn.name, "{line}");
+                        end
+                    }
                 });
             }
         }

@@ -1,6 +1,7 @@
 //! OpenAI Chat Completions ⇄ Anthropic Messages, as sans-IO converters: bodies in, bodies
 //! out, no socket or clock of their own. They run only when the client's endpoint and the
-//! chosen provider's format differ; same-format traffic never reaches this module.
+//! chosen provider's format differ; same-format traffic reaches only [`unsigned`], and is
+//! parsed there only when it holds an empty thinking signature.
 //!
 //! - [`request`]: a client request body into the provider's format (a field that cannot be
 //!   expressed there is refused, naming it — never dropped silently).
@@ -9,6 +10,8 @@
 //! - [`error`]: an upstream error body re-shaped into the client's error format.
 //! - [`responses`]: the Responses API served by a Chat-Completions-only or an Anthropic
 //!   provider (through the Chat Completions form and the converters above).
+//! - [`unsigned`]: the unsigned thinking blocks the converters above give an Anthropic
+//!   client, taken out when the client replays them to an Anthropic provider.
 //!
 //! `docs/translation.md` is the field map.
 
@@ -19,6 +22,7 @@ pub mod request;
 pub mod response;
 pub mod responses;
 pub mod stream;
+pub mod unsigned;
 
 use crate::config::{Provider, ProviderFormat};
 use crate::providers::Endpoint;
