@@ -510,8 +510,8 @@ fn a_claude_code_request_is_served_by_an_openai_provider() {
     assert_eq!(sent[0].header("anthropic-beta"), None);
     assert_eq!(sent[0].header("anthropic-version"), None);
     let up = sent[0].json();
-    // Anthropic's top effort level is OpenAI's top one.
-    assert_eq!(up["reasoning_effort"], "xhigh");
+    // Anthropic's top effort level goes as high: every OpenAI reasoning model takes it.
+    assert_eq!(up["reasoning_effort"], "high");
     assert_eq!(up["user"], "{\"session_id\":\"s-1\"}");
     assert_eq!(
         up["messages"][2],
@@ -637,7 +637,8 @@ fn an_unsigned_thinking_block_replayed_to_an_anthropic_provider_is_left_out() {
 }
 
 /// Each `output_config.effort` level of a Messages request reaches an OpenAI provider as the
-/// `reasoning_effort` of the same rank: `max`, Anthropic's top level, as `xhigh`, OpenAI's.
+/// `reasoning_effort` of the same rank; `max`, Anthropic's top level, as `high` (OpenAI's
+/// `xhigh` is refused by its models before gpt-5.1-codex-max).
 #[test]
 fn each_effort_level_reaches_an_openai_provider_at_its_rank() {
     let openai = MockUpstream::start();
@@ -657,7 +658,7 @@ fn each_effort_level_reaches_an_openai_provider_at_its_rank() {
         ("low", "low"),
         ("medium", "medium"),
         ("high", "high"),
-        ("max", "xhigh"),
+        ("max", "high"),
     ];
     for (effort, _) in levels {
         let mut body = claude_code_request("oa/gpt-x", "clear_thinking_20251015");

@@ -934,10 +934,10 @@ fn messages_to_chat_j<'a>(req: &J<'a>, model: &'a str) -> Result<J<'a>, Refused>
 
 /// `output_config` → the `reasoning_effort` its `effort` asks for, and the
 /// `response_format` its `format` asks for. Anthropic's levels are low, medium, high and
-/// max; OpenAI's are low, medium, high and, above high, xhigh (its models from
-/// gpt-5.1-codex-max on), so max asks for xhigh: the client asked for the top level by
-/// name, and a model without it says so in its own 400 (unlike a thinking budget, a number
-/// `effort_of_budget` maps no higher than high). A `json_schema` format (the
+/// max; OpenAI's are low, medium, high and xhigh, but only its models from
+/// gpt-5.1-codex-max on take xhigh (the others answer it with a 400), so max asks for high,
+/// which every OpenAI reasoning model takes: a client's max keeps working whatever model
+/// the route reaches. A `json_schema` format (the
 /// Messages API's structured output) becomes OpenAI's strict `json_schema` response format.
 fn output_config<'a>(v: &J<'a>) -> Result<(Option<&'static str>, Option<J<'a>>), Refused> {
     let mut effort = None;
@@ -949,8 +949,7 @@ fn output_config<'a>(v: &J<'a>) -> Result<(Option<&'static str>, Option<J<'a>>),
                 effort = Some(match jwant_str(v, "output_config.effort")? {
                     "low" => "low",
                     "medium" => "medium",
-                    "high" => "high",
-                    "max" => "xhigh",
+                    "high" | "max" => "high",
                     _ => {
                         return Err(Refused::new(
                             "output_config.effort",

@@ -773,7 +773,7 @@ fn claude_code_effort_and_late_system_messages_reach_openai() {
     );
     assert_eq!(out.get("context_management"), None);
     let out = req(json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}));
-    assert_eq!(out["reasoning_effort"], "xhigh");
+    assert_eq!(out["reasoning_effort"], "high");
     let out = req(json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}));
     assert_eq!(out["reasoning_effort"], "high");
     // An explicit effort wins over a thinking budget, whichever comes first.
