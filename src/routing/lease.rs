@@ -13,15 +13,11 @@ use std::collections::HashMap;
 
 use crate::clock::Now;
 use crate::config::ConnectionId;
+use crate::config::{MAX_LEASE_TTL_MS, MIN_LEASE_TTL_MS};
 
 /// SHA-256 of an owner token.
 pub type OwnerHash = [u8; 32];
 
-/// The lease TTL when none is configured (B §5.1).
-pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
-/// The shortest and longest lease TTL (B §5.1).
-pub const MIN_LEASE_TTL_MS: u64 = 1_000;
-pub const MAX_LEASE_TTL_MS: u64 = 1_800_000;
 /// How long an owner's ended lease is kept (its generation with it) before the sweep
 /// forgets the owner: a day. An owner that comes back later starts at generation 1 again.
 pub const ENDED_LEASE_KEPT_MS: u64 = 24 * 3_600_000;
