@@ -265,6 +265,12 @@ impl ClientKey {
         self.scopes.contains(&s)
     }
 
+    /// Lease-managed (B §5.4): every inference request carries its lease's headers and
+    /// goes to the leased connection only.
+    pub fn is_lease_managed(&self) -> bool {
+        self.has_scope(Scope::LeaseExclusive)
+    }
+
     pub fn may_use(&self, c: ConnectionId) -> bool {
         self.allowed_connections
             .as_ref()

@@ -290,7 +290,7 @@ fn eligible(
 /// Whether `key` is lease-managed: its inference requests pass the fence.
 pub fn is_managed(config: &Config, key: Option<usize>) -> bool {
     key.and_then(|i| config.client_keys.get(i))
-        .is_some_and(|k| k.has_scope(Scope::LeaseExclusive))
+        .is_some_and(ClientKey::is_lease_managed)
 }
 
 /// The fence of a lease-managed key's inference request (B §5.4): both lease headers, a

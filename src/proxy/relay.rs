@@ -525,7 +525,9 @@ pub(super) fn note_budget(
 /// the endpoint has an output limit to cap.
 fn emergency_applies(shard: &Req<'_>, req: &Request<'_>, target: &Target) -> bool {
     // A lease-managed key's request goes to its leased connection only (B §5.4).
-    !super::lease::is_managed(shard.config(), req.plan.key)
+    let config = shard.config();
+    let managed = req.plan.key.and_then(|i| config.client_keys.get(i));
+    !managed.is_some_and(crate::config::ClientKey::is_lease_managed)
         && shard
             .config()
             .emergency_fallback

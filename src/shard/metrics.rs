@@ -978,6 +978,17 @@ mod tests {
         LATENCY_BUCKETS.iter().position(|b| secs <= *b)
     }
 
+    /// Every lease refusal has its own counter (none falls back to `Internal`'s), and
+    /// `Internal` stays last.
+    #[test]
+    fn every_lease_code_is_counted_apart() {
+        for code in crate::error::LeaseCode::ALL {
+            let i = kind_index(ErrorKind::Lease(code));
+            assert_eq!(ERROR_KINDS[i], ErrorKind::Lease(code));
+        }
+        assert_eq!(ERROR_KINDS.last(), Some(&ErrorKind::Internal));
+    }
+
     #[test]
     fn the_bounds_in_ns_are_the_bounds_in_seconds() {
         for (ns, secs) in LATENCY_BUCKETS_NS.iter().zip(LATENCY_BUCKETS) {
