@@ -475,6 +475,79 @@ fn a_lease_expires_after_its_ttl_and_frees_the_connection() {
 }
 
 #[test]
+fn leases_and_their_generations_survive_a_restart() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let state = TempDir::new("lease-restart");
+    let server = format!(
+        "state_dir = \"{}\"\nsnapshot_interval_ms = 50",
+        state.path().display()
+    );
+    let mut gw = start(&mock.base_url(), &server);
+    assert_eq!(
+        lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1")).status,
+        200
+    );
+    let release = json!({"action": "release", "generation": 1});
+    assert_eq!(
+        lease(&gw, Some("agent-key"), Some(OWNER_A), &release).status,
+        200
+    );
+    let again = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(again.json()["generation"], 2, "{}", again.text());
+    gw.terminate();
+    let status = gw.wait_exit(std::time::Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", gw.logs());
+
+    // The file holds the owner's digest, never its token.
+    let out = support::gateway::run_tidegate(
+        &[
+            "snapshot",
+            "inspect",
+            "--state-dir",
+            state.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stdout.contains(OWNER_A));
+    let file: Value = serde_json::from_str(&out.stdout).unwrap();
+    let leases = file["state"]["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 1, "{file:#}");
+    assert_eq!(leases[0]["generation"], 2);
+    assert_eq!(leases[0]["state"], "ACTIVE");
+    assert_eq!(leases[0]["connection"], "c2");
+
+    // Restarted: the lease still fences inference to c2, holds c2 against another owner,
+    // and generation 1 is still stale.
+    let gw = start(&mock.base_url(), &server);
+    let headers = [
+        ("x-omniroute-lease-owner", OWNER_A),
+        ("x-omniroute-lease-generation", "2"),
+    ];
+    for _ in 0..4 {
+        let resp = ask(&gw, "agent-key", "up/m1", &headers);
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(
+            resp.header("x-omniroute-selected-connection-id"),
+            Some("c2")
+        );
+    }
+    let old = ask(
+        &gw,
+        "agent-key",
+        "up/m1",
+        &[
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "1"),
+        ],
+    );
+    assert_eq!(lease_error(&old), (409, "LEASE_FENCE_STALE".into()));
+    let busy = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(busy.status, 429, "{}", busy.text());
+}
+
+#[test]
 fn check_warns_of_a_lease_key_without_allowed_connections() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));
     assert_eq!(code, 0, "{stderr}");

@@ -9,7 +9,7 @@
 //! the next one. Expiry is lazy: a lease whose end has passed counts as EXPIRED from that
 //! instant, whether or not a sweep has marked it yet.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::clock::Now;
 use crate::config::ConnectionId;
@@ -42,6 +42,18 @@ impl LeaseState {
             LeaseState::Expired => "EXPIRED",
             LeaseState::Invalidated => "INVALIDATED",
         }
+    }
+
+    /// The state [`LeaseState::as_str`] names (`None`: another word).
+    pub fn parse(s: &str) -> Option<LeaseState> {
+        [
+            LeaseState::Active,
+            LeaseState::Released,
+            LeaseState::Expired,
+            LeaseState::Invalidated,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
     }
 }
 
@@ -124,12 +136,28 @@ pub enum Fence {
     AuthorizationMismatch,
 }
 
+/// An owner's latest lease as the snapshot keeps it: instants in wall-clock ms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedLease {
+    pub connection: ConnectionId,
+    pub key: String,
+    pub generation: u64,
+    pub state: LeaseState,
+    pub acquired_wall_ms: u64,
+    pub renewed_wall_ms: u64,
+    pub expires_wall_ms: u64,
+    /// When it stopped being active (0 while active).
+    pub ended_wall_ms: u64,
+}
+
 /// The leases, by owner and by connection.
 #[derive(Debug, Default)]
 pub struct LeaseTable {
     by_owner: HashMap<OwnerHash, Lease>,
     /// The owner of each connection's active lease (possibly past its end: checked lazily).
     by_connection: HashMap<ConnectionId, OwnerHash>,
+    /// Owners whose lease changed since the snapshot last collected them.
+    dirty: BTreeSet<OwnerHash>,
 }
 
 impl LeaseTable {
@@ -172,6 +200,7 @@ impl LeaseTable {
                     return Err(AcquireRefused::OwnerActive);
                 }
                 extend(l, ttl_ms, now);
+                self.dirty.insert(owner);
                 return Ok(LeaseInfo::from(&*l));
             }
             next_generation = l.generation.saturating_add(1);
@@ -211,6 +240,7 @@ impl LeaseTable {
         let info = LeaseInfo::from(&lease);
         self.by_owner.insert(owner, lease);
         self.by_connection.insert(connection, owner);
+        self.dirty.insert(owner);
         Ok(info)
     }
 
@@ -240,7 +270,9 @@ impl LeaseTable {
         let ttl_ms = ttl_ms.clamp(MIN_LEASE_TTL_MS, MAX_LEASE_TTL_MS);
         let l = self.active_mut(owner, key, generation, now)?;
         extend(l, ttl_ms, now);
-        Some(LeaseInfo::from(&*l))
+        let info = LeaseInfo::from(&*l);
+        self.dirty.insert(*owner);
+        Some(info)
     }
 
     /// Releases the owner's active lease of `generation`; a repeat by the same key and
@@ -258,6 +290,7 @@ impl LeaseTable {
             let connection = l.connection;
             let info = LeaseInfo::from(&*l);
             self.by_connection.remove(&connection);
+            self.dirty.insert(*owner);
             return Some(info);
         }
         self.by_owner
@@ -315,10 +348,90 @@ impl LeaseTable {
     pub fn sweep(&mut self, now: Now) {
         self.reconcile(now);
         let now_ms = now.mono_ms();
-        self.by_owner.retain(|_, l| {
-            l.state == LeaseState::Active
-                || now_ms.saturating_sub(l.ended_mono_ms) < ENDED_LEASE_KEPT_MS
+        let dirty = &mut self.dirty;
+        self.by_owner.retain(|owner, l| {
+            let keep = l.state == LeaseState::Active
+                || now_ms.saturating_sub(l.ended_mono_ms) < ENDED_LEASE_KEPT_MS;
+            if !keep {
+                dirty.insert(*owner);
+            }
+            keep
         });
+    }
+
+    /// Up to `max` owners whose lease changed since the last call, each with its lease as
+    /// the snapshot keeps it (`None`: forgotten).
+    pub fn take_changed(
+        &mut self,
+        now: Now,
+        max: usize,
+    ) -> Vec<(OwnerHash, Option<PersistedLease>)> {
+        self.reconcile(now);
+        let now_ms = now.mono_ms();
+        let wall = |mono_ms: u64| now.wall_ms.saturating_sub(now_ms.saturating_sub(mono_ms));
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(owner) = self.dirty.pop_first() else {
+                break;
+            };
+            let record = self.by_owner.get(&owner).map(|l| PersistedLease {
+                connection: l.connection,
+                key: l.key.clone(),
+                generation: l.generation,
+                state: l.state,
+                acquired_wall_ms: l.acquired_wall_ms,
+                renewed_wall_ms: l.renewed_wall_ms,
+                expires_wall_ms: l.expires_wall_ms,
+                ended_wall_ms: if l.state == LeaseState::Active {
+                    0
+                } else {
+                    wall(l.ended_mono_ms)
+                },
+            });
+            out.push((owner, record));
+        }
+        out
+    }
+
+    /// Takes back a persisted lease (start-up). An active lease already past its end comes
+    /// back expired; one whose connection another restored lease holds is invalidated.
+    pub fn adopt(&mut self, owner: OwnerHash, p: &PersistedLease, now: Now) {
+        let now_ms = now.mono_ms();
+        let mono = |wall_ms: u64| {
+            if wall_ms >= now.wall_ms {
+                now_ms.saturating_add(wall_ms - now.wall_ms)
+            } else {
+                now_ms.saturating_sub(now.wall_ms - wall_ms)
+            }
+        };
+        let mut state = p.state;
+        if state == LeaseState::Active && self.by_connection.contains_key(&p.connection) {
+            state = LeaseState::Invalidated;
+        }
+        let lease = Lease {
+            connection: p.connection,
+            key: p.key.clone(),
+            generation: p.generation,
+            state,
+            acquired_wall_ms: p.acquired_wall_ms,
+            renewed_wall_ms: p.renewed_wall_ms,
+            expires_wall_ms: p.expires_wall_ms,
+            expires_mono_ms: mono(p.expires_wall_ms),
+            ended_mono_ms: if state == LeaseState::Active {
+                0
+            } else if p.ended_wall_ms > 0 {
+                mono(p.ended_wall_ms)
+            } else {
+                now_ms
+            },
+        };
+        if state == LeaseState::Active {
+            self.by_connection.insert(p.connection, owner);
+        }
+        self.by_owner.insert(owner, lease);
+        // Re-reported, so the writer's copy follows this table from now on.
+        self.dirty.insert(owner);
+        self.reconcile(now);
     }
 
     /// Active leases at `now`.
@@ -518,5 +631,51 @@ mod tests {
         assert!(t.get(&A).is_none());
         let fresh = t.acquire(A, "k", &[C0], 1_000, clock.now());
         assert_eq!(fresh.map(|i| i.generation), Ok(1));
+    }
+
+    #[test]
+    fn changed_leases_are_reported_once_and_come_back_on_adoption() {
+        let clock = clock();
+        let mut t = LeaseTable::default();
+        assert!(t.acquire(A, "k", &[C0], 10_000, clock.now()).is_ok());
+        assert!(t.acquire(B, "k", &[C1], 10_000, clock.now()).is_ok());
+        assert!(t.release(&B, "k", 1, clock.now()).is_some());
+        clock.advance_ms(2_000);
+        let changed = t.take_changed(clock.now(), 10);
+        assert_eq!(changed.len(), 2);
+        assert!(t.take_changed(clock.now(), 10).is_empty(), "reported once");
+        // A restart 3 s later (another process: another monotonic epoch).
+        let later = ManualClock::new(clock.now().wall_ms + 3_000);
+        let mut back = LeaseTable::default();
+        for (owner, p) in &changed {
+            back.adopt(
+                *owner,
+                p.as_ref().unwrap_or_else(|| panic!("kept")),
+                later.now(),
+            );
+        }
+        // A's lease holds C0 until its end, 5 s from now; B's next lease is generation 2.
+        assert_eq!(back.fence(&A, "k", 1, later.now()), Fence::Valid(C0));
+        let taken = back.acquire([3; 32], "k", &[C0], 10_000, later.now());
+        assert_eq!(
+            taken,
+            Err(AcquireRefused::Capacity {
+                eligible: 1,
+                free: 0,
+                retry_after_s: 5
+            })
+        );
+        let b = back.acquire(B, "k", &[C1], 10_000, later.now());
+        assert_eq!(b.map(|i| i.generation), Ok(2));
+        later.advance_ms(5_000);
+        assert_eq!(back.fence(&A, "k", 1, later.now()), Fence::Stale);
+        // Two persisted active leases on one connection: the second is invalidated.
+        let mut twice = LeaseTable::default();
+        let (_, a) = &changed[0];
+        let a = a.clone().unwrap_or_else(|| panic!("kept"));
+        twice.adopt(A, &a, clock.now());
+        twice.adopt(B, &a, clock.now());
+        assert_eq!(twice.fence(&B, "k", 1, clock.now()), Fence::Stale);
+        assert_eq!(twice.fence(&A, "k", 1, clock.now()), Fence::Valid(C0));
     }
 }

@@ -1,11 +1,12 @@
 //! The lease owner (shard 0): the lease table, and its answers to lease actions.
 
 use crate::config::{Config, Scope};
-use crate::routing::lease::LeaseTable;
+use crate::routing::lease::{LeaseTable, OwnerHash, PersistedLease};
 use crate::shard::call::CallId;
+use crate::snapshot::state::Records;
 
-use super::protocol::{Action, Fact, Reply, Request};
-use crate::owners::{Cx, Mechanism};
+use super::protocol::{Action, Fact, LEASE_OWNER_SHARD, Reply, Request};
+use crate::owners::{Cx, Mechanism, Shard};
 
 /// Every lease (only shard 0's table is ever used).
 #[derive(Debug, Default)]
@@ -28,6 +29,32 @@ impl Leases {
                             .is_some_and(|a| a.contains(&connection))
                 })
         });
+    }
+}
+
+/// Collects up to `max` changed leases for the snapshot writer (only the lease owner has
+/// any).
+pub fn snapshot_delta(shard: &Shard, max: usize) -> Vec<(OwnerHash, Option<PersistedLease>)> {
+    let now = shard.now();
+    shard
+        .state()
+        .owners
+        .leases
+        .borrow_mut()
+        .table
+        .take_changed(now, max)
+}
+
+/// Start-up: the lease owner takes back the persisted leases (whatever the shard count:
+/// they all live on shard 0).
+pub fn restore(shard: &Shard, records: &Records) {
+    if records.leases.is_empty() || shard.id() != LEASE_OWNER_SHARD {
+        return;
+    }
+    let now = shard.now();
+    let mut leases = shard.state().owners.leases.borrow_mut();
+    for (owner, lease) in &records.leases {
+        leases.table.adopt(*owner, lease, now);
     }
 }
 
