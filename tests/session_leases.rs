@@ -548,6 +548,86 @@ fn leases_and_their_generations_survive_a_restart() {
 }
 
 #[test]
+fn a_leased_request_never_takes_the_emergency_fallback() {
+    let paid = MockUpstream::start();
+    let rescue = MockUpstream::start();
+    paid.on_always(CHAT, Reply::error(402, "Payment Required: out of credits"));
+    rescue.on_always(CHAT, Reply::openai_chat("rescued"));
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[client_keys]]
+id = "agent"
+key = "agent-key"
+scopes = ["inference", "lease:exclusive"]
+allowed_connections = ["p1", "r1"]
+
+[[client_keys]]
+id = "plain"
+key = "plain-key"
+
+[[providers]]
+id = "paid"
+format = "openai"
+base_url = "{}"
+models = ["m1"]
+
+[[providers]]
+id = "rescue"
+format = "openai"
+base_url = "{}"
+models = ["big"]
+
+[[connections]]
+id = "p1"
+provider = "paid"
+
+[[connections]]
+id = "r1"
+provider = "rescue"
+
+[emergency_fallback]
+target = "rescue/big"
+"#,
+        paid.base_url(),
+        rescue.base_url()
+    );
+    let gw = Gateway::start(&toml);
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("paid/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let body =
+        r#"{"model":"paid/m1","max_tokens":9000,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut c = Client::connect(gw.addr());
+    let resp = c.request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer agent-key"),
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "1"),
+        ],
+        body.as_bytes(),
+    );
+    // The leased connection's own answer, not a re-run elsewhere.
+    assert_eq!(resp.status, 402, "{}", resp.text());
+    assert_eq!(resp.header("x-omniroute-emergency-fallback"), None);
+    assert_eq!((paid.hits(CHAT), rescue.hits(CHAT)), (1, 0));
+    // The same request by a key that is not lease-managed is rescued (the fallback is on).
+    let mut c = Client::connect(gw.addr());
+    let plain = c.request(
+        "POST",
+        CHAT,
+        &[("authorization", "Bearer plain-key")],
+        body.as_bytes(),
+    );
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    assert_eq!(rescue.hits(CHAT), 1);
+}
+
+#[test]
 fn check_warns_of_a_lease_key_without_allowed_connections() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));
     assert_eq!(code, 0, "{stderr}");
