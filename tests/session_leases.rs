@@ -2,7 +2,9 @@
 //! /api/v1/session-leases` (acquire, renew, status, release; every check in order; the
 //! capacity answer), and the fence on inference — a lease-managed key's requests carry
 //! both lease headers and go to the leased connection only, from whichever shard serves
-//! them (every lease lives on shard 0). The lease headers never reach the upstream.
+//! them (every lease lives on shard 0), never to another candidate or the emergency
+//! fallback. The lease headers never reach the upstream. Leases and owners' generations
+//! survive a restart (the snapshot).
 
 #![allow(
     clippy::unwrap_used,
