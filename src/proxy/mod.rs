@@ -446,10 +446,14 @@ async fn inference(
             return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
         }
     };
-    // A lease-managed key's request passes its lease's fence first (B §5.4); boxed, so
-    // other requests' futures hold no room for the call to the lease owner.
+    // A lease-managed key's request passes its lease's fence first (B §5.4); boxed (built
+    // in its box), so other requests' futures hold no room for the call to the lease owner.
     if lease::is_managed(shard.config(), plan.key) {
-        let fenced = Box::pin(lease::fence(shard, head, &mut plan)).await;
+        let fenced = Box::into_pin(Box::write(
+            Box::new_uninit(),
+            lease::fence(shard, head, &mut plan),
+        ))
+        .await;
         if let Err(err) = fenced {
             return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
         }
