@@ -4,7 +4,8 @@
 //! both lease headers and go to the leased connection only, from whichever shard serves
 //! them (every lease lives on shard 0), never to another candidate or the emergency
 //! fallback. The lease headers never reach the upstream. Leases and owners' generations
-//! survive a restart (the snapshot).
+//! survive a restart (the snapshot); a reload that takes the connection from the key
+//! invalidates the lease.
 
 #![allow(
     clippy::unwrap_used,
@@ -627,6 +628,41 @@ target = "rescue/big"
     );
     assert_eq!(plain.status, 200, "{}", plain.text());
     assert_eq!(rescue.hits(CHAT), 1);
+}
+
+#[test]
+fn a_reload_that_takes_the_connection_from_the_key_invalidates_the_lease() {
+    let mock = MockUpstream::start();
+    let mut gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let status = json!({"action": "status", "generation": 1});
+    let held = lease(&gw, Some("agent-key"), Some(OWNER_A), &status);
+    assert_eq!(held.status, 200, "{}", held.text());
+    // The agent key may no longer use c2.
+    let file = config(&mock.base_url(), "").replace(
+        r#"allowed_connections = ["c2", "o1"]"#,
+        r#"allowed_connections = ["o1"]"#,
+    );
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(gw.config_path(), file).unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually(std::time::Duration::from_secs(10), "the reload", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the lease invalidated",
+        || {
+            let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &status);
+            (r.status == 409).then_some(())
+        },
+    );
+    let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &status);
+    assert_eq!(lease_error(&r), (409, "LEASE_FENCE_STALE".into()));
+    // c2 is free for another owner.
+    let other = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(other.status, 200, "{}", other.text());
 }
 
 #[test]
