@@ -131,6 +131,8 @@ pub enum ErrorKind {
     RateLimitQueueWedged,
     /// The gateway is shutting down and takes no new requests.
     ShuttingDown,
+    /// An exclusive-lease refusal (spec B §5): `error.type` `lease_error`, the spec's code.
+    Lease(LeaseCode),
     /// A bug or an exhausted internal resource.
     Internal,
 }
@@ -182,6 +184,7 @@ impl ErrorKind {
             ErrorKind::RateLimitExecutionTimeout => 504,
             ErrorKind::RateLimitQueueWedged => 503,
             ErrorKind::ShuttingDown => 503,
+            ErrorKind::Lease(c) => c.status(),
             ErrorKind::Internal => 500,
         }
     }
@@ -235,6 +238,7 @@ impl ErrorKind {
             ErrorKind::RateLimitExecutionTimeout => "rate_limit_execution_timeout",
             ErrorKind::RateLimitQueueWedged => "rate_limit_queue_wedged",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Lease(c) => c.code(),
             ErrorKind::Internal => "internal_server_error",
         }
     }
@@ -251,6 +255,10 @@ impl ErrorKind {
         if self == ErrorKind::ComboTimeout {
             // B §3.4: the combo timeout's body says server_error.
             return "server_error";
+        }
+        if let ErrorKind::Lease(_) = self {
+            // B §5.2: every lease error's envelope.
+            return "lease_error";
         }
         match self.status() {
             401 => "authentication_error",
@@ -333,6 +341,7 @@ impl ErrorKind {
             | ErrorKind::UpstreamUnreachable
             | ErrorKind::MeshUnavailable
             | ErrorKind::ShuttingDown
+            | ErrorKind::Lease(_)
             | ErrorKind::Internal => Retry::Decided(false),
             // A busy connection: another candidate may have room.
             ErrorKind::SemaphoreTimeout | ErrorKind::SemaphoreQueueFull => Retry::Decided(true),
@@ -356,6 +365,116 @@ impl ErrorKind {
                 | ErrorKind::BodyTooLarge
                 | ErrorKind::UnsupportedTransferEncoding
         )
+    }
+}
+
+/// The exclusive-lease refusals of spec B §5.2 and §5.4, with the spec's codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseCode {
+    /// No client key was presented.
+    AuthenticationRequired,
+    /// The presented key is not a configured one.
+    ApiKeyInvalid,
+    /// The body is not declared `application/json`.
+    ContentTypeRequired,
+    /// The body is not one of the four actions.
+    ActionInvalid,
+    /// The key lacks the `lease:exclusive` scope.
+    ScopeRequired,
+    /// A lease key without an explicit `allowed_connections` list.
+    KeyConfigurationInvalid,
+    /// `X-OmniRoute-Lease-Owner` (or, on inference, the generation) is missing.
+    ContextRequired,
+    /// A lease header is malformed.
+    ContextInvalid,
+    /// The acquire's model names nothing the gateway serves.
+    ModelInvalid,
+    /// Wrong generation, another owner or key, or a lease no longer active.
+    FenceStale,
+    /// None of the key's connections serves the model.
+    NoEligibleConnection,
+    /// The owner's lease is active under another key or connection (nothing rebound).
+    OwnerActive,
+    /// Every eligible connection is leased by another owner.
+    CapacityUnavailable,
+    /// The lease owner did not answer.
+    ServiceUnavailable,
+    /// A managed key's inference request whose owner holds no lease.
+    Required,
+    /// The lease's connection cannot serve the request's model.
+    ConnectionMismatch,
+    /// The lease was acquired with another client key.
+    AuthorizationMismatch,
+    /// A managed key asked for a combo, which could dispatch to several connections.
+    UnsupportedRoute,
+}
+
+impl LeaseCode {
+    /// Every code (`shard::metrics`' test that each has its counter).
+    #[cfg(test)]
+    pub const ALL: [LeaseCode; 18] = [
+        LeaseCode::AuthenticationRequired,
+        LeaseCode::ApiKeyInvalid,
+        LeaseCode::ContentTypeRequired,
+        LeaseCode::ActionInvalid,
+        LeaseCode::ScopeRequired,
+        LeaseCode::KeyConfigurationInvalid,
+        LeaseCode::ContextRequired,
+        LeaseCode::ContextInvalid,
+        LeaseCode::ModelInvalid,
+        LeaseCode::FenceStale,
+        LeaseCode::NoEligibleConnection,
+        LeaseCode::OwnerActive,
+        LeaseCode::CapacityUnavailable,
+        LeaseCode::ServiceUnavailable,
+        LeaseCode::Required,
+        LeaseCode::ConnectionMismatch,
+        LeaseCode::AuthorizationMismatch,
+        LeaseCode::UnsupportedRoute,
+    ];
+
+    pub fn status(self) -> u16 {
+        match self {
+            LeaseCode::AuthenticationRequired | LeaseCode::ApiKeyInvalid => 401,
+            LeaseCode::ContentTypeRequired => 415,
+            LeaseCode::ActionInvalid
+            | LeaseCode::ContextRequired
+            | LeaseCode::ContextInvalid
+            | LeaseCode::ModelInvalid
+            | LeaseCode::UnsupportedRoute => 400,
+            LeaseCode::ScopeRequired | LeaseCode::KeyConfigurationInvalid => 403,
+            LeaseCode::FenceStale
+            | LeaseCode::NoEligibleConnection
+            | LeaseCode::OwnerActive
+            | LeaseCode::Required
+            | LeaseCode::ConnectionMismatch
+            | LeaseCode::AuthorizationMismatch => 409,
+            LeaseCode::CapacityUnavailable => 429,
+            LeaseCode::ServiceUnavailable => 503,
+        }
+    }
+
+    pub fn code(self) -> &'static str {
+        match self {
+            LeaseCode::AuthenticationRequired => "LEASE_AUTHENTICATION_REQUIRED",
+            LeaseCode::ApiKeyInvalid => "LEASE_API_KEY_INVALID",
+            LeaseCode::ContentTypeRequired => "LEASE_CONTENT_TYPE_REQUIRED",
+            LeaseCode::ActionInvalid => "LEASE_ACTION_INVALID",
+            LeaseCode::ScopeRequired => "LEASE_SCOPE_REQUIRED",
+            LeaseCode::KeyConfigurationInvalid => "LEASE_KEY_CONFIGURATION_INVALID",
+            LeaseCode::ContextRequired => "LEASE_CONTEXT_REQUIRED",
+            LeaseCode::ContextInvalid => "LEASE_CONTEXT_INVALID",
+            LeaseCode::ModelInvalid => "LEASE_MODEL_INVALID",
+            LeaseCode::FenceStale => "LEASE_FENCE_STALE",
+            LeaseCode::NoEligibleConnection => "LEASE_NO_ELIGIBLE_CONNECTION",
+            LeaseCode::OwnerActive => "LEASE_OWNER_ACTIVE",
+            LeaseCode::CapacityUnavailable => "LEASE_CAPACITY_UNAVAILABLE",
+            LeaseCode::ServiceUnavailable => "LEASE_SERVICE_UNAVAILABLE",
+            LeaseCode::Required => "LEASE_REQUIRED",
+            LeaseCode::ConnectionMismatch => "LEASE_CONNECTION_MISMATCH",
+            LeaseCode::AuthorizationMismatch => "LEASE_AUTHORIZATION_MISMATCH",
+            LeaseCode::UnsupportedRoute => "LEASE_UNSUPPORTED_ROUTE",
+        }
     }
 }
 

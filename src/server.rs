@@ -600,6 +600,7 @@ fn open_snapshot(
                 connections = records.connections.len(),
                 provider_cooldowns = records.trackers.len(),
                 affinity_pins = records.pins.len(),
+                leases = records.leases.len(),
                 connection_overrides = records.connection_overrides.len(),
                 settings_patched = !records.settings_patch.is_empty(),
                 "snapshot restored"
@@ -667,6 +668,8 @@ fn collect_snapshot(shard: &Shard, sink: &DeltaSink) -> bool {
         crate::owners::health::owner::snapshot_delta(shard, SNAPSHOT_BATCH).unwrap_or_default();
     let room = SNAPSHOT_BATCH.saturating_sub(delta.len());
     delta.pins = crate::owners::affinity::owner::snapshot_delta(shard, room);
+    let room = SNAPSHOT_BATCH.saturating_sub(delta.len());
+    delta.leases = crate::owners::leases::owner::snapshot_delta(shard, room);
     let more = delta.len() >= SNAPSHOT_BATCH;
     if !delta.is_empty() {
         let _ = sink.send(ToWriter::Delta(delta));
@@ -859,6 +862,7 @@ async fn shard_main(
     // from the snapshot — before the pump and the first request.
     crate::owners::health::owner::restore(&shard, &persist.restored);
     crate::owners::affinity::owner::restore(&shard, &persist.restored);
+    crate::owners::leases::owner::restore(&shard, &persist.restored);
     drop(persist.restored);
     shard.start(receiver);
     {

@@ -241,6 +241,8 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         "top": [],
         "byShard": pins.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
     });
+    // Exclusive session leases, all on the lease-owner shard (`null`: it did not answer).
+    let leases = crate::owners::leases::client::count(shard).await;
     use std::sync::atomic::Ordering::Relaxed;
     let uptime_ms = now
         .wall_ms
@@ -261,6 +263,7 @@ async fn health(shard: &Shard) -> Result<Value, GatewayError> {
         "terminalConnections": terminal,
         "lockouts": lockouts_json(config, &status),
         "sessions": sessions,
+        "leases": { "active": leases },
         "queue": {
             "requests": sum(|m| m.queue_requests.load(Relaxed)),
         },

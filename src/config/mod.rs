@@ -204,7 +204,15 @@ pub struct ServerConfig {
     pub cors_allow_origins: Vec<String>,
     /// `/metrics` answers every caller without a credential.
     pub metrics_public: bool,
+    /// How long an exclusive session lease lives after its acquire or last renew (B §5.1).
+    pub lease_ttl_ms: u64,
 }
+
+/// `server.lease_ttl_ms` when unset (B §5.1).
+pub const DEFAULT_LEASE_TTL_MS: u64 = 120_000;
+/// The bounds of `server.lease_ttl_ms` (B §5.1's clamp).
+pub const MIN_LEASE_TTL_MS: u64 = 1_000;
+pub const MAX_LEASE_TTL_MS: u64 = 1_800_000;
 
 /// `server.mesh_ring_capacity` when unset: the mesh's own default (`mesh::ring::RING_CAPACITY`;
 /// a test in `server.rs`, which sees both layers, keeps the two equal).
@@ -255,6 +263,12 @@ pub struct ClientKey {
 impl ClientKey {
     pub fn has_scope(&self, s: Scope) -> bool {
         self.scopes.contains(&s)
+    }
+
+    /// Lease-managed (B §5.4): every inference request carries its lease's headers and
+    /// goes to the leased connection only.
+    pub fn is_lease_managed(&self) -> bool {
+        self.has_scope(Scope::LeaseExclusive)
     }
 
     pub fn may_use(&self, c: ConnectionId) -> bool {

@@ -75,6 +75,7 @@ pub struct RawServer {
     pub tls_key_file: Option<String>,
     pub cors_allow_origins: Option<Vec<String>>,
     pub metrics_public: Option<bool>,
+    pub lease_ttl_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

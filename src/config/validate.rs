@@ -309,6 +309,7 @@ impl Default for ServerConfig {
             tls: None,
             cors_allow_origins: Vec::new(),
             metrics_public: false,
+            lease_ttl_ms: super::DEFAULT_LEASE_TTL_MS,
         }
     }
 }
@@ -607,6 +608,13 @@ impl Loader<'_> {
             allow_shared_listen: raw.allow_shared_listen.unwrap_or(d.allow_shared_listen),
             allow_open_gateway: raw.allow_open_gateway.unwrap_or(d.allow_open_gateway),
             metrics_public: raw.metrics_public.unwrap_or(d.metrics_public),
+            lease_ttl_ms: self.bounded(
+                "server.lease_ttl_ms",
+                raw.lease_ttl_ms,
+                d.lease_ttl_ms,
+                super::MIN_LEASE_TTL_MS,
+                super::MAX_LEASE_TTL_MS,
+            ),
             tls: self.listener_tls(raw),
             cors_allow_origins: self.cors_origins(raw),
             log_format: match raw.log_format.as_deref() {
@@ -1169,6 +1177,16 @@ impl Loader<'_> {
                 }
                 ids
             });
+            if scopes.contains(&Scope::LeaseExclusive)
+                && allowed_connections.as_ref().is_none_or(Vec::is_empty)
+            {
+                self.warn(
+                    &key,
+                    "scope lease:exclusive without allowed_connections: this key can acquire \
+                     no lease (403 LEASE_KEY_CONFIGURATION_INVALID), so its inference \
+                     requests, which need one, are refused",
+                );
+            }
             out.push(ClientKey {
                 id,
                 secret: secret.unwrap_or(KeySecret::Plain(String::new())),
@@ -2691,7 +2709,8 @@ mod tests {
         let dev = c.client_keys.iter().find(|k| k.id == "dev").unwrap();
         assert_eq!(dev.secret, KeySecret::Plain("tidegate-dev-key".into()));
         assert!(dev.has_scope(Scope::Inference) && dev.has_scope(Scope::Manage));
-        assert!(dev.has_scope(Scope::LeaseExclusive));
+        // A lease:exclusive key must carry lease headers on every request: not the dev key.
+        assert!(!dev.has_scope(Scope::LeaseExclusive));
         assert!(!c.combos.is_empty());
     }
 

@@ -179,6 +179,27 @@ mod tool_limits {
     mesh_safe!(enum Fact { Learned { provider, model @ name, tools, until_ms } });
 }
 
+mod leases {
+    use crate::mesh_safe;
+    use crate::owners::leases::protocol::{Action, Fact, Reply, Request};
+
+    // Numbers, ids and closed enums (lease times, generations, counts).
+    mesh_safe!(copy: Reply);
+    // The owner is its token's SHA-256 digest, never the token; the key is a configured
+    // client key's id.
+    mesh_safe!(struct Request { owner @ copy, key @ name, action });
+    mesh_safe!(enum Action {
+        Acquire { eligible, ttl_ms },
+        Renew { generation, ttl_ms },
+        Release { generation },
+        Status { generation },
+        Fence { generation },
+        Count,
+    });
+    // No facts: an empty enum (no value exists to cross).
+    impl crate::mesh::safe::MeshSafe for Fact {}
+}
+
 #[cfg(test)]
 mod tests {
     use crate::owners::health::protocol::{LastError, MAX_VERDICT_TEXT_BYTES};

@@ -12,6 +12,7 @@
 pub mod affinity;
 pub mod gates;
 pub mod health;
+pub mod leases;
 pub mod queue;
 pub mod quota_share;
 pub mod tool_limits;
@@ -296,6 +297,7 @@ mechanisms! {
     Queue => queue::Queue,
     QuotaShare => quota_share::QuotaShare,
     Affinity => affinity::Affinity,
+    Leases => leases::Leases,
     ToolLimits => tool_limits::ToolLimitTable,
     #[cfg(test)]
     Counter => counter::Counter,

@@ -9,6 +9,7 @@ pub mod combo;
 pub mod continuation;
 pub mod deadline;
 pub mod forward;
+pub mod lease;
 pub mod models;
 pub mod observe;
 pub mod peek;
@@ -142,6 +143,8 @@ enum Route {
     Models,
     /// `GET /v1/models/{id}`; the id is the rest of the path.
     Model,
+    /// `POST /api/v1/session-leases` (B §5.2).
+    SessionLeases,
     Admin(admin::Route),
 }
 
@@ -182,6 +185,9 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
     }
     if path == MODELS_PATH {
         return want(Method::Get, Route::Models);
+    }
+    if path == lease::LEASES_PATH {
+        return want(Method::Post, Route::SessionLeases);
     }
     if path
         .strip_prefix(MODELS_PATH)
@@ -231,6 +237,12 @@ pub async fn handle(
         log.emit(shard, head);
         return after;
     }
+    // The lease endpoint answers `OPTIONS` itself, naming the lease headers (B §5.2).
+    if head.method() == Method::Options && head.path() == lease::LEASES_PATH {
+        let after = lease_options(shard, client, keep_alive, &log).await;
+        log.emit(shard, head);
+        return after;
+    }
     let result = match route(head) {
         Ok(Route::Inference(ep)) => {
             let after = inference(shard, head, ep, body, client, pending, keep_alive, &log).await;
@@ -243,6 +255,14 @@ pub async fn handle(
             let id = head.path().get(MODELS_PATH.len() + 1..).unwrap_or_default();
             models::retrieve(shard.config(), &shard.shared().routes, id)
         }),
+        Ok(Route::SessionLeases) => {
+            if let Caller::Key(i) = shard.caller(head)
+                && let Some(k) = shard.config().client_keys.get(i)
+            {
+                log.key(&k.id);
+            }
+            lease::serve(shard, head, &body).await
+        }
         Ok(Route::Admin(r)) => {
             let peer = client.peer_addr().ok().map(|a| a.ip());
             // Identified once: for the access line and for the access decision.
@@ -289,8 +309,8 @@ pub async fn handle(
 }
 
 /// Request fields a browser may send when `server.cors_allow_origins` does not echo its own.
-const CORS_ALLOW_HEADERS: &str =
-    "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, x-request-id";
+const CORS_ALLOW_HEADERS: &str = "authorization, content-type, x-api-key, anthropic-version, \
+     anthropic-beta, x-request-id, x-omniroute-lease-owner, x-omniroute-lease-generation";
 
 /// A CORS preflight (`OPTIONS` with `Origin`): 204 with the allowed methods and fields when
 /// the origin is allowed, 403 otherwise.
@@ -325,6 +345,39 @@ async fn preflight(
         (access::REQUEST_ID_HEADER, log.id.as_bytes()),
     ];
     let mut out = BytesMut::with_capacity(512);
+    crate::http1::write_response_head(
+        &mut out,
+        204,
+        headers,
+        crate::http1::Framing::NoBody,
+        keep_alive,
+    );
+    shard.metrics().response(204);
+    log.responding(shard, 204);
+    log.sent(out.len());
+    match write_all(client, out).await {
+        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
+        _ => After::Close,
+    }
+}
+
+/// `OPTIONS /api/v1/session-leases`: 204, allowing `POST` and the lease headers.
+async fn lease_options(
+    shard: &Req<'_>,
+    client: &mut ClientStream,
+    keep_alive: Persist,
+    log: &access::AccessLog,
+) -> After {
+    let keep_alive = keep_alive_now(shard, keep_alive);
+    let headers: [(&str, &[u8]); 3] = [
+        ("access-control-allow-methods", b"POST, OPTIONS"),
+        (
+            "access-control-allow-headers",
+            lease::LEASE_ALLOW_HEADERS.as_bytes(),
+        ),
+        (access::REQUEST_ID_HEADER, log.id.as_bytes()),
+    ];
+    let mut out = BytesMut::with_capacity(256);
     crate::http1::write_response_head(
         &mut out,
         204,
@@ -394,6 +447,18 @@ async fn inference(
             return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
         }
     };
+    // A lease-managed key's request passes its lease's fence first (B §5.4); boxed (built
+    // in its box), so other requests' futures hold no room for the call to the lease owner.
+    if lease::is_managed(shard.config(), plan.key) {
+        let fenced = Box::into_pin(Box::write(
+            Box::new_uninit(),
+            lease::fence(shard, head, &mut plan),
+        ))
+        .await;
+        if let Err(err) = fenced {
+            return send_error(shard, client, &err, dialect(head), keep_alive, Some(log)).await;
+        }
+    }
     // When the shutdown grace period ends before anything was written to the client, the
     // request is answered 503 `shutting_down` (a stream under way ends in `stream::commit`).
     let committed = std::cell::Cell::new(false);

@@ -532,15 +532,19 @@ pub(super) fn note_budget(
 /// configured (and not switched off), it is another target, the request has no tools, and
 /// the endpoint has an output limit to cap.
 fn emergency_applies(shard: &Req<'_>, req: &Request<'_>, target: &Target) -> bool {
-    shard
-        .config()
-        .emergency_fallback
-        .as_ref()
-        .is_some_and(|fb| {
-            (fb.provider, fb.model.as_str()) != (target.provider, target.model.as_str())
-                && !req.plan.peek.has_tools
-                && output_limit_field(req.endpoint).is_some()
-        })
+    // A lease-managed key's request goes to its leased connection only (B §5.4).
+    let config = shard.config();
+    let managed = req.plan.key.and_then(|i| config.client_keys.get(i));
+    !managed.is_some_and(crate::config::ClientKey::is_lease_managed)
+        && shard
+            .config()
+            .emergency_fallback
+            .as_ref()
+            .is_some_and(|fb| {
+                (fb.provider, fb.model.as_str()) != (target.provider, target.model.as_str())
+                    && !req.plan.peek.has_tools
+                    && output_limit_field(req.endpoint).is_some()
+            })
 }
 
 fn output_limit_field(endpoint: Endpoint) -> Option<&'static str> {

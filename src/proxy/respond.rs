@@ -236,6 +236,7 @@ fn is_state_refusal(kind: ErrorKind) -> bool {
         | ErrorKind::RateLimitQueueTimeout
         | ErrorKind::RateLimitExecutionTimeout
         | ErrorKind::RateLimitQueueWedged
+        | ErrorKind::Lease(_)
         | ErrorKind::Internal => false,
     }
 }

@@ -16,7 +16,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 48] = [
+pub const ERROR_KINDS: [ErrorKind; 66] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -64,6 +64,24 @@ pub const ERROR_KINDS: [ErrorKind; 48] = [
     ErrorKind::RateLimitExecutionTimeout,
     ErrorKind::RateLimitQueueWedged,
     ErrorKind::ShuttingDown,
+    ErrorKind::Lease(crate::error::LeaseCode::AuthenticationRequired),
+    ErrorKind::Lease(crate::error::LeaseCode::ApiKeyInvalid),
+    ErrorKind::Lease(crate::error::LeaseCode::ContentTypeRequired),
+    ErrorKind::Lease(crate::error::LeaseCode::ActionInvalid),
+    ErrorKind::Lease(crate::error::LeaseCode::ScopeRequired),
+    ErrorKind::Lease(crate::error::LeaseCode::KeyConfigurationInvalid),
+    ErrorKind::Lease(crate::error::LeaseCode::ContextRequired),
+    ErrorKind::Lease(crate::error::LeaseCode::ContextInvalid),
+    ErrorKind::Lease(crate::error::LeaseCode::ModelInvalid),
+    ErrorKind::Lease(crate::error::LeaseCode::FenceStale),
+    ErrorKind::Lease(crate::error::LeaseCode::NoEligibleConnection),
+    ErrorKind::Lease(crate::error::LeaseCode::OwnerActive),
+    ErrorKind::Lease(crate::error::LeaseCode::CapacityUnavailable),
+    ErrorKind::Lease(crate::error::LeaseCode::ServiceUnavailable),
+    ErrorKind::Lease(crate::error::LeaseCode::Required),
+    ErrorKind::Lease(crate::error::LeaseCode::ConnectionMismatch),
+    ErrorKind::Lease(crate::error::LeaseCode::AuthorizationMismatch),
+    ErrorKind::Lease(crate::error::LeaseCode::UnsupportedRoute),
     ErrorKind::Internal,
 ];
 
@@ -958,6 +976,17 @@ mod tests {
     fn bucket_by_float(ns: u64) -> Option<usize> {
         let secs = ns as f64 / 1e9;
         LATENCY_BUCKETS.iter().position(|b| secs <= *b)
+    }
+
+    /// Every lease refusal has its own counter (none falls back to `Internal`'s), and
+    /// `Internal` stays last.
+    #[test]
+    fn every_lease_code_is_counted_apart() {
+        for code in crate::error::LeaseCode::ALL {
+            let i = kind_index(ErrorKind::Lease(code));
+            assert_eq!(ERROR_KINDS[i], ErrorKind::Lease(code));
+        }
+        assert_eq!(ERROR_KINDS.last(), Some(&ErrorKind::Internal));
     }
 
     #[test]

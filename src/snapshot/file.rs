@@ -30,8 +30,8 @@ use rkyv::util::AlignedVec;
 
 use super::schema::{
     self, AFFINITY_PINS_VERSION, BREAKERS_VERSION, CONNECTION_OVERRIDES_VERSION,
-    CONNECTIONS_VERSION, Contents, PROVIDER_COOLDOWNS_VERSION, RUNTIME_SETTINGS_VERSION, Section,
-    SkippedSection, tag,
+    CONNECTIONS_VERSION, Contents, LEASES_VERSION, PROVIDER_COOLDOWNS_VERSION,
+    RUNTIME_SETTINGS_VERSION, Section, SkippedSection, tag,
 };
 
 /// First bytes of every snapshot file.
@@ -189,7 +189,7 @@ pub fn encode(
     written_at_wall_ms: u64,
     contents: Contents,
 ) -> Result<Vec<u8>, EncodeError> {
-    let sections: [(u32, u32, AlignedVec); 6] = [
+    let sections: [(u32, u32, AlignedVec); 7] = [
         (tag::BREAKERS, BREAKERS_VERSION, archive(contents.breakers)?),
         (
             tag::CONNECTIONS,
@@ -216,6 +216,7 @@ pub fn encode(
             AFFINITY_PINS_VERSION,
             archive(contents.affinity_pins)?,
         ),
+        (tag::LEASES, LEASES_VERSION, archive(contents.leases)?),
     ];
     let payload_len: usize = sections
         .iter()
@@ -390,6 +391,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Contents), Problem> {
             (tag::AFFINITY_PINS, AFFINITY_PINS_VERSION) => {
                 contents.affinity_pins = read_section(t, body)?;
             }
+            (tag::LEASES, LEASES_VERSION) => contents.leases = read_section(t, body)?,
             (t, v) => contents.skipped_sections.push(SkippedSection {
                 tag: t,
                 name: schema::tag::name(t),
@@ -405,8 +407,8 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Contents), Problem> {
 mod tests {
     use super::*;
     use crate::snapshot::schema::{
-        BreakerEntry, ConnectionEntry, ConnectionOverrideEntry, ModelCapEntry, PinEntry,
-        SettingsPatchEntry, TrackerEntry,
+        BreakerEntry, ConnectionEntry, ConnectionOverrideEntry, LeaseEntry, ModelCapEntry,
+        PinEntry, SettingsPatchEntry, TrackerEntry,
     };
 
     pub(crate) fn sample() -> Contents {
@@ -470,6 +472,18 @@ mod tests {
                 created_wall_ms: 1,
                 last_used_wall_ms: 2,
                 expires_wall_ms: 3,
+            }],
+            leases: vec![LeaseEntry {
+                owner: "cd".repeat(32),
+                key: "agent".into(),
+                provider: "p".into(),
+                connection: "c".into(),
+                generation: 2,
+                state: "ACTIVE".into(),
+                acquired_wall_ms: 1,
+                renewed_wall_ms: 2,
+                expires_wall_ms: 120_002,
+                ended_wall_ms: 0,
             }],
             skipped_sections: Vec::new(),
         }

@@ -1,7 +1,8 @@
 //! The crash-safe snapshot (ARCHITECTURE §5 "Persistence"): what survives a restart —
 //! circuit breakers, connection states (cooldowns, backoff levels, terminal states, last
-//! errors) and the provider cooldown tracker's entries. Model lockouts are not persisted
-//! (the guide keeps them in memory).
+//! errors), the provider cooldown tracker's entries, session affinity pins, PATCHed
+//! settings and exclusive session leases. Model lockouts are not persisted (the guide keeps
+//! them in memory).
 //!
 //! * `schema` — the sections and their records (rkyv archives, named by config ids).
 //! * `file` — the file format, sans-IO: header (magic, schema version, bounded length,

@@ -29,8 +29,8 @@ pub mod tag {
     pub const CONNECTION_OVERRIDES: u32 = 5;
     /// [`super::PinEntry`]: session affinity pins.
     pub const AFFINITY_PINS: u32 = 6;
-    // Reserved for the state ARCHITECTURE §3 also persists, added as it lands:
-    // 7 exclusive leases.
+    /// [`super::LeaseEntry`]: exclusive session leases.
+    pub const LEASES: u32 = 7;
 
     /// The name `inspect` shows for a tag.
     pub fn name(tag: u32) -> &'static str {
@@ -41,7 +41,7 @@ pub mod tag {
             RUNTIME_SETTINGS => "runtimeSettings",
             CONNECTION_OVERRIDES => "connectionOverrides",
             AFFINITY_PINS => "affinityPins",
-            7 => "leases",
+            LEASES => "leases",
             _ => "unknown",
         }
     }
@@ -54,6 +54,7 @@ pub const PROVIDER_COOLDOWNS_VERSION: u32 = 1;
 pub const RUNTIME_SETTINGS_VERSION: u32 = 1;
 pub const CONNECTION_OVERRIDES_VERSION: u32 = 1;
 pub const AFFINITY_PINS_VERSION: u32 = 1;
+pub const LEASES_VERSION: u32 = 1;
 
 /// The body of every section: its records in a list. One generic type (rather than a
 /// struct per section) so every section is framed, archived and validated the same way;
@@ -213,6 +214,28 @@ pub struct PinEntry {
     pub expires_wall_ms: u64,
 }
 
+/// One owner's latest exclusive session lease, active or ended (an ended one keeps the
+/// owner's generation count). The owner is the SHA-256 digest of its token (hex), never the
+/// token; `key` is the client key's configured id; instants are wall-clock ms
+/// (`endedWallMs` 0 while active).
+#[derive(
+    Clone, Debug, PartialEq, Eq, Serialize, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseEntry {
+    pub owner: String,
+    pub key: String,
+    pub provider: String,
+    pub connection: String,
+    pub generation: u64,
+    /// `ACTIVE`, `RELEASED`, `EXPIRED` or `INVALIDATED`.
+    pub state: String,
+    pub acquired_wall_ms: u64,
+    pub renewed_wall_ms: u64,
+    pub expires_wall_ms: u64,
+    pub ended_wall_ms: u64,
+}
+
 /// Everything one snapshot holds, owned (decoded from a file or about to be encoded).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -223,6 +246,7 @@ pub struct Contents {
     pub runtime_settings: Vec<SettingsPatchEntry>,
     pub connection_overrides: Vec<ConnectionOverrideEntry>,
     pub affinity_pins: Vec<PinEntry>,
+    pub leases: Vec<LeaseEntry>,
     /// Sections this release does not read (a later release wrote them): tag and version.
     pub skipped_sections: Vec<SkippedSection>,
 }

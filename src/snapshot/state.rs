@@ -19,11 +19,12 @@ use crate::resilience::connection::{
     TestStatus, parse_reason,
 };
 use crate::resilience::tracker::{TrackerKey, TrackerRecord};
+use crate::routing::lease::{LeaseState, OwnerHash, PersistedLease};
 use crate::routing::session::SessionDigest;
 
 use super::schema::{
-    BreakerEntry, ConnectionEntry, ConnectionOverrideEntry, Contents, ModelCapEntry, PinEntry,
-    SettingsPatchEntry, StreakEntry, StrikesEntry, TrackerEntry,
+    BreakerEntry, ConnectionEntry, ConnectionOverrideEntry, Contents, LeaseEntry, ModelCapEntry,
+    PinEntry, SettingsPatchEntry, StreakEntry, StrikesEntry, TrackerEntry,
 };
 
 /// A session's pin for one provider: `(provider, session digest)`.
@@ -45,6 +46,8 @@ pub struct Records {
     pub connections: BTreeMap<ConnectionId, ConnectionState>,
     pub trackers: BTreeMap<TrackerKey, TrackerRecord>,
     pub pins: BTreeMap<PinKey, PinRecord>,
+    /// Each lease owner's latest lease (all on shard 0).
+    pub leases: BTreeMap<OwnerHash, PersistedLease>,
     /// The `PATCH /api/resilience` bodies accepted since start (or the last reload),
     /// merged (`RuntimeSettings::resilience_patch`); empty when none.
     pub settings_patch: serde_json::Map<String, serde_json::Value>,
@@ -60,6 +63,7 @@ pub struct Delta {
     pub connections: Vec<(ConnectionId, Option<ConnectionState>)>,
     pub trackers: Vec<(TrackerKey, Option<TrackerRecord>)>,
     pub pins: Vec<(PinKey, Option<PinRecord>)>,
+    pub leases: Vec<(OwnerHash, Option<PersistedLease>)>,
 }
 
 impl Delta {
@@ -68,7 +72,11 @@ impl Delta {
     }
 
     pub fn len(&self) -> usize {
-        self.breakers.len() + self.connections.len() + self.trackers.len() + self.pins.len()
+        self.breakers.len()
+            + self.connections.len()
+            + self.trackers.len()
+            + self.pins.len()
+            + self.leases.len()
     }
 }
 
@@ -89,6 +97,7 @@ impl Records {
             && self.connections.is_empty()
             && self.trackers.is_empty()
             && self.pins.is_empty()
+            && self.leases.is_empty()
             && self.settings_patch.is_empty()
             && self.connection_overrides.is_empty()
     }
@@ -106,6 +115,9 @@ impl Records {
         }
         for (k, v) in delta.pins {
             put(&mut self.pins, k, v);
+        }
+        for (k, v) in delta.leases {
+            put(&mut self.leases, k, v);
         }
     }
 
@@ -188,6 +200,23 @@ impl Records {
                 created_wall_ms: pin.created_wall_ms,
                 last_used_wall_ms: pin.last_used_wall_ms,
                 expires_wall_ms: pin.expires_wall_ms,
+            });
+        }
+        for (owner, l) in &self.leases {
+            let Some(conn) = connection(l.connection) else {
+                continue;
+            };
+            contents.leases.push(LeaseEntry {
+                owner: hex::encode(owner),
+                key: l.key.clone(),
+                provider: provider(conn.provider),
+                connection: conn.name.clone(),
+                generation: l.generation,
+                state: l.state.as_str().to_owned(),
+                acquired_wall_ms: l.acquired_wall_ms,
+                renewed_wall_ms: l.renewed_wall_ms,
+                expires_wall_ms: l.expires_wall_ms,
+                ended_wall_ms: l.ended_wall_ms,
             });
         }
         contents
@@ -318,6 +347,37 @@ impl Records {
                 _ => dropped.push(format!(
                     "affinity pin {} ({}): not in the config",
                     e.connection, e.provider
+                )),
+            }
+        }
+        for e in &contents.leases {
+            let owner = hex::decode(&e.owner)
+                .ok()
+                .and_then(|b| OwnerHash::try_from(b.as_slice()).ok());
+            let state = LeaseState::parse(&e.state);
+            match (owner, state, connection(&e.connection, &e.provider)) {
+                (Some(owner), Some(state), Some(c)) => {
+                    r.leases.insert(
+                        owner,
+                        PersistedLease {
+                            connection: c,
+                            key: e.key.clone(),
+                            generation: e.generation,
+                            state,
+                            acquired_wall_ms: e.acquired_wall_ms,
+                            renewed_wall_ms: e.renewed_wall_ms,
+                            expires_wall_ms: e.expires_wall_ms,
+                            ended_wall_ms: e.ended_wall_ms,
+                        },
+                    );
+                }
+                (_, _, None) => dropped.push(format!(
+                    "lease on {} ({}): not in the config",
+                    e.connection, e.provider
+                )),
+                _ => dropped.push(format!(
+                    "lease on {} ({}): bad owner digest or state {:?}",
+                    e.connection, e.provider, e.state
                 )),
             }
         }
@@ -571,6 +631,19 @@ mod tests {
                 expires_wall_ms: 3,
             },
         );
+        r.leases.insert(
+            [4; 32],
+            PersistedLease {
+                connection: ConnectionId(1),
+                key: "agent".into(),
+                generation: 3,
+                state: LeaseState::Released,
+                acquired_wall_ms: 10,
+                renewed_wall_ms: 11,
+                expires_wall_ms: 12,
+                ended_wall_ms: 11,
+            },
+        );
         r.settings_patch
             .insert("requestQueue".into(), serde_json::json!({"maxWaitMs": 10}));
         r.connection_overrides.insert(
@@ -610,6 +683,7 @@ mod tests {
             moved.pins[&(ProviderId(0), [9; 32])].connection,
             ConnectionId(0)
         );
+        assert_eq!(moved.leases[&[4; 32]].connection, ConnectionId(0));
     }
 
     #[test]

@@ -1,0 +1,684 @@
+//! Exclusive session leases (spec B §5) through the real gateway: `POST
+//! /api/v1/session-leases` (acquire, renew, status, release; every check in order; the
+//! capacity answer), and the fence on inference — a lease-managed key's requests carry
+//! both lease headers and go to the leased connection only, from whichever shard serves
+//! them (every lease lives on shard 0), never to another candidate or the emergency
+//! fallback. The lease headers never reach the upstream. Leases and owners' generations
+//! survive a restart (the snapshot); a reload that takes the connection from the key
+//! invalidates the lease.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods
+)]
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+const LEASES: &str = "/api/v1/session-leases";
+const OWNER_A: &str = "vlo_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+const OWNER_B: &str = "vlo_BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
+
+/// Two shards; provider `up` with `c1` (priority 1, upstream key `k1`) and `c2` (priority
+/// 2, `k2`); provider `other` with `o1`. The `agent` key may lease only `c2`.
+fn config(base: &str, server_extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+{server_extra}
+
+[[client_keys]]
+id = "agent"
+key = "agent-key"
+scopes = ["inference", "lease:exclusive"]
+allowed_connections = ["c2", "o1"]
+
+[[client_keys]]
+id = "agent2"
+key = "agent2-key"
+scopes = ["inference", "lease:exclusive"]
+allowed_connections = ["c2"]
+
+[[client_keys]]
+id = "plain"
+key = "plain-key"
+scopes = ["inference"]
+
+[[client_keys]]
+id = "nolist"
+key = "nolist-key"
+scopes = ["inference", "lease:exclusive"]
+
+[[client_keys]]
+id = "ops"
+key = "ops-key"
+scopes = ["manage"]
+
+[[providers]]
+id = "up"
+format = "openai"
+base_url = "{base}"
+models = ["m1"]
+
+[[providers]]
+id = "other"
+format = "openai"
+base_url = "{base}"
+models = ["m9"]
+
+[[providers]]
+id = "third"
+format = "openai"
+base_url = "{base}"
+models = ["m3"]
+
+[[connections]]
+id = "c1"
+provider = "up"
+priority = 1
+api_key_env = "TG_LEASE_K1"
+
+[[connections]]
+id = "c2"
+provider = "up"
+priority = 2
+api_key_env = "TG_LEASE_K2"
+
+[[connections]]
+id = "o1"
+provider = "other"
+api_key_env = "TG_LEASE_K1"
+
+[[connections]]
+id = "t1"
+provider = "third"
+api_key_env = "TG_LEASE_K1"
+
+[[combos]]
+name = "team"
+targets = ["up/m1"]
+"#
+    )
+}
+
+fn start(base: &str, server_extra: &str) -> Gateway {
+    Gateway::start_with_env(
+        &config(base, server_extra),
+        &[("TG_LEASE_K1", "k1"), ("TG_LEASE_K2", "k2")],
+    )
+}
+
+/// A lease call on a fresh client connection (so both shards serve some).
+fn lease(gw: &Gateway, key: Option<&str>, owner: Option<&str>, body: &Value) -> Response {
+    let mut headers = vec![("content-type", "application/json")];
+    let auth;
+    if let Some(k) = key {
+        auth = format!("Bearer {k}");
+        headers.push(("authorization", auth.as_str()));
+    }
+    if let Some(o) = owner {
+        headers.push(("x-omniroute-lease-owner", o));
+    }
+    let mut c = Client::connect(gw.addr());
+    c.request("POST", LEASES, &headers, body.to_string().as_bytes())
+}
+
+/// An inference request on a fresh client connection, with `extra` headers.
+fn ask(gw: &Gateway, key: &str, model: &str, extra: &[(&str, &str)]) -> Response {
+    let auth = format!("Bearer {key}");
+    let mut headers = vec![("authorization", auth.as_str())];
+    headers.extend_from_slice(extra);
+    let mut c = Client::connect(gw.addr());
+    c.request(
+        "POST",
+        CHAT,
+        &headers,
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+            .as_bytes(),
+    )
+}
+
+/// The status and `error.code` of a lease error, checking its envelope.
+fn lease_error(resp: &Response) -> (u16, String) {
+    let body = resp.json();
+    assert_eq!(body["error"]["type"], "lease_error", "{}", resp.text());
+    assert!(body["error"]["message"].is_string(), "{}", resp.text());
+    (
+        resp.status,
+        body["error"]["code"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn acquire(model: &str) -> Value {
+    json!({"action": "acquire", "model": model})
+}
+
+#[test]
+fn a_lease_fences_inference_to_its_connection_from_either_shard() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "");
+    assert_eq!(gw.shards(), 2);
+
+    // Acquire: generation 1, ISO times, nothing that names the connection or the owner.
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let body = got.json();
+    assert_eq!(body["state"], "ACTIVE");
+    assert_eq!(body["generation"], 1);
+    for t in ["acquiredAt", "renewedAt", "expiresAt"] {
+        let s = body[t].as_str().unwrap();
+        assert!(
+            s.len() == 24 && s.ends_with('Z') && s.contains('T'),
+            "{t}: {s}"
+        );
+    }
+    let text = got.text();
+    for secret in ["c2", "agent", OWNER_A, "k2"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+
+    // Inference with the lease headers goes to c2 (the leased one; c1 has the better
+    // priority), whichever shard serves it. The lease headers never reach the upstream.
+    let headers = [
+        ("x-omniroute-lease-owner", OWNER_A),
+        ("x-omniroute-lease-generation", "1"),
+    ];
+    let mut shards = std::collections::BTreeSet::new();
+    for _ in 0..12 {
+        let resp = ask(&gw, "agent-key", "up/m1", &headers);
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(
+            resp.header("x-omniroute-selected-connection-id"),
+            Some("c2")
+        );
+        shards.insert(shard_of(&resp));
+    }
+    assert_eq!(shards.len(), 2, "both shards served: {shards:?}");
+    let seen = mock.requests_to(CHAT);
+    assert_eq!(seen.len(), 12);
+    for r in &seen {
+        assert_eq!(r.header("authorization"), Some("Bearer k2"));
+        assert!(!r.has_header("x-omniroute-lease-owner"));
+        assert!(!r.has_header("x-omniroute-lease-generation"));
+    }
+
+    // A stale generation, a missing or malformed header: refused before any dispatch.
+    let stale = ask(
+        &gw,
+        "agent-key",
+        "up/m1",
+        &[
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "2"),
+        ],
+    );
+    assert_eq!(lease_error(&stale), (409, "LEASE_FENCE_STALE".into()));
+    let bare = ask(&gw, "agent-key", "up/m1", &[]);
+    assert_eq!(lease_error(&bare), (400, "LEASE_CONTEXT_REQUIRED".into()));
+    let no_generation = ask(
+        &gw,
+        "agent-key",
+        "up/m1",
+        &[("x-omniroute-lease-owner", OWNER_A)],
+    );
+    assert_eq!(
+        lease_error(&no_generation),
+        (400, "LEASE_CONTEXT_REQUIRED".into())
+    );
+    let zero = ask(
+        &gw,
+        "agent-key",
+        "up/m1",
+        &[
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "01"),
+        ],
+    );
+    assert_eq!(lease_error(&zero), (400, "LEASE_CONTEXT_INVALID".into()));
+    // The lease is c2's: a model c2 does not serve cannot be routed there.
+    let elsewhere = ask(&gw, "agent-key", "other/m9", &headers);
+    assert_eq!(
+        lease_error(&elsewhere),
+        (409, "LEASE_CONNECTION_MISMATCH".into())
+    );
+    // A managed key cannot fan out over a combo.
+    let combo = ask(&gw, "agent-key", "team", &headers);
+    assert_eq!(lease_error(&combo), (400, "LEASE_UNSUPPORTED_ROUTE".into()));
+    // Another managed key presenting this owner's lease.
+    let foreign = ask(&gw, "agent2-key", "up/m1", &headers);
+    assert_eq!(
+        lease_error(&foreign),
+        (409, "LEASE_AUTHORIZATION_MISMATCH".into())
+    );
+    assert_eq!(
+        mock.requests_to(CHAT).len(),
+        12,
+        "none of those was dispatched"
+    );
+
+    // A second owner on the only connection it may lease: 429 capacity, Retry-After.
+    let busy = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(busy.status, 429, "{}", busy.text());
+    let body = busy.json();
+    assert_eq!(body["state"], "WAITING_FOR_CAPACITY");
+    assert_eq!(body["error"]["code"], "LEASE_CAPACITY_UNAVAILABLE");
+    assert_eq!(body["error"]["type"], "lease_error");
+    assert_eq!(body["reason"], "NO_FREE_ELIGIBLE_CONNECTION");
+    assert_eq!(
+        (body["eligibleCount"].as_u64(), body["freeCount"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let retry: u64 = busy.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=120).contains(&retry), "{retry}");
+    assert_eq!(body["retryAfter"].as_u64(), Some(retry));
+    // It holds no lease: its inference is refused.
+    let none = ask(
+        &gw,
+        "agent2-key",
+        "up/m1",
+        &[
+            ("x-omniroute-lease-owner", OWNER_B),
+            ("x-omniroute-lease-generation", "1"),
+        ],
+    );
+    assert_eq!(lease_error(&none), (409, "LEASE_REQUIRED".into()));
+
+    // Renew, status (the provider, never the connection id), reuse by a second acquire.
+    let renewed = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "renew", "generation": 1}),
+    );
+    assert_eq!(renewed.status, 200, "{}", renewed.text());
+    assert_eq!(renewed.json()["generation"], 1);
+    let status = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "status", "generation": 1}),
+    );
+    assert_eq!(status.status, 200, "{}", status.text());
+    assert_eq!(
+        status.json()["connection"],
+        json!({"displayName": null, "provider": "up"})
+    );
+    let reused = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(reused.json()["generation"], 1, "{}", reused.text());
+    let wrong = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "renew", "generation": 7}),
+    );
+    assert_eq!(lease_error(&wrong), (409, "LEASE_FENCE_STALE".into()));
+
+    // Release (a repeat answers the same), then the old generation is stale and a new
+    // acquire is generation 2.
+    let release = json!({"action": "release", "generation": 1, "reason": "OWNER_EXIT"});
+    for _ in 0..2 {
+        let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &release);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["state"], "RELEASED");
+    }
+    let after = ask(&gw, "agent-key", "up/m1", &headers);
+    assert_eq!(lease_error(&after), (409, "LEASE_FENCE_STALE".into()));
+    let again = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("m1"));
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.json()["generation"], 2);
+    let served = ask(
+        &gw,
+        "agent-key",
+        "up/m1",
+        &[
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "2"),
+        ],
+    );
+    assert_eq!(served.status, 200, "{}", served.text());
+
+    // The health page counts the active lease.
+    let mut c = Client::connect(gw.addr());
+    let health = c.request(
+        "GET",
+        "/api/monitoring/health",
+        &[("authorization", "Bearer ops-key")],
+        b"",
+    );
+    assert_eq!(health.json()["leases"]["active"], 1, "{}", health.text());
+}
+
+#[test]
+fn the_endpoint_checks_in_the_specs_order() {
+    let mock = MockUpstream::start();
+    let gw = start(&mock.base_url(), "");
+    let a = Some(OWNER_A);
+    let body = acquire("up/m1");
+    let code = |r: Response| lease_error(&r);
+    assert_eq!(
+        code(lease(&gw, None, a, &body)),
+        (401, "LEASE_AUTHENTICATION_REQUIRED".into())
+    );
+    assert_eq!(
+        code(lease(&gw, Some("nope"), a, &body)),
+        (401, "LEASE_API_KEY_INVALID".into())
+    );
+    let mut c = Client::connect(gw.addr());
+    let plain_text = c.request(
+        "POST",
+        LEASES,
+        &[
+            ("authorization", "Bearer agent-key"),
+            ("content-type", "text/plain"),
+        ],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(
+        code(plain_text),
+        (415, "LEASE_CONTENT_TYPE_REQUIRED".into())
+    );
+    // A bad action is told before a missing scope.
+    assert_eq!(
+        code(lease(
+            &gw,
+            Some("plain-key"),
+            a,
+            &json!({"action": "renew"})
+        )),
+        (400, "LEASE_ACTION_INVALID".into())
+    );
+    assert_eq!(
+        code(lease(&gw, Some("plain-key"), a, &body)),
+        (403, "LEASE_SCOPE_REQUIRED".into())
+    );
+    assert_eq!(
+        code(lease(&gw, Some("nolist-key"), a, &body)),
+        (403, "LEASE_KEY_CONFIGURATION_INVALID".into())
+    );
+    assert_eq!(
+        code(lease(&gw, Some("agent-key"), None, &body)),
+        (400, "LEASE_CONTEXT_REQUIRED".into())
+    );
+    assert_eq!(
+        code(lease(&gw, Some("agent-key"), Some("vlo_short"), &body)),
+        (400, "LEASE_CONTEXT_INVALID".into())
+    );
+    assert_eq!(
+        code(lease(&gw, Some("agent-key"), a, &acquire("nowhere/x"))),
+        (400, "LEASE_MODEL_INVALID".into())
+    );
+    // `third` serves m3, but this key may lease none of its connections.
+    assert_eq!(
+        code(lease(&gw, Some("agent-key"), a, &acquire("third/m3"))),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    // A status of a lease never acquired is stale.
+    assert_eq!(
+        code(lease(
+            &gw,
+            Some("agent-key"),
+            a,
+            &json!({"action": "status", "generation": 1})
+        )),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    // OPTIONS: 204, the lease headers allowed.
+    let mut c = Client::connect(gw.addr());
+    let options = c.request("OPTIONS", LEASES, &[], b"");
+    assert_eq!(options.status, 204);
+    let allowed = options.header("access-control-allow-headers").unwrap();
+    assert!(allowed.contains("x-omniroute-lease-owner"), "{allowed}");
+    assert!(
+        allowed.contains("x-omniroute-lease-generation"),
+        "{allowed}"
+    );
+    // A key without the scope is not lease-managed: its inference needs no lease headers.
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let plain = ask(&gw, "plain-key", "up/m1", &[]);
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    // The endpoint never called the upstream: the one request it saw is that inference.
+    assert_eq!(mock.requests().len(), 1);
+}
+
+#[test]
+fn a_lease_expires_after_its_ttl_and_frees_the_connection() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "lease_ttl_ms = 1000");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let body = got.json();
+    let at = |k: &str| body[k].as_str().unwrap().to_owned();
+    assert!(at("expiresAt") > at("acquiredAt"));
+    let headers = [
+        ("x-omniroute-lease-owner", OWNER_A),
+        ("x-omniroute-lease-generation", "1"),
+    ];
+    assert_eq!(ask(&gw, "agent-key", "up/m1", &headers).status, 200);
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    let late = ask(&gw, "agent-key", "up/m1", &headers);
+    assert_eq!(lease_error(&late), (409, "LEASE_FENCE_STALE".into()));
+    // The connection is free again: another owner gets it, at generation 1.
+    let other = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(other.json()["generation"], 1);
+    // The first owner's next lease would be generation 2, but c2 is taken: capacity.
+    let back = lease(&gw, Some("agent2-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(back.status, 429, "{}", back.text());
+    let retry: u64 = back.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(retry, 1);
+}
+
+#[test]
+fn leases_and_their_generations_survive_a_restart() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let state = TempDir::new("lease-restart");
+    let server = format!(
+        "state_dir = \"{}\"\nsnapshot_interval_ms = 50",
+        state.path().display()
+    );
+    let mut gw = start(&mock.base_url(), &server);
+    assert_eq!(
+        lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1")).status,
+        200
+    );
+    let release = json!({"action": "release", "generation": 1});
+    assert_eq!(
+        lease(&gw, Some("agent-key"), Some(OWNER_A), &release).status,
+        200
+    );
+    let again = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(again.json()["generation"], 2, "{}", again.text());
+    gw.terminate();
+    let status = gw.wait_exit(std::time::Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", gw.logs());
+
+    // The file holds the owner's digest, never its token.
+    let out = support::gateway::run_tidegate(
+        &[
+            "snapshot",
+            "inspect",
+            "--state-dir",
+            state.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stdout.contains(OWNER_A));
+    let file: Value = serde_json::from_str(&out.stdout).unwrap();
+    let leases = file["state"]["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 1, "{file:#}");
+    assert_eq!(leases[0]["generation"], 2);
+    assert_eq!(leases[0]["state"], "ACTIVE");
+    assert_eq!(leases[0]["connection"], "c2");
+
+    // Restarted: the lease still fences inference to c2, holds c2 against another owner,
+    // and generation 1 is still stale.
+    let gw = start(&mock.base_url(), &server);
+    let headers = [
+        ("x-omniroute-lease-owner", OWNER_A),
+        ("x-omniroute-lease-generation", "2"),
+    ];
+    for _ in 0..4 {
+        let resp = ask(&gw, "agent-key", "up/m1", &headers);
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(
+            resp.header("x-omniroute-selected-connection-id"),
+            Some("c2")
+        );
+    }
+    let old = ask(
+        &gw,
+        "agent-key",
+        "up/m1",
+        &[
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "1"),
+        ],
+    );
+    assert_eq!(lease_error(&old), (409, "LEASE_FENCE_STALE".into()));
+    let busy = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(busy.status, 429, "{}", busy.text());
+}
+
+#[test]
+fn a_leased_request_never_takes_the_emergency_fallback() {
+    let paid = MockUpstream::start();
+    let rescue = MockUpstream::start();
+    paid.on_always(CHAT, Reply::error(402, "Payment Required: out of credits"));
+    rescue.on_always(CHAT, Reply::openai_chat("rescued"));
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[client_keys]]
+id = "agent"
+key = "agent-key"
+scopes = ["inference", "lease:exclusive"]
+allowed_connections = ["p1", "r1"]
+
+[[client_keys]]
+id = "plain"
+key = "plain-key"
+
+[[providers]]
+id = "paid"
+format = "openai"
+base_url = "{}"
+models = ["m1"]
+
+[[providers]]
+id = "rescue"
+format = "openai"
+base_url = "{}"
+models = ["big"]
+
+[[connections]]
+id = "p1"
+provider = "paid"
+
+[[connections]]
+id = "r1"
+provider = "rescue"
+
+[emergency_fallback]
+target = "rescue/big"
+"#,
+        paid.base_url(),
+        rescue.base_url()
+    );
+    let gw = Gateway::start(&toml);
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("paid/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let body =
+        r#"{"model":"paid/m1","max_tokens":9000,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut c = Client::connect(gw.addr());
+    let resp = c.request(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", "Bearer agent-key"),
+            ("x-omniroute-lease-owner", OWNER_A),
+            ("x-omniroute-lease-generation", "1"),
+        ],
+        body.as_bytes(),
+    );
+    // The leased connection's own answer, not a re-run elsewhere.
+    assert_eq!(resp.status, 402, "{}", resp.text());
+    assert_eq!(resp.header("x-omniroute-emergency-fallback"), None);
+    assert_eq!((paid.hits(CHAT), rescue.hits(CHAT)), (1, 0));
+    // The same request by a key that is not lease-managed is rescued (the fallback is on).
+    let mut c = Client::connect(gw.addr());
+    let plain = c.request(
+        "POST",
+        CHAT,
+        &[("authorization", "Bearer plain-key")],
+        body.as_bytes(),
+    );
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    assert_eq!(rescue.hits(CHAT), 1);
+}
+
+#[test]
+fn a_reload_that_takes_the_connection_from_the_key_invalidates_the_lease() {
+    let mock = MockUpstream::start();
+    let mut gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let status = json!({"action": "status", "generation": 1});
+    let held = lease(&gw, Some("agent-key"), Some(OWNER_A), &status);
+    assert_eq!(held.status, 200, "{}", held.text());
+    // The agent key may no longer use c2.
+    let file = config(&mock.base_url(), "").replace(
+        r#"allowed_connections = ["c2", "o1"]"#,
+        r#"allowed_connections = ["o1"]"#,
+    );
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(gw.config_path(), file).unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually(std::time::Duration::from_secs(10), "the reload", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the lease invalidated",
+        || {
+            let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &status);
+            (r.status == 409).then_some(())
+        },
+    );
+    let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &status);
+    assert_eq!(lease_error(&r), (409, "LEASE_FENCE_STALE".into()));
+    // c2 is free for another owner.
+    let other = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(other.status, 200, "{}", other.text());
+}
+
+#[test]
+fn check_warns_of_a_lease_key_without_allowed_connections() {
+    let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("client_keys[3]: scope lease:exclusive without allowed_connections"),
+        "{stderr}"
+    );
+}
+
+/// The shard that answered: the low byte of a gateway-made request id
+/// (`tg-<wall ms>-<sequence << 8 | shard>`, hex).
+fn shard_of(resp: &Response) -> u64 {
+    let id = resp.header("x-request-id").expect("x-request-id");
+    let seq = id.rsplit('-').next().unwrap();
+    u64::from_str_radix(seq, 16).unwrap() & 0xff
+}
