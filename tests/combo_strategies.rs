@@ -1,8 +1,8 @@
 //! Combo ordering strategies (spec B §3.2) through the real binary: round-robin (with its
 //! sticky limit, skipping a target the views rule out), weighted (the draw's shares and its
 //! sticky limit), fill-first, random, strict-random (one deck), least-used, lkgp (the
-//! target and connection that served last), p2c (a target that failed more is not drawn
-//! first); failover still works under each; a reload that changes a combo's targets restarts its rotation. One
+//! target and connection that served last), p2c (a target that failed more, or whose
+//! response head came slower, is not first); failover still works under each; a reload that changes a combo's targets restarts its rotation. One
 //! shard (`workers = 1`) so each strategy's per-shard state is the only one.
 
 #![allow(
@@ -343,6 +343,33 @@ fn p2c_keeps_a_target_that_fails_more_out_of_first_place() {
     }
     assert_eq!(a.requests_to(CHAT).len(), tried);
     assert!(!gw.logs().contains("not built"), "{}", gw.logs());
+}
+
+#[test]
+fn p2c_puts_the_target_with_the_faster_response_head_first() {
+    let (slow, fast) = (MockUpstream::start(), MockUpstream::start());
+    slow.on_always(CHAT, Reply::openai_chat("slow").delay_ms(300));
+    fast.on_always(CHAT, Reply::openai_chat("fast"));
+    let gw = start(&[&slow, &fast], "p2c", r#""p0/m", "p1/m""#, "");
+    // One request forced onto each connection gives both a record: both served, heads in
+    // about 300 ms (score ≈ 1 + 1/log10(310) ≈ 1.4) and a few ms (≈ 1.9).
+    for c in ["c0", "c1"] {
+        let mut client = Client::connect(gw.addr());
+        client.set_timeout(secs(30));
+        let body = r#"{"model":"mix","messages":[{"role":"user","content":"hi"}]}"#;
+        let r = client.request(
+            "POST",
+            CHAT,
+            &[("x-omniroute-connection", c)],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-omniroute-selected-connection-id"), Some(c));
+    }
+    // Both are drawn every time (two targets) and the faster scores higher in either
+    // order: it goes first, every time.
+    assert_eq!(serve_n(gw.addr(), "mix", 20), vec!["c1"; 20]);
+    assert_eq!(slow.requests_to(CHAT).len(), 1);
 }
 
 #[test]
