@@ -2,8 +2,9 @@
 //! sticky limit, skipping a target the views rule out), weighted (the draw's shares and its
 //! sticky limit), fill-first, random, strict-random (one deck), least-used, lkgp (the
 //! target and connection that served last), p2c (a target that failed more, or whose
-//! response head came slower, is not first); failover still works under each; a reload that changes a combo's targets restarts its rotation. One
-//! shard (`workers = 1`) so each strategy's per-shard state is the only one.
+//! response head came slower, is not first); failover still works under each; a reload
+//! that changes a combo's targets restarts its rotation. One shard (`workers = 1`) so each
+//! strategy's per-shard state is the only one.
 
 #![allow(
     clippy::unwrap_used,
