@@ -1,8 +1,10 @@
 //! Combo ordering strategies (spec B §3.2) through the real binary: round-robin (with its
 //! sticky limit, skipping a target the views rule out), weighted (the draw's shares and its
-//! sticky limit), fill-first, random, strict-random (one deck), least-used; failover still
-//! works under each; a reload that changes a combo's targets restarts its rotation. One
-//! shard (`workers = 1`) so each strategy's per-shard state is the only one.
+//! sticky limit), fill-first, random, strict-random (one deck), least-used, lkgp (the
+//! target and connection that served last), p2c (a target that failed more, or whose
+//! response head came slower, is not first); failover still works under each; a reload
+//! that changes a combo's targets restarts its rotation. One shard (`workers = 1`) so each
+//! strategy's per-shard state is the only one.
 
 #![allow(
     clippy::unwrap_used,
@@ -238,6 +240,139 @@ fn least_used_sends_each_request_to_the_target_used_least_recently() {
     );
 }
 
+/// `cfg` with `disable_cooling = true` on connection `id` (its failures put no cooldown or
+/// model lock on it: only the strategy keeps it back).
+fn no_cooling(cfg: &str, id: &str) -> String {
+    let plain = format!("[[connections]]\nid = \"{id}\"\n");
+    assert!(cfg.contains(&plain), "{cfg}");
+    cfg.replace(&plain, &format!("{plain}disable_cooling = true\n"))
+}
+
+#[test]
+fn lkgp_puts_the_target_that_served_last_first() {
+    let (a, b, c) = (
+        MockUpstream::start(),
+        MockUpstream::start(),
+        MockUpstream::start(),
+    );
+    a.on(CHAT, Reply::error(500, "boom"));
+    a.on_always(CHAT, Reply::openai_chat("a"));
+    for _ in 0..3 {
+        b.on(CHAT, Reply::openai_chat("b"));
+    }
+    b.on_always(CHAT, Reply::error(500, "boom"));
+    c.on_always(CHAT, Reply::openai_chat("c"));
+    // c0 stays eligible after its failure: only the strategy puts c1 before it.
+    let cfg = no_cooling(&config(&[&a, &b, &c], "lkgp", ABC, "", ""), "c0");
+    let gw = Gateway::start(&cfg);
+    // Nothing served yet: the written order; c0 fails, c1 serves and is the last good.
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c1"));
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    assert_eq!(serve_n(gw.addr(), "mix", 2), ["c1", "c1"]);
+    assert_eq!(a.requests_to(CHAT).len(), 1);
+    // c1 fails: the rest in the written order, c0 serves and is the last good.
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c0"));
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    assert_eq!(serve_n(gw.addr(), "mix", 3), ["c0", "c0", "c0"]);
+    assert_eq!(b.requests_to(CHAT).len(), 4);
+    assert!(c.requests_to(CHAT).is_empty());
+    assert!(!gw.logs().contains("not built"), "{}", gw.logs());
+}
+
+#[test]
+fn lkgp_puts_the_connection_that_served_last_first_within_its_target() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    a.on(CHAT, Reply::error(500, "boom"));
+    a.on_always(CHAT, Reply::openai_chat("a"));
+    b.on_always(CHAT, Reply::openai_chat("b"));
+    // Provider p0 has two connections, x before y (file order); x takes no cooldown.
+    let mut cfg = String::from("[server]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\n");
+    cfg += &provider("p0", &a.base_url(), &["m"]);
+    cfg += &connection("x", "p0");
+    cfg += &connection("y", "p0");
+    cfg += &provider("p1", &b.base_url(), &["m"]);
+    cfg += &connection("z", "p1");
+    cfg += "[[combos]]\nname = \"mix\"\nstrategy = \"lkgp\"\ntargets = [\"p0/m\", \"p1/m\"]\n";
+    let gw = Gateway::start(&no_cooling(&cfg, "x"));
+    // x fails, y (same target) serves: the last good is p0/m on y.
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("y"));
+    assert_eq!(r.header("x-tidegate-attempts"), Some("2"));
+    // x is eligible again and first in the file, yet y goes first.
+    for _ in 0..3 {
+        let r = ask(gw.addr(), "mix");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("y"));
+        assert_eq!(r.header("x-tidegate-attempts"), Some("1"));
+    }
+    assert!(b.requests_to(CHAT).is_empty());
+}
+
+#[test]
+fn p2c_keeps_a_target_that_fails_more_out_of_first_place() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    a.on_always(CHAT, Reply::error(500, "boom"));
+    b.on(CHAT, Reply::error(500, "boom"));
+    b.on_always(CHAT, Reply::openai_chat("b"));
+    // Neither takes a cooldown or a model lock: both stay eligible, only their scores
+    // differ.
+    let cfg = config(&[&a, &b], "p2c", r#""p0/m", "p1/m""#, "max_retries = 0", "");
+    let gw = Gateway::start(&no_cooling(&no_cooling(&cfg, "c0"), "c1"));
+    // Both fail the first request (no same-target retry): both score 0 + 0.25 (no
+    // latency known).
+    let r = ask(gw.addr(), "mix");
+    assert_ne!(r.status, 200, "{}", r.text());
+    assert_eq!(a.requests_to(CHAT).len(), 1);
+    // The second: whichever is drawn first keeps first place (the other is not strictly
+    // better); b serves either way, with a success rate of a half and a known latency.
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c1"));
+    let tried = a.requests_to(CHAT).len();
+    // From now on b scores above a in every draw: a is never tried first (random would
+    // put it first about every other request).
+    for _ in 0..30 {
+        let r = ask(gw.addr(), "mix");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c1"));
+        assert_eq!(r.header("x-tidegate-attempts"), Some("1"));
+    }
+    assert_eq!(a.requests_to(CHAT).len(), tried);
+    assert!(!gw.logs().contains("not built"), "{}", gw.logs());
+}
+
+#[test]
+fn p2c_puts_the_target_with_the_faster_response_head_first() {
+    let (slow, fast) = (MockUpstream::start(), MockUpstream::start());
+    slow.on_always(CHAT, Reply::openai_chat("slow").delay_ms(300));
+    fast.on_always(CHAT, Reply::openai_chat("fast"));
+    let gw = start(&[&slow, &fast], "p2c", r#""p0/m", "p1/m""#, "");
+    // One request forced onto each connection gives both a record: both served, heads in
+    // about 300 ms (score ≈ 1 + 1/log10(310) ≈ 1.4) and a few ms (≈ 1.9).
+    for c in ["c0", "c1"] {
+        let mut client = Client::connect(gw.addr());
+        client.set_timeout(secs(30));
+        let body = r#"{"model":"mix","messages":[{"role":"user","content":"hi"}]}"#;
+        let r = client.request(
+            "POST",
+            CHAT,
+            &[("x-omniroute-connection", c)],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-omniroute-selected-connection-id"), Some(c));
+    }
+    // Both are drawn every time (two targets) and the faster scores higher in either
+    // order: it goes first, every time.
+    assert_eq!(serve_n(gw.addr(), "mix", 20), vec!["c1"; 20]);
+    assert_eq!(slow.requests_to(CHAT).len(), 1);
+}
+
 #[test]
 fn a_failing_first_pick_fails_over_under_every_strategy() {
     for strategy in [
@@ -247,6 +382,8 @@ fn a_failing_first_pick_fails_over_under_every_strategy() {
         "random",
         "strict-random",
         "least-used",
+        "lkgp",
+        "p2c",
     ] {
         let bad = MockUpstream::start();
         bad.on_always(CHAT, Reply::error(500, "boom"));
@@ -270,7 +407,11 @@ fn a_failing_first_pick_fails_over_under_every_strategy() {
                 "{strategy}"
             );
         }
-        assert!(!bad.requests_to(CHAT).is_empty(), "{strategy}");
+        // p2c may never draw it first: once the good one served, it scores above the
+        // unknown one.
+        if strategy != "p2c" {
+            assert!(!bad.requests_to(CHAT).is_empty(), "{strategy}");
+        }
     }
 }
 
@@ -311,6 +452,11 @@ fn check_warns_about_a_sticky_limit_the_combo_does_not_read_and_not_about_built_
         "{stderr}"
     );
     assert!(!stderr.contains("strategy"), "{stderr}");
+    for built in ["lkgp", "p2c"] {
+        let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], built, r#""p0/m""#, "", ""));
+        assert_eq!(code, 0, "{built}: {stderr}");
+        assert!(!stderr.contains("strategy"), "{built}: {stderr}");
+    }
     let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "auto", r#""p0/m""#, "", ""));
     assert_eq!(code, 0, "{stderr}");
     assert!(

@@ -382,6 +382,8 @@ pub enum ComboStrategy {
     Auto,
     Fill,
     QuotaShare,
+    Lkgp,
+    P2c,
 }
 
 #[derive(Clone, Debug)]

@@ -1795,9 +1795,10 @@ fn parse_strategy(s: &str) -> Result<ComboStrategy, String> {
         "auto" => ComboStrategy::Auto,
         "fill-first" => ComboStrategy::Fill,
         "quota-share" => ComboStrategy::QuotaShare,
-        "p2c" | "context-relay" | "reset-aware" | "reset-window" | "headroom" | "lkgp"
-        | "context-optimized" | "cache-optimized" | "fusion" | "pipeline" | "quota-weighted"
-        | "expiry-first" => {
+        "lkgp" => ComboStrategy::Lkgp,
+        "p2c" => ComboStrategy::P2c,
+        "context-relay" | "reset-aware" | "reset-window" | "headroom" | "context-optimized"
+        | "cache-optimized" | "fusion" | "pipeline" | "quota-weighted" | "expiry-first" => {
             return Err(format!(
                 "strategy {s:?} is not supported by Tidegate (supported: {SUPPORTED_STRATEGIES})"
             ));
@@ -1822,7 +1823,9 @@ fn strategy_order_not_built(s: ComboStrategy) -> Option<&'static str> {
         | ComboStrategy::Fill
         | ComboStrategy::Random
         | ComboStrategy::StrictRandom
-        | ComboStrategy::LeastUsed => None,
+        | ComboStrategy::LeastUsed
+        | ComboStrategy::Lkgp
+        | ComboStrategy::P2c => None,
         ComboStrategy::CostOptimized => {
             Some("is accepted, but its ordering is not built yet (Tidegate has no pricing table)")
         }
@@ -1831,7 +1834,8 @@ fn strategy_order_not_built(s: ComboStrategy) -> Option<&'static str> {
 }
 
 const SUPPORTED_STRATEGIES: &str = "priority, weighted, round-robin, random, least-used, \
-                                    cost-optimized, strict-random, auto, fill-first, quota-share";
+                                    cost-optimized, strict-random, auto, fill-first, quota-share, \
+                                    lkgp, p2c";
 
 /// `http(s)://host[:port][/path]`: no credentials, query or fragment; host lower-cased
 /// (an IPv6 literal keeps its brackets, so `host:port` is a valid authority and socket
@@ -2327,7 +2331,7 @@ mod tests {
             id = "d"
             [[combos]]
             name = "x"
-            strategy = "p2c"
+            strategy = "headroom"
             targets = []
         "#;
         assert_eq!(
@@ -2348,9 +2352,9 @@ mod tests {
                 "client_keys[2].key_env: environment variable UNSET_KEY is not set",
                 "client_keys[2].scopes[1]: unknown scope \"admin\" (expected inference, manage or lease:exclusive)",
                 "client_keys[3]: needs exactly one of key, key_env or key_sha256",
-                "combos[0].strategy: strategy \"p2c\" is not supported by Tidegate (supported: \
+                "combos[0].strategy: strategy \"headroom\" is not supported by Tidegate (supported: \
                  priority, weighted, round-robin, random, least-used, cost-optimized, \
-                 strict-random, auto, fill-first, quota-share)",
+                 strict-random, auto, fill-first, quota-share, lkgp, p2c)",
                 "combos[0].targets: must list at least one target",
             ]
         );
@@ -2535,6 +2539,8 @@ mod tests {
             ("auto", ComboStrategy::Auto),
             ("fill-first", ComboStrategy::Fill),
             ("quota-share", ComboStrategy::QuotaShare),
+            ("lkgp", ComboStrategy::Lkgp),
+            ("p2c", ComboStrategy::P2c),
         ];
         for (name, s) in names {
             assert_eq!(parse_strategy(name), Ok(s));

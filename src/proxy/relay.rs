@@ -862,10 +862,37 @@ pub(super) struct Attempted<'s> {
     /// provider cooldown tracker).
     combo: Option<ComboAttempt>,
     permits: Option<ProbePermits<'s>>,
+    /// The combo whose strategy hears how the attempt ended (`proxy::strategy::ended`).
+    strategy: Option<usize>,
+    /// How long the answer's head took, once it came.
+    head_ms: Option<u64>,
 }
 
 impl<'s> Attempted<'s> {
+    /// Tells the combo's strategy how the attempt ended: served, failed, or nothing (the
+    /// client left). Every ending passes here once: through [`Attempted::end`], or on
+    /// its own where a quiet ending is dropped.
+    fn tell_strategy(&self, ended: &Ended) {
+        let Some(combo) = self.strategy else {
+            return;
+        };
+        let ok = match ended {
+            Ended::Success => true,
+            Ended::Failed(_) | Ended::StreamBroken { .. } => false,
+            Ended::ClientAbort => return,
+        };
+        super::strategy::ended(
+            self.shard,
+            combo,
+            self.target,
+            self.connection,
+            ok,
+            self.head_ms,
+        );
+    }
+
     async fn end(mut self, ended: Ended) {
+        self.tell_strategy(&ended);
         // A stalled or broken stream is a failed attempt of its type (a classified failure
         // was counted when it was classified).
         if let Ended::StreamBroken { error_type, .. } = &ended {
@@ -1080,7 +1107,9 @@ pub(super) async fn deliver(
             let ended = failed_by_event(shard, &s.attempted, ended, s.wd.as_ref());
             // Most attempts end with nothing to report: `end`'s future (the owner call
             // inside it) is then neither built nor copied.
-            if !s.attempted.is_quiet(&ended) {
+            if s.attempted.is_quiet(&ended) {
+                s.attempted.tell_strategy(&ended);
+            } else {
                 s.attempted.end(ended).await;
             }
             // The admission (slot, permits) is held to the end: `s` drops here.
@@ -1161,12 +1190,14 @@ pub(super) async fn open<'s>(
             }
         }
     };
-    let attempted = Attempted {
+    let mut attempted = Attempted {
         shard,
         target,
         connection,
         combo,
         permits: Some(permits),
+        strategy: combo.and(req.plan.combo),
+        head_ms: None,
     };
     let provider = config.provider(target.provider);
     let conn = config.connection(connection);
@@ -1297,6 +1328,7 @@ pub(super) async fn open<'s>(
             status,
             head_ns,
         );
+        attempted.head_ms = head_ns.map(|ns| ns / 1_000_000);
         match opened {
             Ok(up) => up,
             Err(e) => {

@@ -4,11 +4,13 @@
 //! target's connections kept together; the targets that are ruled out now follow in the
 //! order written, where their attempts are skipped and named in the terminal answer. The
 //! runner's retries, failover order, hedging, waits and mid-stream continuation then follow
-//! the new order. The state is this shard's (`owners::State::strategies`).
+//! the new order. The state is this shard's (`owners::State::strategies`), fed back by
+//! [`attempted`] (`least-used`) and [`ended`] (`lkgp`, `p2c`).
 
 use super::select::{self, Gate};
 use crate::config::{Combo, ConnectionId};
 use crate::owners::Req;
+use crate::resilience::breaker::BreakerKey;
 use crate::routing::resolve::Target;
 use crate::routing::strategy::{self, Order, Step};
 
@@ -38,17 +40,36 @@ pub(super) fn order(shard: &Req<'_>, combo: usize, candidates: &mut Vec<(Target,
             })
         })
     };
-    let steps: Vec<Step> = eligible
-        .iter()
-        .map(|&(target, _, _)| Step {
-            target,
-            weight: c.targets.get(target).map_or(1, |t| t.weight),
-        })
-        .collect();
-    let order = {
+    let steps: Vec<Step> = {
+        let views = shard.state().views.borrow();
+        eligible
+            .iter()
+            .map(|&(target, start, end)| {
+                // The provider's breaker is half-open: an attempt would be its probe.
+                let half_open = candidates[start..end].iter().any(|(t, conn)| {
+                    matches!(
+                        select::gate(&views, config, t, *conn, now),
+                        Gate::NeedProbe(keys) if keys.contains(&BreakerKey::Provider(t.provider))
+                    )
+                });
+                Step {
+                    target,
+                    weight: c.targets.get(target).map_or(1, |t| t.weight),
+                    half_open,
+                }
+            })
+            .collect()
+    };
+    let (order, last_good) = {
         let mut table = shard.state().strategies.borrow_mut();
         let (state, rng) = table.combo(&c.name, strategy::fingerprint(c), || seed(shard));
-        state.order(how, &steps, c.targets.len(), rng, now.mono_ms())
+        let order = state.order(how, &steps, c.targets.len(), rng, now.mono_ms());
+        let first = order.first().and_then(|&i| eligible.get(i));
+        let last_good = match (how, first) {
+            (Order::Lkgp, Some(&(target, _, _))) => state.last_good_connection(target),
+            _ => None,
+        };
+        (order, last_good)
     };
     let old = std::mem::take(candidates);
     let mut slots: Vec<Option<(Target, ConnectionId)>> = old.into_iter().map(Some).collect();
@@ -58,6 +79,18 @@ pub(super) fn order(shard: &Req<'_>, combo: usize, candidates: &mut Vec<(Target,
         .chain(ruled_out.iter());
     for &(_, start, end) in groups {
         candidates.extend(slots[start..end].iter_mut().filter_map(Option::take));
+    }
+    // `lkgp`: within the first target, the connection that served last goes first (a
+    // session's pin, applied after this, still comes before it).
+    if let Some(good) = last_good {
+        let first = candidates.first().map(|(t, _)| t.clone());
+        let run = candidates
+            .iter()
+            .take_while(|(t, _)| Some(t) == first.as_ref())
+            .count();
+        if let Some(at) = candidates[..run].iter().position(|(_, c)| *c == good) {
+            candidates[..=at].rotate_right(1);
+        }
     }
 }
 
@@ -71,6 +104,36 @@ pub(super) fn attempted(shard: &Req<'_>, combo: usize, target: &Target) {
     let mut table = shard.state().strategies.borrow_mut();
     let (state, _) = table.combo(&c.name, strategy::fingerprint(c), || seed(shard));
     state.used(written_index(c, target), now);
+}
+
+/// `lkgp`, `p2c`: an attempt on `connection` of `target` of combo `combo` ended: `ok` when
+/// it served (a 2xx answer, its stream, if any, ended cleanly), else it failed;
+/// `head_ms`: how long its response head took. An attempt the client abandoned is not
+/// reported.
+pub(super) fn ended(
+    shard: &Req<'_>,
+    combo: usize,
+    target: &Target,
+    connection: ConnectionId,
+    ok: bool,
+    head_ms: Option<u64>,
+) {
+    let Some(c) = shard.config().combos.get(combo) else {
+        return;
+    };
+    let how = Order::of(c);
+    if !matches!(how, Some(Order::Lkgp | Order::P2c)) {
+        return;
+    }
+    let now = shard.now().mono_ms();
+    let written = written_index(c, target);
+    let mut table = shard.state().strategies.borrow_mut();
+    let (state, _) = table.combo(&c.name, strategy::fingerprint(c), || seed(shard));
+    match how {
+        Some(Order::Lkgp) if ok => state.served(written, connection),
+        Some(Order::P2c) => state.ended(written, ok, head_ms, now),
+        _ => {}
+    }
 }
 
 /// The target's index in the combo's written (flattened) list; past the end when it is not

@@ -8,11 +8,19 @@
 //! table): with several shards each rotates, draws and counts on its own. A combo whose
 //! strategy or targets changed (a reload) starts again from fresh state.
 
-use crate::config::{Combo, ComboStrategy};
+use crate::config::{Combo, ComboStrategy, ConnectionId};
 
 /// Half-life of the `least-used` usage counts: an attempt counts 1 when made, ½ a minute
 /// later, ¼ two minutes later.
 pub const LEAST_USED_HALF_LIFE_MS: u64 = 60_000;
+
+/// Half-life of the `p2c` outcome records: an attempt's outcome weighs 1 when it ends, ½ a
+/// minute later, ¼ two minutes later.
+pub const P2C_HALF_LIFE_MS: u64 = 60_000;
+
+/// A `p2c` record whose decayed weight fell below this (a single outcome four half-lives
+/// old) is forgotten: the target counts as unknown again.
+pub const P2C_FORGET_BELOW: f64 = 1.0 / 16.0;
 
 /// How one combo orders its eligible targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +40,13 @@ pub enum Order {
     StrictRandom,
     /// Ascending by the decaying count of attempts each target was sent recently.
     LeastUsed,
+    /// The target (and connection) that last served the combo successfully first, the
+    /// rest in the written order.
+    Lkgp,
+    /// Power of two choices: two distinct eligible targets drawn, the better scored
+    /// ([`p2c_score`]) first (the second only when strictly better), the rest in the
+    /// written order.
+    P2c,
 }
 
 impl Order {
@@ -51,6 +66,8 @@ impl Order {
             ComboStrategy::Random => Some(Order::Random),
             ComboStrategy::StrictRandom => Some(Order::StrictRandom),
             ComboStrategy::LeastUsed => Some(Order::LeastUsed),
+            ComboStrategy::Lkgp => Some(Order::Lkgp),
+            ComboStrategy::P2c => Some(Order::P2c),
             ComboStrategy::Priority
             | ComboStrategy::QuotaShare
             | ComboStrategy::Auto
@@ -91,12 +108,13 @@ impl Rng {
     }
 }
 
-/// One eligible target of a request: its index in the combo's written target list and its
-/// weight.
+/// One eligible target of a request: its index in the combo's written target list, its
+/// weight, and whether its provider's breaker is half-open (an attempt would be its probe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
     pub target: usize,
     pub weight: u32,
+    pub half_open: bool,
 }
 
 /// A decaying count of attempts.
@@ -116,6 +134,53 @@ impl Usage {
     }
 }
 
+/// `p2c`: one target's recent attempt outcomes, each weighted by 2^(−age / half-life).
+#[derive(Clone, Copy, Debug, Default)]
+struct Record {
+    /// Decayed count of outcomes, and of the successful ones.
+    outcomes: f64,
+    successes: f64,
+    /// Decayed count of successes with a response head time, and the decayed sum of
+    /// those times (ms).
+    timed: f64,
+    head_ms_sum: f64,
+    at_ms: u64,
+}
+
+impl Record {
+    /// This record decayed to `now_ms`.
+    fn at(self, now_ms: u64) -> Record {
+        let halves = now_ms.saturating_sub(self.at_ms) as f64 / P2C_HALF_LIFE_MS as f64;
+        let f = 0.5_f64.powf(halves);
+        Record {
+            outcomes: self.outcomes * f,
+            successes: self.successes * f,
+            timed: self.timed * f,
+            head_ms_sum: self.head_ms_sum * f,
+            at_ms: now_ms.max(self.at_ms),
+        }
+    }
+
+    /// Success rate in percent, `None` when unknown (nothing recorded recently).
+    fn success_rate(&self) -> Option<f64> {
+        (self.outcomes >= P2C_FORGET_BELOW).then(|| 100.0 * self.successes / self.outcomes)
+    }
+
+    /// Mean time to response head of the successes (ms), `None` when unknown.
+    fn avg_latency_ms(&self) -> Option<f64> {
+        (self.timed >= P2C_FORGET_BELOW).then(|| self.head_ms_sum / self.timed)
+    }
+}
+
+/// A `p2c` score (spec B §3.2): success rate / 100 (0.5 when unknown) plus
+/// 1 / log10(average latency ms + 10) (0.25 when unknown), less 0.25 when the provider's
+/// breaker is half-open. An open breaker would score −∞; such a target is never eligible.
+pub fn p2c_score(success_rate: Option<f64>, avg_latency_ms: Option<f64>, half_open: bool) -> f64 {
+    let rate = success_rate.map_or(0.5, |r| r / 100.0);
+    let speed = avg_latency_ms.map_or(0.25, |ms| 1.0 / (ms.max(0.0) + 10.0).log10());
+    rate + speed - if half_open { 0.25 } else { 0.0 }
+}
+
 /// One combo's strategy state on one shard.
 #[derive(Clone, Debug, Default)]
 pub struct ComboState {
@@ -128,6 +193,10 @@ pub struct ComboState {
     deck: Vec<usize>,
     /// Least-used: per written target.
     usage: Vec<Usage>,
+    /// Lkgp: the written target and connection that last served the combo.
+    last_good: Option<(usize, ConnectionId)>,
+    /// P2c: per written target.
+    records: Vec<Record>,
 }
 
 impl ComboState {
@@ -203,7 +272,71 @@ impl ComboState {
                 order.sort_by(|&a, &b| used(a).total_cmp(&used(b)));
                 order
             }
+            Order::Lkgp => {
+                let good = self
+                    .last_good
+                    .and_then(|(t, _)| steps.iter().position(|s| s.target == t));
+                match good {
+                    Some(first) => first_then_written(first, n),
+                    None => (0..n).collect(),
+                }
+            }
+            Order::P2c => {
+                if n == 1 {
+                    return vec![0];
+                }
+                let a = usize::try_from(rng.below(n as u64)).unwrap_or(0);
+                let mut b = usize::try_from(rng.below(n as u64 - 1)).unwrap_or(0);
+                if b >= a {
+                    b += 1;
+                }
+                let first = if self.score(&steps[b], now_ms) > self.score(&steps[a], now_ms) {
+                    b
+                } else {
+                    a
+                };
+                first_then_written(first, n)
+            }
         }
+    }
+
+    /// `p2c`: step `s`'s score now.
+    fn score(&self, s: &Step, now_ms: u64) -> f64 {
+        let r = self
+            .records
+            .get(s.target)
+            .map_or(Record::default(), |r| r.at(now_ms));
+        p2c_score(r.success_rate(), r.avg_latency_ms(), s.half_open)
+    }
+
+    /// `lkgp`: the connection that last served the combo, when it was on written target
+    /// `target`.
+    pub fn last_good_connection(&self, target: usize) -> Option<ConnectionId> {
+        self.last_good.filter(|(t, _)| *t == target).map(|(_, c)| c)
+    }
+
+    /// `lkgp`: written target `target` on `connection` served the combo.
+    pub fn served(&mut self, target: usize, connection: ConnectionId) {
+        self.last_good = Some((target, connection));
+    }
+
+    /// `p2c`: an attempt on written target `target` ended, successfully or not; `head_ms`:
+    /// how long its response head took (read for a success only).
+    pub fn ended(&mut self, target: usize, ok: bool, head_ms: Option<u64>, now_ms: u64) {
+        if self.records.len() <= target {
+            self.records.resize(target + 1, Record::default());
+        }
+        let r = &mut self.records[target];
+        let mut d = r.at(now_ms);
+        d.outcomes += 1.0;
+        if ok {
+            d.successes += 1.0;
+            if let Some(ms) = head_ms {
+                d.timed += 1.0;
+                d.head_ms_sum += ms as f64;
+            }
+        }
+        *r = d;
     }
 
     /// `least-used`: an attempt was sent to written target `target`.
@@ -217,6 +350,13 @@ impl ComboState {
             at_ms: now_ms,
         };
     }
+}
+
+/// Position `first`, then the others in order.
+fn first_then_written(first: usize, n: usize) -> Vec<usize> {
+    std::iter::once(first)
+        .chain((0..n).filter(|&i| i != first))
+        .collect()
 }
 
 /// One step drawn with probability weight / total; uniform when every weight is 0.
@@ -298,6 +438,7 @@ mod tests {
             .map(|&t| Step {
                 target: t,
                 weight: 1,
+                half_open: false,
             })
             .collect()
     }
@@ -338,14 +479,17 @@ mod tests {
             Step {
                 target: 0,
                 weight: 3,
+                half_open: false,
             },
             Step {
                 target: 1,
                 weight: 1,
+                half_open: false,
             },
             Step {
                 target: 2,
                 weight: 0,
+                half_open: false,
             },
         ];
         let got = firsts(Order::Weighted { sticky: 1 }, &s, 3, 4000);
@@ -366,6 +510,7 @@ mod tests {
             .map(|t| Step {
                 target: t,
                 weight: 0,
+                half_open: false,
             })
             .collect();
         let got = firsts(Order::Weighted { sticky: 1 }, &s, 2, 2000);
@@ -457,6 +602,112 @@ mod tests {
         assert_eq!(st.order(how, &s, 2, rng, 0), [0, 1]);
     }
 
+    #[test]
+    fn lkgp_puts_the_last_good_first_and_keeps_the_written_order_otherwise() {
+        let s = steps(&[0, 1, 2, 3]);
+        let (mut st, mut rng) = (ComboState::default(), Rng::new(1));
+        // Nothing served yet: the written order.
+        assert_eq!(st.order(Order::Lkgp, &s, 4, &mut rng, 0), [0, 1, 2, 3]);
+        st.served(2, ConnectionId(7));
+        assert_eq!(st.order(Order::Lkgp, &s, 4, &mut rng, 0), [2, 0, 1, 3]);
+        assert_eq!(st.last_good_connection(2), Some(ConnectionId(7)));
+        assert_eq!(st.last_good_connection(1), None);
+        // The last good is ruled out now: the written order of the rest; it stays the
+        // last good for when it is back.
+        let some = steps(&[0, 1, 3]);
+        assert_eq!(st.order(Order::Lkgp, &some, 4, &mut rng, 0), [0, 1, 2]);
+        assert_eq!(st.order(Order::Lkgp, &s, 4, &mut rng, 0), [2, 0, 1, 3]);
+        // The latest success wins.
+        st.served(3, ConnectionId(1));
+        assert_eq!(st.order(Order::Lkgp, &s, 4, &mut rng, 0), [3, 0, 1, 2]);
+        assert_eq!(st.last_good_connection(2), None);
+    }
+
+    #[test]
+    fn p2c_scores_by_success_rate_latency_and_a_half_open_breaker() {
+        // Unknown: 0.5 + 0.25.
+        assert!((p2c_score(None, None, false) - 0.75).abs() < 1e-9);
+        // Every attempt served, heads in 90 ms: 1 + 1 / log10(100).
+        assert!((p2c_score(Some(100.0), Some(90.0), false) - 1.5).abs() < 1e-9);
+        // Half served, heads in 0 ms: 0.5 + 1 / log10(10).
+        assert!((p2c_score(Some(50.0), Some(0.0), false) - 1.5).abs() < 1e-9);
+        // A half-open breaker costs 0.25.
+        assert!((p2c_score(None, None, true) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn p2c_records_decay_and_are_forgotten() {
+        let mut st = ComboState::default();
+        let s = Step {
+            target: 1,
+            weight: 1,
+            half_open: false,
+        };
+        assert!((st.score(&s, 0) - 0.75).abs() < 1e-9);
+        // One failure, then a success a half-life later with a 90 ms head: the failure
+        // weighs ½, the success 1: a rate of 2/3, a latency of 90 ms.
+        st.ended(1, false, Some(5), 0);
+        st.ended(1, true, Some(90), P2C_HALF_LIFE_MS);
+        let want = 2.0 / 3.0 + 0.5;
+        assert!((st.score(&s, P2C_HALF_LIFE_MS) - want).abs() < 1e-9);
+        // Decay alone keeps the ratio.
+        assert!((st.score(&s, 3 * P2C_HALF_LIFE_MS) - want).abs() < 1e-9);
+        // Four half-lives after the success its weight is 1/16: still known; a fifth
+        // takes it (and the failure's) below: unknown again.
+        assert!((st.score(&s, 5 * P2C_HALF_LIFE_MS) - want).abs() < 1e-9);
+        assert!((st.score(&s, 6 * P2C_HALF_LIFE_MS) - 0.75).abs() < 1e-9);
+    }
+
+    #[test]
+    fn p2c_takes_the_second_draw_only_when_strictly_better() {
+        let s = steps(&[0, 1, 2]);
+        // Unknown alike: the first drawn goes first, so each target about a third of the
+        // time; the rest keep the written order.
+        let (mut st, mut rng) = (ComboState::default(), Rng::new(11));
+        let mut first = [0usize; 3];
+        for _ in 0..3000 {
+            let o = st.order(Order::P2c, &s, 3, &mut rng, 0);
+            let rest: Vec<usize> = (0..3).filter(|&i| i != o[0]).collect();
+            assert_eq!(o[1..], rest[..], "{o:?}");
+            first[o[0]] += 1;
+        }
+        for f in first {
+            assert!((850..1150).contains(&f), "{first:?}");
+        }
+        // Target 1 fails: it goes first only when drawn with… nothing better: never,
+        // since both others score higher; target 2 serves fast: first whenever drawn.
+        st.ended(1, false, None, 0);
+        st.ended(2, true, Some(0), 0);
+        let mut first = [0usize; 3];
+        for _ in 0..3000 {
+            first[st.order(Order::P2c, &s, 3, &mut rng, 0)[0]] += 1;
+        }
+        assert_eq!(first[1], 0, "{first:?}");
+        // Target 2 is in two of the three pairs, and wins both.
+        assert!((1850..2150).contains(&first[2]), "{first:?}");
+    }
+
+    #[test]
+    fn p2c_prefers_the_target_whose_breaker_is_not_half_open() {
+        let s = [
+            Step {
+                target: 0,
+                weight: 1,
+                half_open: true,
+            },
+            Step {
+                target: 1,
+                weight: 1,
+                half_open: false,
+            },
+        ];
+        let got = firsts(Order::P2c, &s, 2, 200);
+        assert!(got.iter().all(|&t| t == 1), "{got:?}");
+        // One eligible target: it.
+        let one = steps(&[1]);
+        assert_eq!(firsts(Order::P2c, &one, 2, 5), [1; 5]);
+    }
+
     fn any_order() -> impl Strategy<Value = Order> {
         prop_oneof![
             (1u32..4).prop_map(|sticky| Order::RoundRobin { sticky }),
@@ -465,6 +716,8 @@ mod tests {
             Just(Order::Random),
             Just(Order::StrictRandom),
             Just(Order::LeastUsed),
+            Just(Order::Lkgp),
+            Just(Order::P2c),
         ]
     }
 
@@ -485,12 +738,19 @@ mod tests {
                     .iter()
                     .enumerate()
                     .filter(|(_, (on, _))| *on)
-                    .map(|(t, (_, w))| Step { target: t, weight: *w })
+                    .map(|(t, (_, w))| Step { target: t, weight: *w, half_open: *w == 4 })
                     .collect();
                 let now = now as u64 * 1_000;
                 let mut o = st.order(how, &s, 6, &mut rng, now);
                 if let Some(&first) = o.first() {
-                    st.used(s[first].target, now);
+                    let t = s[first].target;
+                    st.used(t, now);
+                    // Odd targets fail, even ones serve (and are the last good).
+                    let ok = t.is_multiple_of(2);
+                    st.ended(t, ok, Some(now % 700), now);
+                    if ok {
+                        st.served(t, ConnectionId(u32::try_from(t).unwrap_or(0)));
+                    }
                 }
                 o.sort_unstable();
                 prop_assert_eq!(o, (0..s.len()).collect::<Vec<_>>());
