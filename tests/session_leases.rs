@@ -864,8 +864,32 @@ fn a_lease_whose_connection_cools_moves_on_the_next_acquire() {
     let sent = mock.requests_to(CHAT);
     assert_eq!(sent[0].header("authorization"), Some("Bearer k1"));
 
-    // A acquires again: once the shard that answers sees c1 cooling, the lease moves to
-    // c2 under generation 2 (until then the acquire reuses generation 1).
+    // Once every shard sees c1 cooling (the key that may lease only c1 is told so on
+    // four fresh connections in a row), a renew keeps the lease where it is: generation 1
+    // on c1, whose requests get c1's refusal without reaching the upstream.
+    eventually(
+        std::time::Duration::from_secs(5),
+        "c1 cooling in every shard's views",
+        || {
+            (0..4)
+                .all(|_| {
+                    let r = lease(&gw, Some("solo-key"), Some(OWNER_B), &acquire("up/m1"));
+                    r.json()["error"]["code"] == "LEASE_ELIGIBILITY_UNAVAILABLE"
+                })
+                .then_some(())
+        },
+    );
+    let renew = json!({"action": "renew", "generation": 1});
+    let renewed = lease(&gw, Some("pair-key"), Some(OWNER_A), &renew);
+    assert_eq!(renewed.status, 200, "{}", renewed.text());
+    assert_eq!(renewed.json()["generation"], 1);
+    let refused = ask(&gw, "pair-key", "up/m1", &fenced(OWNER_A, "1"));
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.header("x-tidegate-error"), Some("model_cooldown"));
+    assert_eq!(mock.hits(CHAT), 1);
+
+    // A acquires again: the lease moves to c2 under generation 2 (were the answering
+    // shard's views behind, the acquire would reuse generation 1: asked until moved).
     let moved = eventually(std::time::Duration::from_secs(5), "the lease moved", || {
         let r = lease(&gw, Some("pair-key"), Some(OWNER_A), &acquire("up/m1"));
         assert_eq!(r.status, 200, "{}", r.text());
@@ -900,6 +924,7 @@ fn a_lease_whose_connection_cools_moves_on_the_next_acquire() {
         .filter(|r| r.header("authorization") == Some("Bearer k2"))
         .count();
     assert_eq!(to_c2, 12);
+    assert_eq!(mock.hits(CHAT), 13, "c1 saw only the first request");
 
     // c2 is eligible: another acquire reuses generation 2. c1 is free of A's lease but
     // still cooling: the key that may lease only c1 waits for it.
@@ -910,10 +935,6 @@ fn a_lease_whose_connection_cools_moves_on_the_next_acquire() {
         lease_error(&b),
         (429, "LEASE_ELIGIBILITY_UNAVAILABLE".into())
     );
-    // A renew answers the generation it renewed.
-    let renew = json!({"action": "renew", "generation": 2});
-    let renewed = lease(&gw, Some("pair-key"), Some(OWNER_A), &renew);
-    assert_eq!(renewed.json()["generation"], 2, "{}", renewed.text());
 }
 
 /// The shard that answered: the low byte of a gateway-made request id
