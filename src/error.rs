@@ -397,6 +397,9 @@ pub enum LeaseCode {
     OwnerActive,
     /// Every eligible connection is leased by another owner.
     CapacityUnavailable,
+    /// Every connection that could serve the acquire's model is cooling, locked or behind
+    /// an open breaker (none is terminal-only: that is `NoEligibleConnection`).
+    EligibilityUnavailable,
     /// The lease owner did not answer.
     ServiceUnavailable,
     /// A managed key's inference request whose owner holds no lease.
@@ -412,7 +415,7 @@ pub enum LeaseCode {
 impl LeaseCode {
     /// Every code (`shard::metrics`' test that each has its counter).
     #[cfg(test)]
-    pub const ALL: [LeaseCode; 18] = [
+    pub const ALL: [LeaseCode; 19] = [
         LeaseCode::AuthenticationRequired,
         LeaseCode::ApiKeyInvalid,
         LeaseCode::ContentTypeRequired,
@@ -426,6 +429,7 @@ impl LeaseCode {
         LeaseCode::NoEligibleConnection,
         LeaseCode::OwnerActive,
         LeaseCode::CapacityUnavailable,
+        LeaseCode::EligibilityUnavailable,
         LeaseCode::ServiceUnavailable,
         LeaseCode::Required,
         LeaseCode::ConnectionMismatch,
@@ -449,7 +453,7 @@ impl LeaseCode {
             | LeaseCode::Required
             | LeaseCode::ConnectionMismatch
             | LeaseCode::AuthorizationMismatch => 409,
-            LeaseCode::CapacityUnavailable => 429,
+            LeaseCode::CapacityUnavailable | LeaseCode::EligibilityUnavailable => 429,
             LeaseCode::ServiceUnavailable => 503,
         }
     }
@@ -469,6 +473,7 @@ impl LeaseCode {
             LeaseCode::NoEligibleConnection => "LEASE_NO_ELIGIBLE_CONNECTION",
             LeaseCode::OwnerActive => "LEASE_OWNER_ACTIVE",
             LeaseCode::CapacityUnavailable => "LEASE_CAPACITY_UNAVAILABLE",
+            LeaseCode::EligibilityUnavailable => "LEASE_ELIGIBILITY_UNAVAILABLE",
             LeaseCode::ServiceUnavailable => "LEASE_SERVICE_UNAVAILABLE",
             LeaseCode::Required => "LEASE_REQUIRED",
             LeaseCode::ConnectionMismatch => "LEASE_CONNECTION_MISMATCH",

@@ -675,6 +675,268 @@ fn check_warns_of_a_lease_key_without_allowed_connections() {
     );
 }
 
+/// Two shards; provider `up` with `c1` (priority 1, upstream key `k1`) and `c2` (priority
+/// 2, `k2`). `pair` may lease either, `solo` only `c1`; `plain` is not lease-managed (it
+/// forces a connection to teach it a failure). Cooldowns are not waited out.
+fn pair_config(base: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 2
+
+[[client_keys]]
+id = "pair"
+key = "pair-key"
+scopes = ["inference", "lease:exclusive"]
+allowed_connections = ["c1", "c2"]
+
+[[client_keys]]
+id = "solo"
+key = "solo-key"
+scopes = ["inference", "lease:exclusive"]
+allowed_connections = ["c1"]
+
+[[client_keys]]
+id = "plain"
+key = "plain-key"
+scopes = ["inference"]
+
+[[providers]]
+id = "up"
+format = "openai"
+base_url = "{base}"
+models = ["m1"]
+
+[[connections]]
+id = "c1"
+provider = "up"
+priority = 1
+api_key_env = "TG_LEASE_K1"
+
+[[connections]]
+id = "c2"
+provider = "up"
+priority = 2
+api_key_env = "TG_LEASE_K2"
+
+[resilience.wait_for_cooldown]
+enabled = false
+"#
+    )
+}
+
+fn start_pair(base: &str) -> Gateway {
+    Gateway::start_with_env(
+        &pair_config(base),
+        &[("TG_LEASE_K1", "k1"), ("TG_LEASE_K2", "k2")],
+    )
+}
+
+/// The lease headers of `owner` at `generation`.
+fn fenced(owner: &'static str, generation: &'static str) -> [(&'static str, &'static str); 2] {
+    [
+        ("x-omniroute-lease-owner", owner),
+        ("x-omniroute-lease-generation", generation),
+    ]
+}
+
+/// Acquires `model` for `owner` through `key` until the answer is the refusal `code`:
+/// until every shard's views show the failure an upstream just taught (a lease granted
+/// before that is released again).
+fn acquire_until_refused(
+    gw: &Gateway,
+    key: &str,
+    owner: &str,
+    model: &str,
+    code: &str,
+) -> Response {
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the failure in every shard's views",
+        || {
+            for _ in 0..4 {
+                let r = lease(gw, Some(key), Some(owner), &acquire(model));
+                if r.status == 200 {
+                    let generation = r.json()["generation"].clone();
+                    let release = json!({"action": "release", "generation": generation});
+                    assert_eq!(lease(gw, Some(key), Some(owner), &release).status, 200);
+                    return None;
+                }
+                assert_eq!(r.json()["error"]["code"], code, "{}", r.text());
+            }
+            Some(lease(gw, Some(key), Some(owner), &acquire(model)))
+        },
+    )
+}
+
+#[test]
+fn acquire_leases_only_connections_routable_now() {
+    let mock = MockUpstream::start();
+    mock.on(CHAT, Reply::error(403, "account_deactivated"));
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start_pair(&mock.base_url());
+    let force = |c: &str| ask(&gw, "plain-key", "up/m1", &[("x-omniroute-connection", c)]);
+
+    // c1 is banned (terminal): the key that may lease only c1 has no eligible connection.
+    assert_eq!(force("c1").status, 403);
+    let r = acquire_until_refused(
+        &gw,
+        "solo-key",
+        OWNER_A,
+        "up/m1",
+        "LEASE_NO_ELIGIBLE_CONNECTION",
+    );
+    assert_eq!(
+        lease_error(&r),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    assert!(r.header("retry-after").is_none());
+    // The pair key gets c2, though c1 has the better priority.
+    let got = lease(&gw, Some("pair-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    for _ in 0..4 {
+        let served = ask(&gw, "pair-key", "up/m1", &fenced(OWNER_B, "1"));
+        assert_eq!(served.status, 200, "{}", served.text());
+        assert_eq!(
+            served.header("x-omniroute-selected-connection-id"),
+            Some("c2")
+        );
+    }
+    let release = json!({"action": "release", "generation": 1});
+    assert_eq!(
+        lease(&gw, Some("pair-key"), Some(OWNER_B), &release).status,
+        200
+    );
+
+    // c2 answers 429 with Retry-After: 30 and cools. Every connection of the pair key
+    // that is not terminal is cooling: 429, with the cooldown's end.
+    mock.on(
+        CHAT,
+        Reply::error(429, "rate limited").header("retry-after", "30"),
+    );
+    assert_eq!(force("c2").status, 429);
+    let r = acquire_until_refused(
+        &gw,
+        "pair-key",
+        OWNER_B,
+        "up/m1",
+        "LEASE_ELIGIBILITY_UNAVAILABLE",
+    );
+    assert_eq!(
+        lease_error(&r),
+        (429, "LEASE_ELIGIBILITY_UNAVAILABLE".into())
+    );
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((20..=30).contains(&retry), "Retry-After {retry}");
+    // The solo key's only connection is still terminal, not waiting.
+    let r = lease(&gw, Some("solo-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(
+        lease_error(&r),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    // The endpoint made no upstream call: the mock saw only the two forced requests and
+    // B's four.
+    assert_eq!(mock.hits(CHAT), 6);
+}
+
+#[test]
+fn a_lease_whose_connection_cools_moves_on_the_next_acquire() {
+    let mock = MockUpstream::start();
+    mock.on(
+        CHAT,
+        Reply::error(429, "rate limited").header("retry-after", "30"),
+    );
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start_pair(&mock.base_url());
+
+    // A's lease is on c1 (the better priority); its first request there is a 429 with
+    // Retry-After: 30, relayed as is (a lease never moves a request elsewhere), and c1
+    // cools.
+    let got = lease(&gw, Some("pair-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.json()["generation"], 1, "{}", got.text());
+    let cooled = ask(&gw, "pair-key", "up/m1", &fenced(OWNER_A, "1"));
+    assert_eq!(cooled.status, 429, "{}", cooled.text());
+    assert_eq!(
+        cooled.header("x-omniroute-selected-connection-id"),
+        Some("c1")
+    );
+    let sent = mock.requests_to(CHAT);
+    assert_eq!(sent[0].header("authorization"), Some("Bearer k1"));
+
+    // Once every shard sees c1 cooling (the key that may lease only c1 is told so on
+    // four fresh connections in a row), a renew keeps the lease where it is: generation 1
+    // on c1, whose requests get c1's refusal without reaching the upstream.
+    eventually(
+        std::time::Duration::from_secs(5),
+        "c1 cooling in every shard's views",
+        || {
+            (0..4)
+                .all(|_| {
+                    let r = lease(&gw, Some("solo-key"), Some(OWNER_B), &acquire("up/m1"));
+                    r.json()["error"]["code"] == "LEASE_ELIGIBILITY_UNAVAILABLE"
+                })
+                .then_some(())
+        },
+    );
+    let renew = json!({"action": "renew", "generation": 1});
+    let renewed = lease(&gw, Some("pair-key"), Some(OWNER_A), &renew);
+    assert_eq!(renewed.status, 200, "{}", renewed.text());
+    assert_eq!(renewed.json()["generation"], 1);
+    let refused = ask(&gw, "pair-key", "up/m1", &fenced(OWNER_A, "1"));
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.header("x-tidegate-error"), Some("model_cooldown"));
+    assert_eq!(mock.hits(CHAT), 1);
+
+    // A acquires again: the lease moves to c2 under generation 2 (were the answering
+    // shard's views behind, the acquire would reuse generation 1: asked until moved).
+    let moved = eventually(std::time::Duration::from_secs(5), "the lease moved", || {
+        let r = lease(&gw, Some("pair-key"), Some(OWNER_A), &acquire("up/m1"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        (r.json()["generation"] != 1).then_some(r)
+    });
+    let body = moved.json();
+    assert_eq!(body["state"], "ACTIVE");
+    assert_eq!(body["generation"], 2, "{}", moved.text());
+    assert!(!moved.text().contains("c2"), "{}", moved.text());
+
+    // Generation 1 is stale everywhere; generation 2 is served by c2, from either shard.
+    let old = ask(&gw, "pair-key", "up/m1", &fenced(OWNER_A, "1"));
+    assert_eq!(lease_error(&old), (409, "LEASE_FENCE_STALE".into()));
+    let status = json!({"action": "status", "generation": 1});
+    let old_status = lease(&gw, Some("pair-key"), Some(OWNER_A), &status);
+    assert_eq!(lease_error(&old_status), (409, "LEASE_FENCE_STALE".into()));
+    let status = json!({"action": "status", "generation": 2});
+    let new_status = lease(&gw, Some("pair-key"), Some(OWNER_A), &status);
+    assert_eq!(new_status.status, 200, "{}", new_status.text());
+    assert_eq!(new_status.json()["connection"]["provider"], "up");
+    let mut shards = std::collections::BTreeSet::new();
+    for _ in 0..12 {
+        let r = ask(&gw, "pair-key", "up/m1", &fenced(OWNER_A, "2"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c2"));
+        shards.insert(shard_of(&r));
+    }
+    assert_eq!(shards.len(), 2, "both shards served: {shards:?}");
+    let to_c2 = mock
+        .requests_to(CHAT)
+        .iter()
+        .filter(|r| r.header("authorization") == Some("Bearer k2"))
+        .count();
+    assert_eq!(to_c2, 12);
+    assert_eq!(mock.hits(CHAT), 13, "c1 saw only the first request");
+
+    // c2 is eligible: another acquire reuses generation 2. c1 is free of A's lease but
+    // still cooling: the key that may lease only c1 waits for it.
+    let again = lease(&gw, Some("pair-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(again.json()["generation"], 2, "{}", again.text());
+    let b = lease(&gw, Some("solo-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(
+        lease_error(&b),
+        (429, "LEASE_ELIGIBILITY_UNAVAILABLE".into())
+    );
+}
+
 /// The shard that answered: the low byte of a gateway-made request id
 /// (`tg-<wall ms>-<sequence << 8 | shard>`, hex).
 fn shard_of(resp: &Response) -> u64 {

@@ -189,7 +189,7 @@ mod leases {
     // client key's id.
     mesh_safe!(struct Request { owner @ copy, key @ name, action });
     mesh_safe!(enum Action {
-        Acquire { eligible, ttl_ms },
+        Acquire { candidates, eligible, ttl_ms },
         Renew { generation, ttl_ms },
         Release { generation },
         Status { generation },

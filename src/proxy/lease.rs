@@ -17,6 +17,7 @@ use crate::routing::lease::{AcquireRefused, Fence, LeaseInfo};
 use crate::routing::resolve::resolve;
 
 use super::relay::Plan;
+use super::select::{Exclusion, Gate, gate};
 
 /// The lease endpoint's path.
 pub const LEASES_PATH: &str = "/api/v1/session-leases";
@@ -26,6 +27,9 @@ const OWNER_HEADER: &str = "x-omniroute-lease-owner";
 const GENERATION_HEADER: &str = "x-omniroute-lease-generation";
 /// The longest `model` of an acquire (B §5.2).
 const MAX_ACQUIRE_MODEL_CHARS: usize = 512;
+/// The longest `Retry-After` of an eligibility refusal, in seconds (as the capacity
+/// answer's bound, B §5.2).
+const MAX_RETRY_AFTER_S: u64 = 3_600;
 /// The largest generation accepted (JavaScript's safe-integer bound, B §5.4).
 const MAX_GENERATION: u64 = (1 << 53) - 1;
 /// The request fields an `OPTIONS` on the lease endpoint allows.
@@ -94,10 +98,17 @@ pub async fn serve(
     let owner = owner_of(head)?;
     let ttl_ms = config.server.lease_ttl_ms;
     let action = match asked {
-        Asked::Acquire { model } => Action::Acquire {
-            eligible: eligible(shard, config, allowed, &model)?,
-            ttl_ms,
-        },
+        Asked::Acquire { model } => {
+            let Eligibility {
+                candidates,
+                eligible,
+            } = eligibility(shard, config, allowed, &model)?;
+            Action::Acquire {
+                candidates,
+                eligible,
+                ttl_ms,
+            }
+        }
         Asked::Renew { generation } => Action::Renew { generation, ttl_ms },
         Asked::Release { generation } => Action::Release { generation },
         Asked::Status { generation } => Action::Status { generation },
@@ -256,35 +267,112 @@ fn parse_action(body: &[u8]) -> Result<Asked, GatewayError> {
     }
 }
 
+/// The connections an acquire may lease (B §5.2 step 7).
+struct Eligibility {
+    /// The key's connections that serve the model, in routing order, routable or not.
+    candidates: Vec<ConnectionId>,
+    /// Those of them routable now by this shard's views, in the same order.
+    eligible: Vec<ConnectionId>,
+}
+
+/// How one candidate connection stands for an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Standing {
+    /// Routable now (a half-open breaker counts: its probe goes to the lease's first
+    /// request).
+    Routable,
+    /// Cooling, model-locked or behind an open breaker, for about this long (ms;
+    /// `u64::MAX`: not known).
+    Held(u64),
+    /// Terminal (expired, banned, credits exhausted): never leased.
+    Terminal,
+}
+
 /// The connections of `allowed` that can serve `model` (resolved as an inference model),
-/// in routing order (B §5.2 step 6).
-fn eligible(
+/// in routing order (B §5.2 step 6), and which of them are routable now: the checks
+/// selection makes (`select::gate`: connection cooldown and terminal state, model
+/// lockout, breakers), on this shard's views. A connection serving several of the
+/// model's targets stands as its best. None serves the model, or every one that does is
+/// terminal: 409 `LEASE_NO_ELIGIBLE_CONNECTION`; every one that is not terminal is held:
+/// 429 `LEASE_ELIGIBILITY_UNAVAILABLE`, `Retry-After` when the earliest is free again.
+fn eligibility(
     shard: &Req<'_>,
     config: &Config,
     allowed: &[ConnectionId],
     model: &str,
-) -> Result<Vec<ConnectionId>, GatewayError> {
+) -> Result<Eligibility, GatewayError> {
     let resolved = resolve(config, &shard.shared().routes, model).map_err(|e| {
         lease_error(
             LeaseCode::ModelInvalid,
             format!("model {model:?} cannot be resolved: {}", e.message),
         )
     })?;
-    let mut out = Vec::new();
+    let now = shard.now();
+    let views = shard.state().views.borrow();
+    let mut standings: Vec<(ConnectionId, Standing)> = Vec::new();
     for t in resolved.targets.iter() {
         for c in shard.shared().routes.connections(t.provider) {
-            if allowed.contains(c) && !out.contains(c) {
-                out.push(*c);
+            if !allowed.contains(c) {
+                continue;
+            }
+            let standing = match gate(&views, config, t, *c, now) {
+                Gate::Pass | Gate::NeedProbe(_) => Standing::Routable,
+                Gate::Skip(Exclusion::Terminal(_), _) => Standing::Terminal,
+                Gate::Skip(_, retry_after_ms) => Standing::Held(retry_after_ms.unwrap_or(u64::MAX)),
+            };
+            match standings.iter_mut().find(|(seen, _)| seen == c) {
+                Some((_, s)) => *s = better(*s, standing),
+                None => standings.push((*c, standing)),
             }
         }
     }
-    if out.is_empty() {
-        return Err(lease_error(
-            LeaseCode::NoEligibleConnection,
-            format!("none of this key's connections can serve model {model:?}"),
-        ));
+    drop(views);
+    let eligible: Vec<ConnectionId> = standings
+        .iter()
+        .filter(|(_, s)| *s == Standing::Routable)
+        .map(|(c, _)| *c)
+        .collect();
+    if eligible.is_empty() {
+        let held = standings.iter().filter_map(|(_, s)| match s {
+            Standing::Held(ms) => Some(*ms),
+            Standing::Routable | Standing::Terminal => None,
+        });
+        if let Some(ms) = held.min() {
+            let mut e = lease_error(
+                LeaseCode::EligibilityUnavailable,
+                format!(
+                    "every connection of this key that serves model {model:?} is cooling, \
+                     locked or behind an open breaker"
+                ),
+            );
+            if ms < u64::MAX {
+                e = e.with_retry_after(ms.div_ceil(1_000).clamp(1, MAX_RETRY_AFTER_S));
+            }
+            return Err(e);
+        }
+        let message = if standings.is_empty() {
+            format!("none of this key's connections can serve model {model:?}")
+        } else {
+            format!("every connection of this key that serves model {model:?} is terminal")
+        };
+        return Err(lease_error(LeaseCode::NoEligibleConnection, message));
     }
-    Ok(out)
+    Ok(Eligibility {
+        candidates: standings.into_iter().map(|(c, _)| c).collect(),
+        eligible,
+    })
+}
+
+/// The better of two standings of one connection (routable, then the shorter hold).
+fn better(a: Standing, b: Standing) -> Standing {
+    match (a, b) {
+        (Standing::Routable, _) | (_, Standing::Routable) => Standing::Routable,
+        (Standing::Held(x), Standing::Held(y)) => Standing::Held(x.min(y)),
+        (Standing::Held(x), Standing::Terminal) | (Standing::Terminal, Standing::Held(x)) => {
+            Standing::Held(x)
+        }
+        (Standing::Terminal, Standing::Terminal) => Standing::Terminal,
+    }
 }
 
 /// Whether `key` is lease-managed: its inference requests pass the fence.

@@ -180,13 +180,21 @@ impl LeaseTable {
     }
 
     /// Acquires a lease for `owner` through `key` on the first of `eligible` (in
-    /// preference order) no other owner holds. The same owner acquiring again through the
-    /// same key while its lease is active on one of `eligible` reuses it: same generation,
-    /// end pushed out by `ttl_ms`.
+    /// preference order) no other owner holds. `candidates` are the connections the
+    /// acquire could use at all (the key's connections that serve its model, whatever
+    /// their health); `eligible` are those of them routable now (B §5.2).
+    ///
+    /// The owner's active lease through the same key: on an eligible connection it is
+    /// reused (same generation, end pushed out by `ttl_ms`); on a candidate that is no
+    /// longer eligible (cooling, terminal, breaker open) it moves to the first free
+    /// eligible one with the next generation (B §5.3) — or stays where it is when none is
+    /// free. Through another key, or on a connection that is no candidate: refused,
+    /// untouched.
     pub fn acquire(
         &mut self,
         owner: OwnerHash,
         key: &str,
+        candidates: &[ConnectionId],
         eligible: &[ConnectionId],
         ttl_ms: u64,
         now: Now,
@@ -194,38 +202,29 @@ impl LeaseTable {
         self.reconcile(now);
         let ttl_ms = ttl_ms.clamp(MIN_LEASE_TTL_MS, MAX_LEASE_TTL_MS);
         let mut next_generation = 1;
+        let mut moving_from = None;
         if let Some(l) = self.by_owner.get_mut(&owner) {
             if l.state == LeaseState::Active {
-                if l.key != key || !eligible.contains(&l.connection) {
+                if l.key != key || !candidates.contains(&l.connection) {
                     return Err(AcquireRefused::OwnerActive);
                 }
-                extend(l, ttl_ms, now);
-                self.dirty.insert(owner);
-                return Ok(LeaseInfo::from(&*l));
+                if eligible.contains(&l.connection) {
+                    extend(l, ttl_ms, now);
+                    self.dirty.insert(owner);
+                    return Ok(LeaseInfo::from(&*l));
+                }
+                moving_from = Some(l.connection);
             }
             next_generation = l.generation.saturating_add(1);
         }
         let busy = |c: &ConnectionId| self.by_connection.contains_key(c);
         let Some(&connection) = eligible.iter().find(|c| !busy(c)) else {
-            let ends = eligible
-                .iter()
-                .filter_map(|c| self.by_connection.get(c))
-                .filter_map(|o| self.by_owner.get(o))
-                .map(|l| l.expires_mono_ms)
-                .min();
-            let retry_after_s = match ends {
-                Some(end) => end
-                    .saturating_sub(now.mono_ms())
-                    .div_ceil(1_000)
-                    .clamp(1, MAX_RETRY_AFTER_S),
-                None => 1,
-            };
-            return Err(AcquireRefused::Capacity {
-                eligible: u32::try_from(eligible.len()).unwrap_or(u32::MAX),
-                free: 0,
-                retry_after_s,
-            });
+            return Err(self.capacity(eligible, now));
         };
+        if let Some(from) = moving_from {
+            // The transition: the old binding ends here, the new generation starts.
+            self.by_connection.remove(&from);
+        }
         let lease = Lease {
             connection,
             key: key.to_owned(),
@@ -242,6 +241,29 @@ impl LeaseTable {
         self.by_connection.insert(connection, owner);
         self.dirty.insert(owner);
         Ok(info)
+    }
+
+    /// The refusal when every one of `eligible` is leased by another owner: retry when
+    /// the earliest of those leases ends.
+    fn capacity(&self, eligible: &[ConnectionId], now: Now) -> AcquireRefused {
+        let ends = eligible
+            .iter()
+            .filter_map(|c| self.by_connection.get(c))
+            .filter_map(|o| self.by_owner.get(o))
+            .map(|l| l.expires_mono_ms)
+            .min();
+        let retry_after_s = match ends {
+            Some(end) => end
+                .saturating_sub(now.mono_ms())
+                .div_ceil(1_000)
+                .clamp(1, MAX_RETRY_AFTER_S),
+            None => 1,
+        };
+        AcquireRefused::Capacity {
+            eligible: u32::try_from(eligible.len()).unwrap_or(u32::MAX),
+            free: 0,
+            retry_after_s,
+        }
     }
 
     /// The owner's active lease of exactly `generation` acquired through `key`.
@@ -476,7 +498,7 @@ mod tests {
     fn a_first_lease_is_generation_one_and_a_reacquire_after_release_is_two() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        let got = t.acquire(A, "k", &[C0], 10_000, clock.now());
+        let got = t.acquire(A, "k", &[C0], &[C0], 10_000, clock.now());
         assert_eq!(got.map(|i| (i.generation, i.connection)), Ok((1, C0)));
         assert_eq!(t.active(clock.now()), 1);
         let released = t.release(&A, "k", 1, clock.now());
@@ -487,7 +509,7 @@ mod tests {
         assert!(t.release(&A, "other", 1, clock.now()).is_none());
         assert!(t.release(&A, "k", 2, clock.now()).is_none());
         assert_eq!(t.active(clock.now()), 0);
-        let again = t.acquire(A, "k", &[C0], 10_000, clock.now());
+        let again = t.acquire(A, "k", &[C0], &[C0], 10_000, clock.now());
         assert_eq!(again.map(|i| i.generation), Ok(2));
     }
 
@@ -495,9 +517,9 @@ mod tests {
     fn the_same_owner_and_key_reuse_an_active_lease_and_push_out_its_end() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        let first = t.acquire(A, "k", &[C0, C1], 10_000, clock.now());
+        let first = t.acquire(A, "k", &[C0, C1], &[C0, C1], 10_000, clock.now());
         clock.advance_ms(4_000);
-        let again = t.acquire(A, "k", &[C1, C0], 10_000, clock.now());
+        let again = t.acquire(A, "k", &[C1, C0], &[C1, C0], 10_000, clock.now());
         let (Ok(first), Ok(again)) = (first, again) else {
             panic!("both granted");
         };
@@ -505,22 +527,59 @@ mod tests {
         assert_eq!(again.expires_wall_ms, first.expires_wall_ms + 4_000);
         assert_eq!(again.acquired_wall_ms, first.acquired_wall_ms);
         // Through another key, or where its connection is not eligible: refused, untouched.
-        let other_key = t.acquire(A, "k2", &[C0], 10_000, clock.now());
+        let other_key = t.acquire(A, "k2", &[C0], &[C0], 10_000, clock.now());
         assert_eq!(other_key, Err(AcquireRefused::OwnerActive));
-        let elsewhere = t.acquire(A, "k", &[C1], 10_000, clock.now());
+        let elsewhere = t.acquire(A, "k", &[C1], &[C1], 10_000, clock.now());
         assert_eq!(elsewhere, Err(AcquireRefused::OwnerActive));
         assert_eq!(t.get(&A).map(|l| l.connection), Some(C0));
+    }
+
+    #[test]
+    fn a_lease_whose_connection_is_no_longer_eligible_moves_with_the_next_generation() {
+        const C2: ConnectionId = ConnectionId(2);
+        let clock = clock();
+        let mut t = LeaseTable::default();
+        let both = [C0, C1, C2];
+        assert!(t.acquire(A, "k", &both, &both, 10_000, clock.now()).is_ok());
+        assert!(t.acquire(B, "k", &[C1], &[C1], 10_000, clock.now()).is_ok());
+        clock.advance_ms(3_000);
+        // C0 cools: A's next acquire moves it past B's C1 to C2, generation 2, a fresh
+        // lease (acquired now, a full TTL).
+        let moved = t.acquire(A, "k", &both, &[C1, C2], 10_000, clock.now());
+        let Ok(moved) = moved else {
+            panic!("moved: {moved:?}");
+        };
+        assert_eq!((moved.connection, moved.generation), (C2, 2));
+        assert_eq!(moved.acquired_wall_ms, clock.now().wall_ms);
+        assert_eq!(moved.expires_wall_ms, clock.now().wall_ms + 10_000);
+        assert_eq!(t.fence(&A, "k", 1, clock.now()), Fence::Stale);
+        assert_eq!(t.fence(&A, "k", 2, clock.now()), Fence::Valid(C2));
+        assert_eq!(t.active(clock.now()), 2);
+        // C0 is free again for another owner.
+        let c = t.acquire([3; 32], "k", &[C0], &[C0], 10_000, clock.now());
+        assert_eq!(c.map(|i| (i.connection, i.generation)), Ok((C0, 1)));
+        // Every eligible one held by another owner: refused, and A's lease stays on C2.
+        let held = t.acquire(A, "k", &both, &[C0, C1], 10_000, clock.now());
+        assert!(
+            matches!(held, Err(AcquireRefused::Capacity { eligible: 2, .. })),
+            "{held:?}"
+        );
+        assert_eq!(t.fence(&A, "k", 2, clock.now()), Fence::Valid(C2));
+        // Another key never moves it, eligible or not.
+        let other = t.acquire(A, "k2", &both, &[C0], 10_000, clock.now());
+        assert_eq!(other, Err(AcquireRefused::OwnerActive));
+        assert_eq!(t.fence(&A, "k", 2, clock.now()), Fence::Valid(C2));
     }
 
     #[test]
     fn a_second_owner_gets_a_free_connection_or_a_capacity_refusal() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        assert!(t.acquire(A, "k", &[C0], 30_000, clock.now()).is_ok());
-        let both = t.acquire(B, "k", &[C0, C1], 30_000, clock.now());
+        assert!(t.acquire(A, "k", &[C0], &[C0], 30_000, clock.now()).is_ok());
+        let both = t.acquire(B, "k", &[C0, C1], &[C0, C1], 30_000, clock.now());
         assert_eq!(both.map(|i| i.connection), Ok(C1));
         clock.advance_ms(10_500);
-        let third = t.acquire([3; 32], "k", &[C0, C1], 30_000, clock.now());
+        let third = t.acquire([3; 32], "k", &[C0, C1], &[C0, C1], 30_000, clock.now());
         // The earliest end is A's, 19.5 s away: rounded up.
         assert_eq!(
             third,
@@ -536,7 +595,7 @@ mod tests {
     fn expiry_is_lazy_and_frees_the_connection() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        assert!(t.acquire(A, "k", &[C0], 1_000, clock.now()).is_ok());
+        assert!(t.acquire(A, "k", &[C0], &[C0], 1_000, clock.now()).is_ok());
         clock.advance_ms(999);
         assert_eq!(t.fence(&A, "k", 1, clock.now()), Fence::Valid(C0));
         clock.advance_ms(1);
@@ -548,9 +607,9 @@ mod tests {
         assert!(t.renew(&A, "k", 1, 1_000, clock.now()).is_none());
         assert!(t.status(&A, "k", 1, clock.now()).is_none());
         // Another owner may take the connection; A's next lease is generation 2.
-        let b = t.acquire(B, "k", &[C0], 1_000, clock.now());
+        let b = t.acquire(B, "k", &[C0], &[C0], 1_000, clock.now());
         assert_eq!(b.map(|i| (i.connection, i.generation)), Ok((C0, 1)));
-        let a = t.acquire(A, "k", &[C0, C1], 1_000, clock.now());
+        let a = t.acquire(A, "k", &[C0, C1], &[C0, C1], 1_000, clock.now());
         assert_eq!(a.map(|i| (i.connection, i.generation)), Ok((C1, 2)));
     }
 
@@ -558,7 +617,7 @@ mod tests {
     fn renew_needs_the_exact_generation_and_key() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        assert!(t.acquire(A, "k", &[C0], 2_000, clock.now()).is_ok());
+        assert!(t.acquire(A, "k", &[C0], &[C0], 2_000, clock.now()).is_ok());
         clock.advance_ms(1_500);
         assert!(t.renew(&A, "k", 2, 2_000, clock.now()).is_none());
         assert!(t.renew(&A, "x", 1, 2_000, clock.now()).is_none());
@@ -573,12 +632,12 @@ mod tests {
     fn the_ttl_is_clamped() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        let short = t.acquire(A, "k", &[C0], 1, clock.now());
+        let short = t.acquire(A, "k", &[C0], &[C0], 1, clock.now());
         assert_eq!(
             short.map(|i| i.expires_wall_ms - i.acquired_wall_ms),
             Ok(1_000)
         );
-        let long = t.acquire(B, "k", &[C1], u64::MAX, clock.now());
+        let long = t.acquire(B, "k", &[C1], &[C1], u64::MAX, clock.now());
         assert_eq!(
             long.map(|i| i.expires_wall_ms - i.acquired_wall_ms),
             Ok(MAX_LEASE_TTL_MS)
@@ -590,7 +649,7 @@ mod tests {
         let clock = clock();
         let mut t = LeaseTable::default();
         assert_eq!(t.fence(&A, "k", 1, clock.now()), Fence::Required);
-        assert!(t.acquire(A, "k", &[C1], 10_000, clock.now()).is_ok());
+        assert!(t.acquire(A, "k", &[C1], &[C1], 10_000, clock.now()).is_ok());
         assert_eq!(t.fence(&A, "k", 1, clock.now()), Fence::Valid(C1));
         assert_eq!(t.fence(&A, "k", 2, clock.now()), Fence::Stale);
         assert_eq!(
@@ -605,8 +664,8 @@ mod tests {
     fn invalidation_ends_a_lease_and_frees_its_connection() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        assert!(t.acquire(A, "k", &[C0], 10_000, clock.now()).is_ok());
-        assert!(t.acquire(B, "k", &[C1], 10_000, clock.now()).is_ok());
+        assert!(t.acquire(A, "k", &[C0], &[C0], 10_000, clock.now()).is_ok());
+        assert!(t.acquire(B, "k", &[C1], &[C1], 10_000, clock.now()).is_ok());
         t.invalidate(clock.now(), |c, _| c != C0);
         assert_eq!(
             t.get(&A).map(|l| l.state(clock.now())),
@@ -614,7 +673,7 @@ mod tests {
         );
         assert_eq!(t.fence(&A, "k", 1, clock.now()), Fence::Stale);
         assert_eq!(t.active(clock.now()), 1);
-        let again = t.acquire(A, "k", &[C0], 10_000, clock.now());
+        let again = t.acquire(A, "k", &[C0], &[C0], 10_000, clock.now());
         assert_eq!(again.map(|i| i.generation), Ok(2));
     }
 
@@ -622,14 +681,14 @@ mod tests {
     fn the_sweep_forgets_owners_a_day_after_their_lease_ended() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        assert!(t.acquire(A, "k", &[C0], 1_000, clock.now()).is_ok());
+        assert!(t.acquire(A, "k", &[C0], &[C0], 1_000, clock.now()).is_ok());
         clock.advance_ms(ENDED_LEASE_KEPT_MS);
         t.sweep(clock.now());
         assert!(t.get(&A).is_some(), "ended a day minus a second ago");
         clock.advance_ms(1_000);
         t.sweep(clock.now());
         assert!(t.get(&A).is_none());
-        let fresh = t.acquire(A, "k", &[C0], 1_000, clock.now());
+        let fresh = t.acquire(A, "k", &[C0], &[C0], 1_000, clock.now());
         assert_eq!(fresh.map(|i| i.generation), Ok(1));
     }
 
@@ -637,8 +696,8 @@ mod tests {
     fn changed_leases_are_reported_once_and_come_back_on_adoption() {
         let clock = clock();
         let mut t = LeaseTable::default();
-        assert!(t.acquire(A, "k", &[C0], 10_000, clock.now()).is_ok());
-        assert!(t.acquire(B, "k", &[C1], 10_000, clock.now()).is_ok());
+        assert!(t.acquire(A, "k", &[C0], &[C0], 10_000, clock.now()).is_ok());
+        assert!(t.acquire(B, "k", &[C1], &[C1], 10_000, clock.now()).is_ok());
         assert!(t.release(&B, "k", 1, clock.now()).is_some());
         clock.advance_ms(2_000);
         let changed = t.take_changed(clock.now(), 10);
@@ -656,7 +715,7 @@ mod tests {
         }
         // A's lease holds C0 until its end, 5 s from now; B's next lease is generation 2.
         assert_eq!(back.fence(&A, "k", 1, later.now()), Fence::Valid(C0));
-        let taken = back.acquire([3; 32], "k", &[C0], 10_000, later.now());
+        let taken = back.acquire([3; 32], "k", &[C0], &[C0], 10_000, later.now());
         assert_eq!(
             taken,
             Err(AcquireRefused::Capacity {
@@ -665,7 +724,7 @@ mod tests {
                 retry_after_s: 5
             })
         );
-        let b = back.acquire(B, "k", &[C1], 10_000, later.now());
+        let b = back.acquire(B, "k", &[C1], &[C1], 10_000, later.now());
         assert_eq!(b.map(|i| i.generation), Ok(2));
         later.advance_ms(5_000);
         assert_eq!(back.fence(&A, "k", 1, later.now()), Fence::Stale);

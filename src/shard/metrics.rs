@@ -16,7 +16,7 @@ use crate::resilience::connection::ProviderErrorType;
 const UPSTREAM_ERROR_SLOTS: usize = ProviderErrorType::ALL.len() + 1;
 
 /// Every gateway error code, in a fixed order, for labelled counters.
-pub const ERROR_KINDS: [ErrorKind; 66] = [
+pub const ERROR_KINDS: [ErrorKind; 67] = [
     ErrorKind::MalformedRequest,
     ErrorKind::HeadTimeout,
     ErrorKind::HeadTooLarge,
@@ -77,6 +77,7 @@ pub const ERROR_KINDS: [ErrorKind; 66] = [
     ErrorKind::Lease(crate::error::LeaseCode::NoEligibleConnection),
     ErrorKind::Lease(crate::error::LeaseCode::OwnerActive),
     ErrorKind::Lease(crate::error::LeaseCode::CapacityUnavailable),
+    ErrorKind::Lease(crate::error::LeaseCode::EligibilityUnavailable),
     ErrorKind::Lease(crate::error::LeaseCode::ServiceUnavailable),
     ErrorKind::Lease(crate::error::LeaseCode::Required),
     ErrorKind::Lease(crate::error::LeaseCode::ConnectionMismatch),

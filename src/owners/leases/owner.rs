@@ -74,12 +74,14 @@ impl Mechanism for Leases {
         let t = &mut self.table;
         let or_stale = |r: Option<_>| r.map_or(Reply::Stale, Reply::Lease);
         let reply = match action {
-            Action::Acquire { eligible, ttl_ms } => {
-                match t.acquire(owner, &key, &eligible, ttl_ms, now) {
-                    Ok(info) => Reply::Lease(info),
-                    Err(refused) => Reply::Refused(refused),
-                }
-            }
+            Action::Acquire {
+                candidates,
+                eligible,
+                ttl_ms,
+            } => match t.acquire(owner, &key, &candidates, &eligible, ttl_ms, now) {
+                Ok(info) => Reply::Lease(info),
+                Err(refused) => Reply::Refused(refused),
+            },
             Action::Renew { generation, ttl_ms } => {
                 or_stale(t.renew(&owner, &key, generation, ttl_ms, now))
             }

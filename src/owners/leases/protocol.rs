@@ -16,8 +16,11 @@ pub struct Request {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Acquire on the first free of `eligible` (in preference order), for `ttl_ms`.
+    /// Acquire on the first free of `eligible` (in preference order), for `ttl_ms`;
+    /// `candidates` are every connection the acquire could use, routable now or not (an
+    /// owner's lease on one that is not eligible moves: `LeaseTable::acquire`).
     Acquire {
+        candidates: Vec<ConnectionId>,
         eligible: Vec<ConnectionId>,
         ttl_ms: u64,
     },
