@@ -665,6 +665,40 @@ fn a_reload_that_takes_the_connection_from_the_key_invalidates_the_lease() {
     assert_eq!(other.status, 200, "{}", other.text());
 }
 
+/// A reload that disables the leased connection (its key variable unset) rather than
+/// removing it ends the lease too: its requests could go nowhere else.
+#[test]
+fn a_reload_that_disables_the_leased_connection_invalidates_the_lease() {
+    let mock = MockUpstream::start();
+    let mut gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent2-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let status = json!({"action": "status", "generation": 1});
+    let held = lease(&gw, Some("agent2-key"), Some(OWNER_A), &status);
+    assert_eq!(held.status, 200, "{}", held.text());
+    let file = config(&mock.base_url(), "").replace(
+        "api_key_env = \"TG_LEASE_K2\"",
+        "api_key_env = \"TG_LEASE_UNSET\"",
+    );
+    assert!(file.contains("TG_LEASE_UNSET"));
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(gw.config_path(), file).unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually(std::time::Duration::from_secs(10), "the reload", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the lease invalidated",
+        || {
+            let r = lease(&gw, Some("agent2-key"), Some(OWNER_A), &status);
+            (r.status == 409).then_some(())
+        },
+    );
+    let r = lease(&gw, Some("agent2-key"), Some(OWNER_A), &status);
+    assert_eq!(lease_error(&r), (409, "LEASE_FENCE_STALE".into()));
+}
+
 #[test]
 fn check_warns_of_a_lease_key_without_allowed_connections() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));

@@ -15,12 +15,15 @@ pub struct Leases {
 }
 
 impl Leases {
-    /// Ends the leases whose connection the configuration no longer has, or whose key is
-    /// gone, lost its `lease:exclusive` scope or may no longer use the connection.
+    /// Ends the leases whose connection the configuration no longer has or has disabled, or
+    /// whose key is gone, lost its `lease:exclusive` scope or may no longer use the
+    /// connection.
     fn invalidate_unauthorised(&mut self, cx: &Cx<'_>) {
         let config = cx.config;
         self.table.invalidate(cx.now, |connection, key| {
-            config.connection_by_id(connection).is_some()
+            config
+                .connection_by_id(connection)
+                .is_some_and(|c| c.enabled)
                 && config.client_keys.iter().any(|k| {
                     k.id == key
                         && k.has_scope(Scope::LeaseExclusive)
