@@ -440,6 +440,10 @@ fn the_endpoint_checks_in_the_specs_order() {
         allowed.contains("x-omniroute-lease-generation"),
         "{allowed}"
     );
+    // Another method: 405, and `Allow` names both methods the endpoint answers.
+    let get = c.request("GET", LEASES, &[("authorization", "Bearer agent-key")], b"");
+    assert_eq!(get.status, 405, "{}", get.text());
+    assert_eq!(get.header("allow"), Some("POST, OPTIONS"));
     // A key without the scope is not lease-managed: its inference needs no lease headers.
     mock.on_always(CHAT, Reply::openai_chat("ok"));
     let plain = ask(&gw, "plain-key", "up/m1", &[]);
