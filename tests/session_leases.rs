@@ -411,10 +411,13 @@ fn the_endpoint_checks_in_the_specs_order() {
         code(lease(&gw, Some("agent-key"), Some("vlo_short"), &body)),
         (400, "LEASE_CONTEXT_INVALID".into())
     );
+    let unknown = lease(&gw, Some("agent-key"), a, &acquire("nowhere/x"));
+    // The resolver's message, naming the model once.
     assert_eq!(
-        code(lease(&gw, Some("agent-key"), a, &acquire("nowhere/x"))),
-        (400, "LEASE_MODEL_INVALID".into())
+        unknown.json()["error"]["message"],
+        "model \"nowhere/x\" is not a combo, a provider/model, or in any provider's models"
     );
+    assert_eq!(code(unknown), (400, "LEASE_MODEL_INVALID".into()));
     // `third` serves m3, but this key may lease none of its connections.
     assert_eq!(
         code(lease(&gw, Some("agent-key"), a, &acquire("third/m3"))),

@@ -264,12 +264,10 @@ fn eligible(
     allowed: &[ConnectionId],
     model: &str,
 ) -> Result<Vec<ConnectionId>, GatewayError> {
-    let resolved = resolve(config, &shard.shared().routes, model).map_err(|e| {
-        lease_error(
-            LeaseCode::ModelInvalid,
-            format!("model {model:?} cannot be resolved: {}", e.message),
-        )
-    })?;
+    // The resolver's own words, as an inference request for the model would get them (they
+    // name the model where it matters).
+    let resolved = resolve(config, &shard.shared().routes, model)
+        .map_err(|e| lease_error(LeaseCode::ModelInvalid, e.message))?;
     let mut out = Vec::new();
     for t in resolved.targets.iter() {
         for c in shard.shared().routes.connections(t.provider) {
