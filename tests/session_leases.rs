@@ -395,6 +395,18 @@ fn the_endpoint_checks_in_the_specs_order() {
         )),
         (400, "LEASE_ACTION_INVALID".into())
     );
+    // The message says what each action takes: a model too long, a bad release reason.
+    for bad in [
+        acquire(&"m".repeat(513)),
+        json!({"action": "release", "generation": 1, "reason": "DONE"}),
+    ] {
+        let r = lease(&gw, Some("agent-key"), a, &bad);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert_eq!(code(r), (400, "LEASE_ACTION_INVALID".into()));
+        for part in ["1 to 512 characters", "1 to 2^53-1", "OWNER_EXIT"] {
+            assert!(message.contains(part), "{message}");
+        }
+    }
     assert_eq!(
         code(lease(&gw, Some("plain-key"), a, &body)),
         (403, "LEASE_SCOPE_REQUIRED".into())

@@ -213,8 +213,9 @@ fn parse_action(body: &[u8]) -> Result<Asked, GatewayError> {
     let invalid = || {
         lease_error(
             LeaseCode::ActionInvalid,
-            "the body must be {\"action\":\"acquire\",\"model\":…}, or renew, release or \
-             status with a positive \"generation\"",
+            "the body must be {\"action\":\"acquire\",\"model\":\"<1 to 512 characters>\"} or \
+             {\"action\":\"renew\"|\"release\"|\"status\",\"generation\":<1 to 2^53-1>} \
+             (release may add \"reason\":\"OWNER_EXIT\" or \"CLIENT_CANCELLED\")",
         )
     };
     let v: Value = serde_json::from_slice(body).map_err(|_| invalid())?;
