@@ -459,6 +459,11 @@ fn the_endpoint_checks_in_the_specs_order() {
     let get = c.request("GET", LEASES, &[("authorization", "Bearer agent-key")], b"");
     assert_eq!(get.status, 405, "{}", get.text());
     assert_eq!(get.header("allow"), Some("POST, OPTIONS"));
+    // A model none of the key's connections serves is refused as for any key (403), before
+    // the lease headers are read.
+    let outside = ask(&gw, "agent-key", "third/m3", &[]);
+    assert_eq!(outside.status, 403, "{}", outside.text());
+    assert_eq!(outside.json()["error"]["code"], "forbidden");
     // A key without the scope is not lease-managed: its inference needs no lease headers.
     mock.on_always(CHAT, Reply::openai_chat("ok"));
     let plain = ask(&gw, "plain-key", "up/m1", &[]);
