@@ -689,6 +689,41 @@ fn a_reload_that_takes_the_connection_from_the_key_invalidates_the_lease() {
     assert_eq!(other.status, 200, "{}", other.text());
 }
 
+/// A restart whose file takes the leased connection from the key is a reload: the restored
+/// lease ends at start-up, so another owner gets the connection at once (it was held until
+/// the first housekeeping round, 5 s on).
+#[test]
+fn a_restart_whose_file_takes_the_connection_from_the_key_ends_the_lease_at_once() {
+    let mock = MockUpstream::start();
+    let state = TempDir::new("lease-restart-unauthorised");
+    let server = format!(
+        "state_dir = \"{}\"\nsnapshot_interval_ms = 50",
+        state.path().display()
+    );
+    let mut gw = start(&mock.base_url(), &server);
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    gw.terminate();
+    let status = gw.wait_exit(std::time::Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", gw.logs());
+    // The agent key may no longer use c2.
+    let file = config(&mock.base_url(), &server).replace(
+        r#"allowed_connections = ["c2", "o1"]"#,
+        r#"allowed_connections = ["o1"]"#,
+    );
+    let gw = Gateway::start_with_env(&file, &[("TG_LEASE_K1", "k1"), ("TG_LEASE_K2", "k2")]);
+    assert!(gw.logs().contains("leases=1"), "{}", gw.logs());
+    let other = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(other.status, 200, "{}", other.text());
+    let stale = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "status", "generation": 1}),
+    );
+    assert_eq!(lease_error(&stale), (409, "LEASE_FENCE_STALE".into()));
+}
+
 #[test]
 fn check_warns_of_a_lease_key_without_allowed_connections() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));
