@@ -724,6 +724,31 @@ fn a_restart_whose_file_takes_the_connection_from_the_key_ends_the_lease_at_once
     assert_eq!(lease_error(&stale), (409, "LEASE_FENCE_STALE".into()));
 }
 
+/// A key whose connections of the model's provider are all disabled (their `api_key_env`
+/// unset) is told so, without the connection's name; a provider the key has no connection
+/// of gets the plain refusal.
+#[test]
+fn an_acquire_refused_because_the_keys_connection_is_disabled_says_so() {
+    let mock = MockUpstream::start();
+    // TG_LEASE_K2 unset: c2, the agent key's only connection of `up`, is disabled.
+    let gw = Gateway::start_with_env(&config(&mock.base_url(), ""), &[("TG_LEASE_K1", "k1")]);
+    let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(
+        lease_error(&r),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    assert!(message.contains("disabled: api_key_env unset"), "{message}");
+    assert!(!message.contains("c2"), "{message}");
+    let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("third/m3"));
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(
+        lease_error(&r),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    assert!(!message.contains("disabled"), "{message}");
+}
+
 #[test]
 fn check_warns_of_a_lease_key_without_allowed_connections() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));

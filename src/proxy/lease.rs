@@ -278,10 +278,19 @@ fn eligible(
         }
     }
     if out.is_empty() {
-        return Err(lease_error(
-            LeaseCode::NoEligibleConnection,
-            format!("none of this key's connections can serve model {model:?}"),
-        ));
+        // The key's connections of the model's provider may all be disabled (`api_key_env`
+        // unset at load): say so, without naming them (a lease answer names no connection;
+        // the start-up warning does).
+        let disabled = allowed.iter().any(|c| {
+            config.connection_by_id(*c).is_some_and(|c| {
+                !c.enabled && resolved.targets.iter().any(|t| t.provider == c.provider)
+            })
+        });
+        let mut message = format!("none of this key's connections can serve model {model:?}");
+        if disabled {
+            message += " (its connections of that provider are disabled: api_key_env unset)";
+        }
+        return Err(lease_error(LeaseCode::NoEligibleConnection, message));
     }
     Ok(out)
 }
