@@ -290,6 +290,14 @@ fn a_lease_fences_inference_to_its_connection_from_either_shard() {
         ],
     );
     assert_eq!(lease_error(&none), (409, "LEASE_REQUIRED".into()));
+    // The fence's 409s word their message as OmniRoute does: the code with spaces.
+    for (resp, message) in [
+        (&elsewhere, "LEASE CONNECTION MISMATCH"),
+        (&foreign, "LEASE AUTHORIZATION MISMATCH"),
+        (&none, "LEASE REQUIRED"),
+    ] {
+        assert_eq!(resp.json()["error"]["message"], message);
+    }
 
     // Renew, status (the provider, never the connection id), reuse by a second acquire.
     let renewed = lease(
