@@ -758,11 +758,23 @@ fn an_acquire_refused_because_the_keys_connection_is_disabled_says_so() {
 }
 
 #[test]
-fn check_warns_of_a_lease_key_without_allowed_connections() {
+fn check_warns_of_a_lease_key_without_allowed_connections_or_inference() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stderr.contains("client_keys[3]: scope lease:exclusive without allowed_connections"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("without inference"), "{stderr}");
+    // A lease key without `inference`: its leases could serve no request.
+    let file = config("http://127.0.0.1:9/v1", "").replace(
+        "id = \"agent2\"\nkey = \"agent2-key\"\nscopes = [\"inference\", \"lease:exclusive\"]",
+        "id = \"agent2\"\nkey = \"agent2-key\"\nscopes = [\"lease:exclusive\"]",
+    );
+    let (code, _stdout, stderr) = run_check(&file);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("client_keys[1]: scope lease:exclusive without inference"),
         "{stderr}"
     );
 }

@@ -1187,6 +1187,16 @@ impl Loader<'_> {
                      requests, which need one, are refused",
                 );
             }
+            // A lease is used by its own key's inference requests only (another key's get
+            // LEASE_AUTHORIZATION_MISMATCH): without `inference` its leases serve nothing.
+            if scopes.contains(&Scope::LeaseExclusive) && !scopes.contains(&Scope::Inference) {
+                self.warn(
+                    &key,
+                    "scope lease:exclusive without inference: this key's inference requests \
+                     are refused (403), and only they can use its leases, so a lease it \
+                     acquires only holds a connection from other owners",
+                );
+            }
             out.push(ClientKey {
                 id,
                 secret: secret.unwrap_or(KeySecret::Plain(String::new())),
