@@ -100,7 +100,8 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
-    /// The persisted state (breakers, connection states, provider cooldowns).
+    /// The persisted state (breakers, connection states, provider cooldowns, session
+    /// affinity pins, exclusive session leases, settings changed through the API).
     Snapshot {
         #[command(subcommand)]
         command: SnapshotCommand,

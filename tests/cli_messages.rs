@@ -2,7 +2,8 @@
 //! variable the binary reads; an unknown key suggests the nearest known one; a value of the
 //! wrong type names its key path and the kind of value it takes, not a Rust type, and does
 //! not hide the file's other wrong values and unknown keys; `check` reports a bad
-//! `TIDEGATE_LOG` (or driver variable) as `serve` would refuse it.
+//! `TIDEGATE_LOG` (or driver variable) as `serve` would refuse it; the help names every
+//! section the snapshot keeps.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -35,6 +36,32 @@ fn help_lists_every_environment_variable() {
             );
         }
         assert!(out.stdout.contains("api_key_env"), "{}", out.stdout);
+    }
+}
+
+/// `tidegate --help` and `snapshot --help` name every section the snapshot keeps.
+#[test]
+fn snapshot_help_names_what_it_keeps() {
+    for args in [&["--help"][..], &["snapshot", "--help"]] {
+        let out = run_tidegate(args, &[]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let line = out
+            .stdout
+            .split("persisted state")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .unwrap_or_else(|| panic!("{args:?}:\n{}", out.stdout));
+        let line: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        for kept in [
+            "breakers",
+            "connection states",
+            "provider cooldowns",
+            "session affinity pins",
+            "exclusive session leases",
+            "settings changed through the API",
+        ] {
+            assert!(line.contains(kept), "{args:?} omits {kept}: {line}");
+        }
     }
 }
 

@@ -464,3 +464,29 @@ fn check_warns_about_a_sticky_limit_the_combo_does_not_read_and_not_about_built_
         "{stderr}"
     );
 }
+
+/// A weight written on a model target of a combo whose ordering reads no weights (and that
+/// no weighted or quota-share combo nests) is accepted but does nothing: `check` says so.
+/// A weighted combo's weights, and those of a combo a weighted combo nests, are read.
+#[test]
+fn check_warns_about_a_target_weight_no_ordering_reads() {
+    let m = ok_mocks(2);
+    let weighted = r#"{ model = "p0/m", weight = 3 }, "p1/m""#;
+    let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "round-robin", weighted, "", ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "combos[0].targets[0].weight: has no effect: combo \"mix\" does not read weights"
+        ),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "weighted", weighted, "", ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("weight: has no effect"), "{stderr}");
+    // `mix` (priority) nested in a weighted combo: its target weights split the share.
+    let nested = "[[combos]]\nname = \"outer\"\nstrategy = \"weighted\"\n\
+                  targets = [{ combo = \"mix\", weight = 2 }, \"p1/m\"]\n";
+    let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "priority", weighted, "", nested));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("weight: has no effect"), "{stderr}");
+}

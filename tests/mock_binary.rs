@@ -2,6 +2,7 @@
 //! the in-process mock provider's timed behaviours by model name: `drip-<ms>` spaces a
 //! stream's frames, `slow-<ms>` delays the head. Without that, `MODE=net
 //! perf/slow_streams.sh` measured streams that ended at once.
+//! Its `--help` says which paths it answers and what each model name does.
 // Test code: a failed unwrap is a failed test, in helpers as in `#[test]` functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -185,4 +186,25 @@ fn a_second_mock_on_a_taken_port_is_refused() {
         err.contains(&format!("cannot listen on {}", first.addr)),
         "stderr: {err}"
     );
+}
+
+/// `--help` tells an operator what the mock answers and how a model name picks its
+/// behaviour, so it can be pointed at from a gateway config without reading the source.
+#[test]
+fn help_says_what_it_answers_and_which_models_do_what() {
+    let out = Command::new(MOCK_BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for part in [
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "slow-<ms>",
+        "drip-<ms>",
+        "stall",
+        "fail-<status>",
+        "base_url = \"http://127.0.0.1:9100/v1\"",
+    ] {
+        assert!(help.contains(part), "--help omits {part}:\n{help}");
+    }
 }

@@ -290,6 +290,14 @@ fn a_lease_fences_inference_to_its_connection_from_either_shard() {
         ],
     );
     assert_eq!(lease_error(&none), (409, "LEASE_REQUIRED".into()));
+    // The fence's 409s word their message as OmniRoute does: the code with spaces.
+    for (resp, message) in [
+        (&elsewhere, "LEASE CONNECTION MISMATCH"),
+        (&foreign, "LEASE AUTHORIZATION MISMATCH"),
+        (&none, "LEASE REQUIRED"),
+    ] {
+        assert_eq!(resp.json()["error"]["message"], message);
+    }
 
     // Renew, status (the provider, never the connection id), reuse by a second acquire.
     let renewed = lease(
@@ -395,6 +403,18 @@ fn the_endpoint_checks_in_the_specs_order() {
         )),
         (400, "LEASE_ACTION_INVALID".into())
     );
+    // The message says what each action takes: a model too long, a bad release reason.
+    for bad in [
+        acquire(&"m".repeat(513)),
+        json!({"action": "release", "generation": 1, "reason": "DONE"}),
+    ] {
+        let r = lease(&gw, Some("agent-key"), a, &bad);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert_eq!(code(r), (400, "LEASE_ACTION_INVALID".into()));
+        for part in ["1 to 512 characters", "1 to 2^53-1", "OWNER_EXIT"] {
+            assert!(message.contains(part), "{message}");
+        }
+    }
     assert_eq!(
         code(lease(&gw, Some("plain-key"), a, &body)),
         (403, "LEASE_SCOPE_REQUIRED".into())
@@ -411,10 +431,13 @@ fn the_endpoint_checks_in_the_specs_order() {
         code(lease(&gw, Some("agent-key"), Some("vlo_short"), &body)),
         (400, "LEASE_CONTEXT_INVALID".into())
     );
+    let unknown = lease(&gw, Some("agent-key"), a, &acquire("nowhere/x"));
+    // The resolver's message, naming the model once.
     assert_eq!(
-        code(lease(&gw, Some("agent-key"), a, &acquire("nowhere/x"))),
-        (400, "LEASE_MODEL_INVALID".into())
+        unknown.json()["error"]["message"],
+        "model \"nowhere/x\" is not a combo, a provider/model, or in any provider's models"
     );
+    assert_eq!(code(unknown), (400, "LEASE_MODEL_INVALID".into()));
     // `third` serves m3, but this key may lease none of its connections.
     assert_eq!(
         code(lease(&gw, Some("agent-key"), a, &acquire("third/m3"))),
@@ -440,6 +463,15 @@ fn the_endpoint_checks_in_the_specs_order() {
         allowed.contains("x-omniroute-lease-generation"),
         "{allowed}"
     );
+    // Another method: 405, and `Allow` names both methods the endpoint answers.
+    let get = c.request("GET", LEASES, &[("authorization", "Bearer agent-key")], b"");
+    assert_eq!(get.status, 405, "{}", get.text());
+    assert_eq!(get.header("allow"), Some("POST, OPTIONS"));
+    // A model none of the key's connections serves is refused as for any key (403), before
+    // the lease headers are read.
+    let outside = ask(&gw, "agent-key", "third/m3", &[]);
+    assert_eq!(outside.status, 403, "{}", outside.text());
+    assert_eq!(outside.json()["error"]["code"], "forbidden");
     // A key without the scope is not lease-managed: its inference needs no lease headers.
     mock.on_always(CHAT, Reply::openai_chat("ok"));
     let plain = ask(&gw, "plain-key", "up/m1", &[]);
@@ -699,12 +731,84 @@ fn a_reload_that_disables_the_leased_connection_invalidates_the_lease() {
     assert_eq!(lease_error(&r), (409, "LEASE_FENCE_STALE".into()));
 }
 
+/// A restart whose file takes the leased connection from the key is a reload: the restored
+/// lease ends at start-up, so another owner gets the connection at once (it was held until
+/// the first housekeeping round, 5 s on).
 #[test]
-fn check_warns_of_a_lease_key_without_allowed_connections() {
+fn a_restart_whose_file_takes_the_connection_from_the_key_ends_the_lease_at_once() {
+    let mock = MockUpstream::start();
+    let state = TempDir::new("lease-restart-unauthorised");
+    let server = format!(
+        "state_dir = \"{}\"\nsnapshot_interval_ms = 50",
+        state.path().display()
+    );
+    let mut gw = start(&mock.base_url(), &server);
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    gw.terminate();
+    let status = gw.wait_exit(std::time::Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", gw.logs());
+    // The agent key may no longer use c2.
+    let file = config(&mock.base_url(), &server).replace(
+        r#"allowed_connections = ["c2", "o1"]"#,
+        r#"allowed_connections = ["o1"]"#,
+    );
+    let gw = Gateway::start_with_env(&file, &[("TG_LEASE_K1", "k1"), ("TG_LEASE_K2", "k2")]);
+    assert!(gw.logs().contains("leases=1"), "{}", gw.logs());
+    let other = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(other.status, 200, "{}", other.text());
+    let stale = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "status", "generation": 1}),
+    );
+    assert_eq!(lease_error(&stale), (409, "LEASE_FENCE_STALE".into()));
+}
+
+/// A key whose connections of the model's provider are all disabled (their `api_key_env`
+/// unset) is told so, without the connection's name; a provider the key has no connection
+/// of gets the plain refusal.
+#[test]
+fn an_acquire_refused_because_the_keys_connection_is_disabled_says_so() {
+    let mock = MockUpstream::start();
+    // TG_LEASE_K2 unset: c2, the agent key's only connection of `up`, is disabled.
+    let gw = Gateway::start_with_env(&config(&mock.base_url(), ""), &[("TG_LEASE_K1", "k1")]);
+    let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(
+        lease_error(&r),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    assert!(message.contains("disabled: api_key_env unset"), "{message}");
+    assert!(!message.contains("c2"), "{message}");
+    let r = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("third/m3"));
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(
+        lease_error(&r),
+        (409, "LEASE_NO_ELIGIBLE_CONNECTION".into())
+    );
+    assert!(!message.contains("disabled"), "{message}");
+}
+
+#[test]
+fn check_warns_of_a_lease_key_without_allowed_connections_or_inference() {
     let (code, _stdout, stderr) = run_check(&config("http://127.0.0.1:9/v1", ""));
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stderr.contains("client_keys[3]: scope lease:exclusive without allowed_connections"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("without inference"), "{stderr}");
+    // A lease key without `inference`: its leases could serve no request.
+    let file = config("http://127.0.0.1:9/v1", "").replace(
+        "id = \"agent2\"\nkey = \"agent2-key\"\nscopes = [\"inference\", \"lease:exclusive\"]",
+        "id = \"agent2\"\nkey = \"agent2-key\"\nscopes = [\"lease:exclusive\"]",
+    );
+    let (code, _stdout, stderr) = run_check(&file);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("client_keys[1]: scope lease:exclusive without inference"),
         "{stderr}"
     );
 }

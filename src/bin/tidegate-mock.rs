@@ -109,7 +109,20 @@ static GLOBAL: MiMalloc = MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "tidegate-mock",
-    about = "Fast mock LLM upstream for load tests"
+    about = "Fast mock LLM upstream for load tests",
+    after_help = "What it answers:\n  \
+        POST /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/messages and\n  \
+        /v1/messages/count_tokens, each in its API's shape (any other path as chat\n  \
+        completions). A chat, Responses or Messages reply echoes the last user message,\n  \
+        streamed (SSE) when the body has \"stream\": true. The request's model picks the\n  \
+        behaviour:\n    \
+        slow-<ms>      the head after <ms>\n    \
+        drip-<ms>      a stream with <ms> between frames\n    \
+        stall          no answer (streamed: silence after the first frame)\n    \
+        fail-<status>  that status\n    \
+        anything else  answered at once\n\n\
+        Point a gateway provider at it: base_url = \"http://127.0.0.1:9100/v1\" (format\n\
+        openai or anthropic). Start one mock per provider to tell them apart."
 )]
 struct Cli {
     /// Address to listen on.

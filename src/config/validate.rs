@@ -1187,6 +1187,16 @@ impl Loader<'_> {
                      requests, which need one, are refused",
                 );
             }
+            // A lease is used by its own key's inference requests only (another key's get
+            // LEASE_AUTHORIZATION_MISMATCH): without `inference` its leases serve nothing.
+            if scopes.contains(&Scope::LeaseExclusive) && !scopes.contains(&Scope::Inference) {
+                self.warn(
+                    &key,
+                    "scope lease:exclusive without inference: this key's inference requests \
+                     are refused (403), and only they can use its leases, so a lease it \
+                     acquires only holds a connection from other owners",
+                );
+            }
             out.push(ClientKey {
                 id,
                 secret: secret.unwrap_or(KeySecret::Plain(String::new())),
@@ -1260,8 +1270,8 @@ impl Loader<'_> {
         let mut steps: Vec<Vec<Step>> = Vec::with_capacity(raw.combos.len());
         let mut layers: Vec<ComboLayer> = Vec::with_capacity(raw.combos.len());
         let mut seen: HashMap<String, usize> = HashMap::new();
-        // Explicit weights on combo references: (combo, key).
-        let mut ref_weights: Vec<(usize, String)> = Vec::new();
+        // Weights written on targets and combo references: (combo, key).
+        let mut written_weights: Vec<(usize, String)> = Vec::new();
         for (i, c) in raw.combos.iter().enumerate() {
             let key = format!("combos[{i}]");
             let name = match c.name.as_deref() {
@@ -1381,6 +1391,9 @@ impl Loader<'_> {
                         ));
                         match (model, combo) {
                             (Some(model), None) => {
+                                if matches!(t, RawComboTarget::Weighted(w) if w.weight.is_some()) {
+                                    written_weights.push((i, format!("{tkey}.weight")));
+                                }
                                 if let Some(t) = self.target(&tkey, model, providers, provider_ids)
                                 {
                                     own.push(Step::Model(ComboTarget { weight, ..t }));
@@ -1388,7 +1401,7 @@ impl Loader<'_> {
                             }
                             (None, Some(combo)) => {
                                 if matches!(t, RawComboTarget::Weighted(w) if w.weight.is_some()) {
-                                    ref_weights.push((i, format!("{tkey}.weight")));
+                                    written_weights.push((i, format!("{tkey}.weight")));
                                 }
                                 own.push(Step::Combo {
                                     key: tkey,
@@ -1462,11 +1475,11 @@ impl Loader<'_> {
             out[i].targets = targets;
             out[i].settings = settings;
         }
-        // A reference's weight shapes the shares of the referred targets; only the
-        // quota-share and weighted orderings read shares. Said once per reference that no
-        // such combo reaches (through its own targets or by nesting this one).
+        // A target's weight, or a reference's (which shapes the shares of the referred
+        // targets), is read only by the quota-share and weighted orderings. Said once per
+        // weight written in a combo that no such combo reaches (itself or by nesting it).
         let shared = reached_by_weight_readers(&out, &steps);
-        for (i, key) in ref_weights {
+        for (i, key) in written_weights {
             if !shared.contains(&i) {
                 self.warn(
                     &key,
@@ -2016,7 +2029,7 @@ mod tests {
 
         [[combos]]
         name = "fast"
-        strategy = "round-robin"
+        strategy = "weighted"
         targets = ["openai/gpt-4.1-mini", { model = "mock/echo", weight = 2 }]
     "#;
 
@@ -2117,7 +2130,7 @@ mod tests {
         assert!(k.may_use(ConnectionId(1)) && !k.may_use(ConnectionId(0)));
 
         let combo = &c.combos[0];
-        assert_eq!(combo.strategy, ComboStrategy::RoundRobin);
+        assert_eq!(combo.strategy, ComboStrategy::Weighted);
         assert_eq!(combo.targets.len(), 2);
         assert_eq!(
             (

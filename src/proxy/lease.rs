@@ -224,8 +224,9 @@ fn parse_action(body: &[u8]) -> Result<Asked, GatewayError> {
     let invalid = || {
         lease_error(
             LeaseCode::ActionInvalid,
-            "the body must be {\"action\":\"acquire\",\"model\":…}, or renew, release or \
-             status with a positive \"generation\"",
+            "the body must be {\"action\":\"acquire\",\"model\":\"<1 to 512 characters>\"} or \
+             {\"action\":\"renew\"|\"release\"|\"status\",\"generation\":<1 to 2^53-1>} \
+             (release may add \"reason\":\"OWNER_EXIT\" or \"CLIENT_CANCELLED\")",
         )
     };
     let v: Value = serde_json::from_slice(body).map_err(|_| invalid())?;
@@ -301,12 +302,10 @@ fn eligibility(
     allowed: &[ConnectionId],
     model: &str,
 ) -> Result<Eligibility, GatewayError> {
-    let resolved = resolve(config, &shard.shared().routes, model).map_err(|e| {
-        lease_error(
-            LeaseCode::ModelInvalid,
-            format!("model {model:?} cannot be resolved: {}", e.message),
-        )
-    })?;
+    // The resolver's own words, as an inference request for the model would get them (they
+    // name the model where it matters).
+    let resolved = resolve(config, &shard.shared().routes, model)
+        .map_err(|e| lease_error(LeaseCode::ModelInvalid, e.message))?;
     let now = shard.now();
     let views = shard.state().views.borrow();
     let mut standings: Vec<(ConnectionId, Standing)> = Vec::new();
@@ -351,7 +350,19 @@ fn eligibility(
             return Err(e);
         }
         let message = if standings.is_empty() {
-            format!("none of this key's connections can serve model {model:?}")
+            // The key's connections of the model's provider may all be disabled
+            // (`api_key_env` unset at load): say so, without naming them (a lease answer
+            // names no connection; the start-up warning does).
+            let disabled = allowed.iter().any(|c| {
+                config.connection_by_id(*c).is_some_and(|c| {
+                    !c.enabled && resolved.targets.iter().any(|t| t.provider == c.provider)
+                })
+            });
+            let mut message = format!("none of this key's connections can serve model {model:?}");
+            if disabled {
+                message += " (its connections of that provider are disabled: api_key_env unset)";
+            }
+            message
         } else {
             format!("every connection of this key that serves model {model:?} is terminal")
         };

@@ -164,14 +164,15 @@ pub fn dialect(head: &RequestHead) -> Dialect {
 fn route(head: &RequestHead) -> Result<Route, GatewayError> {
     let path = head.path();
     let method = head.method();
-    let want = |m: Method, r: Route| {
+    // `allow`: the `Allow` value when the path answers more methods than `m` (and `HEAD`).
+    let want_also = |m: Method, allow: Option<&'static str>, r: Route| {
         if method == m || (m == Method::Get && method == Method::Head) {
             Ok(r)
         } else {
-            let allow = if m == Method::Get {
-                "GET, HEAD"
-            } else {
-                m.as_str()
+            let allow = match (m == Method::Get, allow) {
+                (true, _) => "GET, HEAD",
+                (false, Some(allow)) => allow,
+                (false, None) => m.as_str(),
             };
             Err(GatewayError::new(
                 ErrorKind::MethodNotAllowed,
@@ -180,6 +181,7 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
             .with_header("allow", allow))
         }
     };
+    let want = |m: Method, r: Route| want_also(m, None, r);
     if let Some(ep) = Endpoint::from_path(path) {
         return want(Method::Post, Route::Inference(ep));
     }
@@ -187,7 +189,8 @@ fn route(head: &RequestHead) -> Result<Route, GatewayError> {
         return want(Method::Get, Route::Models);
     }
     if path == lease::LEASES_PATH {
-        return want(Method::Post, Route::SessionLeases);
+        // It answers `OPTIONS` itself (`lease_options`), so `Allow` names it too.
+        return want_also(Method::Post, Some("POST, OPTIONS"), Route::SessionLeases);
     }
     if path
         .strip_prefix(MODELS_PATH)

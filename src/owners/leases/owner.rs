@@ -1,6 +1,6 @@
 //! The lease owner (shard 0): the lease table, and its answers to lease actions.
 
-use crate::config::{Config, Scope};
+use crate::config::{Config, ConnectionId, Scope};
 use crate::routing::lease::{LeaseTable, OwnerHash, PersistedLease};
 use crate::shard::call::CallId;
 use crate::snapshot::state::Records;
@@ -19,20 +19,26 @@ impl Leases {
     /// whose key is gone, lost its `lease:exclusive` scope or may no longer use the
     /// connection.
     fn invalidate_unauthorised(&mut self, cx: &Cx<'_>) {
-        let config = cx.config;
         self.table.invalidate(cx.now, |connection, key| {
-            config
-                .connection_by_id(connection)
-                .is_some_and(|c| c.enabled)
-                && config.client_keys.iter().any(|k| {
-                    k.id == key
-                        && k.has_scope(Scope::LeaseExclusive)
-                        && k.allowed_connections
-                            .as_ref()
-                            .is_some_and(|a| a.contains(&connection))
-                })
+            authorised(cx.config, connection, key)
         });
     }
+}
+
+/// Whether `config` still lets `key` hold a lease on `connection`: the connection exists
+/// and is enabled, and the key exists, with `lease:exclusive` and the connection in its
+/// `allowed_connections`.
+fn authorised(config: &Config, connection: ConnectionId, key: &str) -> bool {
+    config
+        .connection_by_id(connection)
+        .is_some_and(|c| c.enabled)
+        && config.client_keys.iter().any(|k| {
+            k.id == key
+                && k.has_scope(Scope::LeaseExclusive)
+                && k.allowed_connections
+                    .as_ref()
+                    .is_some_and(|a| a.contains(&connection))
+        })
 }
 
 /// Collects up to `max` changed leases for the snapshot writer (only the lease owner has
@@ -49,7 +55,7 @@ pub fn snapshot_delta(shard: &Shard, max: usize) -> Vec<(OwnerHash, Option<Persi
 }
 
 /// Start-up: the lease owner takes back the persisted leases (whatever the shard count:
-/// they all live on shard 0).
+/// they all live on shard 0), ending those the configuration no longer authorises.
 pub fn restore(shard: &Shard, records: &Records) {
     if records.leases.is_empty() || shard.id() != LEASE_OWNER_SHARD {
         return;
@@ -59,6 +65,13 @@ pub fn restore(shard: &Shard, records: &Records) {
     for (owner, lease) in &records.leases {
         leases.table.adopt(*owner, lease, now);
     }
+    // A restart with a changed file is a reload: a lease the file no longer authorises
+    // ends now, not at the first housekeeping round (until then it held its connection).
+    let current = shard.current();
+    let config = current.config();
+    leases
+        .table
+        .invalidate(now, |connection, key| authorised(config, connection, key));
 }
 
 impl Mechanism for Leases {
