@@ -539,7 +539,13 @@ fn check_warns_about_a_sticky_limit_the_combo_does_not_read_and_not_about_built_
     }
     // cost-optimized is built: priced, no warning; with no price at all, it says it runs
     // in the written order.
-    let cost = config(&[&m[0], &m[1]], "cost-optimized", r#""p0/m", "p1/m""#, "", "");
+    let cost = config(
+        &[&m[0], &m[1]],
+        "cost-optimized",
+        r#""p0/m", "p1/m""#,
+        "",
+        "",
+    );
     let (code, _, stderr) = run_check(&priced(&cost, "p1", "0.5"));
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("strategy"), "{stderr}");

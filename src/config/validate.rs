@@ -926,7 +926,9 @@ impl Loader<'_> {
             if !price.is_finite() || price < 0.0 {
                 self.problem(
                     k,
-                    format!("{price} is not a price (a finite number ≥ 0, USD per million input tokens)"),
+                    format!(
+                        "{price} is not a price (a finite number ≥ 0, USD per million input tokens)"
+                    ),
                 );
                 continue;
             }
@@ -2411,17 +2413,21 @@ mod tests {
             ]
         );
         let inf = PRICED.replace("\"b\" = 1,", "\"b\" = inf,");
-        assert_eq!(
-            keys(&inf),
-            ["providers[0].input_usd_per_mtok.b"],
-        );
+        assert_eq!(keys(&inf), ["providers[0].input_usd_per_mtok.b"],);
         // A provider without `models` takes a price for any model.
-        let any = PRICED.replace("\"a\" = 2.5,", "\"a\" = 2.5, \"zz\" = 3,").replace(
-            "id = \"p\"\n        format = \"mock\"\n        models = [\"a\", \"b\", \"c\"]",
-            "id = \"p\"\n        format = \"mock\"",
-        );
+        let any = PRICED
+            .replace("\"a\" = 2.5,", "\"a\" = 2.5, \"zz\" = 3,")
+            .replace(
+                "id = \"p\"\n        format = \"mock\"\n        models = [\"a\", \"b\", \"c\"]",
+                "id = \"p\"\n        format = \"mock\"",
+            );
         assert!(!any.contains("models"), "{any}");
-        assert_eq!(load(&any).unwrap().config.providers[0].input_usd_per_mtok.len(), 4);
+        assert_eq!(
+            load(&any).unwrap().config.providers[0]
+                .input_usd_per_mtok
+                .len(),
+            4
+        );
         // An unknown key beside it is still one.
         let typo = PRICED.replace("input_usd_per_mtok =", "input_usd_per_mtoks =");
         assert!(keys(&typo).contains(&"providers[0].input_usd_per_mtoks".to_string()));
