@@ -3,8 +3,8 @@
 //! sticky limit), fill-first, random, strict-random (one deck), least-used, lkgp (the
 //! target and connection that served last), p2c (a target that failed more, or whose
 //! response head came slower, is not first), cost-optimized (the cheapest input price
-//! first, an unpriced target last); failover still works under each; a reload
-//! that changes a combo's targets restarts its rotation. One shard (`workers = 1`) so each
+//! first, an unpriced target last, a reloaded price read at once); failover still works
+//! under each; a reload that changes a combo's targets restarts its rotation. One shard (`workers = 1`) so each
 //! strategy's per-shard state is the only one.
 
 #![allow(
@@ -450,6 +450,25 @@ fn cost_optimized_tries_an_unpriced_target_after_every_priced_one() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c1"));
     assert!(!bad3.requests_to(CHAT).is_empty());
+}
+
+#[test]
+fn a_reload_that_changes_a_price_changes_the_cheapest() {
+    let m = ok_mocks(2);
+    let mocks = [&m[0], &m[1]];
+    let cfg = |p0: &str, p1: &str| {
+        let c = config(&mocks, "cost-optimized", r#""p0/m", "p1/m""#, "", "");
+        priced(&priced(&c, "p0", p0), "p1", p1)
+    };
+    let mut gw = Gateway::start(&cfg("3", "1"));
+    assert_eq!(serve_n(gw.addr(), "mix", 2), ["c1", "c1"]);
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(gw.config_path(), cfg("0.5", "1")).unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually(secs(10), "the reload to be logged", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+    assert_eq!(serve_n(gw.addr(), "mix", 2), ["c0", "c0"]);
 }
 
 #[test]
