@@ -2,8 +2,9 @@
 //! sticky limit, skipping a target the views rule out), weighted (the draw's shares and its
 //! sticky limit), fill-first, random, strict-random (one deck), least-used, lkgp (the
 //! target and connection that served last), p2c (a target that failed more, or whose
-//! response head came slower, is not first); failover still works under each; a reload
-//! that changes a combo's targets restarts its rotation. One shard (`workers = 1`) so each
+//! response head came slower, is not first), cost-optimized (the cheapest input price
+//! first, an unpriced target last, a reloaded price read at once); failover still works
+//! under each; a reload that changes a combo's targets restarts its rotation. One shard (`workers = 1`) so each
 //! strategy's per-shard state is the only one.
 
 #![allow(
@@ -373,6 +374,103 @@ fn p2c_puts_the_target_with_the_faster_response_head_first() {
     assert_eq!(slow.requests_to(CHAT).len(), 1);
 }
 
+/// `cfg` with provider `id`'s input price for model `m` set to `usd` per million tokens.
+fn priced(cfg: &str, id: &str, usd: &str) -> String {
+    let plain = format!("[[providers]]\nid = \"{id}\"\n");
+    assert!(cfg.contains(&plain), "{cfg}");
+    cfg.replace(
+        &plain,
+        &format!("{plain}input_usd_per_mtok = {{ \"m\" = {usd} }}\n"),
+    )
+}
+
+/// Written p0 (1.0), p1 (no price), p2 (0.15), p3 (2.5): by price p2, p0, p3, then p1.
+fn cost_gateway(mocks: &[&MockUpstream]) -> Gateway {
+    let cfg = config(
+        mocks,
+        "cost-optimized",
+        r#""p0/m", "p1/m", "p2/m", "p3/m""#,
+        "",
+        "",
+    );
+    let cfg = priced(&priced(&priced(&cfg, "p0", "1"), "p2", "0.15"), "p3", "2.5");
+    let gw = Gateway::start(&cfg);
+    assert_eq!(gw.shards(), 1);
+    gw
+}
+
+#[test]
+fn cost_optimized_serves_from_the_cheapest_target_whatever_the_written_order() {
+    let m = ok_mocks(4);
+    let gw = cost_gateway(&[&m[0], &m[1], &m[2], &m[3]]);
+    assert_eq!(serve_n(gw.addr(), "mix", 4), ["c2", "c2", "c2", "c2"]);
+    for (i, mock) in m.iter().enumerate() {
+        let want = if i == 2 { 4 } else { 0 };
+        assert_eq!(mock.requests_to(CHAT).len(), want, "p{i}");
+    }
+    // Built, and priced: no load-time warning about its order.
+    assert!(!gw.logs().contains("order written"), "{}", gw.logs());
+}
+
+#[test]
+fn cost_optimized_fails_over_to_the_next_cheapest_not_the_next_written() {
+    let (m, bad) = (ok_mocks(4), MockUpstream::start());
+    bad.on_always(CHAT, Reply::error(500, "boom"));
+    // p2, the cheapest, fails: p0 (1.0) serves, not p3 (written next, 2.5).
+    let gw = cost_gateway(&[&m[0], &m[1], &bad, &m[3]]);
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c0"));
+    assert!(!bad.requests_to(CHAT).is_empty());
+    assert!(m[1].requests_to(CHAT).is_empty());
+    assert!(m[3].requests_to(CHAT).is_empty());
+}
+
+#[test]
+fn cost_optimized_tries_an_unpriced_target_after_every_priced_one() {
+    let m = ok_mocks(4);
+    let (bad0, bad2, bad3) = (
+        MockUpstream::start(),
+        MockUpstream::start(),
+        MockUpstream::start(),
+    );
+    for b in [&bad0, &bad2, &bad3] {
+        b.on_always(CHAT, Reply::error(500, "boom"));
+    }
+    // p2 and p0 fail: p3, the dearest priced, serves before p1, written before it.
+    let gw = cost_gateway(&[&bad0, &m[1], &bad2, &m[3]]);
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c3"));
+    assert!(m[1].requests_to(CHAT).is_empty());
+    drop(gw);
+    // Every priced one fails: the unpriced one still serves, last.
+    let gw = cost_gateway(&[&bad0, &m[1], &bad2, &bad3]);
+    let r = ask(gw.addr(), "mix");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-omniroute-selected-connection-id"), Some("c1"));
+    assert!(!bad3.requests_to(CHAT).is_empty());
+}
+
+#[test]
+fn a_reload_that_changes_a_price_changes_the_cheapest() {
+    let m = ok_mocks(2);
+    let mocks = [&m[0], &m[1]];
+    let cfg = |p0: &str, p1: &str| {
+        let c = config(&mocks, "cost-optimized", r#""p0/m", "p1/m""#, "", "");
+        priced(&priced(&c, "p0", p0), "p1", p1)
+    };
+    let mut gw = Gateway::start(&cfg("3", "1"));
+    assert_eq!(serve_n(gw.addr(), "mix", 2), ["c1", "c1"]);
+    let before = gw.logs().matches("configuration reloaded").count();
+    std::fs::write(gw.config_path(), cfg("0.5", "1")).unwrap();
+    gw.signal(libc::SIGHUP);
+    eventually(secs(10), "the reload to be logged", || {
+        (gw.logs().matches("configuration reloaded").count() > before).then_some(())
+    });
+    assert_eq!(serve_n(gw.addr(), "mix", 2), ["c0", "c0"]);
+}
+
 #[test]
 fn a_failing_first_pick_fails_over_under_every_strategy() {
     for strategy in [
@@ -384,6 +482,7 @@ fn a_failing_first_pick_fails_over_under_every_strategy() {
         "least-used",
         "lkgp",
         "p2c",
+        "cost-optimized",
     ] {
         let bad = MockUpstream::start();
         bad.on_always(CHAT, Reply::error(500, "boom"));
@@ -457,6 +556,27 @@ fn check_warns_about_a_sticky_limit_the_combo_does_not_read_and_not_about_built_
         assert_eq!(code, 0, "{built}: {stderr}");
         assert!(!stderr.contains("strategy"), "{built}: {stderr}");
     }
+    // cost-optimized is built: priced, no warning; with no price at all, it says it runs
+    // in the written order.
+    let cost = config(
+        &[&m[0], &m[1]],
+        "cost-optimized",
+        r#""p0/m", "p1/m""#,
+        "",
+        "",
+    );
+    let (code, _, stderr) = run_check(&priced(&cost, "p1", "0.5"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("strategy"), "{stderr}");
+    let (code, _, stderr) = run_check(&cost);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "combos[0].strategy: \"cost-optimized\" has no price for any target of combo \"mix\""
+        ) && stderr.contains("order written")
+            && !stderr.contains("not built"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run_check(&config(&[&m[0], &m[1]], "auto", r#""p0/m""#, "", ""));
     assert_eq!(code, 0, "{stderr}");
     assert!(

@@ -127,6 +127,7 @@ pub fn unknown_provider() -> &'static Provider {
         ca_file: None,
         daily_reset: None,
         responses_api: true,
+        input_usd_per_mtok: Vec::new(),
     });
     &UNKNOWN
 }
@@ -330,6 +331,10 @@ pub struct Provider {
     /// An `openai`-format provider serves `/v1/responses` itself (the default); `false`:
     /// it speaks only Chat Completions, and Responses requests are translated for it.
     pub responses_api: bool,
+    /// The operator's input prices (`input_usd_per_mtok`): model → USD per million input
+    /// tokens, each finite and ≥ 0, each model one of `models` (when listed). Read by the
+    /// `cost-optimized` strategy through [`ComboTarget::input_usd_per_mtok`].
+    pub input_usd_per_mtok: Vec<(String, f64)>,
 }
 
 /// A provider's daily quota reset: `hour` o'clock at `utc_offset_minutes` east of UTC.
@@ -391,6 +396,9 @@ pub struct ComboTarget {
     pub provider: ProviderId,
     pub model: String,
     pub weight: u32,
+    /// The model's input price on its provider (USD per million input tokens), resolved
+    /// at load from the provider's `input_usd_per_mtok`; `None` when it has none.
+    pub input_usd_per_mtok: Option<f64>,
 }
 
 #[derive(Clone, Debug)]

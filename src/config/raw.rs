@@ -103,6 +103,10 @@ pub struct RawProvider {
     pub daily_reset_hour: Option<i64>,
     pub daily_reset_utc_offset_minutes: Option<i64>,
     pub responses_api: Option<bool>,
+    /// Model → USD per million input tokens. Values are read as TOML values and checked
+    /// one by one, so one wrong price is one problem naming its key.
+    #[serde(default)]
+    pub input_usd_per_mtok: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

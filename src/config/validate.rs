@@ -418,6 +418,20 @@ impl Loader<'_> {
                     format_args!("provider {:?} has no connection; it cannot serve", p.name),
                 );
             }
+            let priced = |c: &Combo| {
+                c.strategy == ComboStrategy::CostOptimized
+                    && c.targets.iter().any(|t| t.provider == p.id)
+            };
+            if !p.input_usd_per_mtok.is_empty() && !combos.iter().any(priced) {
+                self.warn(
+                    &format!("providers[{}].input_usd_per_mtok", p.id.0),
+                    format_args!(
+                        "has no effect: no cost-optimized combo has a target on provider {:?} \
+                         (only cost-optimized combos read prices)",
+                        p.name
+                    ),
+                );
+            }
         }
         let mut config = Config {
             server,
@@ -844,6 +858,7 @@ impl Loader<'_> {
                     "only meaningful for format = \"openai\"; remove it",
                 );
             }
+            let input_usd_per_mtok = self.input_prices(&key, &name, p, &models);
             out.push(Provider {
                 id: ProviderId(u16::try_from(i).unwrap_or(u16::MAX)),
                 name,
@@ -856,7 +871,69 @@ impl Loader<'_> {
                 ca_file,
                 daily_reset,
                 responses_api: p.responses_api.unwrap_or(true),
+                input_usd_per_mtok,
             });
+        }
+        out
+    }
+
+    /// `input_usd_per_mtok = { "<model>" = <USD per million input tokens> }`: each price a
+    /// finite number ≥ 0 (an integer reads as one), each model a valid id and, when the
+    /// provider lists `models`, one of them (a price for a model it does not serve could
+    /// only be a typo, and would leave the intended model unpriced: an error). One problem
+    /// per wrong entry, naming it.
+    fn input_prices(
+        &mut self,
+        key: &str,
+        provider: &str,
+        p: &RawProvider,
+        models: &[String],
+    ) -> Vec<(String, f64)> {
+        let mut out = Vec::with_capacity(p.input_usd_per_mtok.len());
+        for (model, value) in &p.input_usd_per_mtok {
+            let k = format!("{key}.input_usd_per_mtok.{model}");
+            if !valid_model(model) {
+                self.problem(
+                    k,
+                    format!(
+                        "{model:?} is not a model id (1..={MAX_NAME_LEN} characters, no \
+                         whitespace or control characters)"
+                    ),
+                );
+                continue;
+            }
+            if !models.is_empty() && !models.iter().any(|m| m == model) {
+                self.problem(
+                    k,
+                    format!("model {model:?} is not in provider {provider:?}'s models"),
+                );
+                continue;
+            }
+            let price = match value {
+                toml::Value::Float(f) => *f,
+                toml::Value::Integer(n) => *n as f64,
+                other => {
+                    self.problem(
+                        k,
+                        format!(
+                            "expected a number (USD per million input tokens), found a {}",
+                            other.type_str()
+                        ),
+                    );
+                    continue;
+                }
+            };
+            if !price.is_finite() || price < 0.0 {
+                self.problem(
+                    k,
+                    format!(
+                        "{price} is not a price (a finite number ≥ 0, USD per million input tokens)"
+                    ),
+                );
+                continue;
+            }
+            // -0.0 reads as 0.
+            out.push((model.clone(), price.max(0.0) + 0.0));
         }
         out
     }
@@ -1472,6 +1549,20 @@ impl Loader<'_> {
                     ),
                 );
             }
+            if out[i].strategy == ComboStrategy::CostOptimized
+                && !targets.is_empty()
+                && targets.iter().all(|t| t.input_usd_per_mtok.is_none())
+            {
+                self.warn(
+                    &format!("combos[{i}].strategy"),
+                    format_args!(
+                        "\"cost-optimized\" has no price for any target of combo {:?} (set \
+                         input_usd_per_mtok on their providers): it runs its targets in the \
+                         order written",
+                        out[i].name
+                    ),
+                );
+            }
             out[i].targets = targets;
             out[i].settings = settings;
         }
@@ -1527,6 +1618,11 @@ impl Loader<'_> {
             provider: p.id,
             model: model.to_string(),
             weight: 1,
+            input_usd_per_mtok: p
+                .input_usd_per_mtok
+                .iter()
+                .find(|(m, _)| m == model)
+                .map(|&(_, price)| price),
         })
     }
 
@@ -1838,10 +1934,8 @@ fn strategy_order_not_built(s: ComboStrategy) -> Option<&'static str> {
         | ComboStrategy::StrictRandom
         | ComboStrategy::LeastUsed
         | ComboStrategy::Lkgp
-        | ComboStrategy::P2c => None,
-        ComboStrategy::CostOptimized => {
-            Some("is accepted, but its ordering is not built yet (Tidegate has no pricing table)")
-        }
+        | ComboStrategy::P2c
+        | ComboStrategy::CostOptimized => None,
         ComboStrategy::Auto => Some("is accepted, but its ordering is not built yet"),
     }
 }
@@ -2260,6 +2354,96 @@ mod tests {
                 "combos[0].targets[1]: unknown provider \"anthropic\"",
             ]
         );
+    }
+
+    const PRICED: &str = r#"
+        [[providers]]
+        id = "p"
+        format = "mock"
+        models = ["a", "b", "c"]
+        input_usd_per_mtok = { "a" = 2.5, "b" = 1, "c" = -0.0 }
+        [[providers]]
+        id = "q"
+        format = "mock"
+        [[connections]]
+        id = "p1"
+        provider = "p"
+        [[connections]]
+        id = "q1"
+        provider = "q"
+        [[combos]]
+        name = "inner"
+        targets = ["p/c"]
+        [[combos]]
+        name = "cheap"
+        strategy = "cost-optimized"
+        targets = ["p/a", "q/x", "p/b", { combo = "inner" }]
+    "#;
+
+    #[test]
+    fn input_prices_resolve_on_each_combo_target_at_load() {
+        let out = load(PRICED).unwrap();
+        let p = &out.config.providers[0];
+        // An integer reads as a price; -0 as 0.
+        assert_eq!(
+            p.input_usd_per_mtok,
+            [("a".into(), 2.5), ("b".into(), 1.0), ("c".into(), 0.0)]
+        );
+        assert!(out.config.providers[1].input_usd_per_mtok.is_empty());
+        let prices: Vec<Option<f64>> = out.config.combos[1]
+            .targets
+            .iter()
+            .map(|t| t.input_usd_per_mtok)
+            .collect();
+        // A nested combo's target keeps its price; q has none.
+        assert_eq!(prices, [Some(2.5), None, Some(1.0), Some(0.0)]);
+        assert!(
+            out.warnings.iter().all(|w| !w.contains("price")),
+            "{:?}",
+            out.warnings
+        );
+    }
+
+    #[test]
+    fn a_wrong_price_is_one_problem_naming_its_key() {
+        let text = PRICED.replace(
+            r#"input_usd_per_mtok = { "a" = 2.5, "b" = 1, "c" = -0.0 }"#,
+            r#"input_usd_per_mtok = { "a" = "2.5", "b" = -1, "c" = nan, "d" = 1.0, "a b" = 1 }"#,
+        );
+        assert_eq!(
+            problems(&text),
+            vec![
+                "providers[0].input_usd_per_mtok.a: expected a number (USD per million input \
+                 tokens), found a string",
+                "providers[0].input_usd_per_mtok.a b: \"a b\" is not a model id (1..=256 \
+                 characters, no whitespace or control characters)",
+                "providers[0].input_usd_per_mtok.b: -1 is not a price (a finite number ≥ 0, USD \
+                 per million input tokens)",
+                "providers[0].input_usd_per_mtok.c: NaN is not a price (a finite number ≥ 0, USD \
+                 per million input tokens)",
+                "providers[0].input_usd_per_mtok.d: model \"d\" is not in provider \"p\"'s \
+                 models",
+            ]
+        );
+        let inf = PRICED.replace("\"b\" = 1,", "\"b\" = inf,");
+        assert_eq!(keys(&inf), ["providers[0].input_usd_per_mtok.b"],);
+        // A provider without `models` takes a price for any model.
+        let any = PRICED
+            .replace("\"a\" = 2.5,", "\"a\" = 2.5, \"zz\" = 3,")
+            .replace(
+                "id = \"p\"\n        format = \"mock\"\n        models = [\"a\", \"b\", \"c\"]",
+                "id = \"p\"\n        format = \"mock\"",
+            );
+        assert!(!any.contains("models"), "{any}");
+        assert_eq!(
+            load(&any).unwrap().config.providers[0]
+                .input_usd_per_mtok
+                .len(),
+            4
+        );
+        // An unknown key beside it is still one.
+        let typo = PRICED.replace("input_usd_per_mtok =", "input_usd_per_mtoks =");
+        assert!(keys(&typo).contains(&"providers[0].input_usd_per_mtoks".to_string()));
     }
 
     #[test]
@@ -2849,11 +3033,55 @@ mod exposure_tests {
                  yet: combo \"c\" runs its targets in the order written"
             ]
         );
-        let w = about(warns(&combo("cost-optimized"), &[]));
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(
-            w[0].contains("pricing table") && w[0].contains("order written"),
-            "{w:?}"
+        // Built; without a price for any target it runs in the written order, and says so.
+        assert_eq!(
+            about(warns(&combo("cost-optimized"), &[])),
+            vec![
+                "combos[0].strategy: \"cost-optimized\" has no price for any target of combo \
+                 \"c\" (set input_usd_per_mtok on their providers): it runs its targets in the \
+                 order written"
+            ]
+        );
+        let priced = combo("cost-optimized").replace(
+            "format = \"mock\"\n",
+            "format = \"mock\"\ninput_usd_per_mtok = { \"b\" = 1 }\n",
+        );
+        assert!(priced.contains("input_usd_per_mtok"));
+        assert_eq!(about(warns(&priced, &[])), Vec::<String>::new());
+    }
+
+    #[test]
+    fn prices_no_cost_optimized_combo_reads_warn() {
+        let text = |strategy: &str, targets: &str| {
+            format!(
+                "[[providers]]\nid = \"m\"\nformat = \"mock\"\n\
+                 input_usd_per_mtok = {{ \"a\" = 0.5 }}\n\
+                 [[connections]]\nid = \"m1\"\nprovider = \"m\"\n\
+                 [[providers]]\nid = \"n\"\nformat = \"mock\"\n\
+                 [[connections]]\nid = \"n1\"\nprovider = \"n\"\n\
+                 [[combos]]\nname = \"c\"\nstrategy = \"{strategy}\"\ntargets = [{targets}]\n"
+            )
+        };
+        let about = |w: Vec<String>| -> Vec<String> {
+            w.into_iter()
+                .filter(|l| l.starts_with("providers[0].input_usd_per_mtok"))
+                .collect()
+        };
+        let unread = "providers[0].input_usd_per_mtok: has no effect: no cost-optimized combo \
+                      has a target on provider \"m\" (only cost-optimized combos read prices)";
+        assert_eq!(
+            about(warns(&text("priority", "\"m/a\""), &[])),
+            vec![unread]
+        );
+        // A cost-optimized combo, but on the other provider only.
+        assert_eq!(
+            about(warns(&text("cost-optimized", "\"n/a\""), &[])),
+            vec![unread]
+        );
+        // Read: no warning (target `m/b` has no price; the combo's `m/a` does not matter).
+        assert_eq!(
+            about(warns(&text("cost-optimized", "\"n/a\", \"m/b\""), &[])),
+            Vec::<String>::new()
         );
     }
 

@@ -52,10 +52,12 @@ pub(super) fn order(shard: &Req<'_>, combo: usize, candidates: &mut Vec<(Target,
                         Gate::NeedProbe(keys) if keys.contains(&BreakerKey::Provider(t.provider))
                     )
                 });
+                let written = c.targets.get(target);
                 Step {
                     target,
-                    weight: c.targets.get(target).map_or(1, |t| t.weight),
+                    weight: written.map_or(1, |t| t.weight),
                     half_open,
+                    input_usd_per_mtok: written.and_then(|t| t.input_usd_per_mtok),
                 }
             })
             .collect()

@@ -47,12 +47,15 @@ pub enum Order {
     /// ([`p2c_score`]) first (the second only when strictly better), the rest in the
     /// written order.
     P2c,
+    /// Ascending by the target's input price; a target without one after every priced
+    /// one; ties (and the unpriced) in the written order.
+    CostOptimized,
 }
 
 impl Order {
     /// The ordering of `combo`'s strategy; `None` for the ones with an ordering of their
     /// own elsewhere (`priority` is the written order, `quota-share` is ordered by its home)
-    /// or not built (`auto`, `cost-optimized`: the written order).
+    /// or not built (`auto`: the written order).
     pub fn of(combo: &Combo) -> Option<Order> {
         let s = &combo.settings;
         match combo.strategy {
@@ -68,10 +71,8 @@ impl Order {
             ComboStrategy::LeastUsed => Some(Order::LeastUsed),
             ComboStrategy::Lkgp => Some(Order::Lkgp),
             ComboStrategy::P2c => Some(Order::P2c),
-            ComboStrategy::Priority
-            | ComboStrategy::QuotaShare
-            | ComboStrategy::Auto
-            | ComboStrategy::CostOptimized => None,
+            ComboStrategy::CostOptimized => Some(Order::CostOptimized),
+            ComboStrategy::Priority | ComboStrategy::QuotaShare | ComboStrategy::Auto => None,
         }
     }
 }
@@ -109,12 +110,14 @@ impl Rng {
 }
 
 /// One eligible target of a request: its index in the combo's written target list, its
-/// weight, and whether its provider's breaker is half-open (an attempt would be its probe).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// weight, whether its provider's breaker is half-open (an attempt would be its probe),
+/// and its input price (USD per million input tokens, resolved at load; `None`: unknown).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
     pub target: usize,
     pub weight: u32,
     pub half_open: bool,
+    pub input_usd_per_mtok: Option<f64>,
 }
 
 /// A decaying count of attempts.
@@ -297,6 +300,13 @@ impl ComboState {
                 };
                 first_then_written(first, n)
             }
+            Order::CostOptimized => {
+                let price = |i: usize| steps[i].input_usd_per_mtok.unwrap_or(f64::INFINITY);
+                let mut order: Vec<usize> = (0..n).collect();
+                // Stable: ties keep the written order.
+                order.sort_by(|&a, &b| price(a).total_cmp(&price(b)));
+                order
+            }
         }
     }
 
@@ -439,6 +449,21 @@ mod tests {
                 target: t,
                 weight: 1,
                 half_open: false,
+                input_usd_per_mtok: None,
+            })
+            .collect()
+    }
+
+    /// Steps for written targets `0..`, priced as given.
+    fn priced(prices: &[Option<f64>]) -> Vec<Step> {
+        prices
+            .iter()
+            .enumerate()
+            .map(|(t, &p)| Step {
+                target: t,
+                weight: 1,
+                half_open: false,
+                input_usd_per_mtok: p,
             })
             .collect()
     }
@@ -480,16 +505,19 @@ mod tests {
                 target: 0,
                 weight: 3,
                 half_open: false,
+                input_usd_per_mtok: None,
             },
             Step {
                 target: 1,
                 weight: 1,
                 half_open: false,
+                input_usd_per_mtok: None,
             },
             Step {
                 target: 2,
                 weight: 0,
                 half_open: false,
+                input_usd_per_mtok: None,
             },
         ];
         let got = firsts(Order::Weighted { sticky: 1 }, &s, 3, 4000);
@@ -511,6 +539,7 @@ mod tests {
                 target: t,
                 weight: 0,
                 half_open: false,
+                input_usd_per_mtok: None,
             })
             .collect();
         let got = firsts(Order::Weighted { sticky: 1 }, &s, 2, 2000);
@@ -642,6 +671,7 @@ mod tests {
             target: 1,
             weight: 1,
             half_open: false,
+            input_usd_per_mtok: None,
         };
         assert!((st.score(&s, 0) - 0.75).abs() < 1e-9);
         // One failure, then a success a half-life later with a 90 ms head: the failure
@@ -694,11 +724,13 @@ mod tests {
                 target: 0,
                 weight: 1,
                 half_open: true,
+                input_usd_per_mtok: None,
             },
             Step {
                 target: 1,
                 weight: 1,
                 half_open: false,
+                input_usd_per_mtok: None,
             },
         ];
         let got = firsts(Order::P2c, &s, 2, 200);
@@ -706,6 +738,30 @@ mod tests {
         // One eligible target: it.
         let one = steps(&[1]);
         assert_eq!(firsts(Order::P2c, &one, 2, 5), [1; 5]);
+    }
+
+    #[test]
+    fn cost_optimized_puts_the_cheapest_first_and_the_unpriced_last() {
+        let (mut st, mut rng) = (ComboState::default(), Rng::new(1));
+        let how = Order::CostOptimized;
+        // Written: 2.5, unpriced, 0.15, 10, 0.
+        let s = priced(&[Some(2.5), None, Some(0.15), Some(10.0), Some(0.0)]);
+        assert_eq!(st.order(how, &s, 5, &mut rng, 0), [4, 2, 0, 3, 1]);
+        // Ties, priced or not, keep the written order.
+        let s = priced(&[None, Some(1.0), None, Some(1.0), Some(0.5)]);
+        assert_eq!(st.order(how, &s, 5, &mut rng, 0), [4, 1, 3, 0, 2]);
+        // Nothing priced: the written order.
+        let s = priced(&[None, None, None]);
+        assert_eq!(st.order(how, &s, 3, &mut rng, 0), [0, 1, 2]);
+        // The ruled-out are already gone: the cheapest eligible first.
+        let mut s = priced(&[Some(3.0), Some(1.0), Some(2.0)]);
+        s.remove(1);
+        assert_eq!(st.order(how, &s, 3, &mut rng, 0), [1, 0]);
+        // Stateless: the same answer every time.
+        let s = priced(&[Some(2.0), Some(1.0)]);
+        for _ in 0..3 {
+            assert_eq!(st.order(how, &s, 2, &mut rng, 0), [1, 0]);
+        }
     }
 
     fn any_order() -> impl Strategy<Value = Order> {
@@ -718,6 +774,7 @@ mod tests {
             Just(Order::LeastUsed),
             Just(Order::Lkgp),
             Just(Order::P2c),
+            Just(Order::CostOptimized),
         ]
     }
 
@@ -731,6 +788,8 @@ mod tests {
                 prop::collection::vec((any::<bool>(), 0u32..5), 6),
                 1..20,
             ),
+            // Per target: its price (none, or a few values so that ties occur).
+            prices in prop::collection::vec(prop::option::of(0u8..4), 6),
         ) {
             let (mut st, mut rng) = (ComboState::default(), Rng::new(seed));
             for (now, req) in requests.iter().enumerate() {
@@ -738,7 +797,12 @@ mod tests {
                     .iter()
                     .enumerate()
                     .filter(|(_, (on, _))| *on)
-                    .map(|(t, (_, w))| Step { target: t, weight: *w, half_open: *w == 4 })
+                    .map(|(t, (_, w))| Step {
+                        target: t,
+                        weight: *w,
+                        half_open: *w == 4,
+                        input_usd_per_mtok: prices[t].map(|p| f64::from(p) * 0.5),
+                    })
                     .collect();
                 let now = now as u64 * 1_000;
                 let mut o = st.order(how, &s, 6, &mut rng, now);
