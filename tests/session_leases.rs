@@ -1082,3 +1082,155 @@ fn shard_of(resp: &Response) -> u64 {
     let seq = id.rsplit('-').next().unwrap();
     u64::from_str_radix(seq, 16).unwrap() & 0xff
 }
+
+/// The audit of B §5 against the binary, for what the tests above do not pin down: the
+/// capacity answer's exact members and headers, the generation header's bounds (a safe
+/// integer, `^[1-9][0-9]*$`), REUSED pushing the end out, and release's idempotence being
+/// only for the same key and generation of a released lease.
+#[test]
+fn the_capacity_answer_generation_bounds_reuse_and_release_fencing_are_the_specs() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let first = got.json();
+
+    // Capacity: exactly the spec's members (top level and `error`), JSON, Retry-After
+    // equal to `retryAfter`; nothing names the connection, the key or the owners.
+    let busy = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(busy.status, 429, "{}", busy.text());
+    assert_eq!(busy.header("content-type"), Some("application/json"));
+    let body = busy.json();
+    let mut top: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    top.sort_unstable();
+    assert_eq!(
+        top,
+        [
+            "eligibleCount",
+            "error",
+            "freeCount",
+            "reason",
+            "retryAfter",
+            "state"
+        ],
+        "{body}"
+    );
+    let mut inner: Vec<&str> = body["error"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    inner.sort_unstable();
+    assert_eq!(inner, ["code", "message", "type"], "{body}");
+    let retry = busy.header("retry-after").unwrap();
+    assert_eq!(body["retryAfter"].to_string(), retry);
+    let text = busy.text();
+    for secret in ["c2", "agent", OWNER_A, OWNER_B, "k2"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+
+    // The generation header: the largest safe integer passes the format (and is merely
+    // stale); 2^53, a 25-digit number, a sign, a fraction or an exponent are malformed.
+    let with_generation = |g: &str| {
+        ask(
+            &gw,
+            "agent-key",
+            "up/m1",
+            &[
+                ("x-omniroute-lease-owner", OWNER_A),
+                ("x-omniroute-lease-generation", g),
+            ],
+        )
+    };
+    assert_eq!(
+        lease_error(&with_generation("9007199254740991")),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    for bad in [
+        "9007199254740992",
+        "1000000000000000000000000",
+        "+1",
+        "-1",
+        "1.0",
+        "1e3",
+        "0",
+        "0x1",
+    ] {
+        assert_eq!(
+            lease_error(&with_generation(bad)),
+            (400, "LEASE_CONTEXT_INVALID".into()),
+            "{bad}"
+        );
+    }
+    assert_eq!(with_generation("1").status, 200);
+    assert_eq!(
+        mock.requests_to(CHAT).len(),
+        1,
+        "only the valid one was sent"
+    );
+
+    // REUSED: a second acquire by the same owner and key keeps the generation and the
+    // acquisition time and pushes the end out.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let reused = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(reused.status, 200, "{}", reused.text());
+    let again = reused.json();
+    assert_eq!(again["state"], "ACTIVE");
+    assert_eq!(again["generation"], 1);
+    assert_eq!(again["acquiredAt"], first["acquiredAt"]);
+    assert!(
+        again["expiresAt"].as_str().unwrap() > first["expiresAt"].as_str().unwrap(),
+        "{again} after {first}"
+    );
+
+    // Release through another lease key, or of another generation: stale, and the lease
+    // stays active. Then the owner releases it; a repeat is idempotent only for the same
+    // key and generation.
+    let release = |key: &str, g: u64| {
+        lease(
+            &gw,
+            Some(key),
+            Some(OWNER_A),
+            &json!({"action": "release", "generation": g}),
+        )
+    };
+    assert_eq!(
+        lease_error(&release("agent2-key", 1)),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    assert_eq!(
+        lease_error(&release("agent-key", 2)),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    assert_eq!(with_generation("1").status, 200, "still active");
+    for _ in 0..2 {
+        let r = release("agent-key", 1);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["state"], "RELEASED");
+    }
+    assert_eq!(
+        lease_error(&release("agent2-key", 1)),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    // Renew and status of the released lease: stale, and status names no connection.
+    for action in ["renew", "status"] {
+        let r = lease(
+            &gw,
+            Some("agent-key"),
+            Some(OWNER_A),
+            &json!({"action": action, "generation": 1}),
+        );
+        assert!(r.json().get("connection").is_none(), "{}", r.text());
+        assert_eq!(lease_error(&r), (409, "LEASE_FENCE_STALE".into()));
+    }
+    // The other owner now gets the connection.
+    let b = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(b.status, 200, "{}", b.text());
+}
