@@ -1234,3 +1234,41 @@ fn the_capacity_answer_generation_bounds_reuse_and_release_fencing_are_the_specs
     let b = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
     assert_eq!(b.status, 200, "{}", b.text());
 }
+
+/// B §5.3: an owner active through one key that acquires through another gets 409 and
+/// nothing is rebound — its lease keeps its key, connection and generation.
+#[test]
+fn an_owner_active_through_another_key_is_refused_and_its_lease_untouched() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let other_key = lease(&gw, Some("agent2-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(lease_error(&other_key), (409, "LEASE_OWNER_ACTIVE".into()));
+    // Untouched: the first key's status and inference still work at generation 1; the
+    // second key presenting the owner is a foreign key.
+    let status = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "status", "generation": 1}),
+    );
+    assert_eq!(status.status, 200, "{}", status.text());
+    assert_eq!(status.json()["generation"], 1);
+    let headers = [
+        ("x-omniroute-lease-owner", OWNER_A),
+        ("x-omniroute-lease-generation", "1"),
+    ];
+    let served = ask(&gw, "agent-key", "up/m1", &headers);
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert_eq!(
+        served.header("x-omniroute-selected-connection-id"),
+        Some("c2")
+    );
+    let foreign = ask(&gw, "agent2-key", "up/m1", &headers);
+    assert_eq!(
+        lease_error(&foreign),
+        (409, "LEASE_AUTHORIZATION_MISMATCH".into())
+    );
+}
