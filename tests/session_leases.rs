@@ -1272,3 +1272,38 @@ fn an_owner_active_through_another_key_is_refused_and_its_lease_untouched() {
         (409, "LEASE_AUTHORIZATION_MISMATCH".into())
     );
 }
+
+/// The lease endpoint reads the client key where every route does: `Authorization: Bearer`
+/// or `x-api-key`. OmniRoute's `x-goog-api-key` and `?key=` are not read (docs/compat.md):
+/// a key sent only there is no key.
+#[test]
+fn the_endpoint_reads_the_key_from_bearer_or_x_api_key_only() {
+    let mock = MockUpstream::start();
+    let gw = start(&mock.base_url(), "");
+    let body = acquire("up/m1").to_string();
+    let post = |path: &str, key_header: (&str, &str)| {
+        let mut c = Client::connect(gw.addr());
+        c.request(
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("x-omniroute-lease-owner", OWNER_A),
+                key_header,
+            ],
+            body.as_bytes(),
+        )
+    };
+    let by_x_api_key = post(LEASES, ("x-api-key", "agent-key"));
+    assert_eq!(by_x_api_key.status, 200, "{}", by_x_api_key.text());
+    let goog = post(LEASES, ("x-goog-api-key", "agent-key"));
+    assert_eq!(
+        lease_error(&goog),
+        (401, "LEASE_AUTHENTICATION_REQUIRED".into())
+    );
+    let query = post(&format!("{LEASES}?key=agent-key"), ("x-other", "1"));
+    assert_eq!(
+        lease_error(&query),
+        (401, "LEASE_AUTHENTICATION_REQUIRED".into())
+    );
+}
