@@ -535,3 +535,18 @@ fn weighted_fallbacks_follow_in_descending_weight() {
     let drawn = bad.requests_to(CHAT).len();
     assert!((15..=40).contains(&drawn), "p0 tried {drawn} times");
 }
+
+/// B §3.1: a client may name a combo as `combo/<name>`; it is the same combo (one
+/// rotation whichever name a request uses). `combo/<not a combo>` is no combo.
+#[test]
+fn combo_slash_name_runs_the_same_combo() {
+    let m = ok_mocks(3);
+    let gw = start(&[&m[0], &m[1], &m[2]], "round-robin", ABC, "");
+    let got: Vec<String> = ["mix", "combo/mix", "mix", "combo/mix"]
+        .iter()
+        .map(|model| served(gw.addr(), model))
+        .collect();
+    assert_eq!(got, ["c0", "c1", "c2", "c0"]);
+    let none = ask(gw.addr(), "combo/nope");
+    assert_eq!(none.status, 404, "{}", none.text());
+}
