@@ -1307,3 +1307,59 @@ fn the_endpoint_reads_the_key_from_bearer_or_x_api_key_only() {
         (401, "LEASE_AUTHENTICATION_REQUIRED".into())
     );
 }
+
+/// B §5.2's order, pairwise: each request fails two checks and gets the earlier one's code.
+#[test]
+fn each_check_comes_before_the_next_when_both_fail() {
+    let mock = MockUpstream::start();
+    let gw = start(&mock.base_url(), "");
+    let post = |key: &str, content_type: &str, owner: Option<&str>, body: &str| {
+        let auth = format!("Bearer {key}");
+        let mut headers = vec![
+            ("authorization", auth.as_str()),
+            ("content-type", content_type),
+        ];
+        if let Some(o) = owner {
+            headers.push(("x-omniroute-lease-owner", o));
+        }
+        let mut c = Client::connect(gw.addr());
+        lease_error(&c.request("POST", LEASES, &headers, body.as_bytes()))
+    };
+    let json = "application/json";
+    let good = acquire("up/m1").to_string();
+    let unknown = acquire("nowhere/x").to_string();
+    // 1 before 2: an invalid key with a wrong content type.
+    assert_eq!(
+        post("nope", "text/plain", None, "x"),
+        (401, "LEASE_API_KEY_INVALID".into())
+    );
+    // 2 before 3: a wrong content type with a body that is no action.
+    assert_eq!(
+        post("agent-key", "text/plain", None, "x"),
+        (415, "LEASE_CONTENT_TYPE_REQUIRED".into())
+    );
+    // 3 before 4: no action, no scope (and no owner).
+    assert_eq!(
+        post("plain-key", json, None, "{}"),
+        (400, "LEASE_ACTION_INVALID".into())
+    );
+    // 4 before 5: no scope / no connection list, and no owner.
+    assert_eq!(
+        post("plain-key", json, None, &good),
+        (403, "LEASE_SCOPE_REQUIRED".into())
+    );
+    assert_eq!(
+        post("nolist-key", json, None, &good),
+        (403, "LEASE_KEY_CONFIGURATION_INVALID".into())
+    );
+    // 5 before 6: a malformed owner with a model that resolves to nothing.
+    assert_eq!(
+        post("agent-key", json, Some("vlo_x"), &unknown),
+        (400, "LEASE_CONTEXT_INVALID".into())
+    );
+    assert_eq!(
+        post("agent-key", json, Some(OWNER_A), &unknown),
+        (400, "LEASE_MODEL_INVALID".into())
+    );
+    assert!(mock.requests().is_empty());
+}
