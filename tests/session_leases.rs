@@ -1175,6 +1175,21 @@ fn the_capacity_answer_generation_bounds_reuse_and_release_fencing_are_the_specs
         1,
         "only the valid one was sent"
     );
+    // In a body, a generation is an integer literal: `1.0` and `1e0` are no action.
+    for g in ["1.0", "1e0"] {
+        let mut c = Client::connect(gw.addr());
+        let r = c.request(
+            "POST",
+            LEASES,
+            &[
+                ("authorization", "Bearer agent-key"),
+                ("content-type", "application/json"),
+                ("x-omniroute-lease-owner", OWNER_A),
+            ],
+            format!(r#"{{"action":"renew","generation":{g}}}"#).as_bytes(),
+        );
+        assert_eq!(lease_error(&r), (400, "LEASE_ACTION_INVALID".into()), "{g}");
+    }
 
     // REUSED: a second acquire by the same owner and key keeps the generation and the
     // acquisition time and pushes the end out.
