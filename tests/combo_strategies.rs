@@ -610,3 +610,63 @@ fn check_warns_about_a_target_weight_no_ordering_reads() {
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("weight: has no effect"), "{stderr}");
 }
+
+/// B §3.2 weighted: when every weight is 0 the draw is uniform (no target is starved).
+#[test]
+fn weighted_with_every_weight_zero_draws_uniformly() {
+    let m = ok_mocks(2);
+    let gw = start(
+        &[&m[0], &m[1]],
+        "weighted",
+        r#"{ model = "p0/m", weight = 0 }, { model = "p1/m", weight = 0 }"#,
+        "",
+    );
+    let got = serve_n(gw.addr(), "mix", 200);
+    let a = count(&got, "c0");
+    // Expected 100; the bounds are over 5 standard deviations wide.
+    assert!((60..=140).contains(&a), "c0 served {a} of 200");
+}
+
+/// B §3.2 weighted: after the drawn step, the rest follow by descending weight, not in the
+/// written order. `p0` (weight 3, always failing, kept eligible) is drawn most of the time;
+/// its fallback is then `p2` (weight 1), not `p1` (weight 0, written before it).
+#[test]
+fn weighted_fallbacks_follow_in_descending_weight() {
+    let m = ok_mocks(3);
+    let bad = MockUpstream::start();
+    bad.on_always(CHAT, Reply::error(500, "boom"));
+    let cfg = config(
+        &[&bad, &m[1], &m[2]],
+        "weighted",
+        r#"{ model = "p0/m", weight = 3 }, { model = "p1/m", weight = 0 }, { model = "p2/m", weight = 1 }"#,
+        "",
+        "[resilience.provider_breaker.apikey]\nfailure_threshold = 1000\n",
+    )
+    .replace(
+        "id = \"c0\"\nprovider = \"p0\"\n",
+        "id = \"c0\"\nprovider = \"p0\"\ndisable_cooling = true\n",
+    );
+    assert!(cfg.contains("disable_cooling"));
+    let gw = Gateway::start(&cfg);
+    let got = serve_n(gw.addr(), "mix", 40);
+    assert!(got.iter().all(|c| c == "c2"), "{got:?}");
+    assert!(m[1].requests_to(CHAT).is_empty());
+    // p0 stayed eligible and was drawn first most of the time (expected 30 of 40).
+    let drawn = bad.requests_to(CHAT).len();
+    assert!((15..=40).contains(&drawn), "p0 tried {drawn} times");
+}
+
+/// B §3.1: a client may name a combo as `combo/<name>`; it is the same combo (one
+/// rotation whichever name a request uses). `combo/<not a combo>` is no combo.
+#[test]
+fn combo_slash_name_runs_the_same_combo() {
+    let m = ok_mocks(3);
+    let gw = start(&[&m[0], &m[1], &m[2]], "round-robin", ABC, "");
+    let got: Vec<String> = ["mix", "combo/mix", "mix", "combo/mix"]
+        .iter()
+        .map(|model| served(gw.addr(), model))
+        .collect();
+    assert_eq!(got, ["c0", "c1", "c2", "c0"]);
+    let none = ask(gw.addr(), "combo/nope");
+    assert_eq!(none.status, 404, "{}", none.text());
+}

@@ -1082,3 +1082,299 @@ fn shard_of(resp: &Response) -> u64 {
     let seq = id.rsplit('-').next().unwrap();
     u64::from_str_radix(seq, 16).unwrap() & 0xff
 }
+
+/// The audit of B §5 against the binary, for what the tests above do not pin down: the
+/// capacity answer's exact members and headers, the generation header's bounds (a safe
+/// integer, `^[1-9][0-9]*$`), REUSED pushing the end out, and release's idempotence being
+/// only for the same key and generation of a released lease.
+#[test]
+fn the_capacity_answer_generation_bounds_reuse_and_release_fencing_are_the_specs() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let first = got.json();
+
+    // Capacity: exactly the spec's members (top level and `error`), JSON, Retry-After
+    // equal to `retryAfter`; nothing names the connection, the key or the owners.
+    let busy = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(busy.status, 429, "{}", busy.text());
+    assert_eq!(busy.header("content-type"), Some("application/json"));
+    let body = busy.json();
+    let mut top: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    top.sort_unstable();
+    assert_eq!(
+        top,
+        [
+            "eligibleCount",
+            "error",
+            "freeCount",
+            "reason",
+            "retryAfter",
+            "state"
+        ],
+        "{body}"
+    );
+    let mut inner: Vec<&str> = body["error"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    inner.sort_unstable();
+    assert_eq!(inner, ["code", "message", "type"], "{body}");
+    let retry = busy.header("retry-after").unwrap();
+    assert_eq!(body["retryAfter"].to_string(), retry);
+    let text = busy.text();
+    for secret in ["c2", "agent", OWNER_A, OWNER_B, "k2"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+
+    // The generation header: the largest safe integer passes the format (and is merely
+    // stale); 2^53, a 25-digit number, a sign, a fraction or an exponent are malformed.
+    let with_generation = |g: &str| {
+        ask(
+            &gw,
+            "agent-key",
+            "up/m1",
+            &[
+                ("x-omniroute-lease-owner", OWNER_A),
+                ("x-omniroute-lease-generation", g),
+            ],
+        )
+    };
+    assert_eq!(
+        lease_error(&with_generation("9007199254740991")),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    for bad in [
+        "9007199254740992",
+        "1000000000000000000000000",
+        "+1",
+        "-1",
+        "1.0",
+        "1e3",
+        "0",
+        "0x1",
+    ] {
+        assert_eq!(
+            lease_error(&with_generation(bad)),
+            (400, "LEASE_CONTEXT_INVALID".into()),
+            "{bad}"
+        );
+    }
+    assert_eq!(with_generation("1").status, 200);
+    assert_eq!(
+        mock.requests_to(CHAT).len(),
+        1,
+        "only the valid one was sent"
+    );
+    // In a body, a generation is an integer literal: `1.0` and `1e0` are no action.
+    for g in ["1.0", "1e0"] {
+        let mut c = Client::connect(gw.addr());
+        let r = c.request(
+            "POST",
+            LEASES,
+            &[
+                ("authorization", "Bearer agent-key"),
+                ("content-type", "application/json"),
+                ("x-omniroute-lease-owner", OWNER_A),
+            ],
+            format!(r#"{{"action":"renew","generation":{g}}}"#).as_bytes(),
+        );
+        assert_eq!(lease_error(&r), (400, "LEASE_ACTION_INVALID".into()), "{g}");
+    }
+
+    // REUSED: a second acquire by the same owner and key keeps the generation and the
+    // acquisition time and pushes the end out.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let reused = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(reused.status, 200, "{}", reused.text());
+    let again = reused.json();
+    assert_eq!(again["state"], "ACTIVE");
+    assert_eq!(again["generation"], 1);
+    assert_eq!(again["acquiredAt"], first["acquiredAt"]);
+    assert!(
+        again["expiresAt"].as_str().unwrap() > first["expiresAt"].as_str().unwrap(),
+        "{again} after {first}"
+    );
+
+    // Release through another lease key, or of another generation: stale, and the lease
+    // stays active. Then the owner releases it; a repeat is idempotent only for the same
+    // key and generation.
+    let release = |key: &str, g: u64| {
+        lease(
+            &gw,
+            Some(key),
+            Some(OWNER_A),
+            &json!({"action": "release", "generation": g}),
+        )
+    };
+    assert_eq!(
+        lease_error(&release("agent2-key", 1)),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    assert_eq!(
+        lease_error(&release("agent-key", 2)),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    assert_eq!(with_generation("1").status, 200, "still active");
+    for _ in 0..2 {
+        let r = release("agent-key", 1);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["state"], "RELEASED");
+    }
+    assert_eq!(
+        lease_error(&release("agent2-key", 1)),
+        (409, "LEASE_FENCE_STALE".into())
+    );
+    // Renew and status of the released lease: stale, and status names no connection.
+    for action in ["renew", "status"] {
+        let r = lease(
+            &gw,
+            Some("agent-key"),
+            Some(OWNER_A),
+            &json!({"action": action, "generation": 1}),
+        );
+        assert!(r.json().get("connection").is_none(), "{}", r.text());
+        assert_eq!(lease_error(&r), (409, "LEASE_FENCE_STALE".into()));
+    }
+    // The other owner now gets the connection.
+    let b = lease(&gw, Some("agent2-key"), Some(OWNER_B), &acquire("up/m1"));
+    assert_eq!(b.status, 200, "{}", b.text());
+}
+
+/// B §5.3: an owner active through one key that acquires through another gets 409 and
+/// nothing is rebound — its lease keeps its key, connection and generation.
+#[test]
+fn an_owner_active_through_another_key_is_refused_and_its_lease_untouched() {
+    let mock = MockUpstream::start();
+    mock.on_always(CHAT, Reply::openai_chat("ok"));
+    let gw = start(&mock.base_url(), "");
+    let got = lease(&gw, Some("agent-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    let other_key = lease(&gw, Some("agent2-key"), Some(OWNER_A), &acquire("up/m1"));
+    assert_eq!(lease_error(&other_key), (409, "LEASE_OWNER_ACTIVE".into()));
+    // Untouched: the first key's status and inference still work at generation 1; the
+    // second key presenting the owner is a foreign key.
+    let status = lease(
+        &gw,
+        Some("agent-key"),
+        Some(OWNER_A),
+        &json!({"action": "status", "generation": 1}),
+    );
+    assert_eq!(status.status, 200, "{}", status.text());
+    assert_eq!(status.json()["generation"], 1);
+    let headers = [
+        ("x-omniroute-lease-owner", OWNER_A),
+        ("x-omniroute-lease-generation", "1"),
+    ];
+    let served = ask(&gw, "agent-key", "up/m1", &headers);
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert_eq!(
+        served.header("x-omniroute-selected-connection-id"),
+        Some("c2")
+    );
+    let foreign = ask(&gw, "agent2-key", "up/m1", &headers);
+    assert_eq!(
+        lease_error(&foreign),
+        (409, "LEASE_AUTHORIZATION_MISMATCH".into())
+    );
+}
+
+/// The lease endpoint reads the client key where every route does: `Authorization: Bearer`
+/// or `x-api-key`. OmniRoute's `x-goog-api-key` and `?key=` are not read (docs/compat.md):
+/// a key sent only there is no key.
+#[test]
+fn the_endpoint_reads_the_key_from_bearer_or_x_api_key_only() {
+    let mock = MockUpstream::start();
+    let gw = start(&mock.base_url(), "");
+    let body = acquire("up/m1").to_string();
+    let post = |path: &str, key_header: (&str, &str)| {
+        let mut c = Client::connect(gw.addr());
+        c.request(
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("x-omniroute-lease-owner", OWNER_A),
+                key_header,
+            ],
+            body.as_bytes(),
+        )
+    };
+    let by_x_api_key = post(LEASES, ("x-api-key", "agent-key"));
+    assert_eq!(by_x_api_key.status, 200, "{}", by_x_api_key.text());
+    let goog = post(LEASES, ("x-goog-api-key", "agent-key"));
+    assert_eq!(
+        lease_error(&goog),
+        (401, "LEASE_AUTHENTICATION_REQUIRED".into())
+    );
+    let query = post(&format!("{LEASES}?key=agent-key"), ("x-other", "1"));
+    assert_eq!(
+        lease_error(&query),
+        (401, "LEASE_AUTHENTICATION_REQUIRED".into())
+    );
+}
+
+/// B §5.2's order, pairwise: each request fails two checks and gets the earlier one's code.
+#[test]
+fn each_check_comes_before_the_next_when_both_fail() {
+    let mock = MockUpstream::start();
+    let gw = start(&mock.base_url(), "");
+    let post = |key: &str, content_type: &str, owner: Option<&str>, body: &str| {
+        let auth = format!("Bearer {key}");
+        let mut headers = vec![
+            ("authorization", auth.as_str()),
+            ("content-type", content_type),
+        ];
+        if let Some(o) = owner {
+            headers.push(("x-omniroute-lease-owner", o));
+        }
+        let mut c = Client::connect(gw.addr());
+        lease_error(&c.request("POST", LEASES, &headers, body.as_bytes()))
+    };
+    let json = "application/json";
+    let good = acquire("up/m1").to_string();
+    let unknown = acquire("nowhere/x").to_string();
+    // 1 before 2: an invalid key with a wrong content type.
+    assert_eq!(
+        post("nope", "text/plain", None, "x"),
+        (401, "LEASE_API_KEY_INVALID".into())
+    );
+    // 2 before 3: a wrong content type with a body that is no action.
+    assert_eq!(
+        post("agent-key", "text/plain", None, "x"),
+        (415, "LEASE_CONTENT_TYPE_REQUIRED".into())
+    );
+    // 3 before 4: no action, no scope (and no owner).
+    assert_eq!(
+        post("plain-key", json, None, "{}"),
+        (400, "LEASE_ACTION_INVALID".into())
+    );
+    // 4 before 5: no scope / no connection list, and no owner.
+    assert_eq!(
+        post("plain-key", json, None, &good),
+        (403, "LEASE_SCOPE_REQUIRED".into())
+    );
+    assert_eq!(
+        post("nolist-key", json, None, &good),
+        (403, "LEASE_KEY_CONFIGURATION_INVALID".into())
+    );
+    // 5 before 6: a malformed owner with a model that resolves to nothing.
+    assert_eq!(
+        post("agent-key", json, Some("vlo_x"), &unknown),
+        (400, "LEASE_CONTEXT_INVALID".into())
+    );
+    assert_eq!(
+        post("agent-key", json, Some(OWNER_A), &unknown),
+        (400, "LEASE_MODEL_INVALID".into())
+    );
+    assert!(mock.requests().is_empty());
+}

@@ -1392,6 +1392,18 @@ impl Loader<'_> {
                     ),
                 );
             }
+            // `combo/<name>` names the combo (B §3.1) before provider/model routing.
+            if providers
+                .iter()
+                .any(|p| p.name == "combo" && p.models.contains(&name))
+            {
+                self.warn(
+                    &format!("{key}.name"),
+                    format_args!(
+                        "\"combo/{name}\" names combo {name:?}, not provider \"combo\"'s model                          of that name"
+                    ),
+                );
+            }
             let strategy = match c.strategy.as_deref() {
                 None => ComboStrategy::Priority,
                 Some(s) => match parse_strategy(s) {
@@ -2696,6 +2708,22 @@ mod tests {
         ] {
             assert!(parse_base_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_combo_named_as_a_model_of_provider_combo_warns_that_combo_slash_name_is_the_combo() {
+        let text = format!(
+            "{BASE}\n[[providers]]\nid = \"combo\"\nformat = \"mock\"\nmodels = [\"team\"]\n\
+             [[connections]]\nid = \"combo-a\"\nprovider = \"combo\"\n\
+             [[combos]]\nname = \"team\"\ntargets = [\"mock/echo\"]\n"
+        );
+        let out = load_env(&text, &[]).unwrap();
+        assert!(
+            out.warnings.iter().any(|w| w
+                .contains("\"combo/team\" names combo \"team\", not provider \"combo\"'s model")),
+            "{:?}",
+            out.warnings
+        );
     }
 
     #[test]

@@ -117,6 +117,9 @@ impl Iterator for TargetsIter {
     }
 }
 
+/// The prefix that names a combo explicitly: `combo/<name>` is combo `<name>` (B §3.1).
+pub const COMBO_PREFIX: &str = "combo/";
+
 /// Resolves the `model` field of a request.
 pub fn resolve(
     config: &Config,
@@ -124,7 +127,10 @@ pub fn resolve(
     model: &str,
 ) -> Result<Resolved, GatewayError> {
     check_model(model)?;
-    if let Some(i) = config.combos.iter().position(|c| c.name == model) {
+    // An exact combo name, then `combo/<name>` (B §3.1), before provider/model routing.
+    let combo = |name: &str| config.combos.iter().position(|c| c.name == name);
+    let named = combo(model).or_else(|| model.strip_prefix(COMBO_PREFIX).and_then(combo));
+    if let Some(i) = named {
         let targets = config.combos[i]
             .targets
             .iter()
@@ -271,5 +277,32 @@ mod tests {
         for good in ["p/m", "p/..m", "...", "p/m..", "é/ü", "a.b/c"] {
             assert!(check_model(good).is_ok(), "{good:?}");
         }
+    }
+
+    #[test]
+    fn combo_slash_name_names_the_combo_and_other_combo_slash_models_route_as_usual() {
+        let text = r#"
+            [[providers]]
+            id = "combo"
+            format = "mock"
+            models = ["plain"]
+
+            [[connections]]
+            id = "c"
+            provider = "combo"
+
+            [[combos]]
+            name = "team"
+            targets = ["combo/plain"]
+        "#;
+        let config = crate::config::load_str(text, &|_| None)
+            .map(|o| o.config)
+            .unwrap_or_else(|e| panic!("config: {e}"));
+        let routes = RouteTable::new(&config);
+        let combo_of = |model: &str| resolve(&config, &routes, model).map(|r| r.combo);
+        assert_eq!(combo_of("team").ok(), Some(Some(0)));
+        assert_eq!(combo_of("combo/team").ok(), Some(Some(0)));
+        // Not a combo's name: provider `combo`'s model, as any provider/model.
+        assert_eq!(combo_of("combo/plain").ok(), Some(None));
     }
 }
