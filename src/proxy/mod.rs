@@ -347,21 +347,7 @@ async fn preflight(
         ),
         (access::REQUEST_ID_HEADER, log.id.as_bytes()),
     ];
-    let mut out = BytesMut::with_capacity(512);
-    crate::http1::write_response_head(
-        &mut out,
-        204,
-        headers,
-        crate::http1::Framing::NoBody,
-        keep_alive,
-    );
-    shard.metrics().response(204);
-    log.responding(shard, 204);
-    log.sent(out.len());
-    match write_all(client, out).await {
-        Ok(_) if keep_alive.is_kept() => After::KeepAlive,
-        _ => After::Close,
-    }
+    no_content(shard, client, &headers, keep_alive, log).await
 }
 
 /// `OPTIONS /api/v1/session-leases`: 204, allowing `POST` and the lease headers.
@@ -380,11 +366,22 @@ async fn lease_options(
         ),
         (access::REQUEST_ID_HEADER, log.id.as_bytes()),
     ];
-    let mut out = BytesMut::with_capacity(256);
+    no_content(shard, client, &headers, keep_alive, log).await
+}
+
+/// Answers 204 with `headers` (an `OPTIONS` answer), counted and logged.
+async fn no_content(
+    shard: &Req<'_>,
+    client: &mut ClientStream,
+    headers: &[(&str, &[u8])],
+    keep_alive: Persist,
+    log: &access::AccessLog,
+) -> After {
+    let mut out = BytesMut::with_capacity(512);
     crate::http1::write_response_head(
         &mut out,
         204,
-        headers,
+        headers.iter().copied(),
         crate::http1::Framing::NoBody,
         keep_alive,
     );
