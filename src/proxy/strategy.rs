@@ -64,7 +64,12 @@ pub(super) fn order(shard: &Req<'_>, combo: usize, candidates: &mut Vec<(Target,
     };
     let (order, last_good) = {
         let mut table = shard.state().strategies.borrow_mut();
-        let (state, rng) = table.combo(&c.name, strategy::fingerprint(c), || seed(shard));
+        let (state, rng) = table.combo(
+            &c.name,
+            strategy::fingerprint(c),
+            || seed(shard),
+            live(shard),
+        );
         let order = state.order(how, &steps, c.targets.len(), rng, now.mono_ms());
         let first = order.first().and_then(|&i| eligible.get(i));
         let last_good = match (how, first) {
@@ -104,7 +109,12 @@ pub(super) fn attempted(shard: &Req<'_>, combo: usize, target: &Target) {
     }
     let now = shard.now().mono_ms();
     let mut table = shard.state().strategies.borrow_mut();
-    let (state, _) = table.combo(&c.name, strategy::fingerprint(c), || seed(shard));
+    let (state, _) = table.combo(
+        &c.name,
+        strategy::fingerprint(c),
+        || seed(shard),
+        live(shard),
+    );
     state.used(written_index(c, target), now);
 }
 
@@ -130,7 +140,12 @@ pub(super) fn ended(
     let now = shard.now().mono_ms();
     let written = written_index(c, target);
     let mut table = shard.state().strategies.borrow_mut();
-    let (state, _) = table.combo(&c.name, strategy::fingerprint(c), || seed(shard));
+    let (state, _) = table.combo(
+        &c.name,
+        strategy::fingerprint(c),
+        || seed(shard),
+        live(shard),
+    );
     match how {
         Some(Order::Lkgp) if ok => state.served(written, connection),
         Some(Order::P2c) => state.ended(written, ok, head_ms, now),
@@ -145,6 +160,13 @@ fn written_index(c: &Combo, t: &Target) -> usize {
         .iter()
         .position(|w| w.provider == t.provider && t.model == w.model.as_str())
         .unwrap_or(c.targets.len())
+}
+
+/// Whether a combo name is in the request's configuration (the strategy table forgets
+/// those a reload removed).
+fn live<'c>(shard: &'c Req<'_>) -> impl Fn(&str) -> bool + 'c {
+    let config = shard.config();
+    move |name| config.combos.iter().any(|c| c.name == name)
 }
 
 /// The shard's PRNG seed: its id and the time of its first combo request.

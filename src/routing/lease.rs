@@ -21,6 +21,10 @@ pub type OwnerHash = [u8; 32];
 /// How long an owner's ended lease is kept (its generation with it) before the sweep
 /// forgets the owner: a day. An owner that comes back later starts at generation 1 again.
 pub const ENDED_LEASE_KEPT_MS: u64 = 24 * 3_600_000;
+/// At most this many owners are remembered (each with its latest lease). Active leases are
+/// at most one per connection; the rest are ended leases kept for their generation, which a
+/// client cycling fresh owner tokens could otherwise grow without bound for a day.
+pub const MAX_LEASE_OWNERS: usize = 100_000;
 /// The longest `Retry-After` of a capacity answer (B §5.2).
 const MAX_RETRY_AFTER_S: u64 = 3_600;
 
@@ -237,6 +241,9 @@ impl LeaseTable {
             ended_mono_ms: 0,
         };
         let info = LeaseInfo::from(&lease);
+        if !self.by_owner.contains_key(&owner) {
+            self.make_room();
+        }
         self.by_owner.insert(owner, lease);
         self.by_connection.insert(connection, owner);
         self.dirty.insert(owner);
@@ -365,6 +372,34 @@ impl LeaseTable {
             });
     }
 
+    /// Before a new owner is added: when [`MAX_LEASE_OWNERS`] are remembered, forgets the
+    /// owners whose lease ended longest ago — a sixteenth of the table at once, so the scan
+    /// is paid once per many new owners. Active leases (at most one per connection) are
+    /// never forgotten. Call after `reconcile`, so an expired lease counts as ended.
+    fn make_room(&mut self) {
+        if self.by_owner.len() < MAX_LEASE_OWNERS {
+            return;
+        }
+        let mut ended: Vec<(u64, OwnerHash)> = self
+            .by_owner
+            .iter()
+            .filter(|(_, l)| l.state != LeaseState::Active)
+            .map(|(o, l)| (l.ended_mono_ms, *o))
+            .collect();
+        let excess = self.by_owner.len() + 1 - MAX_LEASE_OWNERS;
+        let k = excess.max(MAX_LEASE_OWNERS / 16).min(ended.len());
+        if k == 0 {
+            return;
+        }
+        if k < ended.len() {
+            ended.select_nth_unstable(k - 1);
+        }
+        for (_, owner) in ended.iter().take(k) {
+            self.by_owner.remove(owner);
+            self.dirty.insert(*owner);
+        }
+    }
+
     /// Marks expired leases and forgets owners whose lease ended more than
     /// [`ENDED_LEASE_KEPT_MS`] ago.
     pub fn sweep(&mut self, now: Now) {
@@ -447,6 +482,9 @@ impl LeaseTable {
                 now_ms
             },
         };
+        if !self.by_owner.contains_key(&owner) {
+            self.make_room();
+        }
         if state == LeaseState::Active {
             self.by_connection.insert(p.connection, owner);
         }
@@ -690,6 +728,36 @@ mod tests {
         assert!(t.get(&A).is_none());
         let fresh = t.acquire(A, "k", &[C0], &[C0], 1_000, clock.now());
         assert_eq!(fresh.map(|i| i.generation), Ok(1));
+    }
+
+    #[test]
+    fn the_table_remembers_at_most_max_lease_owners_forgetting_the_longest_ended_first() {
+        let clock = clock();
+        let mut t = LeaseTable::default();
+        let owner = |i: usize| {
+            let mut o = [0xee; 32];
+            o[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            o
+        };
+        // A client cycling fresh owner tokens: each acquires, then releases.
+        for i in 0..MAX_LEASE_OWNERS + 10 {
+            let got = t.acquire(owner(i), "k", &[C0], &[C0], 10_000, clock.now());
+            assert!(got.is_ok(), "owner {i}: {got:?}");
+            assert!(t.release(&owner(i), "k", 1, clock.now()).is_some());
+            clock.advance_ms(1);
+            assert!(t.by_owner.len() <= MAX_LEASE_OWNERS, "owner {i}");
+        }
+        // The longest-ended owner is forgotten (its next lease is generation 1 again); the
+        // latest is remembered (generation 2).
+        let first = t.acquire(owner(0), "k", &[C0], &[C0], 10_000, clock.now());
+        assert_eq!(first.map(|i| i.generation), Ok(1));
+        assert!(t.release(&owner(0), "k", 1, clock.now()).is_some());
+        let last = owner(MAX_LEASE_OWNERS + 9);
+        let again = t.acquire(last, "k", &[C0], &[C0], 10_000, clock.now());
+        assert_eq!(again.map(|i| i.generation), Ok(2));
+        // An active lease is never forgotten to make room.
+        assert_eq!(t.fence(&last, "k", 2, clock.now()), Fence::Valid(C0));
+        assert!(t.by_owner.len() <= MAX_LEASE_OWNERS);
     }
 
     #[test]

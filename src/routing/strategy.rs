@@ -406,23 +406,29 @@ pub fn fingerprint(combo: &Combo) -> u64 {
 #[derive(Debug, Default)]
 pub struct Strategies {
     rng: Option<Rng>,
-    /// Per combo name (a handful: searched in place): its fingerprint and state.
+    /// Per combo name (a handful: searched in place): its fingerprint and state. Only the
+    /// names of the configuration in force are kept (see [`Strategies::combo`]).
     combos: Vec<(String, u64, ComboState)>,
 }
 
 impl Strategies {
     /// Combo `name`'s state (fresh when its fingerprint changed) and the shard's PRNG,
-    /// seeded on first use with `seed()`.
+    /// seeded on first use with `seed()`. `live`: whether a combo name is in the caller's
+    /// configuration.
     pub fn combo(
         &mut self,
         name: &str,
         fingerprint: u64,
         seed: impl FnOnce() -> u64,
+        live: impl Fn(&str) -> bool,
     ) -> (&mut ComboState, &mut Rng) {
         let rng = self.rng.get_or_insert_with(|| Rng::new(seed()));
         let at = match self.combos.iter().position(|(n, _, _)| n == name) {
             Some(at) => at,
             None => {
+                // A new name: the combos a reload removed go first, so reloads that rename
+                // combos do not grow the table.
+                self.combos.retain(|(n, _, _)| live(n));
                 self.combos
                     .push((name.to_owned(), fingerprint, ComboState::default()));
                 self.combos.len() - 1
@@ -623,12 +629,33 @@ mod tests {
         let mut t = Strategies::default();
         let s = steps(&[0, 1]);
         let how = Order::RoundRobin { sticky: 1 };
-        let (st, rng) = t.combo("c", 1, || 0);
+        let (st, rng) = t.combo("c", 1, || 0, |_| true);
         st.order(how, &s, 2, rng, 0);
-        let (st, rng) = t.combo("c", 1, || 0);
+        let (st, rng) = t.combo("c", 1, || 0, |_| true);
         assert_eq!(st.order(how, &s, 2, rng, 0), [1, 0]);
-        let (st, rng) = t.combo("c", 2, || 0);
+        let (st, rng) = t.combo("c", 2, || 0, |_| true);
         assert_eq!(st.order(how, &s, 2, rng, 0), [0, 1]);
+    }
+
+    #[test]
+    fn combos_a_reload_removed_are_forgotten_when_another_is_added() {
+        let mut t = Strategies::default();
+        // Reloads renaming the combo each time: only the live names stay.
+        for i in 0..100 {
+            let name = format!("c{i}");
+            t.combo(&name, 1, || 0, |n| n == name);
+            assert_eq!(t.combos.len(), 1, "after {name}");
+        }
+        // A live combo's state survives another's first request.
+        let s = steps(&[0, 1]);
+        let how = Order::RoundRobin { sticky: 1 };
+        let both = |n: &str| n == "a" || n == "b";
+        let (st, rng) = t.combo("a", 1, || 0, both);
+        st.order(how, &s, 2, rng, 0);
+        t.combo("b", 1, || 0, both);
+        let (st, rng) = t.combo("a", 1, || 0, both);
+        assert_eq!(st.order(how, &s, 2, rng, 0), [1, 0]);
+        assert_eq!(t.combos.len(), 2);
     }
 
     #[test]
