@@ -31,45 +31,40 @@ pub(super) fn order(shard: &Req<'_>, combo: usize, candidates: &mut Vec<(Target,
         }
     }
     let now = shard.now();
-    let (eligible, ruled_out): (Vec<_>, Vec<_>) = {
+    // One gate reading per candidate: a group is eligible when one of its connections may
+    // be tried now; its provider's breaker is half-open when an attempt would be its probe.
+    let mut eligible: Vec<(usize, usize, usize)> = Vec::new();
+    let mut ruled_out: Vec<(usize, usize, usize)> = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
+    {
         let views = shard.state().views.borrow();
-        groups.into_iter().partition(|&(_, start, end)| {
-            candidates[start..end].iter().any(|(t, conn)| {
-                !matches!(select::gate(&views, config, t, *conn, now), Gate::Skip(..))
-                    && views.tracker_cooling(t.provider, *conn, now).is_none()
-            })
-        })
-    };
-    let steps: Vec<Step> = {
-        let views = shard.state().views.borrow();
-        eligible
-            .iter()
-            .map(|&(target, start, end)| {
-                // The provider's breaker is half-open: an attempt would be its probe.
-                let half_open = candidates[start..end].iter().any(|(t, conn)| {
-                    matches!(
-                        select::gate(&views, config, t, *conn, now),
-                        Gate::NeedProbe(keys) if keys.contains(&BreakerKey::Provider(t.provider))
-                    )
-                });
-                let written = c.targets.get(target);
-                Step {
-                    target,
-                    weight: written.map_or(1, |t| t.weight),
-                    half_open,
-                    input_usd_per_mtok: written.and_then(|t| t.input_usd_per_mtok),
+        for g @ (target, start, end) in groups {
+            let (mut may, mut half_open) = (false, false);
+            for (t, conn) in &candidates[start..end] {
+                match select::gate(&views, config, t, *conn, now) {
+                    Gate::Skip(..) => continue,
+                    Gate::NeedProbe(keys) if keys.contains(&BreakerKey::Provider(t.provider)) => {
+                        half_open = true;
+                    }
+                    Gate::Pass | Gate::NeedProbe(_) => {}
                 }
-            })
-            .collect()
-    };
-    let (order, last_good) = {
-        let mut table = shard.state().strategies.borrow_mut();
-        let (state, rng) = table.combo(
-            &c.name,
-            strategy::fingerprint(c),
-            || seed(shard),
-            live(shard),
-        );
+                may |= views.tracker_cooling(t.provider, *conn, now).is_none();
+            }
+            if !may {
+                ruled_out.push(g);
+                continue;
+            }
+            let written = c.targets.get(target);
+            eligible.push(g);
+            steps.push(Step {
+                target,
+                weight: written.map_or(1, |t| t.weight),
+                half_open,
+                input_usd_per_mtok: written.and_then(|t| t.input_usd_per_mtok),
+            });
+        }
+    }
+    let (order, last_good) = with_state(shard, c, |state, rng| {
         let order = state.order(how, &steps, c.targets.len(), rng, now.mono_ms());
         let first = order.first().and_then(|&i| eligible.get(i));
         let last_good = match (how, first) {
@@ -77,7 +72,7 @@ pub(super) fn order(shard: &Req<'_>, combo: usize, candidates: &mut Vec<(Target,
             _ => None,
         };
         (order, last_good)
-    };
+    });
     let old = std::mem::take(candidates);
     let mut slots: Vec<Option<(Target, ConnectionId)>> = old.into_iter().map(Some).collect();
     let groups = order
@@ -108,14 +103,9 @@ pub(super) fn attempted(shard: &Req<'_>, combo: usize, target: &Target) {
         return;
     }
     let now = shard.now().mono_ms();
-    let mut table = shard.state().strategies.borrow_mut();
-    let (state, _) = table.combo(
-        &c.name,
-        strategy::fingerprint(c),
-        || seed(shard),
-        live(shard),
-    );
-    state.used(written_index(c, target), now);
+    with_state(shard, c, |state, _| {
+        state.used(written_index(c, target), now)
+    });
 }
 
 /// `lkgp`, `p2c`: an attempt on `connection` of `target` of combo `combo` ended: `ok` when
@@ -139,18 +129,28 @@ pub(super) fn ended(
     }
     let now = shard.now().mono_ms();
     let written = written_index(c, target);
+    with_state(shard, c, |state, _| match how {
+        Some(Order::Lkgp) if ok => state.served(written, connection),
+        Some(Order::P2c) => state.ended(written, ok, head_ms, now),
+        _ => {}
+    });
+}
+
+/// Runs `f` over combo `c`'s strategy state on this shard (fresh when a reload changed its
+/// strategy or targets) and the shard's PRNG. The borrow ends with `f`: no await inside.
+fn with_state<R>(
+    shard: &Req<'_>,
+    c: &Combo,
+    f: impl FnOnce(&mut strategy::ComboState, &mut strategy::Rng) -> R,
+) -> R {
     let mut table = shard.state().strategies.borrow_mut();
-    let (state, _) = table.combo(
+    let (state, rng) = table.combo(
         &c.name,
         strategy::fingerprint(c),
         || seed(shard),
         live(shard),
     );
-    match how {
-        Some(Order::Lkgp) if ok => state.served(written, connection),
-        Some(Order::P2c) => state.ended(written, ok, head_ms, now),
-        _ => {}
-    }
+    f(state, rng)
 }
 
 /// The target's index in the combo's written (flattened) list; past the end when it is not
