@@ -13,7 +13,7 @@ use crate::owners::Req;
 use crate::owners::leases::client::{act, owner_hash};
 use crate::owners::leases::protocol::{Action, Reply};
 use crate::resilience::backoff::format_rfc3339_ms;
-use crate::routing::lease::{AcquireRefused, Fence, LeaseInfo};
+use crate::routing::lease::{AcquireRefused, Fence, LeaseInfo, MAX_RETRY_AFTER_S};
 use crate::routing::resolve::resolve;
 
 use super::relay::Plan;
@@ -27,9 +27,6 @@ const OWNER_HEADER: &str = "x-omniroute-lease-owner";
 const GENERATION_HEADER: &str = "x-omniroute-lease-generation";
 /// The longest `model` of an acquire (B §5.2).
 const MAX_ACQUIRE_MODEL_CHARS: usize = 512;
-/// The longest `Retry-After` of an eligibility refusal, in seconds (as the capacity
-/// answer's bound, B §5.2).
-const MAX_RETRY_AFTER_S: u64 = 3_600;
 /// The largest generation accepted (JavaScript's safe-integer bound, B §5.4).
 const MAX_GENERATION: u64 = (1 << 53) - 1;
 /// The request fields an `OPTIONS` on the lease endpoint allows.

@@ -536,15 +536,11 @@ fn emergency_applies(shard: &Req<'_>, req: &Request<'_>, target: &Target) -> boo
     let config = shard.config();
     let managed = req.plan.key.and_then(|i| config.client_keys.get(i));
     !managed.is_some_and(crate::config::ClientKey::is_lease_managed)
-        && shard
-            .config()
-            .emergency_fallback
-            .as_ref()
-            .is_some_and(|fb| {
-                (fb.provider, fb.model.as_str()) != (target.provider, target.model.as_str())
-                    && !req.plan.peek.has_tools
-                    && output_limit_field(req.endpoint).is_some()
-            })
+        && config.emergency_fallback.as_ref().is_some_and(|fb| {
+            (fb.provider, fb.model.as_str()) != (target.provider, target.model.as_str())
+                && !req.plan.peek.has_tools
+                && output_limit_field(req.endpoint).is_some()
+        })
 }
 
 fn output_limit_field(endpoint: Endpoint) -> Option<&'static str> {

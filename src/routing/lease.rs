@@ -25,8 +25,8 @@ pub const ENDED_LEASE_KEPT_MS: u64 = 24 * 3_600_000;
 /// at most one per connection; the rest are ended leases kept for their generation, which a
 /// client cycling fresh owner tokens could otherwise grow without bound for a day.
 pub const MAX_LEASE_OWNERS: usize = 100_000;
-/// The longest `Retry-After` of a capacity answer (B §5.2).
-const MAX_RETRY_AFTER_S: u64 = 3_600;
+/// The longest `Retry-After` of a capacity answer (B §5.2), and of an eligibility refusal.
+pub const MAX_RETRY_AFTER_S: u64 = 3_600;
 
 /// A lease's state (B §5.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
